@@ -1,0 +1,70 @@
+"""Every collective, written from point-to-point send/recv.
+
+One file per family of algorithms:
+
+- ring.py     ring reduce-scatter / all-gather / all-reduce (one engine), chain broadcast
+- flat.py     one root talks to all: reduce, broadcast, gather, scatter, naive all-reduce
+- bruck.py    latency-optimal all-gather (Bruck) and the dissemination barrier
+- pairwise.py pairwise-exchange all-to-all
+
+api.py holds the torch.distributed-shaped dispatchers, auto.py the choice of
+algorithm, validate.py the cross-rank argument check, ops.py the reductions.
+"""
+
+from dt.collectives import bruck, flat, pairwise, ring  # noqa: F401  (registers algorithms)
+from dt.collectives.api import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    barrier,
+    broadcast,
+    gather,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    scatter,
+)
+from dt.collectives.bruck import bruck_all_gather_into_tensor, dissemination_barrier
+from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
+from dt.collectives.ops import ReduceOp
+from dt.collectives.pairwise import pairwise_all_to_all
+from dt.collectives.registry import ALGORITHMS
+from dt.collectives.ring import (
+    ring_all_gather,
+    ring_all_reduce,
+    ring_broadcast,
+    ring_pass,
+    ring_reduce_scatter,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "ReduceOp",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_reduce",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "bruck_all_gather_into_tensor",
+    "dissemination_barrier",
+    "flat_broadcast",
+    "flat_gather",
+    "flat_reduce",
+    "flat_scatter",
+    "gather",
+    "naive_all_reduce",
+    "pairwise_all_to_all",
+    "reduce",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "ring_all_gather",
+    "ring_all_reduce",
+    "ring_broadcast",
+    "ring_pass",
+    "ring_reduce_scatter",
+    "scatter",
+]

@@ -1,0 +1,209 @@
+"""The ring: one engine for reduce-scatter, all-gather and all-reduce.
+
+Ranks sit on a ring, each sending to its right neighbour (r+1) and receiving
+from its left (r-1). The buffer is cut into p chunks (`split_sizes`, the same
+arithmetic the cost model uses, so every receive matches its send whatever
+the length: 0, 1, primes, fewer elements than ranks). In p-1 steps each chunk
+travels once around the ring:
+
+- reduce-scatter: the received chunk is reduced into the local one before it
+  is forwarded, so after p-1 steps rank r holds chunk r summed over all ranks;
+- all-gather: the received chunk is stored and forwarded unchanged;
+- all-reduce: reduce-scatter, then all-gather of the reduced chunks.
+
+Each rank sends (p-1)/p of the buffer per pass whatever p is, which is why the
+ring is bandwidth-optimal; it pays for that with p-1 sequential steps per pass.
+
+Within a step a chunk may be cut into segments (`segment_bytes`): the reduction
+of segment j then overlaps the arrival of segment j+1, and a reduced segment
+is forwarded at once rather than after the whole chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dt.collectives.ops import ReduceOp, combine, finish, op_name
+from dt.collectives.registry import algorithm
+from dt.cost_model import split_sizes
+from dt.transport import Comm, resolve_group
+
+# Segments no larger than this overlap reduction with transfer; see bench/ for how it was chosen.
+DEFAULT_SEGMENT_BYTES = 1 << 20
+
+
+def _segments(t: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
+    if t.numel() == 0:
+        return []
+    if segment_elems <= 0 or segment_elems >= t.numel():
+        return [t]
+    return list(t.split(segment_elems))
+
+
+def ring_pass(
+    comm: Comm,
+    chunks: list[torch.Tensor],
+    *,
+    first: int,
+    op: str | None = None,
+    sources: list[torch.Tensor] | None = None,
+    segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+) -> None:
+    """Move every chunk one lap (p-1 steps) around the ring, in place.
+
+    At step s rank r sends chunk (r - s + first) mod p to the right and receives
+    chunk (r - s - 1 + first) mod p from the left. first=0 starts each rank on
+    its own chunk (all-gather); first=-1 makes rank r *finish* on its own chunk
+    (reduce-scatter).
+
+    With `op`, a received chunk is combined with `sources[i]` (default: the
+    chunk itself) into `chunks[i]`, and the first step sends from `sources`, so
+    a reduce-scatter can read an input it must not modify.
+
+    Cost: p-1 steps; bytes sent = sum of the chunks this rank forwards
+    (cost_model.ring_reduce_scatter / ring_all_gather give the exact figure).
+    """
+    p, r = comm.size, comm.rank
+    if p == 1:
+        return
+    right, left = (r + 1) % p, (r - 1) % p
+    itemsize = chunks[0].element_size() if chunks else 1
+    seg = max(1, segment_bytes // itemsize) if segment_bytes else 0
+    scratch = None
+    if op is not None:
+        scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
+                              device=chunks[0].device)
+    src = sources if sources is not None else chunks
+
+    first_send = (r + first) % p
+    pending = [comm.isend(s, right) for s in _segments((src if op else chunks)[first_send], seg)]
+    for step in range(p - 1):
+        comm.step = step
+        ri = (r - step - 1 + first) % p
+        target = chunks[ri]
+        landing = scratch[: target.numel()] if op is not None else target
+        recv_segs = _segments(landing, seg)
+        handles = [comm.irecv(s, left) for s in recv_segs]
+        forward = step < p - 2
+        next_pending = []
+        offset = 0
+        for h, s in zip(handles, recv_segs):
+            h.wait()
+            k = s.numel()
+            out = target[offset:offset + k]
+            if op is not None:
+                combine(out, src[ri][offset:offset + k], s, op)
+            if forward:
+                # Forward this segment now; it is the next step's send.
+                next_pending.append(comm.isend(out, right))
+            offset += k
+        for h in pending:
+            h.wait()
+        pending = next_pending
+    for h in pending:
+        h.wait()
+
+
+def _flat_chunks(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
+    return list(flat.split(sizes))
+
+
+@algorithm("all_reduce", "ring")
+def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None,
+                    *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring all-reduce in place: reduce-scatter then all-gather.
+
+    Cost: 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
+    """
+    comm = Comm(resolve_group(group), "all_reduce", "ring")
+    name = op_name(op)
+    flat = tensor.view(-1)
+    chunks = _flat_chunks(flat, split_sizes(flat.numel(), comm.size))
+    ring_pass(comm, chunks, first=-1, op=name, segment_bytes=segment_bytes)
+    finish(chunks[comm.rank], name, comm.size)
+    comm.step = comm.size - 1  # steps of the second pass continue the count
+    ring_pass(comm, chunks, first=0, segment_bytes=segment_bytes)
+
+
+@algorithm("reduce_scatter", "ring")
+def ring_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
+                        op: object = ReduceOp.SUM, group: object = None,
+                        *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring reduce-scatter: output on rank r = reduction of input_list[r] over ranks.
+
+    Chunks may have different lengths (uneven shards). The inputs are read, not
+    written. Cost: p-1 steps; (p-1)/p * n bytes sent per rank (n = all chunks).
+    """
+    comm = Comm(resolve_group(group), "reduce_scatter", "ring")
+    name = op_name(op)
+    sources = [t.reshape(-1) for t in input_list]
+    work = [torch.empty_like(s) for s in sources]
+    work[comm.rank] = output.view(-1)
+    ring_pass(comm, work, first=-1, op=name, sources=sources, segment_bytes=segment_bytes)
+    if comm.size == 1:
+        output.view(-1).copy_(sources[0])
+    finish(output, name, comm.size)
+
+
+@algorithm("all_gather", "ring")
+def ring_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: object = None,
+                    *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Ring all-gather into tensor_list (entries may differ in length).
+
+    Cost: p-1 steps; (p-1)/p * n bytes sent per rank (n = all entries).
+    """
+    comm = Comm(resolve_group(group), "all_gather", "ring")
+    chunks = [t.view(-1) for t in tensor_list]
+    own = chunks[comm.rank]
+    if own.data_ptr() != tensor.data_ptr() or own.numel() != tensor.numel():
+        own.copy_(tensor.reshape(-1))
+    ring_pass(comm, chunks, first=0, segment_bytes=segment_bytes)
+
+
+@algorithm("broadcast", "ring")
+def ring_broadcast(tensor: torch.Tensor, src: int, group: object = None,
+                   *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
+    """Pipelined chain from `src` (a global rank) along the ring.
+
+    Each rank receives a segment from its left and forwards it right at once,
+    so the segments stream through the chain. Cost: p-2+k steps for k segments;
+    n bytes sent by every rank but the last in the chain.
+    """
+    g = resolve_group(group)
+    comm = Comm(g, "broadcast", "ring")
+    p, r = comm.size, comm.rank
+    root = g.group_rank(src)
+    position = (r - root) % p
+    flat = tensor.view(-1)
+    seg = max(1, segment_bytes // max(1, flat.element_size())) if segment_bytes else 0
+    segs = _segments(flat, seg)
+    right, left = (r + 1) % p, (r - 1) % p
+    sends = []
+    receives = [comm.irecv(s, left) for s in segs] if position > 0 else []
+    for j, s in enumerate(segs):
+        comm.step = position + j
+        if position > 0:
+            receives[j].wait()
+        if position < p - 1:
+            sends.append(comm.isend(s, right))
+    for h in sends:
+        h.wait()
+
+
+@algorithm("all_gather_into_tensor", "ring")
+def ring_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
+                                group: object = None) -> None:
+    """Ring all-gather of equal shards into one flat output (see ring_all_gather)."""
+    p = resolve_group(group).size
+    ring_all_gather(list(output.view(-1).split(input.numel())) if input.numel() else
+                    [output.view(-1)[:0]] * p, input, group)
+
+
+@algorithm("reduce_scatter_tensor", "ring")
+def ring_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
+                               op: object = ReduceOp.SUM, group: object = None) -> None:
+    """Ring reduce-scatter of p equal slices of `input` (see ring_reduce_scatter)."""
+    p = resolve_group(group).size
+    n = output.numel()
+    ring_reduce_scatter(output, list(input.view(-1).split(n)) if n else [input.view(-1)[:0]] * p,
+                        op, group)
