@@ -40,6 +40,17 @@ def _code(name: str) -> int:
     return code
 
 
+def _name(code: int) -> str:
+    """Decode a peer's code, including names this rank never used itself."""
+    if code not in _names:
+        from dt.collectives.registry import ALGORITHMS
+
+        for collective, algorithms in ALGORITHMS.items():
+            for word in (collective, *algorithms):
+                _code(word)
+    return _names.get(code, f"<unknown {code}>")
+
+
 def validate(
     g: Group,
     collective: str,
@@ -70,7 +81,9 @@ def validate(
     table = torch.empty((p, len(row)), dtype=torch.int64, device=device)
     table[0] = torch.tensor(row, dtype=torch.int64)
     with transport.charged_to("validate", "bruck"):
-        comm = Comm(g, "validate", "bruck")
+        # Named after the call it guards: a rank that never makes that call
+        # leaves its peers waiting here, and the timeout should say on what.
+        comm = Comm(g, f"validate({collective} call {_call_numbers[g.key]})", "bruck")
         bruck_rounds(comm, table)
     rows = torch.roll(table, shifts=g.rank, dims=0).tolist()  # row i = group rank i
     who = g.ranks
@@ -88,7 +101,7 @@ def validate(
         values = [rows[i][f] for i in range(p)]
         if len(set(values)) > 1:
             j = next(i for i in range(p) if values[i] != values[0])
-            shown = [_names.get(v, v) if f != 2 and f != 5 else v for v in (values[0], values[j])]
+            shown = [v if f in (2, 5) else _name(v) for v in (values[0], values[j])]
             raise transport.CollectiveError(
                 f"{collective}: ranks disagree on the {field}: rank {who[0]} has {shown[0]}, "
                 f"rank {who[j]} has {shown[1]}"
