@@ -217,7 +217,7 @@ def _exchange_cases() -> list[str]:
             failures.append(f"all_to_all_single even n={n}")
         # all_to_all_single with uneven splits; block (i -> j) has (i + 2j + n) % 4 rows.
         case += 1
-        rows = lambda i, j: (i + 2 * j + n) % 4  # noqa: E731
+        rows = lambda i, j, n=n: (i + 2 * j + n) % 4  # noqa: E731
         send = [rows(r, j) for j in range(p)]
         recv = [rows(i, r) for i in range(p)]
         x = data(case, r, sum(send) * 3, torch.int64).view(sum(send), 3)
@@ -229,7 +229,7 @@ def _exchange_cases() -> list[str]:
             failures.append(f"all_to_all_single uneven n={n}")
         # all_to_all with lists: each rank rebuilds what it should receive.
         case += 1
-        sizes = lambda i, j: (3 * i + j + n) % 5  # noqa: E731
+        sizes = lambda i, j, n=n: (3 * i + j + n) % 5  # noqa: E731
         inputs = [data(case * 97 + r * 13 + j, 0, sizes(r, j), torch.float64) for j in range(p)]
         outs = [torch.empty(sizes(i, r), dtype=torch.float64) for i in range(p)]
         dt.all_to_all(outs, inputs)
