@@ -129,6 +129,11 @@ class Group:
     def key(self) -> tuple[int, ...]:
         return self.ranks
 
+    def __deepcopy__(self, memo: dict) -> Group:
+        # A handle on shared communicators: copying a module that holds one
+        # (copy.deepcopy(model)) must share the group, not try to pickle it.
+        return self
+
 
 _groups: dict[int, Group] = {}
 
