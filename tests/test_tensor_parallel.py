@@ -9,8 +9,11 @@ rank. One worker call per group size runs all the checks (fast on 2 cores).
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
@@ -49,8 +52,8 @@ def _leaf(t: torch.Tensor) -> torch.Tensor:
     return t.detach().clone().requires_grad_(True)
 
 
-def _sl(size: int) -> slice:
-    start, stop = tp.shard_range(size)
+def _sl(size: int, group=None) -> slice:
+    start, stop = tp.shard_range(size, group)
     return slice(start, stop)
 
 
@@ -59,7 +62,7 @@ def _sl(size: int) -> slice:
 # ----------------------------------------------------------------------------
 
 
-def _check_column(err: _Errors) -> None:
+def _check_column(err: _Errors, group=None) -> None:
     for in_f, out_f in ((7, 33), (5, 3), (4, 1)):  # 33 uneven; 3 and 1 fewer than the ranks
         for bias in (True, False):
             for gather in (False, True):
@@ -67,11 +70,12 @@ def _check_column(err: _Errors) -> None:
                 torch.manual_seed(11)
                 ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
                 torch.manual_seed(11)
-                layer = tp.ColumnParallelLinear(in_f, out_f, bias=bias, gather_output=gather, dtype=F64)
+                layer = tp.ColumnParallelLinear(in_f, out_f, bias=bias, gather_output=gather,
+                                                group=group, dtype=F64)
                 x, grad_y = _randn(2, 3, in_f, seed=1), _randn(2, 3, out_f, seed=2)
                 xr, xp = _leaf(x), _leaf(x)
                 ref(xr).backward(grad_y)
-                cols = _sl(out_f)
+                cols = _sl(out_f, group)
                 y = layer(xp)
                 if gather:
                     err(f"{tag}: output", y, ref(x))
@@ -87,7 +91,7 @@ def _check_column(err: _Errors) -> None:
                 err(f"{tag}: full_bias", layer.full_bias(), ref.bias if bias else None)
 
 
-def _check_row(err: _Errors) -> None:
+def _check_row(err: _Errors, group=None) -> None:
     for in_f, out_f in ((33, 5), (3, 4), (1, 2)):
         for bias in (True, False):
             for parallel_input in (True, False):
@@ -96,11 +100,11 @@ def _check_row(err: _Errors) -> None:
                 ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
                 torch.manual_seed(12)
                 layer = tp.RowParallelLinear(in_f, out_f, bias=bias, input_is_parallel=parallel_input,
-                                             dtype=F64)
+                                             group=group, dtype=F64)
                 x, grad_y = _randn(2, 3, in_f, seed=3), _randn(2, 3, out_f, seed=4)
                 xr = _leaf(x)
                 ref(xr).backward(grad_y)
-                rows = _sl(in_f)
+                rows = _sl(in_f, group)
                 xp = _leaf(x[..., rows] if parallel_input else x)
                 y = layer(xp)
                 y.backward(grad_y)
@@ -121,9 +125,9 @@ def _param_reference(name: str, ref_grad: torch.Tensor, module: nn.Module) -> to
     owner = name.rsplit(".", 1)[0] if "." in name else ""
     layer = module.get_submodule(owner)
     if isinstance(layer, tp.ColumnParallelLinear):
-        return ref_grad[_sl(layer.out_features)]
+        return ref_grad[_sl(layer.out_features, layer.group)]
     if isinstance(layer, tp.RowParallelLinear) and name.endswith("weight"):
-        return ref_grad[:, _sl(layer.in_features)]
+        return ref_grad[:, _sl(layer.in_features, layer.group)]
     return ref_grad  # row bias, layer norms: replicated
 
 
@@ -135,13 +139,13 @@ def _compare_grads(err: _Errors, tag: str, ref: nn.Module, par: nn.Module, prefi
         err(f"{tag}: grad {name}", p.grad, _param_reference(name, ref_params[name].grad, par))
 
 
-def _check_mlp(err: _Errors, dtype: torch.dtype = F64) -> None:
+def _check_mlp(err: _Errors, group=None, dtype: torch.dtype = F64) -> None:
     hidden, ffn = 8, 33
     tag = f"mlp {dtype}"
     torch.manual_seed(13)
     ref = tp.MLP(hidden, ffn, dtype=dtype)
     torch.manual_seed(13)
-    par = tp.ParallelMLP(hidden, ffn, dtype=dtype)
+    par = tp.ParallelMLP(hidden, ffn, group, dtype=dtype)
     x, grad_y = _randn(2, 5, hidden, seed=5, dtype=dtype), _randn(2, 5, hidden, seed=6, dtype=dtype)
     xr, xp = _leaf(x), _leaf(x)
     yr, yp = ref(xr), par(xp)
@@ -152,7 +156,7 @@ def _check_mlp(err: _Errors, dtype: torch.dtype = F64) -> None:
     _compare_grads(err, tag, ref, par)
 
 
-def _check_attention(err: _Errors) -> None:
+def _check_attention(err: _Errors, group=None) -> None:
     heads, head_dim = 60, 2  # 60 heads divide every group size 1..5
     hidden = heads * head_dim
     for causal in (True, False):
@@ -160,7 +164,7 @@ def _check_attention(err: _Errors) -> None:
         torch.manual_seed(14)
         ref = tp.SelfAttention(hidden, heads, causal=causal, dtype=F64)
         torch.manual_seed(14)
-        par = tp.ParallelSelfAttention(hidden, heads, causal=causal, dtype=F64)
+        par = tp.ParallelSelfAttention(hidden, heads, group, causal=causal, dtype=F64)
         x, grad_y = _randn(2, 5, hidden, seed=7), _randn(2, 5, hidden, seed=8)
         xr, xp = _leaf(x), _leaf(x)
         yr, yp = ref(xr), par(xp)
@@ -171,24 +175,24 @@ def _check_attention(err: _Errors) -> None:
         _compare_grads(err, tag, ref, par)
 
 
-def _check_embedding(err: _Errors) -> None:
+def _check_embedding(err: _Errors, group=None) -> None:
     for vocab in (33, 3):
         tag = f"embedding vocab={vocab}"
         torch.manual_seed(15)
         ref = nn.Embedding(vocab, 4, dtype=F64)
         torch.manual_seed(15)
-        par = tp.VocabParallelEmbedding(vocab, 4, dtype=F64)
+        par = tp.VocabParallelEmbedding(vocab, 4, group, dtype=F64)
         ids = torch.randint(0, vocab, (3, 7), generator=torch.Generator().manual_seed(9))
         grad_y = _randn(3, 7, 4, seed=10)
         yr, yp = ref(ids), par(ids)
         yr.backward(grad_y)
         yp.backward(grad_y)
         err(f"{tag}: output", yp, yr)
-        err(f"{tag}: grad weight", par.weight.grad, ref.weight.grad[_sl(vocab)])
+        err(f"{tag}: grad weight", par.weight.grad, ref.weight.grad[_sl(vocab, group)])
         err(f"{tag}: full_weight", par.full_weight(), ref.weight)
 
 
-def _check_cross_entropy(err: _Errors) -> None:
+def _check_cross_entropy(err: _Errors, group=None) -> None:
     for vocab, scale in ((33, 1.0), (33, 100.0), (3, 1.0)):  # x100: exp would overflow unshifted
         tag = f"cross-entropy vocab={vocab} scale={scale}"
         logits = _randn(2, 5, vocab, seed=11) * scale
@@ -197,24 +201,49 @@ def _check_cross_entropy(err: _Errors) -> None:
         zr = _leaf(logits)
         lr = F.cross_entropy(zr.reshape(-1, vocab), target.reshape(-1), reduction="none").view(2, 5)
         (lr * weights).sum().backward()
-        zp = _leaf(logits[..., _sl(vocab)])
-        lp = tp.vocab_parallel_cross_entropy(zp, target, vocab_size=vocab)
+        zp = _leaf(logits[..., _sl(vocab, group)])
+        lp = tp.vocab_parallel_cross_entropy(zp, target, group, vocab_size=vocab)
         (lp * weights).sum().backward()
         err(f"{tag}: loss", lp, lr)
-        err(f"{tag}: grad logits", zp.grad, zr.grad[..., _sl(vocab)])
+        err(f"{tag}: grad logits", zp.grad, zr.grad[..., _sl(vocab, group)])
 
 
-def _check_sequence_parallel(err: _Errors) -> None:
+def _check_tied_head(err: _Errors, group=None) -> None:
+    """Embedding -> tanh -> the same table as output head -> cross-entropy, logits never gathered."""
+    vocab, dim = 33, 6
+    for sp in (False, True):
+        tag = f"tied head sequence_parallel={sp}"
+        torch.manual_seed(17)
+        ref = nn.Embedding(vocab, dim, dtype=F64)
+        torch.manual_seed(17)
+        par = tp.VocabParallelEmbedding(vocab, dim, group, dtype=F64)
+        ids = torch.randint(0, vocab, (2, 5), generator=torch.Generator().manual_seed(18))
+        target = torch.randint(0, vocab, (2, 5), generator=torch.Generator().manual_seed(19))
+        logits = torch.tanh(ref(ids)) @ ref.weight.T
+        lr = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1))
+        lr.backward()
+        h = torch.tanh(par(ids))
+        if sp:  # the head's input arrives sequence sharded; its logits cover every token
+            h = tp.scatter_to_sequence_region(h, group)
+        local = tp.parallel_lm_logits(h, par.weight, group, sequence_parallel=sp, seq_len=5)
+        lp = tp.vocab_parallel_cross_entropy(local, target, group, vocab_size=vocab).mean()
+        lp.backward()
+        err(f"{tag}: loss", lp, lr)
+        err(f"{tag}: grad weight", par.weight.grad, ref.weight.grad[_sl(vocab, group)])
+
+
+def _check_sequence_parallel(err: _Errors, group=None) -> None:
     """LayerNorm -> MLP -> residual -> LayerNorm -> attention -> residual, sequence sharded."""
     heads, hidden, seq = 60, 120, 7  # 7 tokens: uneven over 2..5 ranks
     torch.manual_seed(16)
     ln1, mlp = nn.LayerNorm(hidden, dtype=F64), tp.MLP(hidden, 33, dtype=F64)
     ln2, attn = nn.LayerNorm(hidden, dtype=F64), tp.SelfAttention(hidden, heads, dtype=F64)
     torch.manual_seed(16)
-    pln1 = tp.SequenceParallelLayerNorm(hidden, dtype=F64)
-    pmlp = tp.ParallelMLP(hidden, 33, sequence_parallel=True, dtype=F64)
-    pln2 = tp.SequenceParallelLayerNorm(hidden, dtype=F64)
-    pattn = tp.ParallelSelfAttention(hidden, heads, sequence_parallel=True, dtype=F64)
+    pln1 = tp.SequenceParallelLayerNorm(hidden, group=group, dtype=F64)
+    pmlp = tp.ParallelMLP(hidden, 33, group, sequence_parallel=True, dtype=F64)
+    pln2 = tp.SequenceParallelLayerNorm(hidden, group=group, dtype=F64)
+    pattn = tp.ParallelSelfAttention(hidden, heads, group, sequence_parallel=True,
+                                      dtype=F64)
     with torch.no_grad():  # non-trivial layer norm parameters, the same on both sides
         for i, (a, b) in enumerate(((ln1, pln1), (ln2, pln2))):
             a.weight.copy_(1 + 0.1 * _randn(hidden, seed=20 + i))
@@ -229,14 +258,15 @@ def _check_sequence_parallel(err: _Errors) -> None:
     yr.backward(grad_y)
 
     xp = _leaf(x)
-    xs = tp.scatter_to_sequence_region(xp)  # [2, this rank's tokens, hidden]
+    xs = tp.scatter_to_sequence_region(xp, group)  # [2, this rank's tokens, hidden]
     hs = xs + pmlp(pln1(xs), seq_len=seq)
     ys = hs + pattn(pln2(hs), seq_len=seq)
-    yp = tp.gather_from_sequence_region(ys, seq_len=seq, tensor_parallel_output_grad=False)
+    yp = tp.gather_from_sequence_region(ys, group, seq_len=seq,
+                                        tensor_parallel_output_grad=False)
     yp.backward(grad_y)
 
     tag = "sequence parallel"
-    err(f"{tag}: shard", ys, yr[:, _sl(seq)])
+    err(f"{tag}: shard", ys, yr[:, _sl(seq, group)])
     err(f"{tag}: output", yp, yr)
     err(f"{tag}: grad input", xp.grad, xr.grad)
     for (ra, pa, name) in ((ln1, pln1, "ln1"), (mlp, pmlp, "mlp"), (ln2, pln2, "ln2"),
@@ -244,31 +274,31 @@ def _check_sequence_parallel(err: _Errors) -> None:
         _compare_grads(err, f"{tag} {name}", ra, pa)
 
 
-def _check_conjugates(err: _Errors) -> None:
+def _check_conjugates(err: _Errors, group=None) -> None:
     """The four region functions alone, uneven sizes: forward and backward by hand."""
-    g = resolve_group(None)
+    g = resolve_group(group)
     p, r = g.size, g.rank
     full = 11
     x = _randn(3, full, seed=40) + r  # differs per rank: reductions are visible
     everyone = sum(_randn(3, full, seed=40) + i for i in range(p))
     grad = _randn(3, full, seed=41) * (r + 1)
     grad_sum = sum(_randn(3, full, seed=41) * (i + 1) for i in range(p))
-    cols = _sl(full)
+    cols = _sl(full, group)
 
     a = _leaf(x)
-    y = tp.copy_to_region(a)
+    y = tp.copy_to_region(a, group)
     y.backward(grad)
     err("f: forward identity", y, x)
     err("f: backward all-reduce", a.grad, grad_sum)
 
     a = _leaf(x)
-    y = tp.reduce_from_region(a)
+    y = tp.reduce_from_region(a, group)
     y.backward(grad)
     err("g: forward all-reduce", y, everyone)
     err("g: backward identity", a.grad, grad)
 
     a = _leaf(x)
-    y = tp.scatter_to_region(a)
+    y = tp.scatter_to_region(a, group)
     y.backward(grad[:, cols])
     err("scatter: forward split", y, x[:, cols])
     want = torch.cat([(_randn(3, full, seed=41) * (i + 1))[:, slice(*_range(full, p, i))]
@@ -276,7 +306,7 @@ def _check_conjugates(err: _Errors) -> None:
     err("scatter: backward all-gather", a.grad, want)
 
     a = _leaf(x[:, cols])
-    y = tp.gather_from_region(a, full_size=full)
+    y = tp.gather_from_region(a, group, full_size=full)
     y.backward(grad)
     want = torch.cat([(_randn(3, full, seed=40) + i)[:, slice(*_range(full, p, i))] for i in range(p)],
                      dim=1)
@@ -284,14 +314,14 @@ def _check_conjugates(err: _Errors) -> None:
     err("gather: backward split", a.grad, grad[:, cols])
 
     a = _leaf(x)  # reduce-scatter along dim 1 (the sequence of a [b, s] tensor)
-    y = tp.reduce_scatter_to_sequence_region(a)
+    y = tp.reduce_scatter_to_sequence_region(a, group)
     y.backward(grad[:, cols])
     err("reduce-scatter: forward", y, everyone[:, cols])
     err("reduce-scatter: backward all-gather", a.grad, torch.cat(
         [(_randn(3, full, seed=41) * (i + 1))[:, slice(*_range(full, p, i))] for i in range(p)], 1))
 
     a = _leaf(x[:, cols])
-    y = tp.gather_from_sequence_region(a, seq_len=full)
+    y = tp.gather_from_sequence_region(a, group, seq_len=full)
     y.backward(grad)
     err("sequence gather: backward reduce-scatter", a.grad, grad_sum[:, cols])
 
@@ -301,28 +331,56 @@ def _range(size: int, p: int, i: int) -> tuple[int, int]:
     return sum(sizes[:i]), sum(sizes[: i + 1])
 
 
-def _all_checks() -> tuple[dict[str, float], dict[str, float]]:
+def _all_checks(group=None) -> tuple[dict[str, float], dict[str, float]]:
     err64, err32 = _Errors(), _Errors()
-    _check_conjugates(err64)
-    _check_column(err64)
-    _check_row(err64)
-    _check_mlp(err64)
-    _check_mlp(err32, torch.float32)
-    _check_attention(err64)
-    _check_embedding(err64)
-    _check_cross_entropy(err64)
-    _check_sequence_parallel(err64)
+    _check_conjugates(err64, group)
+    _check_column(err64, group)
+    _check_row(err64, group)
+    _check_mlp(err64, group)
+    _check_mlp(err32, group, torch.float32)
+    _check_attention(err64, group)
+    _check_embedding(err64, group)
+    _check_cross_entropy(err64, group)
+    _check_tied_head(err64, group)
+    _check_sequence_parallel(err64, group)
     return err64.worst, err32.worst
+
+
+def _subgroup_checks(layout: list[list[int]]) -> tuple[dict[str, float], dict[str, float]]:
+    """All checks on this rank's tensor-parallel subgroup, every subgroup at once."""
+    mine = None
+    for ranks in layout:  # every rank creates every group, in the same order
+        pg = dist.new_group(ranks)
+        if dist.get_rank() in ranks:
+            mine = pg
+    worst64, worst32 = _all_checks(mine)
+    # a module holding a subgroup survives copy.deepcopy (and shares the group)
+    torch.manual_seed(3)
+    mlp = tp.ParallelMLP(8, 33, mine, dtype=F64)
+    twin = copy.deepcopy(mlp)
+    x = _randn(2, 3, 8, seed=3)
+    worst64["deepcopy"] = (twin(x) - mlp(x)).abs().max().item()
+    return worst64, worst32
+
+
+def _assert_close(results: list, what: str) -> None:
+    for rank, (worst64, worst32) in enumerate(results):
+        bad = {k: v for k, v in worst64.items() if not v <= TOL64}
+        bad.update({k: v for k, v in worst32.items() if not v <= TOL32})
+        assert not bad, f"{what}, rank {rank}: {bad}"
+        assert len(worst64) > 100 and len(worst32) > 5  # every check ran
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
 def test_layers_match_unsharded_reference(run, world):
-    results = run(world, _all_checks)
-    for rank, (worst64, worst32) in enumerate(results):
-        bad = {k: v for k, v in worst64.items() if not v <= TOL64}
-        bad.update({k: v for k, v in worst32.items() if not v <= TOL32})
-        assert not bad, f"world {world}, rank {rank}: {bad}"
-    assert len(results[0][0]) > 100  # every check ran
+    _assert_close(run(world, _all_checks), f"tensor-parallel size {world}")
+
+
+@pytest.mark.parametrize("layout", [[[0, 1], [2, 3]], [[0, 2], [1, 3]], [[0], [1, 2, 3]]],
+                         ids=["blocks", "strided", "1+3"])
+def test_layers_on_subgroups(run, layout):
+    """Tensor parallelism inside a larger world (as on a mesh): groups run side by side."""
+    _assert_close(run(4, _subgroup_checks, layout), f"groups {layout}")
 
 
 # ----------------------------------------------------------------------------
@@ -369,6 +427,7 @@ def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool) -> dict:
         out.backward(torch.ones_like(out))
     numel, item = b * s * h, 8
     counted = {k: v.bytes_sent for k, v in t.by_collective.items() if k != "validate"}
+    calls = {k: v.calls for k, v in t.by_collective.items() if k != "validate" and v.calls}
     if sequence_parallel:
         seq = cost_model.split_sizes(s, g.size)
         chunks = [n * b * h for n in seq]  # [s, b*h] blocks after moving the sequence to the front
@@ -379,7 +438,7 @@ def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool) -> dict:
         want = {"all_reduce": 2 * tp.all_reduce_bytes(numel, item)}
     want = {k: v for k, v in want.items() if v}
     counted = {k: v for k, v in counted.items() if v}
-    return {"counted": counted, "want": want, "rank": g.rank}
+    return {"counted": counted, "want": want, "calls": calls}
 
 
 @pytest.mark.parametrize("world", [1, 3, 4])
@@ -390,7 +449,39 @@ def test_mlp_traffic_matches_cost_model(run, world):
         for sp in (False, True):
             for res in run(world, _mlp_traffic, shape, sp):
                 assert res["counted"] == res["want"], (shape, sp, res)
+                if world > 1:  # g forward, f backward; sequence parallel: their two halves each
+                    want_calls = ({"all_gather": 2, "reduce_scatter": 2, "all_reduce": 1} if sp
+                                  else {"all_reduce": 2})
+                    assert res["calls"] == want_calls, (shape, sp, res)
                 if shape == large and not sp and world > 2:
                     # the ring: 2(p-1)/p * n per all-reduce, one forward (g) and one backward (f)
                     n = 2 * 48 * 128 * 8
                     assert res["counted"]["all_reduce"] == 2 * (2 * (world - 1) * n // world)
+
+
+def _misuse() -> list[str]:
+    """Mistakes that must fail with a clear message on every rank, not hang."""
+    messages = []
+    x = _randn(2, 7, 4, seed=0)
+    attempts = [
+        # 7 tokens over 3 ranks are 3, 2, 2: gathering them needs seq_len
+        lambda: tp.gather_from_sequence_region(tp.scatter_to_sequence_region(x)),
+        # logits shards of 4 cannot be split_sizes(9, 3) = 3, 3, 3
+        lambda: tp.vocab_parallel_cross_entropy(_randn(3, 4, seed=1), torch.zeros(3, dtype=torch.long),
+                                                vocab_size=9),
+        lambda: tp.scatter_to_region(x, sizes=[1, 1, 1]),
+    ]
+    for attempt in attempts:
+        try:
+            attempt()
+            messages.append("")
+        except (ValueError, dt.CollectiveError) as exc:
+            messages.append(str(exc))
+    return messages
+
+
+def test_misuse_fails_clearly(run):
+    for messages in run(3, _misuse):
+        assert "all_gather" in messages[0] and "disagree" in messages[0]
+        assert "holds a shard of 4 but the shard sizes are [3, 3, 3]" in messages[1]
+        assert "must be 3 numbers summing to 4" in messages[2]
