@@ -58,7 +58,8 @@ class Traffic:
 
 def ring_reduce_scatter(chunk_numels: list[int], itemsize: int, rank: int,
                         segment_elems: int | None = None) -> Traffic:
-    """Ring reduce-scatter: p-1 steps; rank r sends every chunk but its own.
+    """Ring reduce-scatter: p-1 steps; rank r sends every chunk but its own and
+    receives every chunk but its left neighbour's.
 
     Bytes per rank (even chunks): (p-1)/p * n. Steps: p-1.
     """
@@ -66,7 +67,7 @@ def ring_reduce_scatter(chunk_numels: list[int], itemsize: int, rank: int,
     if p == 1:
         return Traffic(0, 0, 0, 0, 0)
     sent = [c for i, c in enumerate(chunk_numels) if i != rank]
-    recv = [c for i, c in enumerate(chunk_numels) if i != (rank + 1) % p]
+    recv = [c for i, c in enumerate(chunk_numels) if i != (rank - 1) % p]
     return Traffic(
         bytes_sent=sum(sent) * itemsize,
         bytes_received=sum(recv) * itemsize,
@@ -211,6 +212,210 @@ def dissemination_barrier(p: int) -> Traffic:
     """ceil(lg p) rounds of one empty message each way."""
     steps = math.ceil(math.log2(p)) if p > 1 else 0
     return Traffic(0, 0, steps, steps, steps)
+
+
+# ----------------------------------------------------------------------------
+# Recursive doubling / halving (dt/collectives/doubling.py) and the fold that
+# handles group sizes that are not a power of two.
+# ----------------------------------------------------------------------------
+
+
+def _fold(p: int, rank: int) -> tuple[int, int, int | None, int]:
+    """(p', e, virtual rank or None, partner) as dt.collectives.doubling.Fold computes them."""
+    p2 = 1 << (p.bit_length() - 1)
+    e = p - p2
+    if rank < 2 * e:
+        return p2, e, (rank // 2 if rank % 2 else None), (rank + 1 if rank % 2 == 0 else rank - 1)
+    return p2, e, rank - e, -1
+
+
+def _edges(sizes: list[int]) -> list[int]:
+    edges = [0]
+    for s in sizes:
+        edges.append(edges[-1] + s)
+    return edges
+
+
+class _Tally:
+    """Adds up one rank's messages as an algorithm's schedule posts them."""
+
+    def __init__(self, itemsize: int):
+        self.itemsize = itemsize
+        self.sent = self.received = self.msgs_sent = self.msgs_received = 0
+
+    def send(self, numel: int) -> None:
+        if numel:
+            self.sent += numel * self.itemsize
+            self.msgs_sent += 1
+
+    def recv(self, numel: int) -> None:
+        if numel:
+            self.received += numel * self.itemsize
+            self.msgs_received += 1
+
+    def traffic(self, steps: int) -> Traffic:
+        return Traffic(self.sent, self.received, self.msgs_sent, self.msgs_received, steps)
+
+
+def _fold_steps(p: int, rounds_per_pass: int) -> int:
+    p2 = 1 << (p.bit_length() - 1)
+    return rounds_per_pass * (p2.bit_length() - 1) + (2 if p != p2 else 0)
+
+
+def recursive_doubling_all_reduce(numel: int, itemsize: int, p: int, rank: int) -> Traffic:
+    """Whole buffer exchanged in each of lg p' steps (+ fold in and out when p != p').
+
+    Bytes per rank: n lg p' (+ n for a folding pair). Steps: lg p' (+2).
+    """
+    if p == 1 or numel == 0:
+        return Traffic(0, 0, 0, 0, 0)
+    p2, e, v, _ = _fold(p, rank)
+    t = _Tally(itemsize)
+    if rank < 2 * e:
+        (t.send if v is None else t.recv)(numel)  # fold in
+        (t.recv if v is None else t.send)(numel)  # fold out
+    if v is not None:
+        for _ in range(p2.bit_length() - 1):
+            t.send(numel)
+            t.recv(numel)
+    return t.traffic(_fold_steps(p, 1))
+
+
+def rabenseifner_all_reduce(numel: int, itemsize: int, p: int, rank: int) -> Traffic:
+    """Recursive-halving reduce-scatter + recursive-doubling all-gather over p' pieces.
+
+    Bytes per rank: 2(p'-1)/p' n (+ n for a folding pair). Steps: 2 lg p' (+2).
+    """
+    if p == 1 or numel == 0:
+        return Traffic(0, 0, 0, 0, 0)
+    p2, e, v, _ = _fold(p, rank)
+    t = _Tally(itemsize)
+    if rank < 2 * e:
+        (t.send if v is None else t.recv)(numel)
+        (t.recv if v is None else t.send)(numel)
+    if v is not None:
+        edges = _edges(split_sizes(numel, p2))
+        lo, hi, d = 0, p2, p2 // 2
+        while d >= 1:
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+            t.send(edges[give[1]] - edges[give[0]])
+            t.recv(edges[keep[1]] - edges[keep[0]])
+            lo, hi = keep
+            d //= 2
+        d = 1
+        while d < p2:
+            pv = v ^ d
+            plo = pv - pv % d
+            t.send(edges[hi] - edges[lo])
+            t.recv(edges[plo + d] - edges[plo])
+            lo, hi = min(lo, plo), max(hi, plo + d)
+            d *= 2
+    return t.traffic(_fold_steps(p, 2))
+
+
+def recursive_doubling_all_gather(numels: list[int], itemsize: int, rank: int) -> Traffic:
+    """Each step swaps everything gathered so far with the partner at distance d.
+
+    Bytes per rank: (p-1)/p n for a power of two (n = all blocks); a folding
+    pair adds one block in and n out. Steps: lg p' (+2).
+    """
+    p = len(numels)
+    if p == 1:
+        return Traffic(0, 0, 0, 0, 0)
+    p2, e, v, _ = _fold(p, rank)
+    edges = _edges(numels)
+
+    def lo(u: int) -> int:
+        return 2 * u if u < e else u + e
+
+    t = _Tally(itemsize)
+    if rank < 2 * e:
+        even = rank if v is None else rank - 1
+        (t.send if v is None else t.recv)(numels[even])
+        (t.recv if v is None else t.send)(edges[-1])
+    if v is not None:
+        d = 1
+        while d < p2:
+            base, pv = v - v % d, v ^ d
+            pbase = pv - pv % d
+            t.send(edges[lo(base + d)] - edges[lo(base)])
+            t.recv(edges[lo(pbase + d)] - edges[lo(pbase)])
+            d *= 2
+    return t.traffic(_fold_steps(p, 1))
+
+
+# ----------------------------------------------------------------------------
+# Binomial trees (dt/collectives/tree.py).
+# ----------------------------------------------------------------------------
+
+
+def _lowest_bit(v: int, p: int) -> int:
+    if v:
+        return v & -v
+    top = 1
+    while top < p:
+        top *= 2
+    return top
+
+
+def _children(v: int, p: int) -> list[int]:
+    out, mask = [], _lowest_bit(v, p) // 2
+    while mask >= 1:
+        if v + mask < p:
+            out.append(v + mask)
+        mask //= 2
+    return out
+
+
+def _tree_steps(p: int) -> int:
+    return math.ceil(math.log2(p)) if p > 1 else 0
+
+
+def binomial_broadcast(numel: int, itemsize: int, p: int, rank: int, root: int) -> Traffic:
+    """Binomial tree: receive n from the parent, send n to each child.
+
+    Critical path: ceil(lg p) steps of n bytes each (the root sends n ceil(lg p)).
+    """
+    if p == 1 or numel == 0:
+        return Traffic(0, 0, 0, 0, 0)
+    v = (rank - root) % p
+    t = _Tally(itemsize)
+    if v:
+        t.recv(numel)
+    for _ in _children(v, p):
+        t.send(numel)
+    return t.traffic(_tree_steps(p))
+
+
+def binomial_reduce(numel: int, itemsize: int, p: int, rank: int, root: int) -> Traffic:
+    """Binomial tree upside down: receive and reduce n per child, send n to the parent."""
+    b = binomial_broadcast(numel, itemsize, p, rank, root)
+    return Traffic(b.bytes_received, b.bytes_sent, b.messages_received, b.messages_sent, b.steps)
+
+
+def scatter_allgather_broadcast(numel: int, itemsize: int, p: int, rank: int, root: int,
+                                segment_elems: int | None = None) -> Traffic:
+    """Binomial scatter of p pieces, then ring all-gather of the pieces.
+
+    Bytes per rank: about 2(p-1)/p n for the root's neighbours, (p-1)/p n plus
+    its subtree's pieces for the others. Steps: ceil(lg p) + p - 1.
+    """
+    if p == 1 or numel == 0:
+        return Traffic(0, 0, 0, 0, 0)
+    sizes = split_sizes(numel, p)  # piece j belongs to relative rank j
+    edges = _edges(sizes)
+    v = (rank - root) % p
+    t = _Tally(itemsize)
+    if v:
+        t.recv(edges[min(v + _lowest_bit(v, p), p)] - edges[v])
+    for c in _children(v, p):
+        t.send(edges[min(c + (c - v), p)] - edges[c])
+    ring = ring_all_gather([sizes[(a - root) % p] for a in range(p)], itemsize, rank,
+                           segment_elems)
+    return Traffic(t.sent + ring.bytes_sent, t.received + ring.bytes_received,
+                   t.msgs_sent + ring.messages_sent, t.msgs_received + ring.messages_received,
+                   _tree_steps(p) + p - 1)
 
 
 # ----------------------------------------------------------------------------

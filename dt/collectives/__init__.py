@@ -6,12 +6,14 @@ One file per family of algorithms:
 - flat.py     one root talks to all: reduce, broadcast, gather, scatter, naive all-reduce
 - bruck.py    latency-optimal all-gather (Bruck) and the dissemination barrier
 - pairwise.py pairwise-exchange all-to-all
+- doubling.py recursive doubling all-reduce / all-gather, Rabenseifner all-reduce
+- tree.py     binomial-tree broadcast and reduce, scatter + all-gather broadcast
 
 api.py holds the torch.distributed-shaped dispatchers, auto.py the choice of
 algorithm, validate.py the cross-rank argument check, ops.py the reductions.
 """
 
-from dt.collectives import bruck, flat, pairwise, ring  # noqa: F401  (registers algorithms)
+from dt.collectives import bruck, doubling, flat, pairwise, ring, tree  # noqa: F401  (registers algorithms)
 from dt.collectives.api import (
     all_gather,
     all_gather_into_tensor,
@@ -26,7 +28,13 @@ from dt.collectives.api import (
     reduce_scatter_tensor,
     scatter,
 )
-from dt.collectives.bruck import bruck_all_gather_into_tensor, dissemination_barrier
+from dt.collectives.bruck import bruck_all_gather, bruck_all_gather_into_tensor, dissemination_barrier
+from dt.collectives.doubling import (
+    rabenseifner_all_reduce,
+    recursive_doubling_all_gather,
+    recursive_doubling_all_gather_into_tensor,
+    recursive_doubling_all_reduce,
+)
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
@@ -38,6 +46,7 @@ from dt.collectives.ring import (
     ring_pass,
     ring_reduce_scatter,
 )
+from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
 
 __all__ = [
     "ALGORITHMS",
@@ -48,7 +57,10 @@ __all__ = [
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "binomial_broadcast",
+    "binomial_reduce",
     "broadcast",
+    "bruck_all_gather",
     "bruck_all_gather_into_tensor",
     "dissemination_barrier",
     "flat_broadcast",
@@ -58,6 +70,10 @@ __all__ = [
     "gather",
     "naive_all_reduce",
     "pairwise_all_to_all",
+    "rabenseifner_all_reduce",
+    "recursive_doubling_all_gather",
+    "recursive_doubling_all_gather_into_tensor",
+    "recursive_doubling_all_reduce",
     "reduce",
     "reduce_scatter",
     "reduce_scatter_tensor",
@@ -67,4 +83,5 @@ __all__ = [
     "ring_pass",
     "ring_reduce_scatter",
     "scatter",
+    "scatter_allgather_broadcast",
 ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 from dt.collectives.registry import algorithm
+from dt.collectives.ring import ring_all_gather
 from dt.transport import Comm, default_device, resolve_group
 
 
@@ -30,11 +31,7 @@ def bruck_rounds(comm: Comm, rotated: torch.Tensor) -> None:
         d, step = d * 2, step + 1
 
 
-@algorithm("all_gather_into_tensor", "bruck")
-def bruck_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                 group: object = None) -> None:
-    """output = concatenation of every rank's equal-sized `input`, in rank order."""
-    comm = Comm(resolve_group(group), "all_gather_into_tensor", "bruck")
+def _bruck_gather(comm: Comm, output: torch.Tensor, input: torch.Tensor) -> None:
     p, r = comm.size, comm.rank
     block = input.numel()
     rotated = torch.empty((p, block), dtype=input.dtype, device=input.device)
@@ -44,6 +41,33 @@ def bruck_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
     # slot i holds rank (r + i) % p: two slices undo the rotation.
     out[r:].copy_(rotated[: p - r])
     out[:r].copy_(rotated[p - r:])
+
+
+@algorithm("all_gather_into_tensor", "bruck")
+def bruck_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
+                                 group: object = None) -> None:
+    """output = concatenation of every rank's equal-sized `input`, in rank order."""
+    _bruck_gather(Comm(resolve_group(group), "all_gather_into_tensor", "bruck"), output, input)
+
+
+@algorithm("all_gather", "bruck")
+def bruck_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                     group: object = None) -> None:
+    """tensor_list[i] = rank i's tensor, by Bruck, when every entry has the same length.
+
+    Bruck's rotation needs equal blocks; with uneven entries (which every rank
+    sees alike, in its tensor_list) this falls back to the ring all-gather.
+    """
+    g = resolve_group(group)
+    sizes = [t.numel() for t in tensor_list]
+    if len(set(sizes)) > 1:
+        ring_all_gather(tensor_list, tensor, g)
+        return
+    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
+    _bruck_gather(Comm(g, "all_gather", "bruck"), out, tensor)
+    if sizes[0]:
+        for t, part in zip(tensor_list, out.split(sizes[0])):
+            t.view(-1).copy_(part)
 
 
 @algorithm("barrier", "dissemination")

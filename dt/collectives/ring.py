@@ -26,7 +26,7 @@ import torch
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.cost_model import split_sizes
-from dt.transport import Comm, resolve_group
+from dt.transport import Comm, Handle, resolve_group
 
 # Segments no larger than this overlap reduction with transfer; see bench/ for how it was chosen.
 DEFAULT_SEGMENT_BYTES = 1 << 20
@@ -60,47 +60,59 @@ def ring_pass(
     chunk itself) into `chunks[i]`, and the first step sends from `sources`, so
     a reduce-scatter can read an input it must not modify.
 
+    Receives are posted ahead of need: gloo moves a message only once the
+    receiver has asked for it (a handshake per message), so a receive posted
+    a step early lets the data start flowing the moment the left neighbour
+    sends. Without `op` every receive lands in its final chunk, so all p-1
+    steps' receives are posted at once; with `op` they land in two scratch
+    buffers used alternately, so step s+1's receive is posted while step s is
+    reduced. Each received segment is forwarded as soon as it is reduced.
+
     Cost: p-1 steps; bytes sent = sum of the chunks this rank forwards
     (cost_model.ring_reduce_scatter / ring_all_gather give the exact figure).
     """
     p, r = comm.size, comm.rank
-    if p == 1:
+    if p == 1 or not chunks:
         return
     right, left = (r + 1) % p, (r - 1) % p
-    itemsize = chunks[0].element_size() if chunks else 1
-    seg = max(1, segment_bytes // itemsize) if segment_bytes else 0
-    scratch = None
-    if op is not None:
-        scratch = torch.empty(max(c.numel() for c in chunks), dtype=chunks[0].dtype,
-                              device=chunks[0].device)
+    seg = max(1, segment_bytes // chunks[0].element_size()) if segment_bytes else 0
     src = sources if sources is not None else chunks
 
-    first_send = (r + first) % p
-    pending = [comm.isend(s, right) for s in _segments((src if op else chunks)[first_send], seg)]
+    def received(step: int) -> int:
+        return (r - step - 1 + first) % p
+
+    scratch: list[torch.Tensor] = []
+    if op is not None:
+        biggest = max(chunks[received(s)].numel() for s in range(p - 1))
+        scratch = [torch.empty(biggest, dtype=chunks[0].dtype, device=chunks[0].device)
+                   for _ in range(min(2, p - 1))]
+
+    def post(step: int) -> list[tuple[Handle, torch.Tensor]]:
+        comm.step = step
+        target = chunks[received(step)]
+        landing = scratch[step % 2][: target.numel()] if op is not None else target
+        return [(comm.irecv(s, left), s) for s in _segments(landing, seg)]
+
+    ahead = 2 if op is not None else p - 1  # receives in flight
+    posted = {s: post(s) for s in range(min(ahead, p - 1))}
+    comm.step = 0
+    sends = [comm.isend(s, right) for s in _segments(src[(r + first) % p], seg)]
     for step in range(p - 1):
         comm.step = step
-        ri = (r - step - 1 + first) % p
-        target = chunks[ri]
-        landing = scratch[: target.numel()] if op is not None else target
-        recv_segs = _segments(landing, seg)
-        handles = [comm.irecv(s, left) for s in recv_segs]
-        forward = step < p - 2
-        next_pending = []
-        offset = 0
-        for h, s in zip(handles, recv_segs):
-            h.wait()
-            k = s.numel()
+        ri = received(step)
+        target, offset = chunks[ri], 0
+        for handle, landed in posted.pop(step):
+            handle.wait()
+            k = landed.numel()
             out = target[offset:offset + k]
             if op is not None:
-                combine(out, src[ri][offset:offset + k], s, op)
-            if forward:
-                # Forward this segment now; it is the next step's send.
-                next_pending.append(comm.isend(out, right))
+                combine(out, src[ri][offset:offset + k], landed, op)
+            if step < p - 2:
+                sends.append(comm.isend(out, right))  # forward this segment now
             offset += k
-        for h in pending:
-            h.wait()
-        pending = next_pending
-    for h in pending:
+        if step + ahead < p - 1:
+            posted[step + ahead] = post(step + ahead)  # its scratch was just consumed
+    for h in sends:
         h.wait()
 
 

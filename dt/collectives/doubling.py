@@ -1,0 +1,284 @@
+"""Recursive doubling and halving: lg p steps instead of the ring's p-1.
+
+Ranks pair up across distance d = 1, 2, 4, ...: rank v talks to v XOR d. After
+the step at distance d every rank holds what its aligned group of 2d ranks
+holds, so lg p steps cover the group.
+
+- recursive doubling all-reduce: every step exchanges the whole buffer and
+  reduces it. lg p steps, but n bytes per step: n lg p in all. Latency-optimal,
+  for small messages.
+- recursive doubling all-gather: every step exchanges everything gathered so
+  far (a contiguous run of blocks), doubling it. lg p steps, (p-1)/p n bytes.
+- Rabenseifner all-reduce: recursive *halving* reduce-scatter (distance p/2,
+  p/4, ..., 1; each step sends the half of the current range the partner
+  keeps and reduces the half it keeps itself), then recursive doubling
+  all-gather of the reduced pieces. 2 lg p steps and 2(p-1)/p n bytes: the
+  ring's bytes with the doubling's step count.
+
+Group sizes that are not a power of two use MPICH's fold. With
+p' = 2^floor(lg p) and e = p - p' extra ranks, the first 2e ranks pair up
+(0,1), (2,3), ...: the even one sends its data to the odd one and sits out;
+the p' remaining ranks run the power-of-two algorithm as virtual ranks
+0..p'-1; at the end each odd rank sends the result back to its even partner.
+That costs 2 more steps and about 2n more bytes on the critical path.
+
+Virtual rank v stands for the original ranks [lo(v), lo(v+1)): two of them
+for v < e, one otherwise. Those runs are contiguous, so in the all-gather
+every exchange is one contiguous slice of the output.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dt.collectives.ops import ReduceOp, combine, finish, op_name
+from dt.collectives.registry import algorithm
+from dt.cost_model import split_sizes
+from dt.transport import Comm, resolve_group
+
+
+class Fold:
+    """The non-power-of-two fold, as every rank computes it alike.
+
+    `vrank` is this rank's virtual rank, None for an even rank that folds into
+    its odd partner and sits out the power-of-two part.
+    """
+
+    def __init__(self, p: int, rank: int):
+        self.p = p
+        self.p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
+        self.extra = p - self.p2
+        self.rank = rank
+        if rank < 2 * self.extra:
+            self.vrank: int | None = rank // 2 if rank % 2 else None
+            self.partner = rank + 1 if rank % 2 == 0 else rank - 1
+        else:
+            self.vrank = rank - self.extra
+            self.partner = -1
+        self.rounds = int(math.log2(self.p2))
+
+    def real(self, v: int) -> int:
+        """The original rank that plays virtual rank v."""
+        return 2 * v + 1 if v < self.extra else v + self.extra
+
+    def lo(self, v: int) -> int:
+        """First original rank that virtual rank v stands for (lo(p') = p)."""
+        return 2 * v if v < self.extra else v + self.extra
+
+    @property
+    def folded(self) -> bool:
+        return self.extra > 0 and self.rank < 2 * self.extra
+
+
+def _send_or_none(t: torch.Tensor) -> torch.Tensor | None:
+    return t if t.numel() else None
+
+
+# ---------------------------------------------------------------------------
+# All-reduce
+# ---------------------------------------------------------------------------
+
+
+def _fold_in(comm: Comm, fold: Fold, flat: torch.Tensor, op: str) -> None:
+    """Step 0 when p is not a power of two: even ranks of the first 2e hand their data over."""
+    comm.step = 0
+    if fold.vrank is None:
+        comm.send(flat, fold.partner)
+    else:
+        scratch = torch.empty_like(flat)
+        comm.recv(scratch, fold.partner)
+        combine(flat, flat, scratch, op)
+
+
+def _fold_out(comm: Comm, fold: Fold, flat: torch.Tensor, step: int) -> None:
+    """Last step when p is not a power of two: odd ranks hand the result back."""
+    comm.step = step
+    if fold.vrank is None:
+        comm.recv(flat, fold.partner)
+    else:
+        comm.send(flat, fold.partner)
+
+
+@algorithm("all_reduce", "recursive_doubling")
+def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
+                                  group: object = None) -> None:
+    """All-reduce in place by recursive doubling (whole buffer exchanged each step).
+
+    Cost (cost_model.recursive_doubling_all_reduce): lg p' steps (+2 when p is
+    not a power of two, p' = 2^floor(lg p)); n bytes sent per step, n lg p' in
+    all, and n lg p' reduced. Every pair reduces the same two operands (in
+    either order: the ops are commutative), so all ranks end bit-identical.
+    """
+    comm = Comm(resolve_group(group), "all_reduce", "recursive_doubling")
+    name = op_name(op)
+    flat = tensor.view(-1)
+    p = comm.size
+    if p == 1 or flat.numel() == 0:
+        return
+    fold = Fold(p, comm.rank)
+    step = 1 if fold.extra else 0
+    if fold.folded:
+        _fold_in(comm, fold, flat, name)
+    if fold.vrank is not None:
+        scratch = torch.empty_like(flat)
+        d = 1
+        while d < fold.p2:
+            comm.step = step
+            partner = fold.real(fold.vrank ^ d)
+            comm.exchange(flat, partner, scratch, partner)
+            combine(flat, flat, scratch, name)
+            d, step = d * 2, step + 1
+        finish(flat, name, p)
+    else:
+        step += fold.rounds
+    if fold.folded:
+        _fold_out(comm, fold, flat, step)
+
+
+@algorithm("all_reduce", "rabenseifner")
+def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
+                            group: object = None) -> None:
+    """All-reduce in place: recursive-halving reduce-scatter + recursive-doubling all-gather.
+
+    The buffer is cut into p' pieces (split_sizes(n, p')); virtual rank v ends
+    the halving holding piece v reduced over all ranks, then the doubling
+    hands every piece to everyone.
+
+    Cost (cost_model.rabenseifner_all_reduce): 2 lg p' steps (+2 when p is not
+    a power of two); 2(p'-1)/p' n bytes sent per rank (+n for the fold), and
+    (p'-1)/p' n reduced.
+    """
+    comm = Comm(resolve_group(group), "all_reduce", "rabenseifner")
+    name = op_name(op)
+    flat = tensor.view(-1)
+    p = comm.size
+    if p == 1 or flat.numel() == 0:
+        return
+    fold = Fold(p, comm.rank)
+    step = 1 if fold.extra else 0
+    if fold.folded:
+        _fold_in(comm, fold, flat, name)
+    if fold.vrank is not None:
+        v, p2 = fold.vrank, fold.p2
+        edges = [0]
+        for size in split_sizes(flat.numel(), p2):
+            edges.append(edges[-1] + size)
+
+        def piece(a: int, b: int) -> torch.Tensor:  # pieces [a, b) as one slice
+            return flat[edges[a]:edges[b]]
+
+        # The first half kept is the largest piece of work (split_sizes puts the
+        # longer pieces first), so one scratch of that size serves every step.
+        scratch = torch.empty(edges[p2 // 2], dtype=flat.dtype, device=flat.device)
+        lo, hi, d = 0, p2, p2 // 2
+        while d >= 1:  # recursive halving: keep the half holding piece v
+            comm.step = step
+            partner = fold.real(v ^ d)
+            mid = (lo + hi) // 2
+            keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+            kept = piece(*keep)
+            landing = scratch[: kept.numel()]
+            comm.exchange(_send_or_none(piece(*give)), partner, _send_or_none(landing), partner)
+            combine(kept, kept, landing, name)
+            lo, hi = keep
+            d, step = d // 2, step + 1
+        finish(piece(lo, hi), name, p)
+        d = 1
+        while d < p2:  # recursive doubling: swap what each holds
+            comm.step = step
+            partner_v = v ^ d
+            plo = partner_v - partner_v % d
+            comm.exchange(_send_or_none(piece(lo, hi)), fold.real(partner_v),
+                          _send_or_none(piece(plo, plo + d)), fold.real(partner_v))
+            lo, hi = min(lo, plo), max(hi, plo + d)
+            d, step = d * 2, step + 1
+    else:
+        step += 2 * fold.rounds
+    if fold.folded:
+        _fold_out(comm, fold, flat, step)
+
+
+# ---------------------------------------------------------------------------
+# All-gather
+# ---------------------------------------------------------------------------
+
+
+def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) -> None:
+    """Recursive doubling all-gather into `out`, rank r's block (sizes[r] elements) in place.
+
+    `out` is the concatenation of every rank's block in rank order; this rank's
+    block must already be there. Blocks may differ in length.
+    """
+    p, r = comm.size, comm.rank
+    if p == 1:
+        return
+    edges = [0]
+    for size in sizes:
+        edges.append(edges[-1] + size)
+    fold = Fold(p, r)
+
+    def span(first_rank: int, end_rank: int) -> torch.Tensor:
+        return out[edges[first_rank]:edges[end_rank]]
+
+    step = 0
+    if fold.extra:
+        step = 1
+        if fold.folded:
+            comm.step = 0
+            even = r if fold.vrank is None else fold.partner
+            block = span(even, even + 1)
+            if block.numel():
+                if fold.vrank is None:
+                    comm.send(block, fold.partner)
+                else:
+                    comm.recv(block, fold.partner)
+    if fold.vrank is not None:
+        v, d = fold.vrank, 1
+        while d < fold.p2:
+            comm.step = step
+            base, partner_v = v - v % d, v ^ d
+            pbase = partner_v - partner_v % d
+            mine = span(fold.lo(base), fold.lo(base + d))
+            theirs = span(fold.lo(pbase), fold.lo(pbase + d))
+            peer = fold.real(partner_v)
+            comm.exchange(_send_or_none(mine), peer, _send_or_none(theirs), peer)
+            d, step = d * 2, step + 1
+    else:
+        step += fold.rounds
+    if fold.folded and out.numel():
+        _fold_out(comm, fold, out, step)
+
+
+@algorithm("all_gather_into_tensor", "recursive_doubling")
+def recursive_doubling_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
+                                              group: object = None) -> None:
+    """output = every rank's equal-sized input, in rank order, by recursive doubling.
+
+    Cost (cost_model.recursive_doubling_all_gather): lg p' steps (+2 when p is
+    not a power of two); (p-1)/p n bytes sent per rank for a power of two.
+    """
+    comm = Comm(resolve_group(group), "all_gather_into_tensor", "recursive_doubling")
+    out, block = output.view(-1), input.numel()
+    out[comm.rank * block:(comm.rank + 1) * block].copy_(input.reshape(-1))
+    doubling_all_gather_flat(comm, out, [block] * comm.size)
+
+
+@algorithm("all_gather", "recursive_doubling")
+def recursive_doubling_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
+                                  group: object = None) -> None:
+    """tensor_list[i] = rank i's tensor (entries may differ), by recursive doubling.
+
+    The blocks are gathered in one flat buffer (so each step is one message)
+    and copied out. Cost as recursive_doubling_all_gather_into_tensor, with n =
+    the sum of the entries.
+    """
+    comm = Comm(resolve_group(group), "all_gather", "recursive_doubling")
+    sizes = [t.numel() for t in tensor_list]
+    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
+    parts = list(out.split(sizes))
+    parts[comm.rank].copy_(tensor.reshape(-1))
+    doubling_all_gather_flat(comm, out, sizes)
+    for t, part in zip(tensor_list, parts):
+        t.view(-1).copy_(part)
