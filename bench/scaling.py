@@ -1,0 +1,1223 @@
+"""The scaling study: what distributed training costs on this machine, and where the efficiency went.
+
+    python bench/scaling.py                 # the full study (about 10 minutes on 2 cores)
+    python bench/scaling.py --quick         # smoke test, under 2 minutes (CI runs it)
+    dt bench scaling --tables 1,2,7         # only some tables
+    python bench/scaling.py --update-readme # also rewrite the README's scaling section
+
+It regenerates the original design's tables (see REFERENCE.md) from measurement:
+
+1. ring vs naive all-reduce of 33.55 MB at world 2, 4, 8: bytes the busiest rank sent, counted by
+   dt's transport (dt.traffic) next to dt.cost_model's arithmetic, time, and the ring's speedup;
+2. the same at 0.26 MB, where the naive all-reduce's 2 steps beat the ring's 2(p-1);
+3. data-parallel scaling of the reference model (6 linear layers of 1024, GELU between) at world
+   1, 2, 4, 8: s/step, speedup, efficiency, communication fraction, dt's DDP with overlap off and on,
+   torch's DDP beside it;
+4. the batch sweep at the largest world: speedup, efficiency, comm fraction, compute and comm time;
+5. where the efficiency went: each step split into compute, hidden comm, exposed comm, pipeline
+   bubble and the rest, summing to 100%;
+6. the pipeline bubble measured against (p-1)/(m+p-1), 4 stages, GPipe and 1F1B;
+7. predicted vs measured: the alpha-beta-gamma cost model's time for each all-reduce next to the
+   measured one, with the latency and bandwidth fitted from this run (or saved by `dt tune`).
+
+How the figures are taken: every rank runs the same loop in a dt.launcher.WorkerPool (one pool per
+world size, reused by every table); each repetition starts after a dt barrier and lasts as long as
+its slowest rank; a table shows the median over repetitions and the spread (±half of max-min).
+Cross-rank argument validation is off while timing (dt.transport.set_validation(False)), as
+torch.distributed runs without such a check. On a machine with fewer cores than ranks the ranks
+share the cores (loopback, oversubscribed): those rows measure contention as much as algorithms,
+and the output says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+if __package__ in (None, ""):  # `python bench/scaling.py` from a checkout
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from bench import _report as R
+from dt import cost_model, transport
+from dt.launcher import WorkerPool
+
+REPO = Path(__file__).resolve().parent.parent
+T1_BYTES = 33_554_432  # 33.55 MB: 8,388,608 float32 (the reference's big tensor)
+T2_BYTES = 262_144  # 0.26 MB: 65,536 float32 (the reference's small tensor)
+ALL_TABLES = (1, 2, 3, 4, 5, 6, 7)
+
+TITLES = {
+    1: "Ring vs naive all-reduce, 33.55 MB float32",
+    2: "Ring vs naive all-reduce, 0.26 MB float32 (latency-bound: naive's 2 steps win)",
+    3: "Data-parallel scaling of the reference model",
+    4: "Batch sweep at the largest world size",
+    5: "Where the efficiency went: each step split into parts that sum to 100%",
+    6: "Pipeline bubble: measured vs (p-1)/(m+p-1)",
+    7: "Predicted vs measured: the alpha-beta-gamma cost model against the all-reduce timings",
+}
+
+
+# ==========================================================================
+# Settings: what to measure and how often.
+# ==========================================================================
+
+
+@dataclass
+class Settings:
+    tables: tuple[int, ...] = ALL_TABLES
+    quick: bool = False
+    # collectives (tables 1, 2, 7)
+    coll_worlds: tuple[int, ...] = (2, 4, 8)
+    big_bytes: int = T1_BYTES
+    small_bytes: int = T2_BYTES
+    sweep_bytes: tuple[int, ...] = (4096, 32768, 2 << 20, 8 << 20)  # + the two above, for table 7
+    coll_reps: int = 5
+    coll_warmup: int = 1
+    # data parallel (tables 3, 4, 5)
+    dp_worlds: tuple[int, ...] = (1, 2, 4, 8)
+    dp_batch: int = 4096
+    sweep_batches: tuple[int, ...] = (256, 1024, 4096, 16384)
+    hidden: int = 1024
+    layers: int = 6
+    dp_steps: int = 3
+    dp_warmup: int = 1
+    dp_algorithm: str = "auto"
+    torch_ddp: bool = True
+    # pipeline (tables 5, 6)
+    pp_stages: int = 4
+    pp_micro: tuple[int, ...] = (1, 4, 16)
+    pp_batch: int = 1024
+    pp_hidden: int = 1024
+    pp_blocks_per_stage: int = 2
+    pp_steps: int = 3
+    pp_warmup: int = 1
+    pp_timed_s: float = 0.02  # forward seconds of a TimedStage (backward 2x); 0: skip those rows
+    # output
+    out_dir: Path = Path("results")
+    plots: bool = True
+    update_readme: bool = False
+    timeout: float = 600.0
+
+    @property
+    def sweep_world(self) -> int:
+        return max(self.dp_worlds)
+
+    def worlds_used(self) -> list[int]:
+        """Every world size the selected tables start a pool for."""
+        used: set[int] = set()
+        if any(t in self.tables for t in (1, 2, 7)):
+            used.update(self.coll_worlds)
+        if any(t in self.tables for t in (3, 5)):
+            used.update(self.dp_worlds)
+        if 4 in self.tables:
+            used.update({1, self.sweep_world})
+        if any(t in self.tables for t in (5, 6)):
+            used.add(self.pp_stages)
+        return sorted(used)
+
+    def shrinkage(self) -> list[str]:
+        """What this run measures smaller than the original design did, in words."""
+        notes, tables = [], set(self.tables)
+        if tables & {3, 5} and self.dp_batch != 16384:
+            notes.append(f"table 3 uses global batch {self.dp_batch} (the original design: 16384) "
+                         f"so the study fits in minutes on this machine; pass --dp-batch 16384 for "
+                         f"the reference size")
+        if 4 in tables and (min(self.sweep_batches) > 256 or max(self.sweep_batches) < 16384):
+            notes.append(f"table 4 sweeps global batch {min(self.sweep_batches)}.."
+                         f"{max(self.sweep_batches)} (the original design: 256..16384)")
+        if tables & {3, 4, 5} and (self.hidden != 1024 or self.layers != 6):
+            notes.append(f"the data-parallel model is {self.layers} layers of {self.hidden} "
+                         f"(the reference: 6 of 1024)")
+        if tables & {1, 7} and self.big_bytes != T1_BYTES:
+            notes.append(f"table 1 all-reduces {self.big_bytes / 1e6:.2f} MB (the reference: 33.55 MB)")
+        if tables & {2, 7} and self.small_bytes != T2_BYTES:
+            notes.append(f"table 2 all-reduces {self.small_bytes / 1e6:.2f} MB (the reference: 0.26 MB)")
+        if tables & {1, 2, 7} and max(self.coll_worlds) < 8:
+            notes.append(f"collectives at world sizes {', '.join(map(str, self.coll_worlds))} "
+                         f"(the reference: 2, 4, 8)")
+        if tables & {3, 4, 5} and max(self.dp_worlds) < 8:
+            notes.append(f"data parallel at world sizes {', '.join(map(str, self.dp_worlds))} "
+                         f"(the reference: 1, 2, 4, 8)")
+        reps = []
+        if tables & {1, 2, 7}:
+            reps.append(f"{self.coll_reps} per collective after {self.coll_warmup} warm-up")
+        if tables & {3, 4, 5}:
+            reps.append(f"{self.dp_steps} steps per data-parallel configuration after "
+                        f"{self.dp_warmup} warm-up")
+        if tables & {5, 6}:
+            reps.append(f"{self.pp_steps} steps per pipeline configuration after "
+                        f"{self.pp_warmup} warm-up")
+        if reps:
+            notes.append("repetitions: " + "; ".join(reps))
+        return notes
+
+
+def quick_settings(s: Settings) -> Settings:
+    """--quick: every table, small sizes, few repetitions, no world 8 (a smoke test)."""
+    s.quick = True
+    s.coll_worlds = (2, 4)
+    s.big_bytes = 8 << 20
+    s.sweep_bytes = (4096, 1 << 20)
+    s.coll_reps, s.coll_warmup = 3, 1
+    s.dp_worlds = (1, 2, 4)
+    s.dp_batch = 512
+    s.sweep_batches = (256, 1024)
+    s.hidden = 512
+    s.dp_steps, s.dp_warmup = 2, 1
+    s.pp_micro = (1, 4, 16)
+    s.pp_batch, s.pp_hidden = 512, 512
+    s.pp_timed_s = 0.005
+    s.pp_steps, s.pp_warmup = 2, 1
+    return s
+
+
+# ==========================================================================
+# Workers: module-level functions every rank of a pool runs.
+# ==========================================================================
+
+
+def _barrier() -> None:
+    from dt.collectives import barrier
+
+    barrier()
+
+
+def _collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int,
+                        measure_gamma: bool = False) -> dict[str, Any]:
+    """Time all-reduce of `nbytes` float32 for each impl ("ring", "naive", "gloo").
+
+    Returns, for this rank: seconds per repetition, and the bytes/messages the
+    first (untimed) call moved as counted by the transport.
+    """
+    from dt.collectives import all_reduce
+
+    transport.set_validation(False)
+    numel = nbytes // 4
+    x = torch.ones(numel)
+    out: dict[str, Any] = {"times": {}, "traffic": {}}
+    for impl in impls:
+        def call(impl: str = impl) -> None:
+            if impl == "gloo":
+                dist.all_reduce(x)
+            else:
+                all_reduce(x, algorithm=impl)
+
+        for w in range(max(1, warmup)):
+            x.fill_(1.0)
+            _barrier()
+            if w == 0 and impl != "gloo":
+                with transport.traffic() as t:
+                    call()
+                out["traffic"][impl] = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
+                                        "messages_sent": t.messages_sent}
+            else:
+                call()
+        times = []
+        for _ in range(reps):
+            x.fill_(1.0)  # in place: keep the values from growing p-fold every repetition
+            _barrier()
+            t0 = time.perf_counter()
+            call()
+            times.append(time.perf_counter() - t0)
+        out["times"][impl] = times
+    if measure_gamma:
+        out["gamma"] = _reduction_seconds_per_byte()
+    return out
+
+
+def _reduction_seconds_per_byte(nbytes: int = 4 << 20, reps: int = 7) -> float:
+    """gamma: seconds per byte to add one float32 buffer into another, on this rank's threads.
+
+    All ranks measure at once, so on a shared machine gamma includes their contention.
+    """
+    a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+    a.add_(b)
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a.add_(b)
+        samples.append(time.perf_counter() - t0)
+    return R.Stat.of(samples).median / nbytes
+
+
+def reference_model(hidden: int = 1024, layers: int = 6) -> nn.Sequential:
+    """The original design's model: `layers` Linear(hidden, hidden), GELU between them."""
+    mods: list[nn.Module] = []
+    for i in range(layers):
+        mods.append(nn.Linear(hidden, hidden))
+        if i < layers - 1:
+            mods.append(nn.GELU())
+    return nn.Sequential(*mods)
+
+
+def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
+               warmup: int, algorithm: str = "auto") -> dict[str, list[dict[str, float]]]:
+    """One data-parallel training step per impl, repeated; this rank's timings per step.
+
+    impls: "compute" (the local step with no communication at all: what each rank
+    computes when N ranks compute at once), "dt_off" / "dt_on" (dt's
+    DistributedDataParallel, overlap off / on), "torch" (torch's DDP on gloo).
+    Configurations alternate within each repetition, so drifts in the machine's
+    load hit them alike.
+    """
+    from dt.data_parallel import DistributedDataParallel
+
+    transport.set_validation(False)
+    rank, p = dist.get_rank(), dist.get_world_size()
+    local = global_batch // p
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(local, hidden, generator=gen)
+    y = torch.randn(local, hidden, generator=gen)
+    setups: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
+    for impl in impls:
+        torch.manual_seed(0)
+        net = reference_model(hidden, layers)
+        if impl == "compute":
+            wrapped: nn.Module = net
+        elif impl in ("dt_off", "dt_on"):
+            wrapped = DistributedDataParallel(net, overlap=impl == "dt_on", algorithm=algorithm)
+        elif impl == "torch":
+            wrapped = nn.parallel.DistributedDataParallel(net)
+        else:
+            raise ValueError(f"unknown data-parallel impl {impl!r}")
+        setups[impl] = (wrapped, torch.optim.SGD(net.parameters(), lr=1e-6))
+    loss_fn = nn.MSELoss()
+    records: dict[str, list[dict[str, float]]] = {impl: [] for impl in impls}
+    for it in range(warmup + steps):
+        for impl in impls:
+            model, opt = setups[impl]
+            _barrier()
+            t0 = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            if it < warmup:
+                continue
+            rec = {"step": t3 - t0, "forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
+            stats = getattr(model, "stats", None)
+            if stats is not None and impl.startswith("dt"):
+                rec.update(backward_compute=stats.compute_s, comm=stats.comm_s,
+                           exposed=stats.exposed_s, hidden=stats.hidden_s,
+                           bytes_sent=float(stats.bytes_sent))
+            records[impl].append(rec)
+    return records
+
+
+class _Sleep(torch.autograd.Function):
+    """Identity that takes `d` seconds forward and 2d backward without using a core."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, d: float) -> torch.Tensor:
+        ctx.d = d
+        time.sleep(d)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        time.sleep(2 * ctx.d)
+        return grad, None
+
+
+class TimedStage(nn.Module):
+    """A pipeline stage whose compute is a fixed time: the schedule's cost, free of core sharing.
+
+    On a machine with fewer cores than stages, real stages that compute at the
+    same time slow each other down, which blurs the bubble; a stage that sleeps
+    its forward (d) and backward (2d) holds no core, so what is left is exactly
+    what the schedule makes each stage wait.
+    """
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.weight = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(x * self.weight, self.seconds)
+
+
+def _pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden: int,
+                     blocks_per_stage: int, steps: int, warmup: int,
+                     timed_stage_s: float = 0.0) -> list[dict[str, float]]:
+    """Train steps of a pipeline; this stage's dt.pipeline StepStats per step.
+
+    Stages are `blocks_per_stage` (Linear, GELU) blocks of width `hidden`, or,
+    with timed_stage_s > 0, a TimedStage per rank (micro-batches of 16 floats a row).
+    """
+    from dt.pipeline import Pipeline, stage_module
+
+    transport.set_validation(False)
+    p, rank = dist.get_world_size(), dist.get_rank()
+    torch.manual_seed(0)
+    if timed_stage_s > 0:
+        stage: nn.Module = TimedStage(timed_stage_s)
+        hidden = 16
+    else:
+        blocks = [nn.Sequential(nn.Linear(hidden, hidden), nn.GELU())
+                  for _ in range(p * blocks_per_stage)]
+        stage = stage_module(blocks)
+    pipe = Pipeline(stage)
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(batch, hidden, generator=gen) if rank == 0 else None
+    y = torch.randn(batch, hidden, generator=gen) if rank == p - 1 else None
+    out = []
+    for it in range(warmup + steps):
+        _barrier()
+        pipe.train_step(x, y, nn.functional.mse_loss, micro_batches=micro_batches,
+                        schedule_name=schedule_name)
+        stage.zero_grad(set_to_none=True)
+        if it >= warmup:
+            s = pipe.stats
+            out.append({"step": s.step_s, "idle": s.idle_s, "compute": s.compute_s,
+                        "peak_stash": float(s.peak_stash), "bytes_sent": float(s.bytes_sent)})
+    return out
+
+
+# ==========================================================================
+# Pure functions: the arithmetic the tables are made of (tested directly).
+# ==========================================================================
+
+
+def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
+    """What the alpha-beta-gamma model charges an all-reduce of `nbytes` on p ranks.
+
+    steps (alpha), bytes on the critical path (beta) and bytes reduced on it
+    (gamma), from dt.cost_model's per-rank counts of the busiest rank:
+
+    - ring: every rank sends and receives 2(p-1)/p n at once (full duplex), so
+      the critical path carries what one rank sends; (p-1)/p n are reduced.
+    - naive: the root first receives (p-1) n (the reduce), then sends (p-1) n
+      (the broadcast): the two phases add up; the root reduces (p-1) n.
+    """
+    numel = nbytes // 4
+    if algorithm == "ring":
+        per_rank = [cost_model.ring_all_reduce(numel, 4, p, r) for r in range(p)]
+        busiest = max(per_rank, key=lambda t: t.bytes_sent)
+        return {"steps": busiest.steps, "beta_bytes": busiest.bytes_sent,
+                "gamma_bytes": (p - 1) / p * nbytes, "bytes_sent_max": busiest.bytes_sent}
+    if algorithm == "naive":
+        root = cost_model.naive_all_reduce(numel, 4, p, 0)
+        return {"steps": root.steps, "beta_bytes": root.bytes_sent + root.bytes_received,
+                "gamma_bytes": (p - 1) * nbytes, "bytes_sent_max": root.bytes_sent}
+    raise ValueError(f"no cost model for all-reduce algorithm {algorithm!r}")
+
+
+def predict(terms: dict[str, float], alpha: float, beta: float, gamma: float) -> float:
+    return terms["steps"] * alpha + terms["beta_bytes"] * beta + terms["gamma_bytes"] * gamma
+
+
+def fit_alpha_beta(points: Sequence[tuple[dict[str, float], float]], gamma: float) -> tuple[float, float]:
+    """Least squares in relative error: alpha, beta >= 0 with steps*a + bytes*b ~ t - gamma term.
+
+    Relative error, so a 4 KB message (tens of microseconds) weighs as much as
+    a 33 MB one (a second); non-negative, so a noisy point cannot make latency
+    or bandwidth negative.
+    """
+    import numpy as np
+
+    rows, rhs = [], []
+    for terms, t in points:
+        if t <= 0:
+            continue
+        rows.append([terms["steps"] / t, terms["beta_bytes"] / t])
+        rhs.append(1.0 - terms["gamma_bytes"] * gamma / t)
+    if not rows:
+        return math.nan, math.nan
+    a = np.array(rows, dtype=float)
+    b = np.array(rhs, dtype=float)
+    sol, *_ = np.linalg.lstsq(a, b, rcond=None)
+    alpha, beta = float(sol[0]), float(sol[1])
+    if alpha < 0 or beta < 0:  # the constrained optimum lies on an axis: refit one term
+        alpha_only = max(0.0, float(np.dot(a[:, 0], b) / np.dot(a[:, 0], a[:, 0])))
+        beta_only = max(0.0, float(np.dot(a[:, 1], b) / np.dot(a[:, 1], a[:, 1])))
+        err_a = float(np.sum((a[:, 0] * alpha_only - b) ** 2))
+        err_b = float(np.sum((a[:, 1] * beta_only - b) ** 2))
+        alpha, beta = (alpha_only, 0.0) if err_a <= err_b else (0.0, beta_only)
+    return alpha, beta
+
+
+BREAKDOWN_PARTS = ("compute", "hidden_comm", "exposed_comm", "bubble", "rest")
+BREAKDOWN_LABELS = {
+    "compute": "compute",
+    "hidden_comm": "hidden comm",
+    "exposed_comm": "exposed comm",
+    "bubble": "pipeline bubble",
+    "rest": "rest (contention, idle)",
+}
+
+
+def breakdown(step: float, compute: float, exposed: float = 0.0, hidden: float = 0.0,
+              bubble: float = 0.0) -> dict[str, float]:
+    """Split one step's wall time into parts that sum to exactly 1.
+
+    - compute: time computing with no communication under it;
+    - hidden comm: time computing *while* communication ran underneath (the
+      overlap that bought something; carved out of the compute time);
+    - exposed comm: time the step waited for communication;
+    - bubble: time a pipeline stage waited for its neighbours;
+    - rest: what is left of the step (Python, the optimizer's bookkeeping,
+      ranks slowed by others sharing their cores, idle).
+
+    When noise makes the measured parts exceed the step, they are scaled down
+    together and the rest is 0.
+    """
+    if step <= 0:
+        raise ValueError(f"step time must be positive, got {step}")
+    compute, exposed, hidden, bubble = (max(0.0, v) for v in (compute, exposed, hidden, bubble))
+    hidden = min(hidden, compute)
+    parts = {"compute": compute - hidden, "hidden_comm": hidden, "exposed_comm": exposed,
+             "bubble": bubble}
+    total = sum(parts.values())
+    if total > step:
+        parts = {k: v / total for k, v in parts.items()}
+        parts["rest"] = 0.0
+    else:
+        parts = {k: v / step for k, v in parts.items()}
+        parts["rest"] = 1.0 - sum(parts.values())
+    return {k: parts[k] for k in BREAKDOWN_PARTS}
+
+
+def scaling_row(t1: float, tn: float, world: int) -> dict[str, float]:
+    """speedup T1/TN and efficiency speedup/N."""
+    speedup = t1 / tn if tn > 0 else math.nan
+    return {"speedup": speedup, "efficiency": speedup / world}
+
+
+# ==========================================================================
+# Tables: a title, rows, notes; printed as markdown, saved as JSON.
+# ==========================================================================
+
+
+@dataclass
+class Table:
+    id: int
+    title: str
+    headers: list[str]
+    rows: list[list[Any]]
+    notes: list[str] = field(default_factory=list)
+    data: list[dict[str, Any]] = field(default_factory=list)
+    align: list[str] | None = None
+
+    def markdown(self) -> str:
+        lines = [f"### Table {self.id}. {self.title}", "",
+                 R.markdown_table(self.headers, self.rows, self.align)]
+        if self.notes:
+            lines.append("")
+            lines += [f"- {n}" for n in self.notes]
+        return "\n".join(lines)
+
+
+class Study:
+    """Runs the measurements the selected tables need, once each, on reused pools."""
+
+    def __init__(self, settings: Settings, progress: bool = True):
+        self.s = settings
+        self.machine = R.machine("gloo")
+        self.cores = self.machine["cores"]
+        self.pools: dict[int, WorkerPool] = {}
+        self.progress = progress
+        self.bar: Any = None
+        self.coll: dict[tuple[int, int], dict[str, Any]] = {}  # (world, nbytes) -> aggregated
+        self.gamma: dict[int, float] = {}
+        self.dp: dict[tuple[int, int], dict[str, Any]] = {}  # (world, batch) -> impl -> aggregated
+        self.pp: dict[tuple[str, str, int], dict[str, Any]] = {}  # (stage kind, schedule, m)
+        self.tables: dict[int, Table] = {}
+        self.started = time.time()
+
+    # -- pools and progress ---------------------------------------------------
+    def pool(self, world: int) -> WorkerPool:
+        if world not in self.pools:
+            self.pools[world] = WorkerPool(world)
+        return self.pools[world]
+
+    def run(self, world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:
+        return self.pool(world).run(fn, *args, timeout=self.s.timeout)
+
+    def close(self) -> None:
+        for p in self.pools.values():
+            p.close()
+        self.pools.clear()
+        if self.bar is not None:
+            self.bar.close()
+
+    def say(self, text: str) -> None:
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def _tick(self, what: str) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(what, refresh=False)
+            self.bar.update(1)
+
+    # -- the plan ---------------------------------------------------------------
+    def _need(self, *tables: int) -> bool:
+        return any(t in self.s.tables for t in tables)
+
+    def coll_sizes(self) -> list[int]:
+        sizes: set[int] = set()
+        if self._need(1, 7):
+            sizes.add(self.s.big_bytes)
+        if self._need(2, 7):
+            sizes.add(self.s.small_bytes)
+        if self._need(7):
+            sizes.update(self.s.sweep_bytes)
+        return sorted(sizes)
+
+    def dp_plan(self) -> list[tuple[int, int, tuple[str, ...]]]:
+        """(world, global batch, impls) calls for tables 3, 4, 5."""
+        plan: dict[tuple[int, int], set[str]] = {}
+        n_max = self.s.sweep_world
+        if self._need(3, 5):
+            for w in self.s.dp_worlds:
+                impls = {"compute"} if w == 1 else {"compute", "dt_off", "dt_on"}
+                if w > 1 and self.s.torch_ddp and self._need(3):
+                    impls.add("torch")
+                plan.setdefault((w, self.s.dp_batch), set()).update(impls)
+        if self._need(4):
+            for b in self.s.sweep_batches:
+                plan.setdefault((1, b), set()).add("compute")
+                if n_max > 1:
+                    plan.setdefault((n_max, b), set()).update({"compute", "dt_off", "dt_on"})
+        order = ["compute", "dt_off", "dt_on", "torch"]
+        calls = [(w, b, tuple(i for i in order if i in impls))
+                 for (w, b), impls in plan.items() if b % w == 0]
+        return sorted(calls)
+
+    def pp_plan(self) -> list[tuple[str, str, int]]:
+        """(stage kind, schedule, micro-batches): "linear" stages compute, "timed" ones sleep."""
+        if not self._need(5, 6):
+            return []
+        kinds = ["linear"] + (["timed"] if self.s.pp_timed_s > 0 and self._need(6) else [])
+        return [(kind, sched, m) for kind in kinds for sched in ("gpipe", "1f1b")
+                for m in self.s.pp_micro if m <= self.s.pp_batch]
+
+    def units(self) -> int:
+        n = len(self.coll_sizes()) * len(self.s.coll_worlds) if self._need(1, 2, 7) else 0
+        return n + len(self.dp_plan()) + len(self.pp_plan())
+
+    # -- measuring -----------------------------------------------------------
+    def measure(self) -> None:
+        total = self.units()
+        if self.progress:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="scaling study", unit="run", dynamic_ncols=True,
+                            file=sys.stderr)
+        if self._need(1, 2, 7):
+            self.measure_collectives()
+        if self._need(3, 4, 5):
+            self.measure_dp()
+        if self._need(5, 6):
+            self.measure_pipeline()
+
+    def measure_collectives(self) -> None:
+        impls = ("ring", "naive", "gloo")
+        for world in self.s.coll_worlds:
+            for nbytes in self.coll_sizes():
+                first = nbytes == self.coll_sizes()[0]
+                res = self.run(world, _collectives_worker, nbytes, impls, self.s.coll_reps,
+                               self.s.coll_warmup, first)
+                agg: dict[str, Any] = {}
+                for impl in impls:
+                    reps = R.per_rep_max([r["times"][impl] for r in res])
+                    entry: dict[str, Any] = {"time": R.Stat.of(reps)}
+                    if impl in res[0]["traffic"]:
+                        sent = [r["traffic"][impl]["bytes_sent"] for r in res]
+                        entry["bytes_sent_max"] = max(sent)
+                        entry["bytes_sent_per_rank"] = sent
+                        entry["messages_sent_max"] = max(r["traffic"][impl]["messages_sent"] for r in res)
+                    agg[impl] = entry
+                if first:
+                    self.gamma[world] = float(sorted(r["gamma"] for r in res)[len(res) // 2])
+                self.coll[(world, nbytes)] = agg
+                self._tick(f"all-reduce {R.fmt_bytes(nbytes)} world {world}")
+
+    def measure_dp(self) -> None:
+        for world, batch, impls in self.dp_plan():
+            res = self.run(world, _dp_worker, batch, self.s.hidden, self.s.layers, impls,
+                           self.s.dp_steps, self.s.dp_warmup, self.s.dp_algorithm)
+            self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in impls}
+            self._tick(f"data parallel world {world} batch {batch}")
+
+    def measure_pipeline(self) -> None:
+        p = self.s.pp_stages
+        for kind, sched, m in self.pp_plan():
+            res = self.run(p, _pipeline_worker, sched, m, self.s.pp_batch, self.s.pp_hidden,
+                           self.s.pp_blocks_per_stage, self.s.pp_steps, self.s.pp_warmup,
+                           self.s.pp_timed_s if kind == "timed" else 0.0)
+            self.pp[(kind, sched, m)] = aggregate_pipeline(res)
+            self._tick(f"pipeline {kind} {sched} m={m}")
+
+
+def aggregate_dp(per_rank: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """Per step: the slowest rank's step time, and the other figures averaged over ranks;
+    then the median (and spread) over steps."""
+    steps = len(per_rank[0])
+    keys = per_rank[0][0].keys() if steps else []
+    out: dict[str, Any] = {}
+    for k in keys:
+        per_step = []
+        for i in range(steps):
+            vals = [r[i][k] for r in per_rank]
+            per_step.append(max(vals) if k in ("step", "bytes_sent") else sum(vals) / len(vals))
+        out[k] = R.Stat.of(per_step)
+    return out
+
+
+def aggregate_pipeline(per_rank: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """The bubble as (p-1)/(m+p-1) counts it: idle stage-time over the pipeline's whole step.
+
+    The step is the makespan, the slowest stage's step (a stage that finishes
+    early, like the last one in GPipe, idles until the others are done). A
+    stage's bubble is its idle time (dt.pipeline's StepStats.idle_s: blocked on a
+    receive or on its last sends) plus that wait at the end, over the makespan;
+    the table shows the mean over stages, median over steps.
+    """
+    steps = len(per_rank[0])
+    per_stage: list[list[float]] = [[] for _ in per_rank]
+    makespan, compute_mean, idle_mean = [], [], []
+    for i in range(steps):
+        span = max(r[i]["step"] for r in per_rank)
+        makespan.append(span)
+        idles = [r[i]["idle"] + span - r[i]["step"] for r in per_rank]
+        for k, idle in enumerate(idles):
+            per_stage[k].append(idle / span)
+        compute_mean.append(sum(r[i]["compute"] for r in per_rank) / len(per_rank))
+        idle_mean.append(sum(idles) / len(idles))
+    bubble = [sum(s[i] for s in per_stage) / len(per_stage) for i in range(steps)]
+    return {
+        "bubble": R.Stat.of(bubble),
+        "bubble_per_stage": [R.Stat.of(s).median for s in per_stage],
+        "step": R.Stat.of(makespan),
+        "compute": R.Stat.of(compute_mean),
+        "idle": R.Stat.of(idle_mean),
+        "peak_stash": [int(r[0]["peak_stash"]) for r in per_rank],
+        "bytes_sent_max": max(r[0]["bytes_sent"] for r in per_rank),
+    }
+
+
+# ==========================================================================
+# Building the tables from the measurements.
+# ==========================================================================
+
+
+def _contention_notes(worlds: Sequence[int], cores: int) -> list[str]:
+    over = [w for w in worlds if w > cores]
+    if not over:
+        return []
+    return [f"world {', '.join(map(str, over))} > {cores} cores: those ranks share {cores} cores over "
+            f"loopback TCP (oversubscribed); the run competes with itself, so those rows measure "
+            f"contention as much as the algorithm"]
+
+
+def table_allreduce_big(st: Study) -> Table:
+    s, rows, data = st.s, [], []
+    nbytes = s.big_bytes
+    for world in s.coll_worlds:
+        m = st.coll[(world, nbytes)]
+        ring, naive, gloo = m["ring"], m["naive"], m["gloo"]
+        model_ring = model_terms("ring", nbytes, world)["bytes_sent_max"]
+        model_naive = model_terms("naive", nbytes, world)["bytes_sent_max"]
+        speedup = naive["time"].median / ring["time"].median
+        rows.append([world, R.fmt_bytes(ring["bytes_sent_max"]), R.fmt_bytes(model_ring),
+                     R.fmt_bytes(naive["bytes_sent_max"]), R.fmt_bytes(model_naive),
+                     R.fmt_stat_time(ring["time"]), R.fmt_stat_time(naive["time"]),
+                     R.fmt_stat_time(gloo["time"]), R.fmt_ratio(speedup)])
+        data.append({"world": world, "nbytes": nbytes,
+                     "ring_bytes_sent_max": ring["bytes_sent_max"], "ring_bytes_model": model_ring,
+                     "naive_bytes_sent_max": naive["bytes_sent_max"], "naive_bytes_model": model_naive,
+                     "ring_time": ring["time"], "naive_time": naive["time"], "gloo_time": gloo["time"],
+                     "ring_speedup": speedup})
+    notes = [f"{R.fmt_bytes(nbytes)} = {nbytes:,} B of float32. Bytes: what the busiest rank sent, "
+             f"counted by dt.traffic() on one call, next to dt.cost_model's arithmetic "
+             f"(ring 2(p-1)/p n on every rank, naive (p-1) n from the root).",
+             "Time: median over repetitions of the slowest rank (± half the min-max spread); "
+             "ring speedup = naive time / ring time. gloo: torch.distributed.all_reduce on the same "
+             "processes, for reference."]
+    notes += _contention_notes(s.coll_worlds, st.cores)
+    return Table(1, TITLES[1] if nbytes == T1_BYTES else f"Ring vs naive all-reduce, "
+                 f"{nbytes / 1e6:.2f} MB float32",
+                 ["world", "ring bytes/rank", "(model)", "naive bytes (root)", "(model)",
+                  "ring time", "naive time", "gloo time", "ring speedup"], rows, notes, data)
+
+
+def table_allreduce_small(st: Study) -> Table:
+    s, rows, data = st.s, [], []
+    nbytes = s.small_bytes
+    for world in s.coll_worlds:
+        m = st.coll[(world, nbytes)]
+        ring, naive, gloo = m["ring"], m["naive"], m["gloo"]
+        tr, tn = model_terms("ring", nbytes, world), model_terms("naive", nbytes, world)
+        naive_speedup = ring["time"].median / naive["time"].median
+        rows.append([world, tr["steps"], tn["steps"], ring["messages_sent_max"],
+                     naive["messages_sent_max"], R.fmt_stat_time(ring["time"]),
+                     R.fmt_stat_time(naive["time"]), R.fmt_stat_time(gloo["time"]),
+                     R.fmt_ratio(naive_speedup), "naive" if naive_speedup > 1 else "ring"])
+        data.append({"world": world, "nbytes": nbytes, "ring_steps": tr["steps"],
+                     "naive_steps": tn["steps"], "ring_messages_max": ring["messages_sent_max"],
+                     "naive_messages_max": naive["messages_sent_max"], "ring_time": ring["time"],
+                     "naive_time": naive["time"], "gloo_time": gloo["time"],
+                     "naive_speedup": naive_speedup})
+    notes = [f"{R.fmt_bytes(nbytes)} = {nbytes:,} B. Steps: sequential message rounds (latency "
+             "terms) from dt.cost_model: the ring pays 2(p-1), naive 2 (reduce, then broadcast). "
+             "Messages: the most any rank sent (the root's p-1 sends per phase in naive, which "
+             "go out at once).",
+             "naive speedup = ring time / naive time; above 1x the naive all-reduce wins."]
+    notes += _contention_notes(s.coll_worlds, st.cores)
+    return Table(2, TITLES[2] if nbytes == T2_BYTES else f"Ring vs naive all-reduce, "
+                 f"{nbytes / 1e6:.2f} MB float32",
+                 ["world", "ring steps", "naive steps", "ring msgs", "naive msgs (root)",
+                  "ring time", "naive time", "gloo time", "naive speedup", "faster"], rows, notes, data)
+
+
+def _dp_t1(st: Study, batch: int) -> float:
+    m = st.dp.get((1, batch))
+    return m["compute"]["step"].median if m else math.nan
+
+
+def table_dp(st: Study) -> Table:
+    s, rows, data = st.s, [], []
+    batch = s.dp_batch
+    t1 = _dp_t1(st, batch)
+    labels = {"compute": "single process", "dt_off": "dt DDP, overlap off",
+              "dt_on": "dt DDP, overlap on", "torch": "torch DDP (gloo)"}
+    for world in s.dp_worlds:
+        m = st.dp.get((world, batch))
+        if not m:
+            continue
+        for impl in (("compute",) if world == 1 else ("dt_off", "dt_on", "torch")):
+            if impl not in m:
+                continue
+            a = m[impl]
+            step = a["step"].median
+            sc = scaling_row(t1, step, world)
+            if impl.startswith("dt"):
+                exposed = a["exposed"].median
+                comm = a["comm"].median
+                hidden = a["hidden"].median
+            elif impl == "torch":
+                # torch's DDP exposes no timers: exposed = its step minus the same ranks' step
+                # with no communication (measured in the same run); hidden is not observable.
+                exposed = max(0.0, step - m["compute"]["step"].median)
+                comm, hidden = math.nan, math.nan
+            else:
+                exposed, comm, hidden = 0.0, 0.0, 0.0
+            frac = exposed / step if step else math.nan
+            mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
+            rows.append([world, labels[impl], batch // world, R.fmt_stat_time(a["step"]),
+                         R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
+                         R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
+            data.append({"world": world, "impl": impl, "global_batch": batch,
+                         "per_worker": batch // world, "step": a["step"], **sc,
+                         "comm_fraction": frac, "exposed": exposed, "comm": comm, "hidden": hidden,
+                         "bytes_sent_max": mb, "t1": t1})
+    params = sum(p.numel() for p in reference_model(s.hidden, s.layers).parameters())
+    notes = [f"Model: {s.layers} Linear({s.hidden}, {s.hidden}) layers, GELU between: {params:,} "
+             f"parameters, {R.fmt_bytes(4 * params)} of float32 gradients all-reduced per step "
+             f"(buckets of 25 MB, first 1 MB, algorithm={s.dp_algorithm!r}). Global batch {batch}, "
+             f"split evenly; MSE loss, SGD step.",
+             "speedup = single-process s/step at the same global batch / s/step; efficiency = "
+             "speedup / world. comm fraction = exposed communication / step (what the step waited "
+             "for); comm = time the all-reduces ran; hidden = comm - exposed (ran under backward).",
+             f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
+             "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
+             "the core count: efficiency at world > cores is bounded by cores/world."]
+    notes += _contention_notes(s.dp_worlds, st.cores)
+    return Table(3, f"{TITLES[3]} (global batch {batch})",
+                 ["world", "implementation", "per worker", "s/step", "speedup", "efficiency",
+                  "comm fraction", "comm", "hidden", "bytes sent/rank"],
+                 rows, notes, data, align=["r", "l", "r", "r", "r", "r", "r", "r", "r", "r"])
+
+
+def table_sweep(st: Study) -> Table:
+    s, rows, data = st.s, [], []
+    n = s.sweep_world
+    for batch in s.sweep_batches:
+        m = st.dp.get((n, batch))
+        if not m or batch % n:
+            continue
+        t1 = _dp_t1(st, batch)
+        off, on, comp = m["dt_off"], m["dt_on"], m["compute"]
+        sc_off = scaling_row(t1, off["step"].median, n)
+        sc_on = scaling_row(t1, on["step"].median, n)
+        frac = off["exposed"].median / off["step"].median
+        frac_on = on["exposed"].median / on["step"].median
+        rows.append([f"{batch:,}", batch // n, R.fmt_time(t1), R.fmt_stat_time(off["step"]),
+                     R.fmt_ratio(sc_off["speedup"]), R.fmt_pct(sc_off["efficiency"]),
+                     R.fmt_pct(frac), R.fmt_time(comp["step"].median), R.fmt_time(off["comm"].median),
+                     R.fmt_stat_time(on["step"]), R.fmt_pct(sc_on["efficiency"]), R.fmt_pct(frac_on)])
+        data.append({"world": n, "global_batch": batch, "per_worker": batch // n, "t1": t1,
+                     "step_off": off["step"], "speedup_off": sc_off["speedup"],
+                     "efficiency_off": sc_off["efficiency"], "comm_fraction_off": frac,
+                     "compute": comp["step"], "comm": off["comm"], "step_on": on["step"],
+                     "speedup_on": sc_on["speedup"], "efficiency_on": sc_on["efficiency"],
+                     "comm_fraction_on": frac_on})
+    notes = [f"World {n}, the reference model; T1 = one process (all {st.cores} cores) at the same "
+             "global batch. compute = the same ranks' step with no communication, all computing at "
+             "once; comm = time the gradient all-reduces ran in the overlap-off step.",
+             "Efficiency follows compute per byte of gradient: the gradient is the same 25 MB at "
+             "every batch, compute grows with the batch."]
+    notes += _contention_notes([n], st.cores)
+    return Table(4, f"{TITLES[4]} (world {n})",
+                 ["global batch", "per worker", "T1", "s/step (off)", "speedup", "efficiency",
+                  "comm fraction", "compute", "comm", "s/step (on)", "efficiency (on)",
+                  "comm fraction (on)"], rows, notes, data)
+
+
+def table_breakdown(st: Study) -> Table:
+    s, rows, data = st.s, [], []
+
+    def add(label: str, step: float, compute: float, exposed: float, hidden: float,
+            bubble: float, efficiency: float, extra: dict[str, Any]) -> None:
+        parts = breakdown(step, compute, exposed, hidden, bubble)
+        rows.append([label, R.fmt_time(step)] + [R.fmt_pct(parts[k]) for k in BREAKDOWN_PARTS]
+                    + [R.fmt_pct(sum(parts.values())), R.fmt_pct(efficiency)])
+        data.append({"configuration": label, "step": step, **parts, "efficiency": efficiency, **extra})
+
+    configs = [(w, s.dp_batch) for w in s.dp_worlds]
+    if 4 in s.tables:
+        configs += [(s.sweep_world, b) for b in s.sweep_batches if b != s.dp_batch]
+    for world, batch in configs:
+        m = st.dp.get((world, batch))
+        if not m:
+            continue
+        t1 = _dp_t1(st, batch)
+        if world == 1:
+            a = m["compute"]
+            step = a["step"].median
+            add(f"DP world 1, batch {batch}", step, step, 0.0, 0.0, 0.0, 1.0, {"world": 1})
+            continue
+        for impl, name in (("dt_off", "overlap off"), ("dt_on", "overlap on")):
+            if impl not in m:
+                continue
+            a = m[impl]
+            step = a["step"].median
+            compute = a["forward"].median + a["backward_compute"].median + a["optimizer"].median
+            add(f"DP world {world}, batch {batch}, {name}", step, compute, a["exposed"].median,
+                a["hidden"].median, 0.0, t1 / step / world, {"world": world, "impl": impl})
+    for (kind, sched, mb), a in sorted(st.pp.items()):
+        if kind != "linear":
+            continue
+        step = a["step"].median
+        add(f"PP {s.pp_stages} stages, {sched}, m={mb}", step, a["compute"].median, 0.0, 0.0,
+            a["idle"].median, math.nan, {"stages": s.pp_stages, "schedule": sched, "micro": mb})
+    notes = ["Each row splits one step's wall time (median over steps; per-rank figures averaged "
+             "over ranks): compute = forward + backward + optimizer with nothing under it; hidden "
+             "comm = backward time during which an all-reduce ran underneath (the overlap); exposed "
+             "comm = time waiting for the all-reduces after backward; pipeline bubble = a stage "
+             "waiting on its neighbours (includes the time its activations spent on the wire); "
+             "rest = the remainder (Python, contention between ranks sharing cores, idle).",
+             "efficiency (not part of the sum) = T1 / (world x step). Compute at world N includes "
+             "the slowdown of ranks that share cores, so on this machine part of the lost "
+             "efficiency hides inside 'compute' (compare its seconds with T1/N in table 3)."]
+    notes += _contention_notes(sorted({w for w, _ in configs} | {s.pp_stages}), st.cores)
+    return Table(5, TITLES[5],
+                 ["configuration", "step"] + [BREAKDOWN_LABELS[k] for k in BREAKDOWN_PARTS]
+                 + ["sum", "efficiency"], rows, notes, data,
+                 align=["l"] + ["r"] * (len(BREAKDOWN_PARTS) + 3))
+
+
+def table_pipeline(st: Study) -> Table:
+    from dt.pipeline import bubble_fraction
+
+    s, rows, data = st.s, [], []
+    p = s.pp_stages
+    configs = sorted({(sched, m) for _, sched, m in st.pp}, key=lambda c: (c[0] != "gpipe", c[1]))
+    for sched, m in configs:
+        theory = bubble_fraction(p, m)
+        lin, timed = st.pp.get(("linear", sched, m)), st.pp.get(("timed", sched, m))
+        row: list[Any] = [sched, m, R.fmt_pct(theory, 1)]
+        entry: dict[str, Any] = {"schedule": sched, "stages": p, "micro_batches": m, "theory": theory}
+        for kind, a in (("timed", timed), ("linear", lin)):
+            if a is None:
+                row += ["-", "-"] if kind == "timed" else ["-", "-", "-", "-"]
+                continue
+            per_stage = a["bubble_per_stage"]
+            spread = f"{R.fmt_pct(min(per_stage))}..{R.fmt_pct(max(per_stage))}"
+            row += [R.fmt_pct(a["bubble"].median, 1), spread]
+            if kind == "linear":
+                row += [R.fmt_stat_time(a["step"]), max(a["peak_stash"])]
+            entry[kind] = {"measured": a["bubble"], "per_stage": per_stage, "step": a["step"],
+                           "peak_stash": a["peak_stash"], "bytes_sent_max": a["bytes_sent_max"]}
+        entry["measured"] = (timed or lin)["bubble"]
+        rows.append(row)
+        data.append(entry)
+    notes = [f"{p} stages, batch {s.pp_batch} cut into m micro-batches, dt.pipeline.Pipeline."
+             "train_step (forward and backward). Measured bubble: each stage's idle time (blocked "
+             "receiving or on its last sends, plus waiting for the slowest stage to finish) over "
+             "the pipeline's step (the slowest stage's), averaged over stages (range over stages "
+             "beside it); median over steps.",
+             f"timed stages: each stage's forward takes {s.pp_timed_s * 1e3:g} ms and its backward "
+             f"{2 * s.pp_timed_s * 1e3:g} ms per micro-batch without holding a core (a sleep), so "
+             "the bubble is the schedule's alone, free of core sharing; what it shows above the "
+             "formula is message latency.",
+             f"linear stages: {s.pp_blocks_per_stage} (Linear({s.pp_hidden}), GELU) blocks each, "
+             "real compute. Idle time includes the wire time of activations and gradients. Peak "
+             "stash: the most micro-batches whose activations any stage held (GPipe m, 1F1B at "
+             "most p)."]
+    if p > st.cores:
+        notes.append(f"{p} stages > {st.cores} cores (oversubscribed): linear stages busy at the "
+                     "same time share the cores, so a full pipe computes slower per stage than a "
+                     "filling one; that distorts their bubble in both directions, which is why the "
+                     "timed stages are shown first.")
+    return Table(6, f"{TITLES[6]} ({p} stages)",
+                 ["schedule", "micro-batches", "(p-1)/(m+p-1)", "timed stages", "per stage",
+                  "linear stages", "per stage", "s/step (linear)", "peak stash"], rows, notes, data)
+
+
+def load_tuned(world: int, backend: str = "gloo") -> dict[str, float] | None:
+    """alpha, beta, gamma that `dt tune` saved for this backend and world size, if any."""
+    try:
+        from dt import tune  # noqa: F401 - present once `dt tune` exists
+    except ImportError:
+        return None
+    for name in ("load", "load_figures", "load_tuned"):
+        fn = getattr(tune, name, None)
+        if fn is None:
+            continue
+        for call in (lambda f=fn: f(backend=backend, world_size=world), lambda f=fn: f(backend, world)):
+            try:
+                got = call()
+            except Exception:  # noqa: BLE001 - absent or another signature: not tuned
+                continue
+            if got is None:
+                break
+            if isinstance(got, dict):
+                vals = got
+            else:
+                vals = {k: getattr(got, k, None) for k in ("alpha", "beta", "gamma")}
+            if all(isinstance(vals.get(k), (int, float)) for k in ("alpha", "beta")):
+                return {k: float(vals[k]) for k in ("alpha", "beta", "gamma") if vals.get(k) is not None}
+    return None
+
+
+def table_model(st: Study) -> Table:
+    s, rows, data, notes = st.s, [], [], []
+    fits: dict[int, dict[str, Any]] = {}
+    for world in s.coll_worlds:
+        points = []
+        for nbytes in st.coll_sizes():
+            for algo in ("ring", "naive"):
+                t = st.coll[(world, nbytes)][algo]["time"].median
+                points.append((model_terms(algo, nbytes, world), t))
+        gamma = st.gamma.get(world, 0.0)
+        tuned = load_tuned(world)
+        if tuned is not None:
+            alpha, beta = tuned["alpha"], tuned["beta"]
+            gamma = tuned.get("gamma", gamma)
+            source = "dt tune"
+        else:
+            alpha, beta = fit_alpha_beta(points, gamma)
+            source = f"fitted to this run's {len(points)} timings"
+        fits[world] = {"alpha": alpha, "beta": beta, "gamma": gamma, "source": source}
+        bw = 1 / beta / 1e9 if beta else math.inf
+        notes.append(f"world {world}: alpha = {alpha * 1e6:.0f} us per step, beta = "
+                     f"{beta * 1e9:.3f} ns/B ({bw:.2f} GB/s), gamma = {gamma * 1e9:.3f} ns/B "
+                     f"({1 / gamma / 1e9 if gamma else math.inf:.2f} GB/s reduced; measured with "
+                     f"torch.add on every rank at once); alpha, beta {source}")
+        for nbytes in st.coll_sizes():
+            for algo in ("ring", "naive"):
+                terms = model_terms(algo, nbytes, world)
+                t = st.coll[(world, nbytes)][algo]["time"]
+                pred = predict(terms, alpha, beta, gamma)
+                ratio = pred / t.median if t.median else math.nan
+                algbw, busbw = cost_model.bus_bandwidth("all_reduce", nbytes, t.median, world)
+                rows.append([world, algo, R.fmt_bytes(nbytes), terms["steps"],
+                             R.fmt_time(terms["steps"] * alpha), R.fmt_time(terms["beta_bytes"] * beta),
+                             R.fmt_time(terms["gamma_bytes"] * gamma), R.fmt_time(pred),
+                             R.fmt_stat_time(t), R.fmt_ratio(ratio), f"{busbw / 1e9:.2f}"])
+                data.append({"world": world, "algorithm": algo, "nbytes": nbytes, **terms,
+                             "predicted": pred, "measured": t, "ratio": ratio,
+                             "algbw": algbw, "busbw": busbw})
+    notes.insert(0, "time = steps x alpha + bytes on the critical path x beta + bytes reduced x "
+                    "gamma (ring: 2(p-1) steps, 2(p-1)/p n sent by each rank at once, (p-1)/p n "
+                    "reduced; naive: 2 steps, the root receives (p-1) n then sends (p-1) n and "
+                    "reduces (p-1) n). predicted/measured: 1.00x is a perfect model. busbw = n/t x "
+                    "2(p-1)/p (nccl-tests).")
+    notes += _contention_notes(s.coll_worlds, st.cores)
+    t = Table(7, TITLES[7], ["world", "algorithm", "size", "steps", "alpha term", "beta term",
+                             "gamma term", "predicted", "measured", "pred/meas", "busbw GB/s"],
+              rows, notes, data, align=["r", "l"] + ["r"] * 9)
+    t.fits = fits  # type: ignore[attr-defined]
+    return t
+
+
+BUILDERS: dict[int, Callable[[Study], Table]] = {
+    1: table_allreduce_big, 2: table_allreduce_small, 3: table_dp, 4: table_sweep,
+    5: table_breakdown, 6: table_pipeline, 7: table_model,
+}
+
+
+# ==========================================================================
+# Report: terminal, JSON, markdown, plots, README.
+# ==========================================================================
+
+
+def command_line(argv: Sequence[str]) -> str:
+    return "python bench/scaling.py" + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv))
+
+
+def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = False) -> str:
+    m = st.machine
+    head = [] if for_readme else ["# dt scaling study", ""]
+    head += [f"Produced by `{command}` in {elapsed / 60:.1f} minutes on {R.machine_line(m)}.", ""]
+    notes = list(st.s.shrinkage())
+    notes.append("Cross-rank argument validation was off while timing "
+                 "(dt.transport.set_validation(False)).")
+    over = [w for w in st.s.worlds_used() if w > m["cores"]]
+    if over:
+        notes.append(f"World sizes {', '.join(map(str, over))} exceed the {m['cores']} cores: those "
+                     "runs compete with themselves (loopback, oversubscribed).")
+    head += [f"- {n}" for n in notes] + [""]
+    body = [st.tables[i].markdown() for i in sorted(st.tables)]
+    return "\n".join(head) + "\n" + "\n\n".join(body) + "\n"
+
+
+def write_outputs(st: Study, out_dir: Path, command: str, elapsed: float) -> list[Path]:
+    paths = []
+    payload = {
+        "command": command,
+        "machine": st.machine,
+        "elapsed_s": elapsed,
+        "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(st.s).items()},
+        "notes": st.s.shrinkage() + ["validation off while timing (dt.transport.set_validation(False))"],
+        "tables": {str(i): {"title": t.title, "headers": t.headers, "rows": t.rows, "notes": t.notes,
+                            "data": t.data, "machine": st.machine,
+                            **({"fits": t.fits} if hasattr(t, "fits") else {})}
+                   for i, t in sorted(st.tables.items())},
+    }
+    paths.append(R.write_json(out_dir / "scaling.json", payload))
+    paths.append(R.write_text(out_dir / "scaling.md", report_markdown(st, command, elapsed)))
+    return paths
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
+    ap = argparse.ArgumentParser(prog="dt bench scaling", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, few repetitions (< 2 min)")
+    ap.add_argument("--tables", default=None, help="comma-separated table numbers (default all: 1-7)")
+    ap.add_argument("--worlds", default=None, help="world sizes for the collectives, e.g. 2,4,8")
+    ap.add_argument("--dp-worlds", default=None, help="world sizes for data parallel, e.g. 1,2,4,8")
+    ap.add_argument("--dp-batch", type=int, default=None, help="global batch of table 3")
+    ap.add_argument("--batches", default=None, help="global batches of table 4, e.g. 256,1024,4096")
+    ap.add_argument("--hidden", type=int, default=None, help="width of the reference model")
+    ap.add_argument("--layers", type=int, default=None, help="linear layers of the reference model")
+    ap.add_argument("--micro", default=None, help="pipeline micro-batch counts, e.g. 1,4,16")
+    ap.add_argument("--stages", type=int, default=None, help="pipeline stages (default 4)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per collective")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per DP / pipeline config")
+    ap.add_argument("--big", type=int, default=None, help="bytes of table 1's all-reduce")
+    ap.add_argument("--small", type=int, default=None, help="bytes of table 2's all-reduce")
+    ap.add_argument("--algorithm", default=None, help="all-reduce algorithm inside dt's DDP")
+    ap.add_argument("--no-torch-ddp", action="store_true", help="skip torch's DDP in table 3")
+    ap.add_argument("--out", default=None, help="output directory (default results/)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="write the tables between the README's scaling markers")
+    a = ap.parse_args(list(argv))
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+
+    s = Settings()
+    if a.quick:
+        quick_settings(s)
+    if a.tables:
+        s.tables = tuple(t for t in ints(a.tables) if t in ALL_TABLES)
+    if a.worlds:
+        s.coll_worlds = ints(a.worlds)
+    if a.dp_worlds:
+        s.dp_worlds = ints(a.dp_worlds)
+    if a.dp_batch:
+        s.dp_batch = a.dp_batch
+    if a.batches:
+        s.sweep_batches = ints(a.batches)
+    if a.hidden:
+        s.hidden = a.hidden
+    if a.layers:
+        s.layers = a.layers
+    if a.micro:
+        s.pp_micro = ints(a.micro)
+    if a.stages:
+        s.pp_stages = a.stages
+    if a.reps:
+        s.coll_reps = a.reps
+    if a.steps:
+        s.dp_steps = s.pp_steps = a.steps
+    if a.big:
+        s.big_bytes = a.big
+    if a.small:
+        s.small_bytes = a.small
+    if a.algorithm:
+        s.dp_algorithm = a.algorithm
+    if a.no_torch_ddp:
+        s.torch_ddp = False
+    if a.out:
+        s.out_dir = Path(a.out)
+    s.plots = not a.no_plots
+    s.update_readme = a.update_readme
+    if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
+        s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline
+    return s, a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    s, a = parse_args(argv)
+    command = command_line(argv)
+    st = Study(s, progress=not a.no_progress)
+    print(f"dt scaling study: tables {', '.join(map(str, s.tables))} on {R.machine_line(st.machine)}")
+    for n in s.shrinkage():
+        print(f"  - {n}")
+    print("  - cross-rank validation is off while timing (dt.transport.set_validation(False))")
+    for w in s.worlds_used():
+        note = R.oversubscription_note(w, st.cores)
+        if note:
+            print(f"  - {note}")
+    t0 = time.time()
+    try:
+        st.measure()
+    finally:
+        st.close()
+    elapsed = time.time() - t0
+    for i in s.tables:
+        st.tables[i] = BUILDERS[i](st)
+        print("\n" + st.tables[i].markdown(), flush=True)
+    out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
+    paths = write_outputs(st, out_dir, command, elapsed)
+    if s.plots:
+        from bench import _plots
+
+        paths += _plots.write_all(st, out_dir)
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+    if s.update_readme:
+        body = report_markdown(st, command, elapsed, for_readme=True)
+        if R.update_readme(REPO / "README.md", body):
+            print(f"updated {REPO / 'README.md'} between {R.README_BEGIN} and {R.README_END}")
+        else:
+            print(f"README.md has no {R.README_BEGIN} ... {R.README_END} markers: not updated")
+    print(f"done in {elapsed / 60:.1f} minutes of measurement")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,192 @@
+"""The scaling study's arithmetic and files, and one tiny end-to-end run.
+
+The study's timings are never asserted (2 shared cores); what is checked is
+that the numbers it derives from them are derived right: the breakdown sums to
+100%, the cost-model terms match dt.cost_model, the fit recovers known alpha
+and beta, the reports are written, and a real run of one small table works.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from bench import _report as R
+from bench import scaling as S
+from dt import cost_model
+
+# --------------------------------------------------------------------------
+# breakdown: parts of a step that sum to 100%
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("step,compute,exposed,hidden,bubble", [
+    (1.0, 0.6, 0.3, 0.0, 0.0),      # overlap off: compute then wait
+    (1.0, 0.7, 0.1, 0.25, 0.0),     # overlap on: part of the comm under backward
+    (1.0, 0.2, 0.0, 0.0, 0.7),      # pipeline: mostly bubble
+    (1.0, 0.9, 0.4, 0.0, 0.0),      # noise: parts exceed the step
+    (2.0, 0.1, 0.0, 0.5, 0.0),      # hidden longer than compute: clipped to compute
+    (0.5, 0.0, 0.0, 0.0, 0.0),      # nothing measured: all rest
+])
+def test_breakdown_sums_to_one(step, compute, exposed, hidden, bubble):
+    parts = S.breakdown(step, compute, exposed, hidden, bubble)
+    assert list(parts) == list(S.BREAKDOWN_PARTS)
+    assert math.isclose(sum(parts.values()), 1.0, rel_tol=1e-12)
+    assert all(v >= 0 for v in parts.values())
+
+
+def test_breakdown_values():
+    parts = S.breakdown(1.0, compute=0.7, exposed=0.1, hidden=0.25)
+    assert parts["compute"] == pytest.approx(0.45)
+    assert parts["hidden_comm"] == pytest.approx(0.25)
+    assert parts["exposed_comm"] == pytest.approx(0.1)
+    assert parts["rest"] == pytest.approx(0.2)
+    over = S.breakdown(1.0, compute=0.9, exposed=0.6)
+    assert over["rest"] == 0.0 and over["compute"] == pytest.approx(0.6)
+    with pytest.raises(ValueError):
+        S.breakdown(0.0, 1.0)
+
+
+def test_scaling_row():
+    assert S.scaling_row(1.0, 0.5, 2) == {"speedup": 2.0, "efficiency": 1.0}
+    assert S.scaling_row(0.8, 0.4, 8)["efficiency"] == pytest.approx(0.25)
+
+
+# --------------------------------------------------------------------------
+# the cost model's terms and the alpha-beta fit
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 5, 8])
+def test_model_terms_match_cost_model(p):
+    n = S.T1_BYTES
+    ring = S.model_terms("ring", n, p)
+    assert ring["steps"] == 2 * (p - 1)
+    assert ring["bytes_sent_max"] == max(cost_model.ring_all_reduce(n // 4, 4, p, r).bytes_sent
+                                         for r in range(p))
+    assert ring["bytes_sent_max"] == pytest.approx(2 * (p - 1) / p * n, rel=1e-6)
+    naive = S.model_terms("naive", n, p)
+    assert naive["steps"] == 2
+    assert naive["bytes_sent_max"] == (p - 1) * n
+    assert naive["beta_bytes"] == 2 * (p - 1) * n
+    with pytest.raises(ValueError):
+        S.model_terms("tree", n, p)
+
+
+def test_fit_recovers_alpha_beta():
+    alpha, beta, gamma = 50e-6, 1 / 1.5e9, 1 / 4e9
+    points = []
+    for p in (2, 4):
+        for n in (4096, 262144, 4 << 20, 33554432):
+            for algo in ("ring", "naive"):
+                terms = S.model_terms(algo, n, p)
+                points.append((terms, S.predict(terms, alpha, beta, gamma)))
+    a, b = S.fit_alpha_beta(points, gamma)
+    assert a == pytest.approx(alpha, rel=1e-6)
+    assert b == pytest.approx(beta, rel=1e-6)
+    # a latency-free machine: the fit must not go negative
+    flat = [(t, S.predict(t, 0.0, beta, 0.0)) for t, _ in points]
+    a, b = S.fit_alpha_beta(flat, 0.0)
+    assert a >= 0 and b == pytest.approx(beta, rel=1e-3)
+
+
+def test_aggregate_pipeline_counts_the_wait_for_the_slowest_stage():
+    # 2 stages, 1 step: stage 0 computes 3 of its 4 s; stage 1 finishes after 2 s, idle 1 s.
+    per_rank = [[{"step": 4.0, "idle": 1.0, "compute": 3.0, "peak_stash": 1, "bytes_sent": 8}],
+                [{"step": 2.0, "idle": 1.0, "compute": 1.0, "peak_stash": 1, "bytes_sent": 0}]]
+    a = S.aggregate_pipeline(per_rank)
+    assert a["step"].median == 4.0
+    assert a["bubble_per_stage"] == [0.25, 0.75]  # (1 + 0)/4 and (1 + 2)/4
+    assert a["bubble"].median == pytest.approx(0.5)
+
+
+def test_aggregate_dp_takes_slowest_step():
+    r0 = [{"step": 1.0, "comm": 0.2}, {"step": 3.0, "comm": 0.4}]
+    r1 = [{"step": 2.0, "comm": 0.4}, {"step": 1.0, "comm": 0.2}]
+    a = S.aggregate_dp([r0, r1])
+    assert a["step"].median == pytest.approx(2.5)  # per step max: 2.0, 3.0
+    assert a["comm"].median == pytest.approx(0.3)
+
+
+# --------------------------------------------------------------------------
+# formatting and files
+# --------------------------------------------------------------------------
+
+
+def test_stats_and_formatting():
+    st = R.Stat.of([3.0, 1.0, 2.0])
+    assert (st.median, st.lo, st.hi, st.n) == (2.0, 1.0, 3.0, 3)
+    assert st.spread == pytest.approx(1.0)
+    assert R.per_rep_max([[1, 5], [2, 4]]) == [2, 5]
+    assert R.fmt_bytes(33_554_432) == "33.6 MB"
+    assert R.fmt_bytes(262_144) == "262.1 KB"
+    assert R.fmt_time(0.0695) == "69.5 ms" and R.fmt_time(1.5) == "1.500 s"
+    assert R.fmt_time(42e-6) == "42 us"
+    assert R.fmt_stat_time(R.Stat.of([0.01, 0.012, 0.011])) == "11.0 ms (±9%)"
+    assert R.fmt_pct(0.183) == "18%" and R.fmt_ratio(1.4711) == "1.47x"
+    assert R.fmt_pct(math.nan) == "-"
+
+
+def test_markdown_table():
+    text = R.markdown_table(["world", "time"], [[2, "1 ms"], [16, "10 ms"]])
+    lines = text.splitlines()
+    assert len(lines) == 4
+    assert lines[0] == "| world |  time |"
+    assert lines[1] == "|-------|------:|"
+    assert lines[3] == "| 16    | 10 ms |"
+    assert len({len(line) for line in lines}) == 1
+
+
+def test_readme_markers(tmp_path):
+    text = f"intro\n{R.README_BEGIN}\nold\n{R.README_END}\noutro\n"
+    new = R.replace_between_markers(text, "new table")
+    assert new == f"intro\n{R.README_BEGIN}\nnew table\n{R.README_END}\noutro\n"
+    assert R.replace_between_markers("no markers", "x") is None
+    readme = tmp_path / "README.md"
+    readme.write_text(text)
+    assert R.update_readme(readme, "body")
+    assert "body" in readme.read_text() and "old" not in readme.read_text()
+    readme.write_text("nothing here")
+    assert not R.update_readme(readme, "body")
+    assert readme.read_text() == "nothing here"
+
+
+def test_json_handles_stats_and_nan(tmp_path):
+    path = R.write_json(tmp_path / "x.json", {"t": R.Stat.of([1.0, 2.0]), "bad": math.nan})
+    got = json.loads(path.read_text())
+    assert got == {"t": {"median": 1.5, "min": 1.0, "max": 2.0, "n": 2}, "bad": None}
+
+
+def test_quick_settings_and_notes():
+    s, _ = S.parse_args(["--quick", "--tables", "2,6"])
+    assert s.quick and s.tables == (2, 6)
+    notes = " ".join(s.shrinkage())
+    assert "table 3" not in notes  # only what the selected tables shrank
+    assert "collectives at world sizes 2, 4" in notes
+    assert S.Settings().worlds_used() == [1, 2, 4, 8]
+    assert R.oversubscription_note(8, 2) and R.oversubscription_note(2, 2) is None
+
+
+# --------------------------------------------------------------------------
+# one tiny end-to-end run: table 2 at world 2, written to disk
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_table_2(tmp_path, capsys):
+    rc = S.main(["--tables", "2", "--worlds", "2", "--small", "4096", "--reps", "2",
+                 "--out", str(tmp_path), "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "### Table 2." in out and "validation is off" in out
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    assert data["machine"]["cores"] >= 1 and data["machine"]["backend"] == "gloo"
+    (row,) = data["tables"]["2"]["data"]
+    assert row["world"] == 2 and row["ring_steps"] == 2 and row["naive_steps"] == 2
+    assert row["ring_time"]["n"] == 2 and row["ring_time"]["median"] > 0
+    assert data["tables"]["2"]["machine"] == data["machine"]
+    md = (tmp_path / "scaling.md").read_text()
+    assert "### Table 2." in md and "Produced by `python bench/scaling.py" in md
+    assert (tmp_path / "allreduce_vs_world.png").stat().st_size > 1000
