@@ -1,0 +1,127 @@
+"""ZeRO stages 1, 2, 3 follow plain data parallel step for step, and hold and move
+exactly the bytes the ZeRO formulas and the cost model say.
+
+One worker call per world size trains every variant for 10 steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+
+import dt
+from dt import cost_model
+from dt.data_parallel import DistributedDataParallel
+from dt.zero import FullyShardedDataParallel, ZeroOptimizer, memory_held
+
+STEPS = 10
+BATCH = 30
+
+
+def _model() -> nn.Module:
+    # Odd sizes, and a 2-parameter layer: shards are uneven, some empty at world > 2.
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(7, 13), nn.GELU(), nn.Linear(13, 5), nn.GELU(),
+                         nn.Linear(5, 1), nn.Linear(1, 1))
+
+
+OPTIMIZERS = {
+    "adam": (torch.optim.Adam, {"lr": 1e-2}, 8),  # K = 8 bytes of state per parameter
+    "sgd": (torch.optim.SGD, {"lr": 5e-2, "momentum": 0.9}, 4),
+}
+
+
+def _train(variant: str, opt_name: str) -> dict:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    cls, kwargs, _ = OPTIMIZERS[opt_name]
+    model = _model()
+    if variant == "ddp":
+        net = DistributedDataParallel(model, algorithm="ring")
+        opt = cls(model.parameters(), **kwargs)
+    elif variant in ("zero1", "zero2"):
+        net = model
+        opt = ZeroOptimizer(model.parameters(), cls, stage=int(variant[-1]), **kwargs)
+    else:
+        net = FullyShardedDataParallel(model)
+        opt = cls(net.parameters(), **kwargs)
+    g = torch.Generator().manual_seed(1)
+    losses = []
+    for _ in range(STEPS):
+        x, y = torch.randn(BATCH, 7, generator=g), torch.randn(BATCH, 1, generator=g)
+        opt.zero_grad()
+        with dt.traffic() as t:
+            loss = (net(x.tensor_split(world)[rank]) - y.tensor_split(world)[rank]).pow(2).mean()
+            loss.backward()
+            opt.step()
+        losses.append(loss.item())
+    out = {"losses": losses, "sent": t.bytes_sent}
+    if variant == "ddp":
+        out["memory"] = memory_held(list(model.parameters()), [p.grad for p in model.parameters()], opt)
+        out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+        names = [n for n, _ in model.named_parameters()]
+        out["optim"] = {names[i]: s for i, s in opt.state_dict()["state"].items()}
+    elif variant in ("zero1", "zero2"):
+        out["memory"] = opt.memory()
+        out["params"] = {k: v.clone() for k, v in model.state_dict().items()}
+        names = [n for n, _ in model.named_parameters()]
+        out["optim"] = {names[i]: s for i, s in opt.state_dict()["state"].items()}
+    else:
+        out["memory"] = net.memory(opt)
+        out["params"] = net.state_dict()
+        out["optim"] = net.optim_state_dict(opt)["state"]
+    return out
+
+
+def _all_variants(optimizers: tuple[str, ...]) -> dict:
+    dt.set_validation(False)  # traffic = the ZeRO collectives alone
+    return {(v, o): _train(v, o) for o in optimizers for v in ("ddp", "zero1", "zero2", "fsdp")}
+
+
+def _layers() -> list[int]:
+    """Element count of each module's own parameters (stage 3 shards each separately)."""
+    return [sum(p.numel() for p in m.parameters(recurse=False))
+            for m in _model().modules() if list(m.parameters(recurse=False))]
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("world,optimizers", [(2, ("adam",)), (3, ("adam", "sgd")), (5, ("adam",))])
+def test_zero_matches_data_parallel_and_formulas(run, world: int, optimizers: tuple[str, ...]) -> None:
+    results = run(world, _all_variants, optimizers, timeout=180)
+    layers = _layers()
+    psi = sum(layers)
+    for rank, res in enumerate(results):
+        # this rank's shard: stages 1-2 split the flat Psi, stage 3 splits each layer
+        flat_shard = cost_model.split_sizes(psi, world)[rank]
+        layer_shard = sum(cost_model.split_sizes(n, world)[rank] for n in layers)
+        ring = cost_model.ring_all_reduce(psi, 4, world, rank).bytes_sent
+        stage3 = sum(2 * cost_model.ring_all_gather(cost_model.split_sizes(n, world), 4, rank)
+                     .bytes_sent + cost_model.ring_reduce_scatter(cost_model.split_sizes(n, world),
+                                                                  4, rank).bytes_sent
+                     for n in layers)
+        for opt_name in optimizers:
+            k = OPTIMIZERS[opt_name][2]
+            ddp = res[("ddp", opt_name)]
+            expected_memory = {
+                "ddp": {"params": 4 * psi, "grads": 4 * psi, "optimizer": k * psi},
+                "zero1": {"params": 4 * psi, "grads": 4 * psi, "optimizer": k * flat_shard},
+                "zero2": {"params": 4 * psi, "grads": 4 * flat_shard, "optimizer": k * flat_shard},
+                "fsdp": {"params": 4 * layer_shard, "grads": 4 * layer_shard,
+                         "optimizer": k * layer_shard},
+            }
+            expected_sent = {"ddp": ring, "zero1": ring, "zero2": ring, "fsdp": stage3}
+            for variant in ("ddp", "zero1", "zero2", "fsdp"):
+                r = res[(variant, opt_name)]
+                where = f"rank {rank} {variant} {opt_name}"
+                assert r["memory"] == expected_memory[variant], where
+                assert r["sent"] == expected_sent[variant], where
+                for a, b in zip(r["losses"], ddp["losses"]):
+                    assert abs(a - b) <= 1e-5, (where, r["losses"], ddp["losses"])
+                for name, v in ddp["params"].items():
+                    torch.testing.assert_close(r["params"][name], v, rtol=0, atol=1e-5, msg=where)
+                assert set(r["optim"]) == set(ddp["optim"]), where
+                for name, st in ddp["optim"].items():
+                    for key, v in st.items():
+                        torch.testing.assert_close(r["optim"][name][key], v, rtol=0, atol=1e-5,
+                                                   msg=f"{where} {name} {key}")
