@@ -50,8 +50,9 @@ sent bytes (dt.cost_model):
     all-reduce, naive      (p-1)n at the root, n elsewhere (naive_all_reduce)
     all-gather / reduce-scatter, ring   (p-1)/p * n  (n = the full tensor)
 
-dt's algorithm="auto" picks naive below 64 KiB and the ring above
-(dt.collectives.auto); `all_reduce_bytes` below gives the exact figure.
+dt's algorithm="auto" picks among these by the cost model's predicted time
+(dt.collectives.auto); `collective_bytes` below gives the exact figure for
+whichever it picks.
 
 Worked example (GPT-2 small, h = 768, 8 sequences of 1024 tokens, float32):
 one activation is n = 8*1024*768*4 = 25.2 MB. A transformer layer has two
@@ -90,6 +91,7 @@ __all__ = [
     "SequenceParallelLayerNorm",
     "VocabParallelEmbedding",
     "all_reduce_bytes",
+    "collective_bytes",
     "copy_to_region",
     "gather_from_region",
     "gather_from_sequence_region",
@@ -180,15 +182,46 @@ def _all_reduce(x: torch.Tensor, g: Group) -> torch.Tensor:
     return out
 
 
+_PER_RANK = {  # dt.cost_model's per-rank arithmetic for the algorithms these layers can run
+    ("all_reduce", "ring"): lambda n, item, g: cost_model.ring_all_reduce(n[0], item, g.size, g.rank),
+    ("all_reduce", "naive"): lambda n, item, g: cost_model.naive_all_reduce(n[0], item, g.size, g.rank),
+    ("all_reduce", "recursive_doubling"):
+        lambda n, item, g: cost_model.recursive_doubling_all_reduce(n[0], item, g.size, g.rank),
+    ("all_reduce", "rabenseifner"):
+        lambda n, item, g: cost_model.rabenseifner_all_reduce(n[0], item, g.size, g.rank),
+    ("all_gather", "ring"): lambda n, item, g: cost_model.ring_all_gather(n, item, g.rank),
+    ("all_gather", "recursive_doubling"):
+        lambda n, item, g: cost_model.recursive_doubling_all_gather(n, item, g.rank),
+    ("all_gather", "bruck"):  # equal blocks; uneven ones fall back to the ring
+        lambda n, item, g: (cost_model.bruck_all_gather(n[0], item, g.size) if len(set(n)) == 1
+                            else cost_model.ring_all_gather(n, item, g.rank)),
+    ("reduce_scatter", "ring"): lambda n, item, g: cost_model.ring_reduce_scatter(n, item, g.rank),
+}
+
+
+def collective_bytes(collective: str, numels: int | list[int], itemsize: int, group: Any = None,
+                     algorithm: str = "auto") -> int:
+    """Bytes this rank sends for one dt collective, from dt.cost_model.
+
+    `numels`: the tensor's element count for all_reduce; every rank's shard
+    for all_gather / reduce_scatter. "auto" resolves as dt.collectives.auto
+    does for this size and group, so the figure is the one dt.traffic() counts.
+    """
+    g = resolve_group(group)
+    if g.size == 1:
+        return 0
+    sizes = [numels] if isinstance(numels, int) else list(numels)
+    algo = auto.choose(collective, algorithm, sum(sizes) * itemsize, g.size)
+    try:
+        model = _PER_RANK[(collective, algo)]
+    except KeyError:
+        raise ValueError(f"no per-rank cost model here for {collective} {algo!r}") from None
+    return model(sizes, itemsize, g).bytes_sent
+
+
 def all_reduce_bytes(numel: int, itemsize: int, group: Any = None, algorithm: str = "auto") -> int:
     """Bytes this rank sends for one dt.all_reduce of `numel` elements (dt.cost_model)."""
-    g = resolve_group(group)
-    algo = auto.choose("all_reduce", algorithm, numel * itemsize, g.size)
-    if algo == "ring":
-        return cost_model.ring_all_reduce(numel, itemsize, g.size, g.rank).bytes_sent
-    if algo == "naive":
-        return cost_model.naive_all_reduce(numel, itemsize, g.size, g.rank).bytes_sent
-    raise ValueError(f"no cost model for all_reduce algorithm {algo!r}")
+    return collective_bytes("all_reduce", numel, itemsize, group, algorithm)
 
 
 # ----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ rank. One worker call per group size runs all the checks (fast on 2 cores).
 from __future__ import annotations
 
 import copy
+import os
 
 import pytest
 import torch
@@ -64,60 +65,58 @@ def _sl(size: int, group=None) -> slice:
 
 def _check_column(err: _Errors, group=None) -> None:
     for in_f, out_f in ((7, 33), (5, 3), (4, 1)):  # 33 uneven; 3 and 1 fewer than the ranks
-        for bias in (True, False):
-            for gather in (False, True):
-                tag = f"column {in_f}->{out_f} bias={bias} gather={gather}"
-                torch.manual_seed(11)
-                ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
-                torch.manual_seed(11)
-                layer = tp.ColumnParallelLinear(in_f, out_f, bias=bias, gather_output=gather,
-                                                group=group, dtype=F64)
-                x, grad_y = _randn(2, 3, in_f, seed=1), _randn(2, 3, out_f, seed=2)
-                xr, xp = _leaf(x), _leaf(x)
-                ref(xr).backward(grad_y)
-                cols = _sl(out_f, group)
-                y = layer(xp)
-                if gather:
-                    err(f"{tag}: output", y, ref(x))
-                    y.backward(grad_y)
-                else:
-                    err(f"{tag}: output", y, ref(x)[..., cols])
-                    y.backward(grad_y[..., cols])
-                err(f"{tag}: grad input", xp.grad, xr.grad)
-                err(f"{tag}: grad weight", layer.weight.grad, ref.weight.grad[cols])
-                err(f"{tag}: grad bias", layer.bias.grad if bias else None,
-                    ref.bias.grad[cols] if bias else None)
-                err(f"{tag}: full_weight", layer.full_weight(), ref.weight)
-                err(f"{tag}: full_bias", layer.full_bias(), ref.bias if bias else None)
+        for bias, gather in ((True, False), (False, True)):
+            tag = f"column {in_f}->{out_f} bias={bias} gather={gather}"
+            torch.manual_seed(11)
+            ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
+            torch.manual_seed(11)
+            layer = tp.ColumnParallelLinear(in_f, out_f, bias=bias, gather_output=gather,
+                                            group=group, dtype=F64)
+            x, grad_y = _randn(2, 3, in_f, seed=1), _randn(2, 3, out_f, seed=2)
+            xr, xp = _leaf(x), _leaf(x)
+            ref(xr).backward(grad_y)
+            cols = _sl(out_f, group)
+            y = layer(xp)
+            if gather:
+                err(f"{tag}: output", y, ref(x))
+                y.backward(grad_y)
+            else:
+                err(f"{tag}: output", y, ref(x)[..., cols])
+                y.backward(grad_y[..., cols])
+            err(f"{tag}: grad input", xp.grad, xr.grad)
+            err(f"{tag}: grad weight", layer.weight.grad, ref.weight.grad[cols])
+            err(f"{tag}: grad bias", layer.bias.grad if bias else None,
+                ref.bias.grad[cols] if bias else None)
+            err(f"{tag}: full_weight", layer.full_weight(), ref.weight)
+            err(f"{tag}: full_bias", layer.full_bias(), ref.bias if bias else None)
 
 
 def _check_row(err: _Errors, group=None) -> None:
     for in_f, out_f in ((33, 5), (3, 4), (1, 2)):
-        for bias in (True, False):
-            for parallel_input in (True, False):
-                tag = f"row {in_f}->{out_f} bias={bias} input_is_parallel={parallel_input}"
-                torch.manual_seed(12)
-                ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
-                torch.manual_seed(12)
-                layer = tp.RowParallelLinear(in_f, out_f, bias=bias, input_is_parallel=parallel_input,
-                                             group=group, dtype=F64)
-                x, grad_y = _randn(2, 3, in_f, seed=3), _randn(2, 3, out_f, seed=4)
-                xr = _leaf(x)
-                ref(xr).backward(grad_y)
-                rows = _sl(in_f, group)
-                xp = _leaf(x[..., rows] if parallel_input else x)
-                y = layer(xp)
-                y.backward(grad_y)
-                err(f"{tag}: output", y, ref(x))
-                err(f"{tag}: grad input", xp.grad, xr.grad[..., rows] if parallel_input else xr.grad)
-                err(f"{tag}: grad weight", layer.weight.grad, ref.weight.grad[:, rows])
-                err(f"{tag}: grad bias", layer.bias.grad if bias else None,
-                    ref.bias.grad if bias else None)
-                err(f"{tag}: full_weight", layer.full_weight(), ref.weight)
-                if bias:  # a zero input leaves the bias alone: added once, not p times
-                    zero = torch.zeros(1, in_f, dtype=F64)
-                    err(f"{tag}: bias once", layer(zero[..., rows] if parallel_input else zero),
-                        ref.bias.detach().unsqueeze(0))
+        for bias, parallel_input in ((True, True), (False, False), (True, False)):
+            tag = f"row {in_f}->{out_f} bias={bias} input_is_parallel={parallel_input}"
+            torch.manual_seed(12)
+            ref = nn.Linear(in_f, out_f, bias=bias, dtype=F64)
+            torch.manual_seed(12)
+            layer = tp.RowParallelLinear(in_f, out_f, bias=bias, input_is_parallel=parallel_input,
+                                         group=group, dtype=F64)
+            x, grad_y = _randn(2, 3, in_f, seed=3), _randn(2, 3, out_f, seed=4)
+            xr = _leaf(x)
+            ref(xr).backward(grad_y)
+            rows = _sl(in_f, group)
+            xp = _leaf(x[..., rows] if parallel_input else x)
+            y = layer(xp)
+            y.backward(grad_y)
+            err(f"{tag}: output", y, ref(x))
+            err(f"{tag}: grad input", xp.grad, xr.grad[..., rows] if parallel_input else xr.grad)
+            err(f"{tag}: grad weight", layer.weight.grad, ref.weight.grad[:, rows])
+            err(f"{tag}: grad bias", layer.bias.grad if bias else None,
+                ref.bias.grad if bias else None)
+            err(f"{tag}: full_weight", layer.full_weight(), ref.weight)
+            if bias:  # a zero input leaves the bias alone: added once, not p times
+                zero = torch.zeros(1, in_f, dtype=F64)
+                err(f"{tag}: bias once", layer(zero[..., rows] if parallel_input else zero),
+                    ref.bias.detach().unsqueeze(0))
 
 
 def _param_reference(name: str, ref_grad: torch.Tensor, module: nn.Module) -> torch.Tensor:
@@ -415,36 +414,45 @@ def test_heads_not_divisible_by_group_rejected(run, world):
         assert "hidden size 10 is not divisible by num_heads 3" in messages[2]
 
 
-def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool) -> dict:
+def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool, force: str = "") -> dict:
+    """Bytes and calls of one ParallelMLP forward + backward, counted and predicted."""
     g = resolve_group(None)
     b, s, h = shape
     torch.manual_seed(0)
     mlp = tp.ParallelMLP(h, 2 * h, sequence_parallel=sequence_parallel, dtype=F64)
     x = _leaf(_randn(b, s, h, seed=1))
     inp = tp.scatter_to_sequence_region(x).detach().requires_grad_() if sequence_parallel else x
-    with dt.traffic() as t:
-        out = mlp(inp, seq_len=s)
-        out.backward(torch.ones_like(out))
-    numel, item = b * s * h, 8
-    counted = {k: v.bytes_sent for k, v in t.by_collective.items() if k != "validate"}
-    calls = {k: v.calls for k, v in t.by_collective.items() if k != "validate" and v.calls}
+    before = os.environ.get("DT_ALGO")
+    os.environ["DT_ALGO"] = force  # "" = let auto choose
+    try:
+        with dt.traffic() as t:
+            out = mlp(inp, seq_len=s)
+            out.backward(torch.ones_like(out))
+    finally:
+        if before is None:
+            del os.environ["DT_ALGO"]
+        else:
+            os.environ["DT_ALGO"] = before
+    item = 8
     if sequence_parallel:
-        seq = cost_model.split_sizes(s, g.size)
-        chunks = [n * b * h for n in seq]  # [s, b*h] blocks after moving the sequence to the front
-        want = {"all_gather": 2 * cost_model.ring_all_gather(chunks, item, g.rank).bytes_sent,
-                "reduce_scatter": 2 * cost_model.ring_reduce_scatter(chunks, item, g.rank).bytes_sent,
-                "all_reduce": tp.all_reduce_bytes(h, item)}  # the output bias gradient
+        shards = [n * b * h for n in cost_model.split_sizes(s, g.size)]  # [s, b, h] blocks
+        want = {"all_gather": 2 * tp.collective_bytes("all_gather", shards, item, algorithm=force or "auto"),
+                "reduce_scatter": 2 * tp.collective_bytes("reduce_scatter", shards, item,
+                                                          algorithm=force or "auto"),
+                "all_reduce": tp.all_reduce_bytes(h, item, algorithm=force or "auto")}  # bias grad
     else:
-        want = {"all_reduce": 2 * tp.all_reduce_bytes(numel, item)}
-    want = {k: v for k, v in want.items() if v}
-    counted = {k: v for k, v in counted.items() if v}
-    return {"counted": counted, "want": want, "calls": calls}
+        want = {"all_reduce": 2 * tp.all_reduce_bytes(b * s * h, item, algorithm=force or "auto")}
+    ignore = ("validate",)
+    return {"counted": {k: v.bytes_sent for k, v in t.by_collective.items()
+                        if k not in ignore and v.bytes_sent},
+            "want": {k: v for k, v in want.items() if v},
+            "calls": {k: v.calls for k, v in t.by_collective.items() if k not in ignore and v.calls}}
 
 
 @pytest.mark.parametrize("world", [1, 3, 4])
 def test_mlp_traffic_matches_cost_model(run, world):
     """One MLP forward + backward: exactly the bytes dt.cost_model predicts, on every rank."""
-    small, large = (2, 4, 16), (2, 48, 128)  # 1 KiB: naive all-reduce; 96 KiB: the ring
+    small, large = (2, 4, 16), (2, 48, 128)  # 1 KiB and 96 KiB of float64 activations
     for shape in (small, large):
         for sp in (False, True):
             for res in run(world, _mlp_traffic, shape, sp):
@@ -453,10 +461,11 @@ def test_mlp_traffic_matches_cost_model(run, world):
                     want_calls = ({"all_gather": 2, "reduce_scatter": 2, "all_reduce": 1} if sp
                                   else {"all_reduce": 2})
                     assert res["calls"] == want_calls, (shape, sp, res)
-                if shape == large and not sp and world > 2:
-                    # the ring: 2(p-1)/p * n per all-reduce, one forward (g) and one backward (f)
-                    n = 2 * 48 * 128 * 8
-                    assert res["counted"]["all_reduce"] == 2 * (2 * (world - 1) * n // world)
+    # the ring by name: 2(p-1)/p * n per all-reduce, one forward (g) and one backward (f)
+    n = 2 * 48 * 128 * 8
+    for res in run(world, _mlp_traffic, large, False, "ring"):
+        assert res["counted"] == res["want"] == ({"all_reduce": 2 * (2 * (world - 1) * n // world)}
+                                                 if world > 1 else {})
 
 
 def _misuse() -> list[str]:
