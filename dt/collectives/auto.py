@@ -1,8 +1,17 @@
-"""algorithm="auto": which algorithm a collective runs when the caller does not say.
+"""algorithm="auto": the algorithm the cost model predicts to be fastest.
+
+For each algorithm registered for a collective, dt.cost_model.estimate gives
+steps * alpha + bytes * beta + reduced bytes * gamma; auto runs the one with
+the smallest total. alpha, beta and gamma are this machine's figures as
+`dt tune` measured and saved them for this backend and group size (the
+nearest tuned group size if this one was not tuned), or DEFAULT_MACHINE,
+measured on the 2-core development box, when nothing was tuned.
 
 The choice must be the same on every rank, so it depends only on what every
-rank knows alike: the collective, the message size and the group size (and,
-once `dt tune` has run, this machine's measured alpha, beta, gamma).
+rank knows alike: the collective, the message size, the group size and the
+saved figures (one file per machine; the cross-rank validation names the
+algorithm, so ranks that disagree fail loudly rather than deadlock).
+
 `DT_ALGO` overrides it, as NCCL_ALGO does: `DT_ALGO=ring` forces the ring
 wherever a collective has one; `DT_ALGO=all_reduce=naive,broadcast=ring` sets
 it per collective.
@@ -10,24 +19,94 @@ it per collective.
 
 from __future__ import annotations
 
+import functools
 import os
+from dataclasses import dataclass
 
+from dt import cost_model
 from dt.collectives.registry import ALGORITHMS
 
-# Below this many bytes a flat exchange's 2 hops beat the ring's 2(p-1);
-# measured on loopback gloo (bench/collectives.py shows the crossover).
-SMALL_MESSAGE_BYTES = 64 * 1024
 
-_DEFAULTS = {
-    "reduce": "flat",
-    "gather": "flat",
-    "scatter": "flat",
-    "all_gather": "ring",
-    "reduce_scatter": "ring",
-    "reduce_scatter_tensor": "ring",
-    "all_to_all": "pairwise",
-    "barrier": "dissemination",
-}
+@dataclass(frozen=True)
+class Machine:
+    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    source: str = "default"
+
+
+# Measured on the 2-core development machine (gloo over loopback, world 2,
+# other jobs running): one exchange step of a tiny message ~150 us, ~1.5 GB/s
+# per rank through the kernel's loopback copy, ~8 GB/s for an add.
+DEFAULT_MACHINE = Machine(alpha=150e-6, beta=1 / 1.5e9, gamma=1 / 8e9)
+
+# Aliases registered for the original design's names; auto never needs them.
+_ALIASES = {("broadcast", "naive"), ("reduce", "naive"), ("gather", "naive"), ("scatter", "naive")}
+
+_machines: dict[tuple[str, int], Machine] = {}
+
+
+def machine(group_size: int, backend: str | None = None) -> Machine:
+    """This machine's figures for a group of `group_size` (tuned, else the defaults)."""
+    if backend is None:
+        backend = _backend()
+    key = (backend, group_size)
+    if key not in _machines:
+        from dt import tune  # tune sits above the collectives; import only when needed
+
+        saved = tune.load(backend, group_size)
+        _machines[key] = (Machine(saved["alpha"], saved["beta"], saved["gamma"],
+                                  source=f"dt tune ({backend}, world {saved['world']})")
+                          if saved else DEFAULT_MACHINE)
+    return _machines[key]
+
+
+def forget_machines() -> None:
+    """Drop the cached figures (after `dt tune` saves new ones)."""
+    _machines.clear()
+    best.cache_clear()
+
+
+def _backend() -> str:
+    import torch.distributed as dist
+
+    return dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
+
+
+def candidates(collective: str) -> list[str]:
+    """Registered algorithms for `collective` that the cost model can price, sorted by name."""
+    out = []
+    for name in sorted(ALGORITHMS.get(collective, {})):
+        if (collective, name) in _ALIASES:
+            continue
+        try:
+            cost_model.formula(collective, name, 1.0, 2)
+        except KeyError:
+            continue
+        out.append(name)
+    return out
+
+
+def predictions(collective: str, nbytes: int, group_size: int,
+                fig: Machine) -> dict[str, cost_model.Estimate]:
+    """Every candidate's estimate for one call."""
+    from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+
+    return {name: cost_model.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
+                                      beta=fig.beta, gamma=fig.gamma,
+                                      segment_bytes=DEFAULT_SEGMENT_BYTES)
+            for name in candidates(collective)}
+
+
+@functools.lru_cache(maxsize=4096)  # called on every collective: price each size once
+def best(collective: str, nbytes: int, group_size: int, fig: Machine) -> str:
+    """The candidate with the smallest predicted time (ties: the first by name)."""
+    pred = predictions(collective, nbytes, group_size, fig)
+    if not pred:
+        return next(iter(sorted(ALGORITHMS[collective])))
+    return min(sorted(pred), key=lambda name: pred[name].total)
 
 
 def _override(collective: str) -> str | None:
@@ -51,11 +130,4 @@ def choose(collective: str, requested: str, nbytes: int, group_size: int) -> str
     forced = _override(collective)
     if forced:
         return forced
-    small = nbytes < SMALL_MESSAGE_BYTES
-    if collective == "all_reduce":
-        return "naive" if small or group_size <= 2 and nbytes < 4 * SMALL_MESSAGE_BYTES else "ring"
-    if collective == "broadcast":
-        return "flat" if small or group_size <= 2 else "ring"
-    if collective == "all_gather_into_tensor":
-        return "bruck" if small else "ring"
-    return _DEFAULTS[collective]
+    return best(collective, nbytes, group_size, machine(group_size))

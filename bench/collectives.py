@@ -1,0 +1,341 @@
+"""`dt bench collectives`: dt's algorithms against torch's own collective, nccl-tests style.
+
+    dt bench collectives -b 1KB -e 64MB -f 4 --world 4 --collective all_reduce \\
+        --algorithms ring,recursive_doubling,rabenseifner,auto --plot busbw.png
+
+For each message size (from -b to -e, times -f each step) and each selected
+algorithm, plus torch.distributed's own collective on the same gloo group,
+this prints nccl-tests' columns: size (B), count (elements), type, redop,
+root, then out-of-place and in-place time (us, median), algbw and busbw
+(GB/s, busbw = algbw * nccl-tests' factor from dt.cost_model.BUSBW_FACTOR)
+and #wrong (elements that differ from torch's result on the same input,
+summed over ranks), then the median time relative to torch's (in-place).
+
+Timing: -w warm-up calls, then -n timed calls, every algorithm of a size
+interleaved call by call so that they share whatever else the machine is
+doing; before each call a barrier lines the ranks up, and a call's time is
+the slowest rank's. The median is reported, the spread (interquartile range
+over the median) beside it. dt's cross-rank argument validation is OFF
+during timing (dt.transport.set_validation(False)), as torch runs without
+one; the #wrong check runs before timing.
+
+Out-of-place for the in-place-only torch APIs (all_reduce, broadcast,
+reduce) means copy the input into the output buffer, then run in place:
+what an out-of-place call costs through that API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dt
+from dt import cost_model, transport
+from dt.collectives import auto
+from dt.launcher import run_workers
+from dt.whatif import parse_size
+
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
+          "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int32": torch.int32, "int": torch.int32,
+          "int64": torch.int64}
+_DISPATCH = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+             "all_to_all": "all_to_all"}
+
+
+def _registry_name(collective: str) -> str:
+    return _DISPATCH.get(collective, collective)
+
+
+def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s))
+        s = s * factor if factor > 1 else s + 1
+    return out
+
+
+# ---------------------------------------------------------------------------
+# One call of one collective, as dt or torch runs it.
+# ---------------------------------------------------------------------------
+
+
+class Case:
+    """Buffers for one (collective, size) and a way to run it with any algorithm."""
+
+    def __init__(self, collective: str, count: int, dtype: torch.dtype, op: str, p: int, r: int):
+        self.collective, self.dtype, self.op, self.p, self.r = collective, dtype, op, p, r
+        per = count // p if collective in ("all_gather", "reduce_scatter", "all_to_all") else count
+        self.per, self.count = per, per * p if per != count else count
+        n = self.count
+        self.input = ((torch.arange(n) + 3 * r) % 5 - 2).to(dtype)
+        self.output = torch.empty(per if collective == "reduce_scatter" else n, dtype=dtype)
+        self.redop = getattr(dist.ReduceOp, op)
+
+    def reset(self) -> None:
+        if self.collective in ("all_reduce", "broadcast", "reduce"):
+            self.output.copy_(self.input)
+
+    def call(self, algorithm: str, inplace: bool):
+        """A function running one call (None where the API has no such mode)."""
+        c, x, y, r = self.collective, self.input, self.output, self.r
+        torch_side = algorithm == "torch"
+        kw = {} if torch_side else {"algorithm": algorithm}
+        lib = dist if torch_side else dt
+        op = self.redop if torch_side else self.op
+        if c in ("all_reduce", "broadcast", "reduce"):
+            def run() -> None:
+                if not inplace:
+                    y.copy_(x)
+                if c == "all_reduce":
+                    lib.all_reduce(y, op, **kw)
+                elif c == "broadcast":
+                    lib.broadcast(y, 0, **kw)
+                else:
+                    lib.reduce(y, 0, op, **kw)
+            return run
+        if c == "all_gather":
+            src = y[r * self.per:(r + 1) * self.per] if inplace else x[: self.per]
+            if inplace:
+                src.copy_(x[: self.per])
+            return lambda: lib.all_gather_into_tensor(y, src, **kw)
+        if c == "reduce_scatter":
+            dst = x[r * self.per:(r + 1) * self.per] if inplace else y
+            return lambda: lib.reduce_scatter_tensor(dst, x, op, **kw)
+        if c == "all_to_all":
+            if inplace:
+                return None
+            return lambda: lib.all_to_all_single(y, x, **kw)
+        raise ValueError(c)
+
+    def result(self, inplace: bool) -> torch.Tensor:
+        if self.collective == "reduce_scatter" and inplace:
+            return self.input[self.r * self.per:(self.r + 1) * self.per]
+        return self.output
+
+
+def _wrong(case: Case, algorithm: str, inplace: bool) -> int:
+    """Elements of this rank's result that differ from torch's on the same input."""
+    ref_case = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
+    ref_case.reset()
+    fn = ref_case.call("torch", inplace)
+    if fn is None:
+        return 0
+    fn()
+    ref = ref_case.result(inplace).clone()
+    mine = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
+    mine.reset()
+    mine.call(algorithm, inplace)()
+    got = mine.result(inplace)
+    if case.collective == "reduce" and case.r != 0:
+        return 0  # only the root's buffer is defined
+    return int((got != ref).sum())
+
+
+def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    p, r = dist.get_world_size(), dist.get_rank()
+    transport.set_validation(False)
+    dtype = DTYPES[cfg["dtype"]]
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    algos = list(cfg["algorithms"]) + ["torch"]
+    out: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}}
+    sizes = cfg["sizes"]
+    for i, nbytes in enumerate(sizes):
+        if r == 0 and cfg["progress"]:
+            print(f"[{i + 1}/{len(sizes)}] {nbytes:,} B ...", file=sys.stderr, flush=True)
+        case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r)
+        out["picked"][str(nbytes)] = auto.choose(_registry_name(cfg["collective"]), "auto",
+                                                 case.count * itemsize, p)
+        calls = {}
+        for a in algos:
+            for inplace in (False, True):
+                fn = case.call(a, inplace)
+                if fn is not None:
+                    calls[(a, inplace)] = fn
+                    if cfg["check"]:
+                        out["wrong"][f"{nbytes}|{a}|{int(inplace)}"] = _wrong(case, a, inplace)
+        case.reset()
+        for _ in range(cfg["warmup"]):
+            for fn in calls.values():
+                fn()
+        times: dict[tuple[str, bool], list[float]] = {k: [] for k in calls}
+        for _ in range(cfg["iters"]):
+            for key, fn in calls.items():
+                dist.barrier()
+                t0 = time.perf_counter()
+                fn()
+                times[key].append(time.perf_counter() - t0)
+        for (a, inplace), ts in times.items():
+            out["times"][f"{nbytes}|{a}|{int(inplace)}"] = ts
+        out["count"] = out.get("count", {})
+        out["count"][str(nbytes)] = case.count
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Report
+# ---------------------------------------------------------------------------
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(samples, n=4) if len(samples) > 1 else [samples[0]] * 3
+    med = statistics.median(samples)
+    return {"median": med, "p25": q[0], "p75": q[2], "min": min(samples), "max": max(samples),
+            "spread": (q[2] - q[0]) / med if med else 0.0}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    coll = args.collective
+    algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
+        auto.candidates(_registry_name(coll)) + ["auto"]
+    for a in algos:
+        if a != "auto" and a not in dt.ALGORITHMS[_registry_name(coll)]:
+            raise SystemExit(f"dt bench collectives: {coll} has no algorithm {a!r}; "
+                             f"choose from {sorted(dt.ALGORITHMS[_registry_name(coll)])} or auto")
+    sizes = sizes_between(parse_size(args.b), parse_size(args.e), args.f)
+    cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
+           "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
+           "progress": not args.quiet and len(sizes) > 3}
+    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+    itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
+    p = args.world
+    rows = []
+    for nbytes in sizes:
+        for a in algos + ["torch"]:
+            row: dict[str, Any] = {"size": per_rank[0]["count"][str(nbytes)] * itemsize,
+                                   "count": per_rank[0]["count"][str(nbytes)],
+                                   "type": args.d, "redop": args.o.lower()
+                                   if coll in ("all_reduce", "reduce", "reduce_scatter") else "none",
+                                   "root": 0 if coll in ("broadcast", "reduce") else -1,
+                                   "algorithm": a, "wrong": 0}
+            if a == "auto":
+                row["picked"] = per_rank[0]["picked"][str(nbytes)]
+            for inplace in (False, True):
+                key = f"{nbytes}|{a}|{int(inplace)}"
+                if key not in per_rank[0]["times"]:
+                    continue
+                # a call ends when its slowest rank does
+                slowest = [max(rk["times"][key][i] for rk in per_rank)
+                           for i in range(len(per_rank[0]["times"][key]))]
+                st = _stats(slowest)
+                algbw, busbw = cost_model.bus_bandwidth(coll, row["size"], st["median"], p)
+                row["in" if inplace else "out"] = {**st, "algbw": algbw / 1e9, "busbw": busbw / 1e9}
+                row["wrong"] += sum(rk["wrong"].get(key, 0) for rk in per_rank)
+            rows.append(row)
+    for row in rows:
+        ref = next(x for x in rows if x["size"] == row["size"] and x["algorithm"] == "torch")
+        mode = "in" if "in" in row else "out"
+        row["vs_torch"] = row[mode]["median"] / ref[mode]["median"]
+    import platform
+
+    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo",
+               "world": p, "python": platform.python_version(), "host": platform.node(),
+               "validation": False, "figures": auto.machine(p, "gloo").__dict__,
+               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    return {"collective": coll, "machine": machine, "config": cfg, "results": rows}
+
+
+def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
+    m = data["machine"]
+    print(f"# dt bench collectives: {data['collective']}, world {m['world']}, backend {m['backend']}, "
+          f"{m['cores']} cores, torch {m['torch']}, {m['when']}", file=out)
+    print("# dt's cross-rank validation OFF during timing (dt.transport.set_validation(False)); "
+          f"median of {data['config']['iters']} calls after {data['config']['warmup']} warm-up, "
+          "slowest rank per call; spread = IQR/median", file=out)
+    f = m["figures"]
+    print(f"# auto's figures ({f['source']}): alpha {f['alpha'] * 1e6:.0f} us, "
+          f"beta {f['beta'] * 1e9:.3f} ns/B, gamma {f['gamma'] * 1e9:.3f} ns/B", file=out)
+    print(f"#{'':61}{'out-of-place':^39}  {'in-place':^39}", file=out)
+    print(f"# {'size':>10} {'count':>11} {'type':>7} {'redop':>5} {'root':>4}  {'algorithm':<20}"
+          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  "
+          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'vs torch':>8}",
+          file=out)
+    print(f"# {'(B)':>10} {'(elements)':>11} {'':>7} {'':>5} {'':>4}  {'':<20}"
+          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  "
+          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7}", file=out)
+    last = None
+    for row in data["results"]:
+        if last is not None and row["size"] != last:
+            print("", file=out)
+        last = row["size"]
+        name = row["algorithm"] + (f" ({row['picked']})" if "picked" in row else "")
+        cols = []
+        for mode in ("out", "in"):
+            if mode in row:
+                s = row[mode]
+                cols.append(f"{s['median'] * 1e6:9.1f} {s['spread'] * 100:5.0f}% {s['algbw']:7.3f} "
+                            f"{s['busbw']:7.3f} {row['wrong'] if mode == 'in' or 'in' not in row else '':>6}")
+            else:
+                cols.append(f"{'N/A':>9} {'':>6} {'':>7} {'':>7} {'':>6}")
+        print(f"  {row['size']:>10} {row['count']:>11} {row['type']:>7} {row['redop']:>5} "
+              f"{row['root']:>4}  {name:<20}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f}", file=out)
+
+
+def plot(data: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for a in dict.fromkeys(r["algorithm"] for r in data["results"]):
+        rows = [r for r in data["results"] if r["algorithm"] == a]
+        mode = "in" if "in" in rows[0] else "out"
+        ax.plot([r["size"] for r in rows], [r[mode]["busbw"] for r in rows], marker="o",
+                label=a, linestyle="--" if a == "torch" else "-")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    m = data["machine"]
+    ax.set_title(f"{data['collective']}, world {m['world']}, gloo, {m['cores']} cores")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dt bench collectives", description=__doc__.splitlines()[0])
+    parser.add_argument("-b", default="1KB", help="smallest size (default 1KB)")
+    parser.add_argument("-e", default="16MB", help="largest size (default 16MB)")
+    parser.add_argument("-f", type=float, default=4, help="size step factor (default 4)")
+    parser.add_argument("-n", type=int, default=20, help="timed calls per size (default 20)")
+    parser.add_argument("-w", type=int, default=3, help="warm-up calls per size (default 3)")
+    parser.add_argument("-c", type=int, default=1, help="check results against torch (default 1)")
+    parser.add_argument("-o", default="sum", help="reduction op: sum, prod, min, max")
+    parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
+    parser.add_argument("--algorithms", default=None,
+                        help="comma-separated dt algorithms, 'auto' allowed (default: all + auto)")
+    parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--plot", default=None, help="PNG of busbw against size per algorithm")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    if args.o.lower() == "prod":
+        args.o = "product"
+    data = run(args)
+    print_report(data)
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(data, fh, indent=1)
+        print(f"# results written to {args.json}")
+    if args.plot:
+        plot(data, args.plot)
+        print(f"# plot written to {args.plot}")
+    return 0 if all(r["wrong"] == 0 for r in data["results"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""`dt tune`: measure this machine's alpha, beta and gamma for a group.
+
+    dt tune --world 4
+
+The cost model (dt/cost_model.py) prices a collective as
+steps * alpha + bytes * beta + reduced bytes * gamma. Three micro-benchmarks
+measure the three figures on `--world` processes, all ranks at once (on a
+shared machine the ranks compete for the same cores, and the figures should
+say so):
+
+- ping-pong: rank 0 and rank 1 bounce one element; half the round trip is
+  the one-way latency of a message (printed for reference);
+- ring exchange: every rank sends n bytes to its right neighbour while
+  receiving n from its left, which is exactly one step of a ring, a doubling
+  or a tree algorithm. A 1-element exchange gives alpha (the time of one
+  step); the slope of the time over n = 256 KB .. 16 MB gives beta;
+- reduction: every rank adds two n-byte float32 buffers; the slope gives gamma.
+
+The figures go to a small JSON file in the user's cache directory
+($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by backend
+and world size, where algorithm="auto" and `dt model --measured` find them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["cache_path", "load", "main", "measure", "save"]
+
+EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
+REDUCE_SIZES = (1 << 20, 4 << 20, 16 << 20)
+
+
+def cache_path() -> Path:
+    """Where the figures live: $XDG_CACHE_HOME/dt/tune.json or ~/.cache/dt/tune.json."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dt" / "tune.json"
+
+
+def _read_all() -> dict[str, Any]:
+    path = cache_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def load(backend: str, world: int) -> dict[str, Any] | None:
+    """Saved figures for (backend, world); else those of the nearest tuned world; else None."""
+    saved = {k: v for k, v in _read_all().items() if v.get("backend") == backend}
+    if not saved:
+        return None
+    exact = f"{backend}:{world}"
+    if exact in saved:
+        return saved[exact]
+    # Nearest world size (ties: the smaller one): the same file gives every rank the same answer.
+    key = min(saved, key=lambda k: (abs(saved[k]["world"] - world), saved[k]["world"]))
+    return saved[key]
+
+
+def save(figures: dict[str, Any]) -> Path:
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_all()
+    data[f"{figures['backend']}:{figures['world']}"] = figures
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(path)
+    from dt.collectives import auto
+
+    auto.forget_machines()
+    return path
+
+
+# ---------------------------------------------------------------------------
+# The micro-benchmarks (run on every rank).
+# ---------------------------------------------------------------------------
+
+
+def _median_time(fn, reps: int, warmup: int = 2) -> float:
+    import dt
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        dt.barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _slope(points: dict[int, float]) -> float:
+    """Least-squares slope of time over bytes."""
+    xs, ys = list(points), list(points.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den) if den else 0.0
+
+
+def measure(reps: int = 20) -> dict[str, Any]:
+    """Run the three micro-benchmarks on this rank's default group; every rank returns them."""
+    import torch
+    import torch.distributed as dist
+
+    from dt.transport import Comm, resolve_group
+
+    g = resolve_group(None)
+    comm = Comm(g, "tune", "micro-benchmark")
+    p, r = comm.size, comm.rank
+    out: dict[str, Any] = {"world": p, "backend": dist.get_backend()}
+
+    # ping-pong between ranks 0 and 1
+    one = torch.zeros(1)
+
+    def pingpong() -> None:
+        if r == 0:
+            comm.send(one, 1)
+            comm.recv(one, 1)
+        elif r == 1:
+            comm.recv(one, 0)
+            comm.send(one, 0)
+
+    out["pingpong_one_way"] = _median_time(pingpong, reps) / 2 if p > 1 else 0.0
+
+    # ring exchange: one step of a ring, every rank sending and receiving at once
+    exchange: dict[int, float] = {}
+    for nbytes in EXCHANGE_SIZES:
+        send = torch.ones(max(1, nbytes // 4))
+        recv = torch.empty_like(send)
+
+        def step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
+            comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
+
+        fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
+        exchange[send.numel() * 4] = _median_time(step, fewer) if p > 1 else 0.0
+    out["exchange"] = {str(k): v for k, v in exchange.items()}
+    small = min(exchange)
+    out["alpha"] = exchange[small]
+    out["beta"] = _slope({k: v for k, v in exchange.items() if k >= 1 << 18})
+
+    # reduction: a + b into a
+    reduce: dict[int, float] = {}
+    for nbytes in REDUCE_SIZES:
+        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        reduce[nbytes] = _median_time(lambda a=a, b=b: torch.add(a, b, out=a), reps)
+    out["reduce"] = {str(k): v for k, v in reduce.items()}
+    out["gamma"] = _slope(reduce)
+    return out
+
+
+def _worker(reps: int) -> dict[str, Any]:
+    return measure(reps)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dt tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, default=2, help="processes in the group (default 2)")
+    parser.add_argument("--backend", default="gloo")
+    parser.add_argument("--reps", type=int, default=20, help="repetitions per point (median)")
+    parser.add_argument("--no-save", action="store_true", help="print only")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from dt.launcher import run_workers
+
+    results = run_workers(_worker, args.world, args.reps, backend=args.backend, timeout=600)
+    # Every rank measured; the group's figures are the slowest rank's (a step
+    # waits for the last one), taken the same way on every run.
+    fig: dict[str, Any] = dict(results[0])
+    for key in ("alpha", "beta", "gamma", "pingpong_one_way"):
+        fig[key] = max(res[key] for res in results)
+    fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
+               measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    print(f"dt tune: backend {fig['backend']}, world {fig['world']}, {fig['cores']} cores, "
+          f"torch {fig['torch']}")
+    print(f"  ping-pong one-way latency {fig['pingpong_one_way'] * 1e6:9.1f} us")
+    print(f"  alpha (one exchange step) {fig['alpha'] * 1e6:9.1f} us")
+    print(f"  beta                      {fig['beta'] * 1e9:9.3f} ns/byte  "
+          f"({1 / fig['beta'] / 1e9 if fig['beta'] else float('inf'):.2f} GB/s per rank)")
+    print(f"  gamma                     {fig['gamma'] * 1e9:9.3f} ns/byte  "
+          f"({1 / fig['gamma'] / 1e9 if fig['gamma'] else float('inf'):.2f} GB/s reduced)")
+    print("  exchange step times: " + ", ".join(
+        f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
+    if not args.no_save:
+        print(f"saved to {save(fig)} (key {fig['backend']}:{fig['world']})")
+    return 0

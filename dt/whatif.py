@@ -1,0 +1,245 @@
+"""`dt model`: what would a collective cost on a machine you describe?
+
+    dt model all_reduce --size 1GB --world 8 --bandwidth 450GB/s --latency 5us
+
+prints, per algorithm, the cost model's sequential steps, bytes on the
+critical path per rank, the latency term (steps * alpha), the bandwidth term
+(bytes * beta), the reduction term (reduced bytes * gamma, 0 unless --reduce
+is given) and their total. That example reproduces the textbook figure: ring
+all-reduce of 1 GB on 8 ranks is 14 * 5 us + 2 * 7/8 * 1 GB / 450 GB/s =
+0.07 + 3.89 = 3.96 ms, bandwidth-bound; at --size 1MB it is 70 + 3.9 = 74 us,
+latency-bound, and the doubling algorithms win.
+
+    dt model all_reduce --size 256KB,1MB,4MB --world 2 --measured
+
+uses the alpha, beta, gamma `dt tune` saved for this machine instead, runs
+each algorithm here on --world processes, and prints the prediction next to
+the measured median.
+
+Units: sizes B, KB, MB, GB (powers of 1000), KiB, MiB, GiB (of 1024); rates
+B/s, KB/s, MB/s, GB/s, KiB/s .. GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s; times ns,
+us, ms, s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from typing import Any
+
+from dt import cost_model
+
+_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+_TIME_UNITS = {"NS": 1e-9, "US": 1e-6, "µS": 1e-6, "MS": 1e-3, "S": 1.0, "": 1.0}
+
+COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
+               "gather", "scatter", "barrier")
+
+
+def _split(text: str) -> tuple[float, str]:
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*", text)
+    if not m:
+        raise ValueError(f"cannot read {text!r}: expected a number and a unit, like 4MB")
+    return float(m.group(1)), m.group(2)
+
+
+def parse_size(text: str) -> int:
+    """'1GB' -> 10**9 bytes, '1GiB' -> 2**30, '4096' -> 4096."""
+    value, unit = _split(text)
+    try:
+        return int(round(value * _SIZE_UNITS[unit.upper()]))
+    except KeyError:
+        raise ValueError(f"unknown size unit {unit!r} in {text!r} "
+                         f"(use B, KB, MB, GB, KiB, MiB, GiB)") from None
+
+
+def parse_rate(text: str) -> float:
+    """Bytes per second: '450GB/s' -> 4.5e11, '100Gbit/s' -> 1.25e10."""
+    value, unit = _split(text)
+    u = unit.upper()
+    if not u.endswith("/S"):
+        raise ValueError(f"a rate needs /s: {text!r} (e.g. 450GB/s or 100Gbit/s)")
+    u = u[:-2]
+    for bits in ("BIT", "BPS"):
+        if u.endswith(bits):
+            prefix = u[: -len(bits)]
+            return value * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[prefix] / 8
+    try:
+        return value * _SIZE_UNITS[u]
+    except KeyError:
+        raise ValueError(f"unknown rate unit {unit!r} in {text!r} (use GB/s, Gbit/s, ...)") from None
+
+
+def parse_time(text: str) -> float:
+    """Seconds: '5us' -> 5e-6, '2ms' -> 2e-3."""
+    value, unit = _split(text)
+    try:
+        return value * _TIME_UNITS[unit.upper()]
+    except KeyError:
+        raise ValueError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s)") from None
+
+
+def fmt_time(seconds: float) -> str:
+    if seconds >= 1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def fmt_bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _algorithms(collective: str) -> list[str]:
+    from dt.collectives import auto  # registers every algorithm
+
+    return auto.candidates(collective)
+
+
+def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
+          gamma: float) -> list[tuple[str, cost_model.Estimate]]:
+    from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+
+    rows = [(name, cost_model.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta,
+                                       gamma=gamma, segment_bytes=DEFAULT_SEGMENT_BYTES))
+            for name in _algorithms(collective)]
+    return sorted(rows, key=lambda row: row[1].total)
+
+
+def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
+                out: Any = sys.stdout) -> None:
+    print(f"\n{collective}, {fmt_bytes(nbytes)} ({nbytes:,} B), {world} ranks", file=out)
+    head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
+            f"{'bandwidth':>11} {'reduction':>11} {'total':>11}")
+    if measured is not None:
+        head += f" {'measured':>11} {'meas/pred':>9}"
+    print(head, file=out)
+    for i, (name, e) in enumerate(rows):
+        line = (f"  {name + (' *' if i == 0 else ''):<19} {e.steps:>5} {fmt_bytes(e.bytes):>11} "
+                f"{fmt_time(e.latency):>11} {fmt_time(e.bandwidth):>11} "
+                f"{fmt_time(e.reduction):>11} {fmt_time(e.total):>11}")
+        if measured is not None and name in measured:
+            m = measured[name]
+            line += f" {fmt_time(m):>11} {m / e.total if e.total else float('nan'):>9.2f}"
+        print(line, file=out)
+
+
+# ---------------------------------------------------------------------------
+# --measured: run each algorithm here and time it.
+# ---------------------------------------------------------------------------
+
+
+def _call(collective: str, algorithm: str, nbytes: int, p: int, r: int):
+    import torch
+
+    import dt
+
+    n = max(1, nbytes // 4)
+    if collective == "all_reduce":
+        x = torch.ones(n)
+        return lambda: dt.all_reduce(x, algorithm=algorithm)
+    if collective == "broadcast":
+        x = torch.ones(n)
+        return lambda: dt.broadcast(x, 0, algorithm=algorithm)
+    if collective == "reduce":
+        x = torch.ones(n)
+        return lambda: dt.reduce(x, 0, algorithm=algorithm)
+    if collective == "all_gather":
+        x = torch.ones(max(1, n // p))
+        out = [torch.empty_like(x) for _ in range(p)]
+        return lambda: dt.all_gather(out, x, algorithm=algorithm)
+    if collective == "reduce_scatter":
+        x = [torch.ones(max(1, n // p)) for _ in range(p)]
+        y = torch.empty_like(x[0])
+        return lambda: dt.reduce_scatter(y, x, algorithm=algorithm)
+    if collective == "all_to_all":
+        x = [torch.ones(max(1, n // p)) for _ in range(p)]
+        y = [torch.empty_like(t) for t in x]
+        return lambda: dt.all_to_all(y, x, algorithm=algorithm)
+    raise ValueError(f"--measured does not time {collective}")
+
+
+def _measure_worker(collective: str, algorithms: list[str], sizes: list[int],
+                    reps: int) -> dict[str, dict[str, float]]:
+    import torch.distributed as dist
+
+    import dt
+
+    dt.set_validation(False)  # time the algorithm, not dt's argument check
+    p, r = dist.get_world_size(), dist.get_rank()
+    out: dict[str, dict[str, float]] = {}
+    for nbytes in sizes:
+        calls = {a: _call(collective, a, nbytes, p, r) for a in algorithms}
+        times: dict[str, list[float]] = {a: [] for a in algorithms}
+        for a in algorithms:  # warm-up
+            calls[a]()
+        for _ in range(reps):  # interleaved, so every algorithm sees the same load
+            for a in algorithms:
+                dt.barrier()
+                t0 = time.perf_counter()
+                calls[a]()
+                times[a].append(time.perf_counter() - t0)
+        out[str(nbytes)] = {a: statistics.median(t) for a, t in times.items()}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dt model", description=__doc__.splitlines()[0])
+    parser.add_argument("collective", choices=COLLECTIVES)
+    parser.add_argument("--size", default="1MB", help="message size(s), comma-separated: 1GB,1MB")
+    parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--bandwidth", default="100GB/s", help="per-rank link rate (1/beta)")
+    parser.add_argument("--latency", default="5us", help="per-step latency (alpha)")
+    parser.add_argument("--reduce", default=None, help="reduction rate (1/gamma), e.g. 50GB/s")
+    parser.add_argument("--measured", action="store_true",
+                        help="use dt tune's figures for this machine and time each algorithm here")
+    parser.add_argument("--reps", type=int, default=10, help="repetitions per size (--measured)")
+    parser.add_argument("--algorithms", default=None, help="comma-separated subset")
+    args = parser.parse_args(argv)
+    try:
+        sizes = [parse_size(s) for s in args.size.split(",")]
+        if args.measured:
+            from dt import tune
+
+            saved = tune.load("gloo", args.world)
+            if saved is None:
+                print("dt model --measured: no figures saved; run `dt tune --world "
+                      f"{args.world}` first", file=sys.stderr)
+                return 2
+            alpha, beta, gamma = saved["alpha"], saved["beta"], saved["gamma"]
+            print(f"figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
+                  f"alpha {fmt_time(alpha)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
+        else:
+            alpha, beta = parse_time(args.latency), 1 / parse_rate(args.bandwidth)
+            gamma = 1 / parse_rate(args.reduce) if args.reduce else 0.0
+            print(f"alpha {fmt_time(alpha)} per step, 1/beta {fmt_bytes(1 / beta)}/s per rank"
+                  + (f", 1/gamma {fmt_bytes(1 / gamma)}/s" if gamma else ", reduction free"))
+    except ValueError as exc:
+        print(f"dt model: {exc}", file=sys.stderr)
+        return 2
+    tables = {n: table(args.collective, n, args.world, alpha, beta, gamma) for n in sizes}
+    if args.algorithms:
+        keep = set(args.algorithms.split(","))
+        tables = {n: [row for row in rows if row[0] in keep] for n, rows in tables.items()}
+    measured: dict[str, dict[str, float]] | None = None
+    if args.measured:
+        from dt.launcher import run_workers
+
+        algos = sorted({name for rows in tables.values() for name, _ in rows})
+        print(f"timing {', '.join(algos)} on {args.world} local processes "
+              f"(median of {args.reps}, validation off)...", flush=True)
+        measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
+                               args.reps, timeout=600)[0]
+    for n, rows in tables.items():
+        print_table(args.collective, n, args.world, rows,
+                    measured[str(n)] if measured is not None else None)
+    print("\n* = lowest predicted time (what algorithm=\"auto\" picks with these figures)")
+    return 0
