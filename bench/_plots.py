@@ -15,6 +15,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 COLORS = {"ring": "tab:blue", "naive": "tab:orange", "gloo": "tab:gray",
+          "recursive_doubling": "tab:cyan", "rabenseifner": "tab:pink",
           "compute": "tab:green", "hidden_comm": "tab:olive", "exposed_comm": "tab:red",
           "bubble": "tab:purple", "rest": "lightgray"}
 
@@ -78,7 +79,7 @@ def busbw(st: Any, out: Path) -> Path | None:
     worlds = sorted({r["world"] for r in t.data})
     markers = "osd^v<>"
     for k, w in enumerate(worlds):
-        for algo in ("ring", "naive"):
+        for algo in sorted({r["algorithm"] for r in t.data}):
             rows = sorted((r for r in t.data if r["world"] == w and r["algorithm"] == algo),
                           key=lambda r: r["nbytes"])
             ax.plot([r["nbytes"] for r in rows], [r["busbw"] / 1e9 for r in rows],

@@ -87,11 +87,11 @@ class Settings:
     coll_warmup: int = 1
     # data parallel (tables 3, 4, 5)
     dp_worlds: tuple[int, ...] = (1, 2, 4, 8)
-    dp_batch: int = 4096
+    dp_batch: int = 16384
     sweep_batches: tuple[int, ...] = (256, 1024, 4096, 16384)
     hidden: int = 1024
     layers: int = 6
-    dp_steps: int = 3
+    dp_steps: int = 3  # timed steps per configuration; one fewer (at least 2) at batch >= 16384
     dp_warmup: int = 1
     dp_algorithm: str = "auto"
     torch_ddp: bool = True
@@ -109,6 +109,9 @@ class Settings:
     plots: bool = True
     update_readme: bool = False
     timeout: float = 600.0
+
+    def dp_steps_for(self, batch: int) -> int:
+        return max(2, self.dp_steps - 1) if batch >= 16384 else self.dp_steps
 
     @property
     def sweep_world(self) -> int:
@@ -154,8 +157,11 @@ class Settings:
         if tables & {1, 2, 7}:
             reps.append(f"{self.coll_reps} per collective after {self.coll_warmup} warm-up")
         if tables & {3, 4, 5}:
+            big = [b for b in {self.dp_batch, *self.sweep_batches}
+                   if self.dp_steps_for(b) != self.dp_steps]
             reps.append(f"{self.dp_steps} steps per data-parallel configuration after "
-                        f"{self.dp_warmup} warm-up")
+                        f"{self.dp_warmup} warm-up" + (f" ({self.dp_steps_for(max(big))} at global "
+                                                       f"batch {max(big)})" if big else ""))
         if tables & {5, 6}:
             reps.append(f"{self.pp_steps} steps per pipeline configuration after "
                         f"{self.pp_warmup} warm-up")
@@ -191,7 +197,7 @@ def quick_settings(s: Settings) -> Settings:
 def _barrier() -> None:
     from dt.collectives import barrier
 
-    barrier()
+    barrier(algorithm="dissemination")  # named, so "auto" and its tuning never run here
 
 
 def _collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int,
@@ -316,6 +322,20 @@ def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str]
                            exposed=stats.exposed_s, hidden=stats.hidden_s,
                            bytes_sent=float(stats.bytes_sent))
             records[impl].append(rec)
+    if p == 1 and "compute" in impls and torch.get_num_threads() > 1:
+        # The baseline must not be slowed by its own threads: on a loaded machine
+        # (other jobs on the cores) torch's threads can make one process slower than
+        # one thread would be, which would flatter every speedup. One step at one
+        # thread; the baseline is the faster of the two.
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        model, opt = setups["compute"]
+        t0 = time.perf_counter()
+        loss_fn(model(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        records["compute_1t"] = [{"step": time.perf_counter() - t0}]
+        torch.set_num_threads(threads)
     return records
 
 
@@ -394,6 +414,9 @@ def _pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden:
 # ==========================================================================
 
 
+MODELED_ALL_REDUCE = ("ring", "naive", "recursive_doubling", "rabenseifner")
+
+
 def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
     """What the alpha-beta-gamma model charges an all-reduce of `nbytes` on p ranks.
 
@@ -404,6 +427,10 @@ def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
       the critical path carries what one rank sends; (p-1)/p n are reduced.
     - naive: the root first receives (p-1) n (the reduce), then sends (p-1) n
       (the broadcast): the two phases add up; the root reduces (p-1) n.
+    - recursive doubling / Rabenseifner: pairwise exchanges, full duplex; when
+      p is not a power of two p', a folded rank's n comes in before and goes
+      out after the exchanges (one extra n on the path), and is reduced once.
+      Recursive doubling reduces n per round (n lg p'), Rabenseifner (p'-1)/p' n.
     """
     numel = nbytes // 4
     if algorithm == "ring":
@@ -415,6 +442,19 @@ def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
         root = cost_model.naive_all_reduce(numel, 4, p, 0)
         return {"steps": root.steps, "beta_bytes": root.bytes_sent + root.bytes_received,
                 "gamma_bytes": (p - 1) * nbytes, "bytes_sent_max": root.bytes_sent}
+    if algorithm in ("recursive_doubling", "rabenseifner"):
+        fn = (cost_model.recursive_doubling_all_reduce if algorithm == "recursive_doubling"
+              else cost_model.rabenseifner_all_reduce)
+        per_rank = [fn(numel, 4, p, r) for r in range(p)]
+        busiest = max(per_rank, key=lambda t: max(t.bytes_sent, t.bytes_received))
+        p2 = 1 << (p.bit_length() - 1)
+        folded = p != p2
+        rounds = p2.bit_length() - 1
+        reduced = rounds * nbytes if algorithm == "recursive_doubling" else (p2 - 1) / p2 * nbytes
+        return {"steps": busiest.steps,
+                "beta_bytes": max(busiest.bytes_sent, busiest.bytes_received) + (nbytes if folded else 0),
+                "gamma_bytes": reduced + (nbytes if folded else 0),
+                "bytes_sent_max": max(t.bytes_sent for t in per_rank)}
     raise ValueError(f"no cost model for all-reduce algorithm {algorithm!r}")
 
 
@@ -538,6 +578,7 @@ class Study:
         self.dp: dict[tuple[int, int], dict[str, Any]] = {}  # (world, batch) -> impl -> aggregated
         self.pp: dict[tuple[str, str, int], dict[str, Any]] = {}  # (stage kind, schedule, m)
         self.tables: dict[int, Table] = {}
+        self.t1_single_thread: set[int] = set()  # batches whose baseline ran faster on one thread
         self.started = time.time()
 
     # -- pools and progress ---------------------------------------------------
@@ -628,8 +669,18 @@ class Study:
         if self._need(5, 6):
             self.measure_pipeline()
 
+    def coll_impls(self) -> tuple[str, ...]:
+        """ring and naive (tables 1, 2), torch's gloo beside them, and for table 7 every
+        all-reduce algorithm dt registers that model_terms knows."""
+        from dt.collectives.registry import ALGORITHMS
+
+        extra = ()
+        if self._need(7):
+            extra = tuple(a for a in MODELED_ALL_REDUCE[2:] if a in ALGORITHMS.get("all_reduce", {}))
+        return ("ring", "naive", *extra, "gloo")
+
     def measure_collectives(self) -> None:
-        impls = ("ring", "naive", "gloo")
+        impls = self.coll_impls()
         for world in self.s.coll_worlds:
             for nbytes in self.coll_sizes():
                 first = nbytes == self.coll_sizes()[0]
@@ -653,8 +704,8 @@ class Study:
     def measure_dp(self) -> None:
         for world, batch, impls in self.dp_plan():
             res = self.run(world, _dp_worker, batch, self.s.hidden, self.s.layers, impls,
-                           self.s.dp_steps, self.s.dp_warmup, self.s.dp_algorithm)
-            self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in impls}
+                           self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm)
+            self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]}
             self._tick(f"data parallel world {world} batch {batch}")
 
     def measure_pipeline(self) -> None:
@@ -789,8 +840,24 @@ def table_allreduce_small(st: Study) -> Table:
 
 
 def _dp_t1(st: Study, batch: int) -> float:
+    """The single-process step at this global batch: the faster of all threads and one."""
     m = st.dp.get((1, batch))
-    return m["compute"]["step"].median if m else math.nan
+    if not m:
+        return math.nan
+    t = m["compute"]["step"].median
+    if "compute_1t" in m and m["compute_1t"]["step"].median < t:
+        st.t1_single_thread.add(batch)
+        return m["compute_1t"]["step"].median
+    return t
+
+
+def _t1_notes(st: Study) -> list[str]:
+    if not st.t1_single_thread:
+        return []
+    return [f"At global batch {', '.join(map(str, sorted(st.t1_single_thread)))} the single process "
+            f"ran faster on one thread than on {st.cores} (the machine was loaded by other work, "
+            "and torch's threads contended for the cores): T1 is the one-thread step, so speedups "
+            "are not flattered by a slowed baseline."]
 
 
 def table_dp(st: Study) -> Table:
@@ -807,7 +874,7 @@ def table_dp(st: Study) -> Table:
             if impl not in m:
                 continue
             a = m[impl]
-            step = a["step"].median
+            step = t1 if world == 1 else a["step"].median
             sc = scaling_row(t1, step, world)
             if impl.startswith("dt"):
                 exposed = a["exposed"].median
@@ -819,10 +886,12 @@ def table_dp(st: Study) -> Table:
                 exposed = max(0.0, step - m["compute"]["step"].median)
                 comm, hidden = math.nan, math.nan
             else:
-                exposed, comm, hidden = 0.0, 0.0, 0.0
+                exposed, comm, hidden = 0.0, math.nan, math.nan
             frac = exposed / step if step else math.nan
             mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
-            rows.append([world, labels[impl], batch // world, R.fmt_stat_time(a["step"]),
+            shown = R.fmt_time(t1) if world == 1 and batch in st.t1_single_thread else \
+                R.fmt_stat_time(a["step"])
+            rows.append([world, labels[impl], batch // world, shown,
                          R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
                          R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
             data.append({"world": world, "impl": impl, "global_batch": batch,
@@ -840,6 +909,7 @@ def table_dp(st: Study) -> Table:
              f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
              "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
              "the core count: efficiency at world > cores is bounded by cores/world."]
+    notes += _t1_notes(st)
     notes += _contention_notes(s.dp_worlds, st.cores)
     return Table(3, f"{TITLES[3]} (global batch {batch})",
                  ["world", "implementation", "per worker", "s/step", "speedup", "efficiency",
@@ -875,6 +945,7 @@ def table_sweep(st: Study) -> Table:
              "once; comm = time the gradient all-reduces ran in the overlap-off step.",
              "Efficiency follows compute per byte of gradient: the gradient is the same 25 MB at "
              "every batch, compute grows with the batch."]
+    notes += _t1_notes(st)
     notes += _contention_notes([n], st.cores)
     return Table(4, f"{TITLES[4]} (world {n})",
                  ["global batch", "per worker", "T1", "s/step (off)", "speedup", "efficiency",
@@ -901,8 +972,7 @@ def table_breakdown(st: Study) -> Table:
             continue
         t1 = _dp_t1(st, batch)
         if world == 1:
-            a = m["compute"]
-            step = a["step"].median
+            step = t1
             add(f"DP world 1, batch {batch}", step, step, 0.0, 0.0, 0.0, 1.0, {"world": 1})
             continue
         for impl, name in (("dt_off", "overlap off"), ("dt_on", "overlap on")):
@@ -983,79 +1053,95 @@ def table_pipeline(st: Study) -> Table:
                   "linear stages", "per stage", "s/step (linear)", "peak stash"], rows, notes, data)
 
 
-def load_tuned(world: int, backend: str = "gloo") -> dict[str, float] | None:
-    """alpha, beta, gamma that `dt tune` saved for this backend and world size, if any."""
+def load_tuned(world: int, backend: str = "gloo") -> dict[str, Any] | None:
+    """alpha, beta, gamma that `dt tune --world N` saved for exactly this backend and world."""
     try:
-        from dt import tune  # noqa: F401 - present once `dt tune` exists
-    except ImportError:
+        from dt import tune
+    except ImportError:  # no `dt tune` in this checkout
         return None
-    for name in ("load", "load_figures", "load_tuned"):
-        fn = getattr(tune, name, None)
-        if fn is None:
-            continue
-        for call in (lambda f=fn: f(backend=backend, world_size=world), lambda f=fn: f(backend, world)):
-            try:
-                got = call()
-            except Exception:  # noqa: BLE001 - absent or another signature: not tuned
-                continue
-            if got is None:
-                break
-            if isinstance(got, dict):
-                vals = got
-            else:
-                vals = {k: getattr(got, k, None) for k in ("alpha", "beta", "gamma")}
-            if all(isinstance(vals.get(k), (int, float)) for k in ("alpha", "beta")):
-                return {k: float(vals[k]) for k in ("alpha", "beta", "gamma") if vals.get(k) is not None}
-    return None
+    try:
+        got = tune.load(backend, world)
+    except Exception:  # noqa: BLE001 - an unreadable cache is the same as none
+        return None
+    if not got or got.get("world") != world or not all(
+            isinstance(got.get(k), (int, float)) for k in ("alpha", "beta", "gamma")):
+        return None
+    return got
 
 
 def table_model(st: Study) -> Table:
     s, rows, data, notes = st.s, [], [], []
     fits: dict[int, dict[str, Any]] = {}
+    any_tuned = False
     for world in s.coll_worlds:
+        algos = [a for a in st.coll_impls() if a in MODELED_ALL_REDUCE]
         points = []
         for nbytes in st.coll_sizes():
-            for algo in ("ring", "naive"):
+            for algo in algos:
                 t = st.coll[(world, nbytes)][algo]["time"].median
                 points.append((model_terms(algo, nbytes, world), t))
         gamma = st.gamma.get(world, 0.0)
+        alpha_fit, beta_fit = fit_alpha_beta(points, gamma)
+        fit = {"alpha": alpha_fit, "beta": beta_fit, "gamma": gamma,
+               "source": f"fitted to this run's {len(points)} all-reduce timings (gamma: torch.add "
+                         "on every rank at once)"}
         tuned = load_tuned(world)
+        fits[world] = {"fit": fit, "tune": tuned}
+        primary = fit
         if tuned is not None:
-            alpha, beta = tuned["alpha"], tuned["beta"]
-            gamma = tuned.get("gamma", gamma)
-            source = "dt tune"
-        else:
-            alpha, beta = fit_alpha_beta(points, gamma)
-            source = f"fitted to this run's {len(points)} timings"
-        fits[world] = {"alpha": alpha, "beta": beta, "gamma": gamma, "source": source}
-        bw = 1 / beta / 1e9 if beta else math.inf
-        notes.append(f"world {world}: alpha = {alpha * 1e6:.0f} us per step, beta = "
-                     f"{beta * 1e9:.3f} ns/B ({bw:.2f} GB/s), gamma = {gamma * 1e9:.3f} ns/B "
-                     f"({1 / gamma / 1e9 if gamma else math.inf:.2f} GB/s reduced; measured with "
-                     f"torch.add on every rank at once); alpha, beta {source}")
-        for nbytes in st.coll_sizes():
-            for algo in ("ring", "naive"):
+            any_tuned = True
+            primary = {"alpha": tuned["alpha"], "beta": tuned["beta"], "gamma": tuned["gamma"],
+                       "source": f"`dt tune --world {world}` ({tuned.get('measured_at', 'saved')})"}
+        for name, f in (("dt tune", primary if tuned is not None else None), ("fit", fit)):
+            if f is None:
+                continue
+            bw = 1 / f["beta"] / 1e9 if f["beta"] else math.inf
+            gbw = 1 / f["gamma"] / 1e9 if f["gamma"] else math.inf
+            notes.append(f"world {world}, {name}: alpha = {f['alpha'] * 1e6:.0f} us per step, "
+                         f"beta = {f['beta'] * 1e9:.3f} ns/B ({bw:.2f} GB/s), gamma = "
+                         f"{f['gamma'] * 1e9:.3f} ns/B ({gbw:.2f} GB/s); {f['source']}")
+        if tuned is None:
+            notes.append(f"world {world}: no `dt tune --world {world}` figures saved on this machine; "
+                         "the prediction uses the fit")
+        for algo in algos:
+            for nbytes in st.coll_sizes():
                 terms = model_terms(algo, nbytes, world)
                 t = st.coll[(world, nbytes)][algo]["time"]
-                pred = predict(terms, alpha, beta, gamma)
+                a, b, g = primary["alpha"], primary["beta"], primary["gamma"]
+                pred = predict(terms, a, b, g)
+                pred_fit = predict(terms, alpha_fit, beta_fit, gamma)
                 ratio = pred / t.median if t.median else math.nan
+                ratio_fit = pred_fit / t.median if t.median else math.nan
                 algbw, busbw = cost_model.bus_bandwidth("all_reduce", nbytes, t.median, world)
-                rows.append([world, algo, R.fmt_bytes(nbytes), terms["steps"],
-                             R.fmt_time(terms["steps"] * alpha), R.fmt_time(terms["beta_bytes"] * beta),
-                             R.fmt_time(terms["gamma_bytes"] * gamma), R.fmt_time(pred),
-                             R.fmt_stat_time(t), R.fmt_ratio(ratio), f"{busbw / 1e9:.2f}"])
+                row = [world, algo, R.fmt_bytes(nbytes), terms["steps"],
+                       R.fmt_time(terms["steps"] * a), R.fmt_time(terms["beta_bytes"] * b),
+                       R.fmt_time(terms["gamma_bytes"] * g), R.fmt_time(pred), R.fmt_stat_time(t),
+                       R.fmt_ratio(ratio)]
+                if tuned is not None or any_tuned:
+                    row += [R.fmt_ratio(ratio_fit) if tuned is not None else "(same)"]
+                rows.append(row + [f"{busbw / 1e9:.2f}"])
                 data.append({"world": world, "algorithm": algo, "nbytes": nbytes, **terms,
-                             "predicted": pred, "measured": t, "ratio": ratio,
-                             "algbw": algbw, "busbw": busbw})
+                             "predicted": pred, "predicted_by": "dt tune" if tuned else "fit",
+                             "predicted_fit": pred_fit, "measured": t, "ratio": ratio,
+                             "ratio_fit": ratio_fit, "algbw": algbw, "busbw": busbw})
+    if any_tuned:  # rows of untuned worlds were built before a later world was found tuned
+        width = max(len(r) for r in rows)
+        rows = [r if len(r) == width else r[:-1] + ["(same)", r[-1]] for r in rows]
     notes.insert(0, "time = steps x alpha + bytes on the critical path x beta + bytes reduced x "
                     "gamma (ring: 2(p-1) steps, 2(p-1)/p n sent by each rank at once, (p-1)/p n "
                     "reduced; naive: 2 steps, the root receives (p-1) n then sends (p-1) n and "
-                    "reduces (p-1) n). predicted/measured: 1.00x is a perfect model. busbw = n/t x "
-                    "2(p-1)/p (nccl-tests).")
+                    "reduces (p-1) n; recursive doubling: lg p steps of n each; Rabenseifner: 2 lg p "
+                    "steps, 2(p-1)/p n; +2 steps and n when p is not a power of two). The terms use "
+                    + ("`dt tune`'s figures where saved, else the fit. " if any_tuned else
+                       "alpha and beta fitted to this table's own timings (least squares in "
+                       "relative error), so pred/meas shows how well one latency and one bandwidth "
+                       "explain every algorithm and size. ")
+                    + "pred/meas: 1.00x is a perfect model. busbw = n/t x 2(p-1)/p (nccl-tests).")
     notes += _contention_notes(s.coll_worlds, st.cores)
-    t = Table(7, TITLES[7], ["world", "algorithm", "size", "steps", "alpha term", "beta term",
-                             "gamma term", "predicted", "measured", "pred/meas", "busbw GB/s"],
-              rows, notes, data, align=["r", "l"] + ["r"] * 9)
+    headers = ["world", "algorithm", "size", "steps", "alpha term", "beta term", "gamma term",
+               "predicted", "measured", "pred/meas"] + (["pred/meas (fit)"] if any_tuned else []) \
+        + ["busbw GB/s"]
+    t = Table(7, TITLES[7], headers, rows, notes, data, align=["r", "l"] + ["r"] * (len(headers) - 2))
     t.fits = fits  # type: ignore[attr-defined]
     return t
 

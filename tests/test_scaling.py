@@ -190,3 +190,79 @@ def test_end_to_end_table_2(tmp_path, capsys):
     md = (tmp_path / "scaling.md").read_text()
     assert "### Table 2." in md and "Produced by `python bench/scaling.py" in md
     assert (tmp_path / "allreduce_vs_world.png").stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------
+# tables built from synthetic measurements (no workers): every builder, files, plots
+# --------------------------------------------------------------------------
+
+
+def _fake_study(tmp_path, tuned: bool, monkeypatch) -> S.Study:
+    """A Study whose measurements follow the cost model exactly (alpha 100 us, 1 GB/s)."""
+    s, _ = S.parse_args(["--quick", "--out", str(tmp_path)])
+    st = S.Study(s, progress=False)
+    alpha, beta, gamma = 100e-6, 1e-9, 0.1e-9
+    for world in s.coll_worlds:
+        st.gamma[world] = gamma
+        for n in st.coll_sizes():
+            agg = {}
+            for algo in st.coll_impls():
+                terms = S.model_terms(algo if algo != "gloo" else "ring", n, world)
+                t = S.predict(terms, alpha, beta, gamma)
+                agg[algo] = {"time": R.Stat.of([t, t * 1.1, t * 0.9])}
+                if algo != "gloo":
+                    agg[algo].update(bytes_sent_max=terms["bytes_sent_max"], messages_sent_max=2)
+            st.coll[(world, n)] = agg
+    for world, batch, impls in st.dp_plan():
+        m = {}
+        for impl in impls:
+            step = 1.0 / world + (0.2 if impl != "compute" else 0.0)
+            rec = {"step": step, "forward": 0.1 / world, "backward": 0.8 / world, "optimizer": 0.01}
+            if impl.startswith("dt"):
+                rec.update(backward_compute=0.7 / world, comm=0.25, exposed=0.2,
+                           hidden=0.05 if impl == "dt_on" else 0.0, bytes_sent=1e6)
+            m[impl] = S.aggregate_dp([[rec, rec]])
+        if world == 1:
+            m["compute_1t"] = S.aggregate_dp([[{"step": 2.0}]])
+        st.dp[(world, batch)] = m
+    for kind, sched, mb in st.pp_plan():
+        per_rank = [[{"step": 1.0, "idle": 0.5, "compute": 0.5, "peak_stash": mb, "bytes_sent": 10}]
+                    for _ in range(s.pp_stages)]
+        st.pp[(kind, sched, mb)] = S.aggregate_pipeline(per_rank)
+    if tuned:
+        monkeypatch.setattr(S, "load_tuned", lambda world, backend="gloo": {
+            "world": world, "alpha": alpha, "beta": beta, "gamma": gamma,
+            "measured_at": "now"} if world == s.coll_worlds[0] else None)
+    return st
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
+    st = _fake_study(tmp_path, tuned, monkeypatch)
+    for i in S.ALL_TABLES:
+        st.tables[i] = S.BUILDERS[i](st)
+        md = st.tables[i].markdown()
+        widths = {line.count("|") for line in md.splitlines() if line.startswith("|")}
+        assert len(widths) == 1, f"table {i} has ragged rows"
+    # the model reproduces its own synthetic data: pred/meas 1.00x everywhere
+    t7 = st.tables[7]
+    assert all(r["ratio"] == pytest.approx(1.0, rel=1e-6) for r in t7.data)
+    assert all(r["ratio_fit"] == pytest.approx(1.0, rel=1e-3) for r in t7.data)
+    assert ("pred/meas (fit)" in t7.headers) == tuned
+    # table 5: every row sums to 100%
+    for row in st.tables[5].data:
+        assert sum(row[k] for k in S.BREAKDOWN_PARTS) == pytest.approx(1.0)
+    # table 3: the world-1 baseline is the multi-thread step (1.0 s beats the 1-thread 2.0 s)
+    t3 = st.tables[3].data
+    assert t3[0]["world"] == 1 and t3[0]["speedup"] == 1.0
+    assert st.t1_single_thread == set()
+    paths = S.write_outputs(st, tmp_path, "python bench/scaling.py --quick", 1.0)
+    from bench import _plots
+
+    paths += _plots.write_all(st, tmp_path)
+    names = {p.name for p in paths}
+    assert {"scaling.json", "scaling.md", "allreduce_vs_world.png", "busbw_vs_size.png",
+            "efficiency.png", "breakdown.png", "bubble.png"} <= names
+    data = json.loads((tmp_path / "scaling.json").read_text())
+    assert set(data["tables"]) == {str(i) for i in S.ALL_TABLES}
+    assert data["tables"]["7"]["fits"]
