@@ -7,6 +7,7 @@
 
 from dt.collectives import *  # noqa: F401,F403
 from dt.collectives import __all__ as _collectives_all
+from dt.mesh import mesh  # dt.mesh(dp=, tp=, pp=): the 3D process grid
 from dt.transport import (
     CollectiveError,
     CollectiveTimeout,
@@ -26,4 +27,5 @@ __all__ = [
     "set_timeout",
     "set_validation",
     "traffic",
+    "mesh",
 ]

@@ -1,0 +1,227 @@
+"""A small GPT written once, run on any dp x tp x pp mesh.
+
+    m = dt.mesh(dp=2, tp=2, pp=2)
+    gpt = ParallelGPT(GPTConfig(vocab_size=40), m, micro_batches=4)
+    loss = gpt.train_step(tokens, targets)     # tokens: this dp rank's slice
+    optimizer.step()
+
+The model is a list of layers, [Embedding, Block x n_layer, Head], so the
+pipeline can cut it anywhere (dt.pipeline.partition). Every matrix is a
+dt.tensor_parallel layer on the mesh's tensor-parallel group: at tp=1 they
+are plain layers (no communication), at tp>1 each block costs one all-reduce
+forward and one backward in attention and again in the MLP, Megatron-style.
+
+Seeds: layer i, part j is built right after torch.manual_seed(seed, i, j),
+and the tensor-parallel layers hold the slices of the full layer built after
+the same seed, so every mesh holds the same model as a single process: a run
+on 2 x 2 x 2 follows the 1 x 1 x 1 loss trajectory to rounding.
+
+Per step, on top of the pipeline's activations (dt.pipeline) and the tensor-
+parallel all-reduces (dt.tensor_parallel), data parallelism all-reduces every
+gradient of this rank's stage shard over the dp group: 2(dp-1)/dp of the shard's
+gradient bytes sent per rank with the ring. A tied head on another pipeline
+stage than the embedding adds one all-reduce of the embedding gradient (the
+vocab shard) over the 2-rank group {first stage, last stage}.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dt import pipeline
+from dt import tensor_parallel as tp
+from dt.collectives import all_reduce, broadcast
+from dt.collectives.ops import ReduceOp
+from dt.mesh import Mesh
+from dt.transport import resolve_group
+
+__all__ = ["GPTConfig", "ParallelGPT", "gpt_layers", "sync_gradients"]
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 64
+    block_size: int = 32
+    n_layer: int = 2
+    n_head: int = 4
+    n_embd: int = 64
+    tied: bool = True
+    seed: int = 0
+    dtype: str = "float32"
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _seed(cfg: GPTConfig, layer: int, part: int) -> None:
+    torch.manual_seed(cfg.seed * 100_003 + layer * 16 + part)
+
+
+class Embedding(nn.Module):
+    """Token (vocab-parallel) plus position embedding: [b, s] ids -> [b, s, h]."""
+
+    def __init__(self, cfg: GPTConfig, tp_group: Any, layer: int):
+        super().__init__()
+        self.wte = _word_embedding(cfg, tp_group, layer)
+        _seed(cfg, layer, 1)
+        self.wpe = nn.Embedding(cfg.block_size, cfg.n_embd)
+        with torch.no_grad():
+            self.wpe.weight.mul_(0.02)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(ids.shape[1], device=ids.device)
+        return self.wte(ids) + self.wpe(pos)
+
+
+def _word_embedding(cfg: GPTConfig, tp_group: Any, layer: int) -> tp.VocabParallelEmbedding:
+    _seed(cfg, layer, 0)
+    wte = tp.VocabParallelEmbedding(cfg.vocab_size, cfg.n_embd, tp_group)
+    with torch.no_grad():
+        wte.weight.mul_(0.02)  # GPT-2's scale; nn.Embedding's N(0, 1) makes huge tied logits
+    return wte
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig, tp_group: Any, layer: int):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(cfg.n_embd), nn.LayerNorm(cfg.n_embd)
+        _seed(cfg, layer, 0)
+        self.attn = tp.ParallelSelfAttention(cfg.n_embd, cfg.n_head, tp_group, causal=True)
+        _seed(cfg, layer, 1)
+        self.mlp = tp.ParallelMLP(cfg.n_embd, 4 * cfg.n_embd, tp_group)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class Head(nn.Module):
+    """Final layer norm and the vocab-parallel output projection: [b, s, h] -> [b, s, V/tp]."""
+
+    def __init__(self, cfg: GPTConfig, tp_group: Any, layer: int, wte: nn.Parameter | None):
+        super().__init__()
+        self.group = resolve_group(tp_group)
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        if cfg.tied:
+            # The embedding's own weight when on this stage; else a copy built
+            # from the embedding's seed, its gradient summed with the original's.
+            self.weight = wte if wte is not None else _word_embedding(cfg, tp_group, 0).weight
+        else:
+            _seed(cfg, layer, 0)
+            self.weight = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
+                                                  group=tp_group).weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = tp.copy_to_region(self.ln_f(x), self.group)  # f: the input gradient is all-reduced
+        return F.linear(x, self.weight)
+
+
+def gpt_layers(cfg: GPTConfig, tp_group: Any, layers: range | None = None) -> list[nn.Module]:
+    """Layers `layers` (default all) of the n_layer + 2 that make the model."""
+    n = cfg.n_layer + 2
+    layers = range(n) if layers is None else layers
+    dtype = getattr(torch, cfg.dtype)
+    out: dict[int, nn.Module] = {}
+    for i in layers:
+        if i == 0:
+            out[i] = Embedding(cfg, tp_group, i)
+        elif i == n - 1:
+            wte = out[0].wte.weight if 0 in out else None
+            out[i] = Head(cfg, tp_group, i, wte)
+        else:
+            out[i] = Block(cfg, tp_group, i)
+    return [out[i].to(dtype) for i in layers]
+
+
+def sync_gradients(params: list[nn.Parameter], group: Any, op: Any = ReduceOp.AVG,
+                   bucket_bytes: int = 25 * 2**20) -> None:
+    """All-reduce the gradients of `params` over `group`, packed into buckets.
+
+    One flat buffer per bucket (25 MiB, torch DDP's cap): fewer, larger
+    messages than one all-reduce per tensor, so the per-message cost alpha is
+    paid per bucket. Cost per rank: ring all-reduce of every gradient byte,
+    2(p-1)/p of them sent.
+    """
+    if resolve_group(group).size == 1:
+        return
+    grads = [p.grad for p in params if p.grad is not None]
+    buckets: list[list[torch.Tensor]] = [[]]
+    size = 0
+    for g in grads:
+        if size and size + g.numel() * g.element_size() > bucket_bytes:
+            buckets.append([])
+            size = 0
+        buckets[-1].append(g)
+        size += g.numel() * g.element_size()
+    for bucket in buckets:
+        if not bucket:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in bucket])
+        all_reduce(flat, op=op, group=group)
+        offset = 0
+        for g in bucket:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+class ParallelGPT(nn.Module):
+    """This rank's stage of the GPT on `mesh`, and one training step across the mesh."""
+
+    def __init__(self, cfg: GPTConfig, mesh: Mesh, micro_batches: int = 1,
+                 schedule: str = "1f1b", stage_sizes: list[int] | None = None):
+        super().__init__()
+        self.cfg, self.mesh = cfg, mesh
+        self.micro_batches, self.schedule = micro_batches, schedule
+        n = cfg.n_layer + 2
+        self.layer_range = pipeline.partition(n, mesh.pp, stage_sizes)[mesh.pp_rank]
+        self.stage = nn.Sequential(*gpt_layers(cfg, mesh.tp_group, self.layer_range))
+        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group)
+        self.tp_group = resolve_group(mesh.tp_group)
+        # A tied word embedding split over two stages: the copies on the first and
+        # last stage are one parameter, so their gradients are summed.
+        self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
+        self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
+
+    def loss_fn(self, local_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return tp.vocab_parallel_cross_entropy(local_logits, targets, self.tp_group,
+                                               vocab_size=self.cfg.vocab_size).mean()
+
+    def tied_weight(self) -> nn.Parameter | None:
+        if not self.tied_split:
+            return None
+        return self.stage[0].wte.weight if self.mesh.is_first_stage else self.stage[-1].weight
+
+    def train_step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+        """Forward and backward of this dp rank's batch, gradients synchronised.
+
+        Returns the global batch's mean loss on every rank (the last stage
+        averages it over dp and broadcasts it along the pipeline).
+        """
+        m = self.mesh
+        loss = self.pipe.train_step(tokens if m.is_first_stage else None,
+                                    targets if m.is_last_stage else None, self.loss_fn,
+                                    self.micro_batches, self.schedule)
+        stats = self.pipe.stats
+        t0 = time.perf_counter()
+        sync_gradients(list(self.stage.parameters()), m.dp_group)
+        if self.tied_split:
+            sync_gradients([self.tied_weight()], m.embed_group, op=ReduceOp.SUM)
+        dtype = getattr(torch, self.cfg.dtype)
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype)
+        if m.is_last_stage and m.dp > 1:
+            all_reduce(loss_t, op=ReduceOp.AVG, group=m.dp_group)
+        if m.pp > 1:
+            broadcast(loss_t, src=m.pp_ranks[-1], group=m.pp_group)
+        comm = time.perf_counter() - t0
+        self.times["compute"] += stats.compute_s
+        self.times["bubble"] += stats.idle_s
+        self.times["communication"] += comm
+        return float(loss_t.item())

@@ -1,0 +1,116 @@
+"""The mesh's groups, the GPT on dp x tp x pp meshes against one process, checkpoints."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import dt
+from dt import train
+from dt.mesh import layout, rank_of
+
+STEPS = 20
+
+
+def _args(dp: int, tp: int, pp: int, **kw: object) -> object:
+    argv = ["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--steps", str(STEPS),
+            "--batch-size", "8", "--block-size", "8", "--n-layer", "2", "--n-head", "4",
+            "--n-embd", "16", "--dtype", "float64", "--lr", "1e-2", "--no-progress",
+            "--micro-batches", str(min(2, 8 // dp))]  # 2 < pp = 4 too: fewer micro-batches than stages
+    for k, v in kw.items():
+        argv += [f"--{k.replace('_', '-')}"] + ([] if v is True else [str(v)])
+    return train.parse_args(argv)
+
+
+def _losses(meshes: list[tuple[int, int, int]], extra: dict) -> dict:
+    """Rank 0's loss trajectory for each mesh (plus each rank's coordinates)."""
+    out = {}
+    for dp, tp, pp in meshes:
+        r = train.train_worker(_args(dp, tp, pp, **extra))
+        out[(dp, tp, pp)] = (r["losses"], r["coords"])
+    return out
+
+
+def test_reference_and_meshes_follow_the_same_trajectory(run):
+    ref = run(1, _losses, [(1, 1, 1)], {})[0][(1, 1, 1)][0]
+    assert ref[-1] < ref[0] - 0.2  # it learns
+    meshes = [(2, 2, 2), (1, 2, 4), (4, 1, 2), (8, 1, 1)]
+    results = run(8, _losses, meshes, {}, timeout=240)
+    for mesh_dims in meshes:
+        losses = results[0][mesh_dims][0]
+        assert len(losses) == STEPS
+        diff = max(abs(a - b) for a, b in zip(losses, ref))
+        assert diff < 1e-4, f"{mesh_dims}: max loss difference {diff}"
+        # every rank knows the same loss
+        for r in results:
+            assert r[mesh_dims][0] == losses
+
+
+def _mesh_checks(meshes: list[tuple[int, int, int]]) -> list[str]:
+    """Coordinates, group members (found by an all-reduce over each group), neighbours."""
+    me = torch.distributed.get_rank()
+    bad = []
+    for dp, tp, pp in meshes:
+        m = dt.mesh(dp=dp, tp=tp, pp=pp)
+        if rank_of(m.dp_rank, m.tp_rank, m.pp_rank, dp, tp) != me or m.rank != me:
+            bad.append(f"{(dp, tp, pp)}: rank {me} at {m.coords()}")
+        for name, group, ranks in (("dp", m.dp_group, m.dp_ranks), ("tp", m.tp_group, m.tp_ranks),
+                                   ("pp", m.pp_group, m.pp_ranks)):
+            onehot = torch.zeros(8, dtype=torch.int64)
+            onehot[me] = 1
+            dt.all_reduce(onehot, group=group)
+            members = tuple(onehot.nonzero().flatten().tolist())
+            if members != tuple(sorted(ranks)) or ranks not in layout(dp, tp, pp)[name]:
+                bad.append(f"{(dp, tp, pp)} rank {me}: {name} group {members} vs {ranks}")
+        if m.tp_ranks != tuple(range(me - m.tp_rank, me - m.tp_rank + tp)):
+            bad.append(f"{(dp, tp, pp)}: tp ranks {m.tp_ranks} are not contiguous")
+        want_prev = me - dp * tp if m.pp_rank > 0 else None
+        want_next = me + dp * tp if m.pp_rank < pp - 1 else None
+        if (m.prev_rank, m.next_rank) != (want_prev, want_next):
+            bad.append(f"{(dp, tp, pp)} rank {me}: neighbours {(m.prev_rank, m.next_rank)}")
+    try:
+        dt.mesh(dp=3, tp=1, pp=2)
+        bad.append("3 x 1 x 2 on a world of 8 accepted")
+    except ValueError:
+        pass
+    return bad
+
+
+def test_mesh_coordinates_and_groups(run):
+    results = run(8, _mesh_checks, [(2, 2, 2), (1, 2, 4), (4, 1, 2), (8, 1, 1), (1, 8, 1), (2, 1, 4)])
+    assert [b for r in results for b in r] == []
+    # the layout itself: Megatron's order, tp innermost
+    groups = layout(2, 2, 2)
+    assert groups["tp"][:2] == [(0, 1), (2, 3)]
+    assert groups["dp"][:2] == [(0, 2), (1, 3)]
+    assert groups["pp"][:2] == [(0, 4), (1, 5)]
+
+
+def _checkpoint_round_trip(path: str) -> tuple[list[float], list[float], list[float]]:
+    straight = train.train_worker(_args(2, 2, 2, steps=4))["losses"]
+    first = train.train_worker(_args(2, 2, 2, steps=2, checkpoint=path))["losses"]
+    resumed = train.train_worker(_args(2, 2, 2, steps=4, checkpoint=path))
+    assert resumed["start"] == 2
+    return straight, first, resumed["losses"]
+
+
+def test_checkpoint_round_trip(run, tmp_path):
+    path = str(tmp_path / "gpt.pt")
+    straight, first, resumed = run(8, _checkpoint_round_trip, path)[0]
+    assert first == straight[:2]
+    assert resumed == straight[2:]  # bit for bit: model, optimizer moments and data step restored
+    assert not os.path.exists(path + ".tmp")
+
+
+@pytest.mark.timeout(120)
+def test_cli_trains_and_saves(tmp_path, capsys):
+    path = str(tmp_path / "cli.pt")
+    assert train.main(["--pp", "2", "--steps", "3", "--batch-size", "4", "--block-size", "8",
+                       "--n-layer", "1", "--n-embd", "16", "--no-progress",
+                       "--checkpoint", path]) == 0
+    out = capsys.readouterr().out
+    assert "tokens/s" in out and "bubble" in out and os.path.exists(path)
+    state = torch.load(path, weights_only=False)
+    assert state["step"] == 3 and len(state["ranks"]) == 2
