@@ -54,6 +54,9 @@ def allreduce(st: Any, out: Path) -> Path | None:
             ax_b.plot(worlds, [r["naive_bytes_model"] / 1e6 for r in rows], "x", color="black", ms=9)
             ax_b.set_title(f"bytes sent by the busiest rank, {size:.2f} MB")
     ax_t.set_yscale("log")
+    worlds = sorted({r["world"] for t in tables for r in t.data})
+    for ax in axes:
+        ax.set_xticks(worlds)
     ax_t.set_xlabel("world size")
     ax_t.set_ylabel("time (ms, median)")
     ax_t.set_title("all-reduce time")
@@ -127,6 +130,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
             if len(rows) > 1:
                 ax.plot([r["world"] for r in rows], [100 * r["efficiency"] for r in rows], style,
                         label=impl.replace("_", " overlap "))
+        ax.set_xticks(sorted({r["world"] for r in t3.data}))
         ax.set_xlabel("world size")
         ax.set_ylabel("efficiency (%)")
         ax.set_title(f"data-parallel efficiency, global batch {t3.data[0]['global_batch']}")
@@ -148,7 +152,7 @@ def breakdown(st: Any, out: Path) -> Path | None:
     if t is None or not t.data:
         return None
     rows = t.data
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 1.6))
+    fig, ax = plt.subplots(figsize=(9, 0.35 * len(rows) + 2.0))
     y = list(range(len(rows)))[::-1]
     left = [0.0] * len(rows)
     for part in BREAKDOWN_PARTS:
@@ -160,7 +164,8 @@ def breakdown(st: Any, out: Path) -> Path | None:
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of step time")
     ax.set_title("where the step time went")
-    ax.legend(fontsize=7, loc="lower right", ncol=3)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (0.35 * len(rows) + 1.6)),
+              ncol=len(BREAKDOWN_PARTS), frameon=False)
     fig.suptitle(_machine_title(st), fontsize=9)
     fig.tight_layout()
     path = out / "breakdown.png"
@@ -183,6 +188,7 @@ def bubble(st: Any, out: Path) -> Path | None:
     ax.plot([r["micro_batches"] for r in rows], [100 * r["theory"] for r in rows], "k--",
             label="(p-1)/(m+p-1)")
     ax.set_xscale("log", base=2)
+    ax.set_xticks([r["micro_batches"] for r in rows], [str(r["micro_batches"]) for r in rows])
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (% of step)")
     ax.set_title(f"pipeline bubble, {t.data[0]['stages']} stages")
