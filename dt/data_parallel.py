@@ -240,6 +240,13 @@ class DistributedDataParallel(nn.Module):
 
     def _finish_step(self) -> None:
         """Runs once backward's compute is done: launch the rest, wait, publish grads."""
+        try:
+            self._launch_rest_and_wait()
+        finally:  # a failed collective must not leave the next step half-open
+            self._traffic.__exit__(None, None, None)
+            self._in_step = False
+
+    def _launch_rest_and_wait(self) -> None:
         t_compute = time.perf_counter()
         for b in self.buckets[self._next_bucket:]:
             for i, p in enumerate(b.params):
@@ -258,13 +265,11 @@ class DistributedDataParallel(nn.Module):
         for b in self.buckets:
             for i, p in enumerate(b.params):
                 p.grad = b.slot(i)  # the averaged gradient, in place in the bucket
-        self._traffic.__exit__(None, None, None)
         rec = self._record
         exposed = t_end - t_compute
         self.stats = StepStats(rec.bytes_sent, rec.bytes_received, len(self.buckets),
                                t_compute - self._t_start, self._comm_s, exposed,
                                max(0.0, self._comm_s - exposed))
-        self._in_step = False
 
     # -- checks --------------------------------------------------------------
     @torch.no_grad()

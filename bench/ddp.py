@@ -1,0 +1,279 @@
+"""dt bench ddp: dt's DistributedDataParallel against torch's, and what overlap hides.
+
+    dt bench ddp                     # world 2, reference model, table
+    dt bench ddp --json out.json     # also write the figures
+
+On the reference model (6 Linear(1024, 1024), GELU between: 6.3M parameters,
+25.2 MB of fp32 gradients per step), every configuration runs in the same
+worker processes, interleaved step by step (dt overlap on, dt overlap off,
+torch DDP), so a change in the machine's load hits them alike. Two figures:
+
+1. dt step time / torch DDP step time, same buckets (target: at most 1.0);
+2. exposed communication per step, overlap on / overlap off (target: at most 0.5).
+
+dt's cross-rank argument validation is OFF while timing (torch.distributed
+runs no such check). Times are the slowest rank's per step; median and
+spread over the timed steps.
+
+`measure_data_parallel(...)` is the reusable piece (bench/scaling.py can call it):
+one configuration, one dict of seconds per step and its breakdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+if __package__ in (None, ""):  # `python bench/ddp.py`: make `bench` importable for the workers
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import _report as R  # noqa: E402
+from dt import transport  # noqa: E402
+from dt.launcher import WorkerPool  # noqa: E402
+
+__all__ = ["main", "measure_data_parallel", "reference_model"]
+
+IMPLS = ("dt_on", "dt_off", "torch", "single")
+
+
+def reference_model(hidden: int = 1024, layers: int = 6) -> nn.Sequential:
+    """The original design's model: `layers` Linear(hidden, hidden), GELU between them."""
+    mods: list[nn.Module] = []
+    for i in range(layers):
+        mods.append(nn.Linear(hidden, hidden))
+        if i < layers - 1:
+            mods.append(nn.GELU())
+    return nn.Sequential(*mods)
+
+
+def _barrier() -> None:
+    from dt.collectives import barrier
+
+    barrier(algorithm="dissemination")
+
+
+def _step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
+                 warmup: int, bucket_cap_mb: float, first_bucket_mb: float,
+                 algorithm: str) -> dict[str, list[dict[str, float]]]:
+    """Train steps of each impl, interleaved; this rank's timings per timed step.
+
+    impls: "dt_on" / "dt_off" (dt DDP, overlap on / off), "torch" (torch DDP on
+    the same gloo group, same bucket cap), "single" (the model alone: no
+    communication at all).
+    """
+    from dt.data_parallel import DistributedDataParallel
+
+    transport.set_validation(False)  # timing: no cross-rank argument check
+    rank, p = dist.get_rank(), dist.get_world_size()
+    gen = torch.Generator().manual_seed(1000 + rank)
+    x = torch.randn(global_batch // p, hidden, generator=gen)
+    y = torch.randn(global_batch // p, hidden, generator=gen)
+    setups = {}
+    for impl in impls:
+        torch.manual_seed(0)
+        net = reference_model(hidden, layers)
+        if impl in ("dt_on", "dt_off"):
+            model: nn.Module = DistributedDataParallel(
+                net, bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb,
+                algorithm=algorithm, overlap=impl == "dt_on")
+        elif impl == "torch":
+            model = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=bucket_cap_mb)
+        elif impl == "single":
+            model = net
+        else:
+            raise ValueError(f"unknown impl {impl!r}; one of {IMPLS}")
+        setups[impl] = (model, torch.optim.SGD(net.parameters(), lr=1e-6))
+    loss_fn = nn.MSELoss()
+    records: dict[str, list[dict[str, float]]] = {impl: [] for impl in impls}
+    for it in range(warmup + steps):
+        for impl in impls:
+            model, opt = setups[impl]
+            if p > 1:
+                _barrier()
+            t0 = time.perf_counter()
+            loss = loss_fn(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            if it < warmup:
+                continue
+            rec = {"step": t3 - t0, "forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
+            if impl.startswith("dt"):
+                s = model.stats
+                rec.update(backward_compute=s.compute_s, comm=s.comm_s, exposed=s.exposed_s,
+                           hidden=s.hidden_s, bytes_sent=float(s.bytes_sent))
+            records[impl].append(rec)
+    return records
+
+
+def _summary(per_rank: list[list[dict[str, float]]]) -> dict[str, Any]:
+    """Per step the slowest rank's figure, then median / min / max over steps."""
+    out: dict[str, Any] = {}
+    for key in per_rank[0][0]:
+        st = R.Stat.of(R.per_rep_max([[rec[key] for rec in recs] for recs in per_rank]))
+        out[key] = st
+    return out
+
+
+def _as_result(impl: str, world: int, global_batch: int, hidden: int, layers: int,
+               stats: dict[str, Any], bucket_cap_mb: float) -> dict[str, Any]:
+    step = stats["step"]
+
+    def med(key: str) -> float | None:
+        return stats[key].median if key in stats else None
+
+    return {
+        "impl": impl, "world_size": world, "global_batch": global_batch, "hidden": hidden,
+        "layers": layers, "bucket_cap_mb": bucket_cap_mb, "steps": step.n,
+        "params": sum(p.numel() for p in reference_model(hidden, layers).parameters()),
+        "step_s": step.median, "step_s_min": step.lo, "step_s_max": step.hi,
+        "step_spread": step.spread,
+        "forward_s": med("forward"), "backward_s": med("backward"),
+        "backward_compute_s": med("backward_compute"), "optimizer_s": med("optimizer"),
+        "comm_s": med("comm"), "exposed_comm_s": med("exposed"), "hidden_comm_s": med("hidden"),
+        "bytes_sent_per_step": med("bytes_sent"), "validation": False,
+    }
+
+
+def measure_data_parallel(world_size: int, global_batch: int, impl: str = "dt",
+                          overlap: bool = True, steps: int = 10, warmup: int = 3,
+                          hidden: int = 1024, layers: int = 6, bucket_cap_mb: float = 25,
+                          first_bucket_mb: float = 1, algorithm: str = "auto",
+                          pool: WorkerPool | None = None) -> dict[str, Any]:
+    """Seconds per data-parallel step of the reference model, and where they go.
+
+    impl: "dt" (dt DDP, `overlap` on or off), "torch" (torch DDP, gloo), or
+    "single" (one process, the whole global batch, no wrapper; world_size must be 1).
+    Each rank computes on global_batch // world_size samples. `pool`: a WorkerPool
+    of world_size processes to reuse (else one is started and closed here).
+
+    Returns: step_s (median over steps of the slowest rank), step_s_min/max,
+    step_spread ((max-min)/median), forward_s, backward_s (wall), and for dt:
+    backward_compute_s, comm_s (time the collectives ran), exposed_comm_s (time
+    backward waited for them after its compute), hidden_comm_s, bytes_sent_per_step.
+    Validation is off while timing.
+    """
+    if impl == "single" and world_size != 1:
+        raise ValueError("impl='single' is one process: pass world_size=1")
+    name = {"dt": "dt_on" if overlap else "dt_off", "torch": "torch", "single": "single"}[impl]
+    args = (global_batch, hidden, layers, [name], steps, warmup, bucket_cap_mb, first_bucket_mb,
+            algorithm)
+    if pool is not None:
+        per_rank = pool.run(_step_worker, *args, timeout=1800)
+    else:
+        with WorkerPool(world_size) as own:
+            per_rank = own.run(_step_worker, *args, timeout=1800)
+    stats = _summary([r[name] for r in per_rank])
+    result = _as_result(impl, world_size, global_batch, hidden, layers, stats, bucket_cap_mb)
+    result["overlap"] = overlap if impl == "dt" else None
+    return result
+
+
+def _paired(per_rank: list[dict[str, list[dict[str, float]]]], a: str, b: str,
+            key: str) -> R.Stat:
+    """Median (and spread) over steps of a's figure / b's, each the slowest rank's.
+
+    Impls run interleaved, so step i of a and of b saw the same machine load:
+    the ratio per step cancels most of a loaded machine's drift."""
+    xa = R.per_rep_max([[rec[key] for rec in r[a]] for r in per_rank])
+    xb = R.per_rep_max([[rec[key] for rec in r[b]] for r in per_rank])
+    return R.Stat.of([u / v for u, v in zip(xa, xb) if v > 0])
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=2)
+    ap.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=1024)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--buckets", default="25,4",
+                    help="bucket caps in MB to compare, comma-separated (default 25,4: torch's "
+                         "default, and one bucket per 4 MB layer)")
+    ap.add_argument("--algorithm", default="auto")
+    ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    a = ap.parse_args(argv)
+
+    caps = [float(c) for c in a.buckets.split(",")]
+    impls = ["dt_on", "dt_off", "torch"]
+    m = R.machine()
+    print(f"dt bench ddp: world {a.world}, reference model {a.layers} x Linear({a.hidden}), "
+          f"global batch {a.batch}, {a.steps} timed steps after {a.warmup} warm-up, "
+          f"impls interleaved step by step")
+    print(f"machine: {R.machine_line(m)}")
+    print("dt validation: OFF while timing")
+    note = R.oversubscription_note(a.world, m["cores"])
+    if note:
+        print(f"note: {note}")
+    rows, results, figures = [], [], []
+    with WorkerPool(a.world) as pool:
+        for cap in caps:
+            per_rank = pool.run(_step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
+                                a.warmup, cap, 1.0, a.algorithm, timeout=1800)
+            by_impl = {}
+            for impl in impls:
+                stats = _summary([r[impl] for r in per_rank])
+                res = _as_result(impl, a.world, a.batch, a.hidden, a.layers, stats, cap)
+                res["overlap"] = {"dt_on": True, "dt_off": False}.get(impl)
+                by_impl[impl] = res
+                results.append(res)
+                rows.append([f"{cap:g} MB", impl, R.fmt_stat_time(stats["step"]),
+                             R.fmt_time(res["forward_s"]), R.fmt_time(res["backward_s"]),
+                             R.fmt_time(res["backward_compute_s"]), R.fmt_time(res["comm_s"]),
+                             R.fmt_time(res["exposed_comm_s"]), R.fmt_time(res["hidden_comm_s"]),
+                             R.fmt_bytes(res["bytes_sent_per_step"])])
+            figures.append({
+                "bucket_cap_mb": cap,
+                # paired: step i of each impl ran back to back, under the same load
+                "dt_over_torch_step": _paired(per_rank, "dt_on", "torch", "step"),
+                "dt_no_overlap_over_torch_step": _paired(per_rank, "dt_off", "torch", "step"),
+                "exposed_on_over_off": _paired(per_rank, "dt_on", "dt_off", "exposed"),
+                "ratio_of_medians": {
+                    "dt_over_torch_step": by_impl["dt_on"]["step_s"] / by_impl["torch"]["step_s"],
+                    "exposed_on_over_off": by_impl["dt_on"]["exposed_comm_s"]
+                    / by_impl["dt_off"]["exposed_comm_s"]},
+            })
+    print()
+    print(R.markdown_table(["buckets", "impl", "s/step (±half spread)", "forward", "backward",
+                            "bwd compute", "comm", "exposed", "hidden", "sent/step"], rows,
+                           align=["l", "l"] + ["r"] * 8))
+    print()
+    print("ratios: median over steps of the per-step ratio (impls interleaved), min..max")
+    for f in figures:
+        r1, r0, r2 = f["dt_over_torch_step"], f["dt_no_overlap_over_torch_step"], \
+            f["exposed_on_over_off"]
+        ok1 = "meets" if r1.median <= 1.0 else "MISSES"
+        ok2 = "meets" if r2.median <= 0.5 else "MISSES"
+        print(f"buckets {f['bucket_cap_mb']:g} MB: dt DDP / torch DDP step time {r1.median:.2f} "
+              f"({r1.lo:.2f}..{r1.hi:.2f}; {ok1} target <= 1.0; overlap off: {r0.median:.2f}); "
+              f"exposed comm overlap on / off {r2.median:.2f} ({r2.lo:.2f}..{r2.hi:.2f}; "
+              f"{ok2} target <= 0.5)")
+    if a.json:
+        payload = {"machine": m, "args": vars(a), "validation": False, "results": results,
+                   "figures": [{k: (v.as_dict() if isinstance(v, R.Stat) else v)
+                                for k, v in f.items()} for f in figures]}
+        Path(a.json).write_text(json.dumps(payload, indent=2, default=str))
+        print(f"wrote {a.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    from bench import ddp as _self  # workers must find the functions by module name
+
+    sys.exit(_self.main(sys.argv[1:]))
