@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt import pipeline
+from dt import pipeline, transport
 from dt import tensor_parallel as tp
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
@@ -189,6 +189,7 @@ class ParallelGPT(nn.Module):
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
+        self.bytes_sent = {"tensor": 0, "pipeline": 0, "data": 0}  # by this rank, all steps
 
     def loss_fn(self, local_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return tp.vocab_parallel_cross_entropy(local_logits, targets, self.tp_group,
@@ -206,14 +207,16 @@ class ParallelGPT(nn.Module):
         averages it over dp and broadcasts it along the pipeline).
         """
         m = self.mesh
-        loss = self.pipe.train_step(tokens if m.is_first_stage else None,
-                                    targets if m.is_last_stage else None, self.loss_fn,
-                                    self.micro_batches, self.schedule)
+        with transport.traffic() as pipe_traffic:  # tensor-parallel collectives, pipeline p2p
+            loss = self.pipe.train_step(tokens if m.is_first_stage else None,
+                                        targets if m.is_last_stage else None, self.loss_fn,
+                                        self.micro_batches, self.schedule)
         stats = self.pipe.stats
         t0 = time.perf_counter()
-        sync_gradients(list(self.stage.parameters()), m.dp_group)
-        if self.tied_split:
-            sync_gradients([self.tied_weight()], m.embed_group, op=ReduceOp.SUM)
+        with transport.traffic() as dp_traffic:
+            sync_gradients(list(self.stage.parameters()), m.dp_group)
+            if self.tied_split:
+                sync_gradients([self.tied_weight()], m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
         loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype)
         if m.is_last_stage and m.dp > 1:
@@ -221,7 +224,14 @@ class ParallelGPT(nn.Module):
         if m.pp > 1:
             broadcast(loss_t, src=m.pp_ranks[-1], group=m.pp_group)
         comm = time.perf_counter() - t0
-        self.times["compute"] += stats.compute_s
+        # The tensor-parallel all-reduces run inside the stage's forward and
+        # backward: their blocking time is moved from compute to communication.
+        tp_s = pipe_traffic.seconds
+        self.times["compute"] += stats.compute_s - tp_s
         self.times["bubble"] += stats.idle_s
-        self.times["communication"] += comm
+        self.times["communication"] += comm + tp_s
+        p2p = pipe_traffic.by_collective["send_recv"].bytes_sent
+        self.bytes_sent["pipeline"] += p2p
+        self.bytes_sent["tensor"] += pipe_traffic.bytes_sent - p2p
+        self.bytes_sent["data"] += dp_traffic.bytes_sent
         return float(loss_t.item())

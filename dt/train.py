@@ -37,6 +37,7 @@ from dt.data import CharData
 from dt.launcher import launch
 from dt.mesh import mesh as build_mesh
 from dt.model import GPTConfig, ParallelGPT
+from dt.pipeline import bubble_fraction
 
 __all__ = ["load_checkpoint", "main", "save_checkpoint", "train_worker"]
 
@@ -234,7 +235,8 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
     times["compute"] += t_opt
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
-            "times": times, "peak_stash": model.pipe.stats.peak_stash}
+            "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
+            "peak_stash": model.pipe.stats.peak_stash, "bubble_measured": model.pipe.stats.bubble}
 
 
 def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
@@ -251,6 +253,16 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
         lines.append(f"  {key:<14} {mean:7.2f} s  {100 * mean / r0['wall_s']:5.1f}%")
+    per_step = {k: sum(r["bytes_sent"][k] for r in results) / len(results) / r0["steps"]
+                for k in ("tensor", "pipeline", "data")}
+    lines.append("bytes sent per rank per step (mean over ranks): " + ", ".join(
+        f"{k} parallel {v / 1e3:.1f} kB" for k, v in per_step.items()))
+    if args.pp > 1:
+        last = [r for r in results if r["coords"][2] == args.pp - 1] or results
+        bubble = sum(r["bubble_measured"] for r in last) / len(last)
+        lines.append(f"pipeline bubble, last step, last stage: {100 * bubble:.1f}% measured, "
+                     f"{100 * bubble_fraction(args.pp, args.micro_batches):.1f}% = (p-1)/(m+p-1) "
+                     f"ideal; peak stashed micro-batches on stage 0: {r0['peak_stash']}")
     return "\n".join(lines)
 
 

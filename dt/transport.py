@@ -207,6 +207,9 @@ class Traffic(Counts):
 
     by_collective: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
     by_algorithm: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
+    # Wall time the calling threads spent inside synchronous collectives (the
+    # outermost call only): the communication a step cannot hide.
+    seconds: float = 0.0
 
 
 _recorders: list[Traffic] = []
@@ -449,7 +452,7 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
     """
     thread = _comm_threads.get(group.key)
     if not async_op and (thread is None or thread.pending == 0):
-        return fn()
+        return _blocking(fn)
     thread = thread or _comm_thread(group)
     work = Work(name)
     with thread.lock:
@@ -457,7 +460,23 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
     thread.jobs.put((work, fn))
     if async_op:
         return work
-    return work.result()
+    return _blocking(work.result)
+
+
+def _blocking(fn: Callable[[], Any]) -> Any:
+    """Run fn, charging its wall time to the open traffic() records (`seconds`)."""
+    if not _recorders or getattr(_scope, "blocking", False):
+        return fn()
+    _scope.blocking = True
+    t0 = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        _scope.blocking = False
+        elapsed = time.perf_counter() - t0
+        with _recorders_lock:
+            for rec in _recorders:
+                rec.seconds += elapsed
 
 
 # --------------------------------------------------------------------------
