@@ -19,6 +19,10 @@ Communication per step, per rank, with the ring (cost_model):
     stage 3     all-gather (forward) + all-gather (backward) + reduce-scatter
                 about 3 * 4 Psi: 1.5x DDP, the price of not holding parameters
 
+The reduce-scatters and all-gathers run the ring by default (`algorithm=`):
+shards are large, the ring is bandwidth-optimal and takes uneven shards as they
+come, and the figures above are its exact arithmetic.
+
 Each rank owns one contiguous shard of the flattened parameters
 (`cost_model.split_sizes`: any count, uneven shards, empty shards when
 there are fewer elements than ranks) and runs the real torch optimizer on that
@@ -99,9 +103,11 @@ def memory_held(params: Iterable[torch.Tensor], grads: Iterable[torch.Tensor | N
             "optimizer": storage_bytes(state)}
 
 
-def _gather_flat(shard: torch.Tensor, sizes: list[int], group: Any) -> torch.Tensor:
+def _gather_flat(shard: torch.Tensor, sizes: list[int], group: Any,
+                 algorithm: str = "ring") -> torch.Tensor:
     full = torch.empty(sum(sizes), dtype=shard.dtype, device=shard.device)
-    all_gather(list(full.split(sizes)), shard.detach().contiguous(), group=group)
+    all_gather(list(full.split(sizes)), shard.detach().contiguous(), group=group,
+               algorithm=algorithm)
     return full
 
 
@@ -149,14 +155,14 @@ class ZeroOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
                  stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
-                 first_bucket_mb: float = 1, **optim_kwargs: Any):
+                 first_bucket_mb: float = 1, algorithm: str = "ring", **optim_kwargs: Any):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "
                              f"FullyShardedDataParallel (got stage={stage})")
         self.params = [p for p in params if p.requires_grad]
         if len({p.dtype for p in self.params}) > 1:
             raise ValueError("ZeroOptimizer flattens all parameters into one buffer: one dtype")
-        self.stage, self.group = stage, resolve_group(group)
+        self.stage, self.group, self.algorithm = stage, resolve_group(group), algorithm
         n, r = self.group.size, self.group.rank
         self.numels = [p.numel() for p in self.params]
         self.offsets = [sum(self.numels[:i]) for i in range(len(self.params))]
@@ -222,7 +228,8 @@ class ZeroOptimizer:
                   for j in range(self.group.size)]
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
         out = torch.empty(z - a, dtype=self.flat.dtype)
-        work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, async_op=True)
+        work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
+                              async_op=True)
         self._works.append((work, out, a - self.start))
 
     def _finish_backward(self) -> None:
@@ -249,12 +256,13 @@ class ZeroOptimizer:
                 p.grad = slot
             mine = self.flat_grad[self.start:self.end]
             reduce_scatter(mine, list(self.flat_grad.split(self.shard_sizes)), ReduceOp.AVG,
-                           self.group)
+                           self.group, algorithm=self.algorithm)
             self.shard.grad = mine
         else:
             self.shard.grad = self.shard_grad
         self.optimizer.step()
-        all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group)
+        all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
+                   algorithm=self.algorithm)
         self.last_step["step_comm_s"] = time.perf_counter() - t0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -321,13 +329,14 @@ class _Unshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FullyShardedDataParallel) -> Any:
         ctx.unit, ctx.fsdp = unit, fsdp
-        return _gather_flat(shard, unit.sizes, fsdp.group)
+        return _gather_flat(shard, unit.sizes, fsdp.group, fsdp.algorithm)
 
     @staticmethod
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         unit, g = ctx.unit, ctx.fsdp.group
         grad_shard = torch.empty_like(unit.shard)
-        reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), ReduceOp.AVG, g)
+        reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), ReduceOp.AVG, g,
+                       algorithm=ctx.fsdp.algorithm)
         _free(unit)
         return grad_shard, None, None
 
@@ -347,10 +356,11 @@ class FullyShardedDataParallel(nn.Module):
     optimizer. A module whose forward runs twice per step is not supported.
     """
 
-    def __init__(self, module: nn.Module, group: Any = None):
+    def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring"):
         super().__init__()
         self.module = module
         self.group = resolve_group(group)
+        self.algorithm = algorithm
         n, r = self.group.size, self.group.rank
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
@@ -384,7 +394,7 @@ class FullyShardedDataParallel(nn.Module):
         if torch.is_grad_enabled():
             unit.full = _Unshard.apply(unit.shard, unit, self)
         else:
-            unit.full = _gather_flat(unit.shard, unit.sizes, self.group)
+            unit.full = _gather_flat(unit.shard, unit.sizes, self.group, self.algorithm)
         unit.set_views(unit.full)
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
@@ -402,7 +412,8 @@ class FullyShardedDataParallel(nn.Module):
         full = unit.full
         full.untyped_storage().resize_(full.numel() * full.element_size())
         # Into .data: refilling the storage must not bump the version autograd checks.
-        all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group)
+        all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group,
+                   algorithm=self.algorithm)
 
     # -- accounting and checkpoints ----------------------------------------------
     @property
