@@ -110,6 +110,10 @@ class Settings:
     update_readme: bool = False
     timeout: float = 600.0
 
+    def coll_reps_for(self, nbytes: int) -> int:
+        """Small messages are cheap and noisy: four times the repetitions up to 1 MB."""
+        return 4 * self.coll_reps if nbytes <= 1 << 20 else self.coll_reps
+
     def dp_steps_for(self, batch: int) -> int:
         return max(2, self.dp_steps - 1) if batch >= 16384 else self.dp_steps
 
@@ -155,7 +159,8 @@ class Settings:
                          f"(the reference: 1, 2, 4, 8)")
         reps = []
         if tables & {1, 2, 7}:
-            reps.append(f"{self.coll_reps} per collective after {self.coll_warmup} warm-up")
+            reps.append(f"{self.coll_reps} per collective after {self.coll_warmup} warm-up "
+                        f"({4 * self.coll_reps} up to 1 MB)")
         if tables & {3, 4, 5}:
             big = [b for b in {self.dp_batch, *self.sweep_batches}
                    if self.dp_steps_for(b) != self.dp_steps]
@@ -579,6 +584,7 @@ class Study:
         self.pp: dict[tuple[str, str, int], dict[str, Any]] = {}  # (stage kind, schedule, m)
         self.tables: dict[int, Table] = {}
         self.t1_single_thread: set[int] = set()  # batches whose baseline ran faster on one thread
+        self.failures: list[str] = []  # measurements that raised: their tables show the gap
         self.started = time.time()
 
     # -- pools and progress ---------------------------------------------------
@@ -596,17 +602,6 @@ class Study:
         self.pools.clear()
         if self.bar is not None:
             self.bar.close()
-
-    def say(self, text: str) -> None:
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def _tick(self, what: str) -> None:
-        if self.bar is not None:
-            self.bar.set_postfix_str(what, refresh=False)
-            self.bar.update(1)
 
     # -- the plan ---------------------------------------------------------------
     def _need(self, *tables: int) -> bool:
@@ -650,24 +645,51 @@ class Study:
         return [(kind, sched, m) for kind in kinds for sched in ("gpipe", "1f1b")
                 for m in self.s.pp_micro if m <= self.s.pp_batch]
 
-    def units(self) -> int:
-        n = len(self.coll_sizes()) * len(self.s.coll_worlds) if self._need(1, 2, 7) else 0
-        return n + len(self.dp_plan()) + len(self.pp_plan())
-
     # -- measuring -----------------------------------------------------------
+    def plan(self) -> list[tuple[int, str, Callable[[], None]]]:
+        """Every measurement the selected tables need: (world, label, run), grouped by world.
+
+        Grouped by world so each pool is started once, serves every table, and is
+        closed before the next world's starts (fewer processes alive at once).
+        """
+        units: list[tuple[int, str, Callable[[], None]]] = []
+        if self._need(1, 2, 7):
+            sizes = self.coll_sizes()
+            for world in self.s.coll_worlds:
+                for nbytes in sizes:
+                    units.append((world, f"all-reduce {R.fmt_bytes(nbytes)} world {world}",
+                                  lambda w=world, n=nbytes: self.measure_allreduce(w, n, n == sizes[0])))
+        for world, batch, impls in self.dp_plan():
+            units.append((world, f"data parallel world {world} batch {batch}",
+                          lambda w=world, b=batch, i=impls: self.measure_dp(w, b, i)))
+        for kind, sched, m in self.pp_plan():
+            units.append((self.s.pp_stages, f"pipeline {kind} {sched} m={m}",
+                          lambda k=kind, sc=sched, mb=m: self.measure_pipeline(k, sc, mb)))
+        return sorted(units, key=lambda u: u[0])  # stable: table order within a world
+
     def measure(self) -> None:
-        total = self.units()
+        units = self.plan()
         if self.progress:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="scaling study", unit="run", dynamic_ncols=True,
+            self.bar = tqdm(total=len(units), desc="scaling study", unit="run", dynamic_ncols=True,
                             file=sys.stderr)
-        if self._need(1, 2, 7):
-            self.measure_collectives()
-        if self._need(3, 4, 5):
-            self.measure_dp()
-        if self._need(5, 6):
-            self.measure_pipeline()
+        for k, (world, label, run) in enumerate(units):
+            if self.bar is not None:
+                self.bar.set_postfix_str(label)
+            try:
+                run()
+            except Exception as exc:  # noqa: BLE001 - one failed measurement must not lose the rest
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                self.failures.append(f"{label}: {type(exc).__name__}: {first}")
+                msg = f"FAILED {label}: {type(exc).__name__}: {first}"
+                (self.bar.write if self.bar is not None else print)(msg)
+            if self.bar is not None:
+                self.bar.update(1)
+            if k + 1 == len(units) or units[k + 1][0] != world:
+                pool = self.pools.pop(world, None)
+                if pool is not None:
+                    pool.close()
 
     def coll_impls(self) -> tuple[str, ...]:
         """ring and naive (tables 1, 2), torch's gloo beside them, and for table 7 every
@@ -679,43 +701,34 @@ class Study:
             extra = tuple(a for a in MODELED_ALL_REDUCE[2:] if a in ALGORITHMS.get("all_reduce", {}))
         return ("ring", "naive", *extra, "gloo")
 
-    def measure_collectives(self) -> None:
+    def measure_allreduce(self, world: int, nbytes: int, with_gamma: bool) -> None:
         impls = self.coll_impls()
-        for world in self.s.coll_worlds:
-            for nbytes in self.coll_sizes():
-                first = nbytes == self.coll_sizes()[0]
-                res = self.run(world, _collectives_worker, nbytes, impls, self.s.coll_reps,
-                               self.s.coll_warmup, first)
-                agg: dict[str, Any] = {}
-                for impl in impls:
-                    reps = R.per_rep_max([r["times"][impl] for r in res])
-                    entry: dict[str, Any] = {"time": R.Stat.of(reps)}
-                    if impl in res[0]["traffic"]:
-                        sent = [r["traffic"][impl]["bytes_sent"] for r in res]
-                        entry["bytes_sent_max"] = max(sent)
-                        entry["bytes_sent_per_rank"] = sent
-                        entry["messages_sent_max"] = max(r["traffic"][impl]["messages_sent"] for r in res)
-                    agg[impl] = entry
-                if first:
-                    self.gamma[world] = float(sorted(r["gamma"] for r in res)[len(res) // 2])
-                self.coll[(world, nbytes)] = agg
-                self._tick(f"all-reduce {R.fmt_bytes(nbytes)} world {world}")
+        res = self.run(world, _collectives_worker, nbytes, impls, self.s.coll_reps_for(nbytes),
+                       self.s.coll_warmup, with_gamma)
+        agg: dict[str, Any] = {}
+        for impl in impls:
+            reps = R.per_rep_max([r["times"][impl] for r in res])
+            entry: dict[str, Any] = {"time": R.Stat.of(reps)}
+            if impl in res[0]["traffic"]:
+                sent = [r["traffic"][impl]["bytes_sent"] for r in res]
+                entry["bytes_sent_max"] = max(sent)
+                entry["bytes_sent_per_rank"] = sent
+                entry["messages_sent_max"] = max(r["traffic"][impl]["messages_sent"] for r in res)
+            agg[impl] = entry
+        if with_gamma:
+            self.gamma[world] = float(sorted(r["gamma"] for r in res)[len(res) // 2])
+        self.coll[(world, nbytes)] = agg
 
-    def measure_dp(self) -> None:
-        for world, batch, impls in self.dp_plan():
-            res = self.run(world, _dp_worker, batch, self.s.hidden, self.s.layers, impls,
-                           self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm)
-            self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]}
-            self._tick(f"data parallel world {world} batch {batch}")
+    def measure_dp(self, world: int, batch: int, impls: tuple[str, ...]) -> None:
+        res = self.run(world, _dp_worker, batch, self.s.hidden, self.s.layers, impls,
+                       self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm)
+        self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]}
 
-    def measure_pipeline(self) -> None:
-        p = self.s.pp_stages
-        for kind, sched, m in self.pp_plan():
-            res = self.run(p, _pipeline_worker, sched, m, self.s.pp_batch, self.s.pp_hidden,
-                           self.s.pp_blocks_per_stage, self.s.pp_steps, self.s.pp_warmup,
-                           self.s.pp_timed_s if kind == "timed" else 0.0)
-            self.pp[(kind, sched, m)] = aggregate_pipeline(res)
-            self._tick(f"pipeline {kind} {sched} m={m}")
+    def measure_pipeline(self, kind: str, sched: str, m: int) -> None:
+        res = self.run(self.s.pp_stages, _pipeline_worker, sched, m, self.s.pp_batch,
+                       self.s.pp_hidden, self.s.pp_blocks_per_stage, self.s.pp_steps,
+                       self.s.pp_warmup, self.s.pp_timed_s if kind == "timed" else 0.0)
+        self.pp[(kind, sched, m)] = aggregate_pipeline(res)
 
 
 def aggregate_dp(per_rank: list[list[dict[str, float]]]) -> dict[str, Any]:
@@ -783,7 +796,10 @@ def table_allreduce_big(st: Study) -> Table:
     s, rows, data = st.s, [], []
     nbytes = s.big_bytes
     for world in s.coll_worlds:
-        m = st.coll[(world, nbytes)]
+        m = st.coll.get((world, nbytes))
+        if m is None:
+            rows.append([world] + ["not measured"] + ["-"] * 7)
+            continue
         ring, naive, gloo = m["ring"], m["naive"], m["gloo"]
         model_ring = model_terms("ring", nbytes, world)["bytes_sent_max"]
         model_naive = model_terms("naive", nbytes, world)["bytes_sent_max"]
@@ -814,7 +830,10 @@ def table_allreduce_small(st: Study) -> Table:
     s, rows, data = st.s, [], []
     nbytes = s.small_bytes
     for world in s.coll_worlds:
-        m = st.coll[(world, nbytes)]
+        m = st.coll.get((world, nbytes))
+        if m is None:
+            rows.append([world] + ["not measured"] + ["-"] * 8)
+            continue
         ring, naive, gloo = m["ring"], m["naive"], m["gloo"]
         tr, tn = model_terms("ring", nbytes, world), model_terms("naive", nbytes, world)
         naive_speedup = ring["time"].median / naive["time"].median
@@ -1076,7 +1095,11 @@ def table_model(st: Study) -> Table:
     for world in s.coll_worlds:
         algos = [a for a in st.coll_impls() if a in MODELED_ALL_REDUCE]
         points = []
-        for nbytes in st.coll_sizes():
+        sizes = [n for n in st.coll_sizes() if (world, n) in st.coll]
+        if not sizes:
+            notes.append(f"world {world}: not measured")
+            continue
+        for nbytes in sizes:
             for algo in algos:
                 t = st.coll[(world, nbytes)][algo]["time"].median
                 points.append((model_terms(algo, nbytes, world), t))
@@ -1104,7 +1127,7 @@ def table_model(st: Study) -> Table:
             notes.append(f"world {world}: no `dt tune --world {world}` figures saved on this machine; "
                          "the prediction uses the fit")
         for algo in algos:
-            for nbytes in st.coll_sizes():
+            for nbytes in sizes:
                 terms = model_terms(algo, nbytes, world)
                 t = st.coll[(world, nbytes)][algo]["time"]
                 a, b, g = primary["alpha"], primary["beta"], primary["gamma"]
@@ -1157,6 +1180,10 @@ BUILDERS: dict[int, Callable[[Study], Table]] = {
 # ==========================================================================
 
 
+def fmt_duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.1f} minutes"
+
+
 def command_line(argv: Sequence[str]) -> str:
     return "python bench/scaling.py" + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv))
 
@@ -1164,7 +1191,7 @@ def command_line(argv: Sequence[str]) -> str:
 def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = False) -> str:
     m = st.machine
     head = [] if for_readme else ["# dt scaling study", ""]
-    head += [f"Produced by `{command}` in {elapsed / 60:.1f} minutes on {R.machine_line(m)}.", ""]
+    head += [f"Produced by `{command}` in {fmt_duration(elapsed)} on {R.machine_line(m)}.", ""]
     notes = list(st.s.shrinkage())
     notes.append("Cross-rank argument validation was off while timing "
                  "(dt.transport.set_validation(False)).")
@@ -1172,6 +1199,7 @@ def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = 
     if over:
         notes.append(f"World sizes {', '.join(map(str, over))} exceed the {m['cores']} cores: those "
                      "runs compete with themselves (loopback, oversubscribed).")
+    notes += [f"FAILED (its rows are missing): {f}" for f in st.failures]
     head += [f"- {n}" for n in notes] + [""]
     body = [st.tables[i].markdown() for i in sorted(st.tables)]
     return "\n".join(head) + "\n" + "\n\n".join(body) + "\n"
@@ -1185,6 +1213,7 @@ def write_outputs(st: Study, out_dir: Path, command: str, elapsed: float) -> lis
         "elapsed_s": elapsed,
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(st.s).items()},
         "notes": st.s.shrinkage() + ["validation off while timing (dt.transport.set_validation(False))"],
+        "failures": st.failures,
         "tables": {str(i): {"title": t.title, "headers": t.headers, "rows": t.rows, "notes": t.notes,
                             "data": t.data, "machine": st.machine,
                             **({"fits": t.fits} if hasattr(t, "fits") else {})}
@@ -1286,14 +1315,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         st.close()
     elapsed = time.time() - t0
     for i in s.tables:
-        st.tables[i] = BUILDERS[i](st)
+        try:
+            st.tables[i] = BUILDERS[i](st)
+        except Exception as exc:  # noqa: BLE001 - a table missing its data is reported, not fatal
+            st.failures.append(f"table {i} could not be built: {type(exc).__name__}: {exc}")
+            continue
         print("\n" + st.tables[i].markdown(), flush=True)
     out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
     paths = write_outputs(st, out_dir, command, elapsed)
     if s.plots:
         from bench import _plots
 
-        paths += _plots.write_all(st, out_dir)
+        try:
+            paths += _plots.write_all(st, out_dir)
+        except Exception as exc:  # noqa: BLE001 - the tables and JSON are already on disk
+            st.failures.append(f"plots: {type(exc).__name__}: {exc}")
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     if s.update_readme:
         body = report_markdown(st, command, elapsed, for_readme=True)
@@ -1301,9 +1337,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"updated {REPO / 'README.md'} between {R.README_BEGIN} and {R.README_END}")
         else:
             print(f"README.md has no {R.README_BEGIN} ... {R.README_END} markers: not updated")
-    print(f"done in {elapsed / 60:.1f} minutes of measurement")
+    print(f"done: {fmt_duration(elapsed)} of measurement")
+    if st.failures:
+        print(f"{len(st.failures)} measurement(s) failed:\n  " + "\n  ".join(st.failures))
+        return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run as bench.scaling, not __main__, so the workers' functions pickle by a name every
+    # worker process can import.
+    from bench import scaling
+
+    sys.exit(scaling.main())
