@@ -1201,8 +1201,25 @@ def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = 
                      "runs compete with themselves (loopback, oversubscribed).")
     notes += [f"FAILED (its rows are missing): {f}" for f in st.failures]
     head += [f"- {n}" for n in notes] + [""]
-    body = [st.tables[i].markdown() for i in sorted(st.tables)]
+    tables = [readme_view(st, t) if for_readme else t for _, t in sorted(st.tables.items())]
+    body = [t.markdown() for t in tables]
+    if for_readme:
+        body.append(f"Plots (time and bytes vs world size, busbw vs message size, efficiency vs "
+                    f"batch, the breakdown, the bubble) and the full JSON are written to "
+                    f"`{st.s.out_dir}/` by the same command.")
     return "\n".join(head) + "\n" + "\n\n".join(body) + "\n"
+
+
+def readme_view(st: Study, t: Table) -> Table:
+    """What the README shows of a table: table 7 cut to ring and naive at tables 1 and 2's sizes
+    (the full sweep stays in results/scaling.md)."""
+    if t.id != 7:
+        return t
+    keep_sizes = {R.fmt_bytes(st.s.big_bytes), R.fmt_bytes(st.s.small_bytes)}
+    rows = [r for r in t.rows if r[1] in ("ring", "naive") and r[2] in keep_sizes]
+    notes = t.notes + [f"Shown: ring and naive at {' and '.join(sorted(keep_sizes))}; every "
+                       "algorithm at every size is in results/scaling.md."]
+    return Table(t.id, t.title, t.headers, rows, notes, t.data, t.align)
 
 
 def write_outputs(st: Study, out_dir: Path, command: str, elapsed: float) -> list[Path]:

@@ -283,3 +283,20 @@ def test_plan_groups_units_by_world():
     s, _ = S.parse_args(["--quick"])
     worlds = [w for w, _, _ in S.Study(s, progress=False).plan()]
     assert worlds == sorted(worlds) and set(worlds) == {1, 2, 4}
+
+
+def test_readme_body_is_the_report_with_a_shorter_table_7(tmp_path, monkeypatch):
+    st = _fake_study(tmp_path, False, monkeypatch)
+    for i in S.ALL_TABLES:
+        st.tables[i] = S.BUILDERS[i](st)
+    body = S.report_markdown(st, "python bench/scaling.py --quick", 60.0, for_readme=True)
+    assert body.startswith("Produced by `python bench/scaling.py --quick`")
+    assert "2 cores" in body or f"{st.cores} cores" in body
+    t7 = body[body.index("### Table 7."):]
+    assert "recursive_doubling" not in t7.split("\n- ")[0]
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# dt\n\n{R.README_BEGIN}\n{R.README_END}\n\nmore\n")
+    assert R.update_readme(readme, body)
+    text = readme.read_text()
+    assert text.startswith("# dt\n") and text.endswith(f"{R.README_END}\n\nmore\n")
+    assert "### Table 1." in text and "### Table 6." in text
