@@ -27,6 +27,7 @@ vocab shard) over the 2-rank group {first stage, last stage}.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -124,7 +125,7 @@ class Head(nn.Module):
         return F.linear(x, self.weight)
 
 
-def gpt_layers(cfg: GPTConfig, tp_group: Any, layers: range | None = None) -> list[nn.Module]:
+def gpt_layers(cfg: GPTConfig, tp_group: Any, layers: Sequence[int] | None = None) -> list[nn.Module]:
     """Layers `layers` (default all) of the n_layer + 2 that make the model."""
     n = cfg.n_layer + 2
     layers = range(n) if layers is None else layers
@@ -176,20 +177,24 @@ class ParallelGPT(nn.Module):
     """This rank's stage of the GPT on `mesh`, and one training step across the mesh."""
 
     def __init__(self, cfg: GPTConfig, mesh: Mesh, micro_batches: int = 1,
-                 schedule: str = "1f1b", stage_sizes: list[int] | None = None):
+                 schedule: str = "1f1b", stage_sizes: list[int] | None = None, virtual: int = 1):
         super().__init__()
         self.cfg, self.mesh = cfg, mesh
         self.micro_batches, self.schedule = micro_batches, schedule
-        n = cfg.n_layer + 2
-        self.layer_range = pipeline.partition(n, mesh.pp, stage_sizes)[mesh.pp_rank]
-        self.stage = nn.Sequential(*gpt_layers(cfg, mesh.tp_group, self.layer_range))
+        # This rank's chunks: parts c*pp + pp_rank of the model cut into pp*virtual.
+        parts = pipeline.partition(cfg.n_layer + 2, mesh.pp * virtual, stage_sizes)
+        ranges = [parts[c * mesh.pp + mesh.pp_rank] for c in range(virtual)]
+        layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
+        chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
+        self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
         self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group)
         self.tp_group = resolve_group(mesh.tp_group)
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
-        self.bytes_sent = {"tensor": 0, "pipeline": 0, "data": 0}  # by this rank, all steps
+        # Bytes this rank sent over all steps, by kind of parallelism.
+        self.bytes_sent = {"tensor": 0, "pipeline": 0, "data": 0, "tied embedding": 0}
 
     def loss_fn(self, local_logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return tp.vocab_parallel_cross_entropy(local_logits, targets, self.tp_group,
@@ -198,7 +203,8 @@ class ParallelGPT(nn.Module):
     def tied_weight(self) -> nn.Parameter | None:
         if not self.tied_split:
             return None
-        return self.stage[0].wte.weight if self.mesh.is_first_stage else self.stage[-1].weight
+        chunks = self.pipe.chunks
+        return chunks[0][0].wte.weight if self.mesh.is_first_stage else chunks[-1][-1].weight
 
     def train_step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
         """Forward and backward of this dp rank's batch, gradients synchronised.
@@ -215,6 +221,7 @@ class ParallelGPT(nn.Module):
         t0 = time.perf_counter()
         with transport.traffic() as dp_traffic:
             sync_gradients(list(self.stage.parameters()), m.dp_group)
+        with transport.traffic() as tied_traffic:
             if self.tied_split:
                 sync_gradients([self.tied_weight()], m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
@@ -234,4 +241,5 @@ class ParallelGPT(nn.Module):
         self.bytes_sent["pipeline"] += p2p
         self.bytes_sent["tensor"] += pipe_traffic.bytes_sent - p2p
         self.bytes_sent["data"] += dp_traffic.bytes_sent
+        self.bytes_sent["tied embedding"] += tied_traffic.bytes_sent
         return float(loss_t.item())

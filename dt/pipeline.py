@@ -2,7 +2,7 @@
 
     stage = dt.pipeline.stage_module(model, group)       # this rank's layers
     pipe = dt.pipeline.Pipeline(stage, group)
-    loss = pipe.train_step(x, y, loss_fn, micro_batches=8, schedule="1f1b")
+    loss = pipe.train_step(x, y, loss_fn, micro_batches=8, schedule_name="1f1b")
 
 Stage s (of p) runs layers [a_s, b_s) of the model. A batch is cut into m
 micro-batches; stage s receives micro-batch i's activation from stage s-1,
@@ -21,19 +21,22 @@ GPipe runs every forward, then every backward, so each stage stashes the
 activations of all m micro-batches. 1F1B (PipeDream-Flush) runs
 min(p - s - 1, m) warm-up forwards, then alternates one forward with one
 backward and drains the rest: the same bubble, but at most p micro-batches
-stashed on any stage.
+stashed on any stage. Interleaving (Megatron) gives each rank v chunks of
+1/v the layers (chunks s, s+p, ...): the fill and drain slots shrink to 1/v,
+for v times more messages.
 
 Why no schedule can deadlock here: every send is an isend that nobody waits
 on until the end of the step, so sends never block; only receives block, and
 a receive waits on a forward of the stage before or a backward of the stage
 after, which those stages reach without waiting on this one (the wait-for
-graph of both schedules is acyclic). Messages between two ranks arrive in the
+graph of each schedule is acyclic). Messages between two ranks arrive in the
 order sent, and both ends walk the micro-batches in the same order.
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -73,25 +76,46 @@ def partition(n_layers: int, stages: int, sizes: Sequence[int] | None = None) ->
 
 
 def stage_module(layers: nn.Sequential | Sequence[nn.Module], group: Any = None,
-                 sizes: Sequence[int] | None = None) -> nn.Sequential:
-    """This rank's stage: its slice of `layers` as an nn.Sequential."""
+                 sizes: Sequence[int] | None = None, virtual: int = 1) -> nn.Module:
+    """This rank's stage: its slice of `layers` as an nn.Sequential.
+
+    virtual=v cuts the model into p*v chunks (`sizes` then has p*v entries) and
+    gives rank s the chunks s, s+p, s+2p, ... as an nn.ModuleList.
+    """
     g = transport.resolve_group(group)
     layers = list(layers)
-    return nn.Sequential(*[layers[i] for i in partition(len(layers), g.size, sizes)[g.rank]])
+    parts = partition(len(layers), g.size * virtual, sizes)
+    chunks = [nn.Sequential(*[layers[i] for i in parts[c * g.size + g.rank]]) for c in range(virtual)]
+    return chunks[0] if virtual == 1 else nn.ModuleList(chunks)
 
 
-def schedule(name: str, p: int, s: int, m: int) -> list[tuple[str, int]]:
-    """The ordered ("F"|"B", micro-batch) actions of stage s."""
+def schedule(name: str, p: int, s: int, m: int, v: int = 1) -> list[tuple[str, int, int]]:
+    """The ordered ("F"|"B", chunk, micro-batch) actions of stage s.
+
+    gpipe: every forward, then every backward. 1f1b: min(p-s-1, m) warm-up
+    forwards, then one forward one backward, then the remaining backwards.
+    interleaved (v chunks per stage): GPipe's order over the virtual stages,
+    micro-batches in groups of p, each group through chunk 0, then chunk 1, ...
+    (Megatron's order), backwards mirrored. Every stage sorts its actions by the
+    same key, so a receive only ever waits on an action earlier in that order.
+    """
+    if name in ("gpipe", "1f1b") and v != 1:
+        raise ValueError(f"{name} runs one chunk per stage; use 'interleaved' for virtual={v}")
     if name == "gpipe":
-        return [("F", i) for i in range(m)] + [("B", i) for i in range(m)]
+        return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
     if name == "1f1b":
         warmup = min(p - s - 1, m)
-        acts = [("F", i) for i in range(warmup)]
+        acts = [("F", 0, i) for i in range(warmup)]
         for k in range(m - warmup):           # steady state: one forward, one backward
-            acts += [("F", warmup + k), ("B", k)]
-        acts += [("B", i) for i in range(m - warmup, m)]  # cooldown
+            acts += [("F", 0, warmup + k), ("B", 0, k)]
+        acts += [("B", 0, i) for i in range(m - warmup, m)]  # cooldown
         return acts
-    raise ValueError(f"unknown schedule {name!r}; one of 'gpipe', '1f1b'")
+    if name == "interleaved":
+        work = [(c, i) for c in range(v) for i in range(m)]
+        fwd = sorted(work, key=lambda ci: (ci[1] // p, ci[0], ci[1]))
+        bwd = sorted(work, key=lambda ci: (ci[1] // p, v - 1 - ci[0], ci[1]))
+        return [("F", c, i) for c, i in fwd] + [("B", c, i) for c, i in bwd]
+    raise ValueError(f"unknown schedule {name!r}; one of 'gpipe', '1f1b', 'interleaved'")
 
 
 # --------------------------------------------------------------------------
@@ -119,7 +143,7 @@ class StepStats:
     step_s: float = 0.0      # wall time of the step
     idle_s: float = 0.0      # blocked on a receive or on the last sends: the bubble (+ wire time)
     compute_s: float = 0.0   # forward and backward of this stage's layers
-    peak_stash: int = 0      # most micro-batches whose activations were held at once
+    peak_stash: int = 0      # most (chunk, micro-batch) activations held at once
     bytes_sent: int = 0
 
     @property
@@ -130,19 +154,26 @@ class StepStats:
 class Pipeline:
     """One stage of a pipeline over `group` (the pipeline group; stage = group rank)."""
 
-    def __init__(self, module: nn.Module, group: Any = None):
+    def __init__(self, module: nn.Module | Sequence[nn.Module], group: Any = None):
+        # A module is one stage; a list (or ModuleList) holds this rank's v virtual
+        # stages, chunk c being part c*p + stage of the model (stage_module(virtual=v)).
         self.module = module
+        chunks = module if isinstance(module, (list, tuple, nn.ModuleList)) else [module]
+        self.chunks = list(chunks)
         self.group = transport.resolve_group(group)
         self.stage, self.stages = self.group.rank, self.group.size
+        self.me = self.group.global_rank(self.stage)
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
-        self.prev = None if self.is_first else self.group.global_rank(self.stage - 1)
-        self.next = None if self.is_last else self.group.global_rank(self.stage + 1)
         self.stats = StepStats()
         self._sends: list[tuple[Any, torch.Tensor]] = []
+        self._loopback: deque[torch.Tensor] = deque()
 
     # -- wire -------------------------------------------------------------
     def _send(self, t: torch.Tensor, dst: int) -> None:
         t = t.detach().contiguous()
+        if dst == self.me:  # one stage holding consecutive chunks: no wire
+            self._loopback.append(t)
+            return
         h = _header(t)
         # Kept alive (with their handles) until the end of the step: isend
         # reads the buffer while the transfer is in flight.
@@ -151,6 +182,8 @@ class Pipeline:
         self.stats.bytes_sent += t.numel() * t.element_size() + h.numel() * 8
 
     def _recv(self, src: int) -> torch.Tensor:
+        if src == self.me:
+            return self._loopback.popleft()
         t0 = time.perf_counter()
         h = torch.empty(_HEADER, dtype=torch.int64)
         transport.irecv(h, src, self.group).wait()
@@ -166,6 +199,17 @@ class Pipeline:
             handle.wait()
         self._sends.clear()
         self.stats.idle_s += time.perf_counter() - t0
+
+    def _peer(self, chunk: int, direction: int) -> int | None:
+        """Global rank of the chunk before (-1) or after (+1) this rank's `chunk`.
+
+        Virtual position pos = chunk * p + stage lives on rank pos % p, so with
+        v > 1 the last rank hands on to the first rank's next chunk.
+        """
+        pos = chunk * self.stages + self.stage + direction
+        if not 0 <= pos < self.stages * len(self.chunks):
+            return None  # the model's input, or its loss
+        return self.group.global_rank(pos % self.stages)
 
     # -- steps ------------------------------------------------------------
     def _micro(self, x: torch.Tensor | None, m: int) -> list[Any]:
@@ -183,39 +227,40 @@ class Pipeline:
         loss_fn is a mean. Returns the batch loss on the last stage, else None.
         """
         m = micro_batches
-        batch = (inputs if self.is_first else targets)
+        batch = inputs if self.is_first else targets
         if batch is not None and m > batch.shape[0]:
             raise ValueError(f"{m} micro-batches of a batch of {batch.shape[0]}")
         self.stats = StepStats()
         t_step = time.perf_counter()
-        xs, ys = self._micro(inputs if self.is_first else None, m), self._micro(
-            targets if self.is_last else None, m)
+        xs = self._micro(inputs if self.is_first else None, m)
+        ys = self._micro(targets if self.is_last else None, m)
         n_total = targets.shape[0] if self.is_last else 0
-        stash: dict[int, tuple[torch.Tensor | None, torch.Tensor]] = {}
+        stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         total_loss = 0.0
-        for kind, i in schedule(schedule_name, self.stages, self.stage, m):
+        for kind, c, i in schedule(schedule_name, self.stages, self.stage, m, len(self.chunks)):
+            prev, nxt = self._peer(c, -1), self._peer(c, +1)
             if kind == "F":
-                x = xs[i] if self.is_first else self._recv(self.prev)
-                if not self.is_first and x.is_floating_point():
+                x = xs[i] if prev is None else self._recv(prev)
+                if prev is not None and x.is_floating_point():
                     x.requires_grad_(True)
                 t0 = time.perf_counter()
-                out = self.module(x)
-                if self.is_last:  # the stash holds the weighted loss to backward from
+                out = self.chunks[c](x)
+                if nxt is None:  # the stash holds the weighted loss to backward from
                     out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
                     total_loss += out.item()
                 self.stats.compute_s += time.perf_counter() - t0
-                if not self.is_last:
-                    self._send(out, self.next)
-                stash[i] = (None if self.is_first else x, out)
+                if nxt is not None:
+                    self._send(out, nxt)
+                stash[c, i] = (None if prev is None else x, out)
                 self.stats.peak_stash = max(self.stats.peak_stash, len(stash))
             else:
-                x, out = stash.pop(i)
-                grad = None if self.is_last else self._recv(self.next)
+                x, out = stash.pop((c, i))
+                grad = None if nxt is None else self._recv(nxt)
                 t0 = time.perf_counter()
                 torch.autograd.backward(out, grad)
                 self.stats.compute_s += time.perf_counter() - t0
                 if x is not None and x.is_floating_point():
-                    self._send(x.grad, self.prev)
+                    self._send(x.grad, prev)
         self._drain_sends()
         self.stats.step_s = time.perf_counter() - t_step
         return total_loss if self.is_last else None
@@ -226,15 +271,19 @@ class Pipeline:
         self.stats = StepStats()
         t_step = time.perf_counter()
         xs, outs = self._micro(inputs if self.is_first else None, micro_batches), []
-        for i in range(micro_batches):
-            x = xs[i] if self.is_first else self._recv(self.prev)
+        for kind, c, i in schedule("interleaved", self.stages, self.stage, micro_batches,
+                                   len(self.chunks)):
+            if kind == "B":
+                continue
+            prev, nxt = self._peer(c, -1), self._peer(c, +1)
+            x = xs[i] if prev is None else self._recv(prev)
             t0 = time.perf_counter()
-            out = self.module(x)
+            out = self.chunks[c](x)
             self.stats.compute_s += time.perf_counter() - t0
-            if self.is_last:
-                outs.append(out)
+            if nxt is None:
+                outs.append((i, out))
             else:
-                self._send(out, self.next)
+                self._send(out, nxt)
         self._drain_sends()
         self.stats.step_s = time.perf_counter() - t_step
-        return torch.cat(outs) if self.is_last else None
+        return torch.cat([o for _, o in sorted(outs, key=lambda io: io[0])]) if self.is_last else None

@@ -53,7 +53,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--block-size", type=int, default=32, help="sequence length")
     p.add_argument("--micro-batches", type=int, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe"], default="1f1b")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
+    p.add_argument("--virtual", type=int, default=1,
+                   help="model chunks per pipeline stage (with --schedule interleaved)")
     p.add_argument("--n-layer", type=int, default=4)
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=64)
@@ -75,8 +77,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         args.micro_batches = min(2 * args.pp, per_rank)
     if not 1 <= args.micro_batches <= per_rank:
         p.error(f"--micro-batches must be between 1 and the per-rank batch {per_rank}")
-    if args.n_layer + 2 < args.pp:
-        p.error(f"{args.n_layer} blocks + embedding + head cannot fill {args.pp} stages")
+    if args.virtual > 1 and args.schedule != "interleaved":
+        p.error("--virtual > 1 needs --schedule interleaved")
+    if args.n_layer + 2 < args.pp * args.virtual:
+        p.error(f"{args.n_layer} blocks + embedding + head cannot fill {args.pp} stages "
+                f"x {args.virtual} chunks")
     if args.n_head % args.tp:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
     return args
@@ -188,7 +193,8 @@ def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, 
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
                     dtype=args.dtype)
-    model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule)
+    model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
+                        virtual=args.virtual)
     optimizer = Adam(model.stage.parameters(), lr=args.lr)
     return model, optimizer
 
@@ -243,8 +249,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     r0 = results[0]
     if not r0["losses"]:
         return f"nothing to do: the checkpoint is already at step {r0['start']}"
+    chunks = f" x {args.virtual} chunks" if args.virtual > 1 else ""
     lines = [f"mesh dp={args.dp} tp={args.tp} pp={args.pp} ({args.dp * args.tp * args.pp} processes), "
-             f"{args.schedule}, {args.micro_batches} micro-batches, global batch "
+             f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
              f"{args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
@@ -254,15 +261,16 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         mean = sum(r["times"][key] for r in results) / len(results)
         lines.append(f"  {key:<14} {mean:7.2f} s  {100 * mean / r0['wall_s']:5.1f}%")
     per_step = {k: sum(r["bytes_sent"][k] for r in results) / len(results) / r0["steps"]
-                for k in ("tensor", "pipeline", "data")}
+                for k in r0["bytes_sent"]}
     lines.append("bytes sent per rank per step (mean over ranks): " + ", ".join(
-        f"{k} parallel {v / 1e3:.1f} kB" for k, v in per_step.items()))
+        f"{k} {v / 1e3:.1f} kB" for k, v in per_step.items()))
     if args.pp > 1:
         last = [r for r in results if r["coords"][2] == args.pp - 1] or results
         bubble = sum(r["bubble_measured"] for r in last) / len(last)
         lines.append(f"pipeline bubble, last step, last stage: {100 * bubble:.1f}% measured, "
-                     f"{100 * bubble_fraction(args.pp, args.micro_batches):.1f}% = (p-1)/(m+p-1) "
-                     f"ideal; peak stashed micro-batches on stage 0: {r0['peak_stash']}")
+                     f"{100 * bubble_fraction(args.pp, args.micro_batches, args.virtual):.1f}% = "
+                     f"(p-1)/(v*m+p-1) ideal; peak stashed micro-batches on stage 0: "
+                     f"{r0['peak_stash']}")
     return "\n".join(lines)
 
 

@@ -24,28 +24,23 @@ def _args(dp: int, tp: int, pp: int, **kw: object) -> object:
     return train.parse_args(argv)
 
 
-def _losses(meshes: list[tuple[int, int, int]], extra: dict) -> dict:
-    """Rank 0's loss trajectory for each mesh (plus each rank's coordinates)."""
-    out = {}
-    for dp, tp, pp in meshes:
-        r = train.train_worker(_args(dp, tp, pp, **extra))
-        out[(dp, tp, pp)] = (r["losses"], r["coords"])
-    return out
+def _losses(runs: list[tuple[int, int, int, dict]]) -> list[list[float]]:
+    """This rank's loss trajectory for each (dp, tp, pp, extra options)."""
+    return [train.train_worker(_args(dp, tp, pp, **extra))["losses"] for dp, tp, pp, extra in runs]
 
 
 def test_reference_and_meshes_follow_the_same_trajectory(run):
-    ref = run(1, _losses, [(1, 1, 1)], {})[0][(1, 1, 1)][0]
+    ref = run(1, _losses, [(1, 1, 1, {})])[0][0]
     assert ref[-1] < ref[0] - 0.2  # it learns
-    meshes = [(2, 2, 2), (1, 2, 4), (4, 1, 2), (8, 1, 1)]
-    results = run(8, _losses, meshes, {}, timeout=240)
-    for mesh_dims in meshes:
-        losses = results[0][mesh_dims][0]
+    runs = [(2, 2, 2, {}), (1, 2, 4, {}), (4, 1, 2, {}), (8, 1, 1, {}),
+            (2, 2, 2, {"schedule": "gpipe"}), (4, 1, 2, {"schedule": "interleaved", "virtual": 2})]
+    results = run(8, _losses, runs, timeout=240)
+    for k, what in enumerate(runs):
+        losses = results[0][k]
         assert len(losses) == STEPS
         diff = max(abs(a - b) for a, b in zip(losses, ref))
-        assert diff < 1e-4, f"{mesh_dims}: max loss difference {diff}"
-        # every rank knows the same loss
-        for r in results:
-            assert r[mesh_dims][0] == losses
+        assert diff < 1e-4, f"{what}: max loss difference {diff}"
+        assert all(r[k] == losses for r in results)  # every rank reports the same loss
 
 
 def _mesh_checks(meshes: list[tuple[int, int, int]]) -> list[str]:

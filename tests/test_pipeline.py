@@ -15,7 +15,7 @@ BATCH = 8
 def _model() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 7), nn.Tanh(),
-                         nn.Linear(7, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+                         nn.Linear(7, 6), nn.Tanh(), nn.Linear(6, 4), nn.Linear(4, 3)).double()
 
 
 def _data() -> tuple[torch.Tensor, torch.Tensor]:
@@ -24,7 +24,11 @@ def _data() -> tuple[torch.Tensor, torch.Tensor]:
             torch.randn(BATCH, 3, generator=g, dtype=torch.float64))
 
 
-def _pipeline_vs_reference(micro_batches: list[int], sizes: list[int] | None) -> list[str]:
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)]
+
+
+def _pipeline_vs_reference(micro_batches: list[int], sizes: list[int] | None,
+                           schedules: list[tuple[str, int]] = SCHEDULES) -> list[str]:
     """Every (schedule, m): loss, every stage gradient and peak stash against the reference."""
     x, y = _data()
     ref = _model()
@@ -32,32 +36,35 @@ def _pipeline_vs_reference(micro_batches: list[int], sizes: list[int] | None) ->
     ref_loss.backward()
     ref_grads = [p.grad for p in ref.parameters()]
     failures = []
-    for name in ("gpipe", "1f1b"):
+    for name, v in schedules:
         for m in micro_batches:
             model = _model()
-            stage = stage_module(model, None, sizes)
+            stage = stage_module(model, None, sizes if v == 1 else None, virtual=v)
             mine = {id(p) for p in stage.parameters()}
             pipe = Pipeline(stage)
             p, s = pipe.stages, pipe.stage
             loss = pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None,
                                    nn.functional.mse_loss, micro_batches=m, schedule_name=name)
-            tag = f"{name} p={p} m={m} stage={s}"
+            tag = f"{name} v={v} p={p} m={m} stage={s}"
             if pipe.is_last and abs(loss - ref_loss.item()) > 1e-12:
                 failures.append(f"{tag}: loss {loss} != {ref_loss.item()}")
             for prm, ref_g in zip(model.parameters(), ref_grads):
                 if id(prm) in mine and not torch.allclose(prm.grad, ref_g, atol=1e-12, rtol=0):
                     failures.append(f"{tag}: gradient differs by {(prm.grad - ref_g).abs().max()}")
-            want = m if name == "gpipe" else min(p - s, m)
+            want = {"gpipe": m, "1f1b": min(p - s, m), "interleaved": v * m}[name]
             if pipe.stats.peak_stash != want:
                 failures.append(f"{tag}: peak stash {pipe.stats.peak_stash}, expected {want}")
             if not 0.0 <= pipe.stats.bubble <= 1.0:
                 failures.append(f"{tag}: bubble {pipe.stats.bubble}")
-    # Forward-only inference.
-    model = _model()
-    pipe = Pipeline(stage_module(model, None, sizes))
-    out = pipe.forward(x if pipe.is_first else None, micro_batches=3)
-    if pipe.is_last and not torch.allclose(out, ref(x), atol=1e-12, rtol=0):
-        failures.append("forward-only output differs")
+    # Forward-only inference, one chunk and (if it fits) two per stage.
+    for v in (1, 2):
+        model = _model()
+        pipe = Pipeline(stage_module(model, None, sizes if v == 1 else None, virtual=v))
+        out = pipe.forward(x if pipe.is_first else None, micro_batches=3)
+        if pipe.is_last and not torch.allclose(out, ref(x), atol=1e-12, rtol=0):
+            failures.append(f"forward-only output differs (v={v})")
+        if 2 * pipe.stages > 8:
+            break
     return failures
 
 
@@ -68,8 +75,8 @@ def test_schedules_match_unpipelined(run, world):
 
 
 def test_uneven_user_sizes_and_five_stages(run):
-    # 7 layers over 5 stages with a user split, m < p and m > p.
-    results = run(5, _pipeline_vs_reference, [1, 2, 7], [1, 1, 2, 2, 1])
+    # 8 layers over 5 stages with a user split, m < p and m > p.
+    results = run(5, _pipeline_vs_reference, [1, 2, 7], [1, 1, 2, 2, 2], SCHEDULES[:2])
     assert [f for r in results for f in r] == []
 
 
@@ -92,11 +99,21 @@ def test_partition_and_schedule_shapes():
     for p in range(1, 6):
         for m in range(1, 9):
             for s in range(p):
-                for name in ("gpipe", "1f1b"):
-                    acts = schedule(name, p, s, m)
-                    assert sorted(acts) == sorted([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
-                    # Every backward after its forward; forwards and backwards each in order.
-                    assert all(acts.index(("F", i)) < acts.index(("B", i)) for i in range(m))
-    assert schedule("1f1b", 4, 0, 8)[:4] == [("F", 0), ("F", 1), ("F", 2), ("F", 3)]
+                for name, v in SCHEDULES + [("interleaved", 3)]:
+                    acts = schedule(name, p, s, m, v)
+                    work = [(c, i) for c in range(v) for i in range(m)]
+                    assert sorted(acts) == sorted([("F", *w) for w in work] + [("B", *w) for w in work])
+                    # Every backward after its forward.
+                    assert all(acts.index(("F", *w)) < acts.index(("B", *w)) for w in work)
+    # 1F1B: 3 warm-up forwards on stage 0 of 4, then alternate; the last stage alternates at once.
+    assert schedule("1f1b", 4, 0, 8)[:6] == [("F", 0, 0), ("F", 0, 1), ("F", 0, 2), ("F", 0, 3),
+                                            ("B", 0, 0), ("F", 0, 4)]
+    assert schedule("1f1b", 4, 3, 3) == [("F", 0, 0), ("B", 0, 0), ("F", 0, 1), ("B", 0, 1),
+                                         ("F", 0, 2), ("B", 0, 2)]
+    # Interleaved: groups of p micro-batches through chunk 0, then chunk 1.
+    assert [a[1:] for a in schedule("interleaved", 2, 0, 4, 2)[:8]] == [
+        (0, 0), (0, 1), (1, 0), (1, 1), (0, 2), (0, 3), (1, 2), (1, 3)]
     with pytest.raises(ValueError):
         pipeline.schedule("zigzag", 2, 0, 2)
+    with pytest.raises(ValueError):
+        pipeline.schedule("1f1b", 2, 0, 2, v=2)
