@@ -125,3 +125,36 @@ def test_zero_matches_data_parallel_and_formulas(run, world: int, optimizers: tu
                     for key, v in st.items():
                         torch.testing.assert_close(r["optim"][name][key], v, rtol=0, atol=1e-5,
                                                    msg=f"{where} {name} {key}")
+
+
+def _accumulation_worker() -> dict:
+    """Two backward passes on half batches, then one step, for stages 1-3; and a no_grad forward."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    g = torch.Generator().manual_seed(7)
+    x, y = torch.randn(BATCH, 7, generator=g), torch.randn(BATCH, 1, generator=g)
+    xs, ys = x.tensor_split(world)[rank], y.tensor_split(world)[rank]
+    out = {}
+    for variant in ("ddp", "zero1", "zero2", "fsdp"):
+        model = _model()
+        if variant == "ddp":
+            net, opt = DistributedDataParallel(model), torch.optim.Adam(model.parameters(), lr=1e-2)
+        elif variant == "fsdp":
+            net = FullyShardedDataParallel(model)
+            opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+        else:
+            net = model
+            opt = ZeroOptimizer(model.parameters(), torch.optim.Adam, stage=int(variant[-1]), lr=1e-2)
+        opt.zero_grad()
+        for xm, ym in zip(xs.tensor_split(2), ys.tensor_split(2)):
+            ((net(xm) - ym).pow(2).mean() * xm.shape[0] / xs.shape[0]).backward()
+        opt.step()
+        with torch.no_grad():
+            out[variant] = net(x)
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_gradient_accumulation_and_no_grad_forward(run) -> None:
+    for r in run(3, _accumulation_worker):
+        for variant in ("zero1", "zero2", "fsdp"):
+            torch.testing.assert_close(r[variant], r["ddp"], rtol=0, atol=1e-5, msg=variant)
