@@ -50,6 +50,7 @@ import torch.distributed as dist
 from torch import nn
 
 from bench import _report as R
+from bench.ddp import reference_model
 from dt import cost_model, transport
 from dt.launcher import WorkerPool
 
@@ -263,84 +264,44 @@ def _reduction_seconds_per_byte(nbytes: int = 4 << 20, reps: int = 7) -> float:
     return R.Stat.of(samples).median / nbytes
 
 
-def reference_model(hidden: int = 1024, layers: int = 6) -> nn.Sequential:
-    """The original design's model: `layers` Linear(hidden, hidden), GELU between them."""
-    mods: list[nn.Module] = []
-    for i in range(layers):
-        mods.append(nn.Linear(hidden, hidden))
-        if i < layers - 1:
-            mods.append(nn.GELU())
-    return nn.Sequential(*mods)
-
-
 def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
                warmup: int, algorithm: str = "auto") -> dict[str, list[dict[str, float]]]:
-    """One data-parallel training step per impl, repeated; this rank's timings per step.
+    """Data-parallel training steps of the reference model; this rank's timings per step.
 
     impls: "compute" (the local step with no communication at all: what each rank
     computes when N ranks compute at once), "dt_off" / "dt_on" (dt's
-    DistributedDataParallel, overlap off / on), "torch" (torch's DDP on gloo).
-    Configurations alternate within each repetition, so drifts in the machine's
-    load hit them alike.
+    DistributedDataParallel, overlap off / on, with its own timers: backward
+    compute, comm, exposed, hidden), "torch" (torch's DDP on gloo). The step
+    itself is bench/ddp.py's, so `dt bench ddp` and this study time the same
+    thing; configurations alternate within each repetition, so drifts in the
+    machine's load hit them alike.
     """
-    from dt.data_parallel import DistributedDataParallel
+    from bench.ddp import _step_worker
 
-    transport.set_validation(False)
-    rank, p = dist.get_rank(), dist.get_world_size()
-    local = global_batch // p
-    gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(local, hidden, generator=gen)
-    y = torch.randn(local, hidden, generator=gen)
-    setups: dict[str, tuple[nn.Module, torch.optim.Optimizer]] = {}
-    for impl in impls:
-        torch.manual_seed(0)
-        net = reference_model(hidden, layers)
-        if impl == "compute":
-            wrapped: nn.Module = net
-        elif impl in ("dt_off", "dt_on"):
-            wrapped = DistributedDataParallel(net, overlap=impl == "dt_on", algorithm=algorithm)
-        elif impl == "torch":
-            wrapped = nn.parallel.DistributedDataParallel(net)
-        else:
-            raise ValueError(f"unknown data-parallel impl {impl!r}")
-        setups[impl] = (wrapped, torch.optim.SGD(net.parameters(), lr=1e-6))
-    loss_fn = nn.MSELoss()
-    records: dict[str, list[dict[str, float]]] = {impl: [] for impl in impls}
-    for it in range(warmup + steps):
-        for impl in impls:
-            model, opt = setups[impl]
-            _barrier()
-            t0 = time.perf_counter()
-            loss = loss_fn(model(x), y)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
-            if it < warmup:
-                continue
-            rec = {"step": t3 - t0, "forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
-            stats = getattr(model, "stats", None)
-            if stats is not None and impl.startswith("dt"):
-                rec.update(backward_compute=stats.compute_s, comm=stats.comm_s,
-                           exposed=stats.exposed_s, hidden=stats.hidden_s,
-                           bytes_sent=float(stats.bytes_sent))
-            records[impl].append(rec)
-    if p == 1 and "compute" in impls and torch.get_num_threads() > 1:
+    names = ["single" if i == "compute" else i for i in impls]
+    got = _step_worker(global_batch, hidden, layers, names, steps, warmup, 25.0, 1.0, algorithm)
+    records = {("compute" if k == "single" else k): v for k, v in got.items()}
+    if dist.get_world_size() == 1 and "compute" in impls and torch.get_num_threads() > 1:
         # The baseline must not be slowed by its own threads: on a loaded machine
         # (other jobs on the cores) torch's threads can make one process slower than
         # one thread would be, which would flatter every speedup. One step at one
-        # thread; the baseline is the faster of the two.
+        # thread (cold, so it never flatters itself); the baseline is the faster.
         threads = torch.get_num_threads()
         torch.set_num_threads(1)
-        model, opt = setups["compute"]
-        t0 = time.perf_counter()
-        loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        records["compute_1t"] = [{"step": time.perf_counter() - t0}]
-        torch.set_num_threads(threads)
+        try:
+            torch.manual_seed(0)
+            net = reference_model(hidden, layers)
+            gen = torch.Generator().manual_seed(1000)
+            x = torch.randn(global_batch, hidden, generator=gen)
+            y = torch.randn(global_batch, hidden, generator=gen)
+            opt = torch.optim.SGD(net.parameters(), lr=1e-6)
+            t0 = time.perf_counter()
+            nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            records["compute_1t"] = [{"step": time.perf_counter() - t0}]
+        finally:
+            torch.set_num_threads(threads)
     return records
 
 
