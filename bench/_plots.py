@@ -124,12 +124,14 @@ def efficiency(st: Any, out: Path) -> Path | None:
         ax.grid(alpha=0.3)
     if t3 is not None and t3.data:
         ax = axes[1]
-        for impl, style in (("dt_off", "-o"), ("dt_on", "-s"), ("torch", "--^")):
+        labels = {"dt_off": "dt, overlap off", "dt_on": "dt, overlap on", "torch": "torch DDP",
+                  "compute": "no communication (bound)"}
+        for impl, style in (("dt_off", "-o"), ("dt_on", "-s"), ("torch", "--^"), ("compute", ":k")):
             rows = [r for r in t3.data if r["impl"] == impl or (r["world"] == 1 and r["impl"] == "compute")]
             rows = sorted(rows, key=lambda r: r["world"])
             if len(rows) > 1:
                 ax.plot([r["world"] for r in rows], [100 * r["efficiency"] for r in rows], style,
-                        label=impl.replace("_", " overlap "))
+                        label=labels[impl])
         ax.set_xticks(sorted({r["world"] for r in t3.data}))
         ax.set_xlabel("world size")
         ax.set_ylabel("efficiency (%)")

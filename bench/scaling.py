@@ -850,11 +850,12 @@ def table_dp(st: Study) -> Table:
         m = st.dp.get((world, batch))
         if not m:
             continue
-        for impl in (("compute",) if world == 1 else ("dt_off", "dt_on", "torch")):
+        for impl in (("compute",) if world == 1 else ("compute", "dt_off", "dt_on", "torch")):
             if impl not in m:
                 continue
             a = m[impl]
             step = t1 if world == 1 else a["step"].median
+            label = labels[impl] if world == 1 or impl != "compute" else "no communication (bound)"
             sc = scaling_row(t1, step, world)
             if impl.startswith("dt"):
                 exposed = a["exposed"].median
@@ -871,7 +872,7 @@ def table_dp(st: Study) -> Table:
             mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
             shown = R.fmt_time(t1) if world == 1 and batch in st.t1_single_thread else \
                 R.fmt_stat_time(a["step"])
-            rows.append([world, labels[impl], batch // world, shown,
+            rows.append([world, label, batch // world, shown,
                          R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
                          R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
             data.append({"world": world, "impl": impl, "global_batch": batch,
@@ -884,7 +885,9 @@ def table_dp(st: Study) -> Table:
              f"(buckets of 25 MB, first 1 MB, algorithm={s.dp_algorithm!r}). Global batch {batch}, "
              f"split evenly; MSE loss, SGD step.",
              "speedup = single-process s/step at the same global batch / s/step; efficiency = "
-             "speedup / world. comm fraction = exposed communication / step (what the step waited "
+             "speedup / world. 'no communication (bound)': the same ranks' step with the gradient "
+             "exchange left out, all computing at once: the best any data parallel could do here. "
+             "comm fraction = exposed communication / step (what the step waited "
              "for); comm = time the all-reduces ran; hidden = comm - exposed (ran under backward).",
              f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
              "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
