@@ -117,6 +117,8 @@ def efficiency(st: Any, out: Path) -> Path | None:
         ax.plot(b, [100 * r["comm_fraction_off"] for r in t4.data], "--o", color=COLORS["exposed_comm"],
                 label="comm fraction, overlap off")
         ax.set_xscale("log", base=2)
+        ax.set_xticks(b, [f"{v:,}" for v in b])
+        ax.set_ylim(0, None)
         ax.set_xlabel("global batch")
         ax.set_ylabel("%")
         ax.set_title(f"batch sweep at world {t4.data[0]['world']}")
@@ -133,6 +135,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
                 ax.plot([r["world"] for r in rows], [100 * r["efficiency"] for r in rows], style,
                         label=labels[impl])
         ax.set_xticks(sorted({r["world"] for r in t3.data}))
+        ax.set_ylim(0, None)
         ax.set_xlabel("world size")
         ax.set_ylabel("efficiency (%)")
         ax.set_title(f"data-parallel efficiency, global batch {t3.data[0]['global_batch']}")
