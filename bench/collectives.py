@@ -157,7 +157,7 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
                                                  case.count * itemsize, p)
         calls = {}
         for a in algos:
-            for inplace in (False, True):
+            for inplace in (False, True) if not cfg.get("in_place_only") else (True,):
                 fn = case.call(a, inplace)
                 if fn is not None:
                     calls[(a, inplace)] = fn
@@ -204,7 +204,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     sizes = sizes_between(parse_size(args.b), parse_size(args.e), args.f)
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
-           "progress": not args.quiet and len(sizes) > 3}
+           "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only}
     per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
     itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
     p = args.world
@@ -280,6 +280,27 @@ def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
               f"{row['root']:>4}  {name:<20}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f}", file=out)
 
 
+def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
+    """Per size: dt's fastest algorithm, auto's pick and its time over the fastest's."""
+    rows = data["results"]
+    sizes = list(dict.fromkeys(r["size"] for r in rows))
+    print("\n# summary (in-place medians): fastest dt algorithm, auto/fastest, fastest/torch", file=out)
+    for size in sizes:
+        here = {r["algorithm"]: r for r in rows if r["size"] == size}
+        mode = "in" if "in" in here["torch"] else "out"
+        dt_algos = {a: r[mode]["median"] for a, r in here.items() if a not in ("torch", "auto")}
+        if not dt_algos:
+            continue
+        fastest = min(dt_algos, key=dt_algos.get)
+        line = (f"#   {size:>10} B  fastest {fastest:<19} "
+                f"{dt_algos[fastest] / here['torch'][mode]['median']:5.2f}x torch")
+        if "auto" in here:
+            line += (f"   auto -> {here['auto'].get('picked', '?'):<19} "
+                     f"{here['auto'][mode]['median'] / dt_algos[fastest]:5.2f}x fastest, "
+                     f"{here['auto'][mode]['median'] / here['torch'][mode]['median']:5.2f}x torch")
+        print(line, file=out)
+
+
 def plot(data: dict[str, Any], path: str) -> None:
     import matplotlib
 
@@ -322,11 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", default=None, help="PNG of busbw against size per algorithm")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("--in-place-only", action="store_true", help="skip the out-of-place column")
     args = parser.parse_args(argv)
     if args.o.lower() == "prod":
         args.o = "product"
     data = run(args)
     print_report(data)
+    summary(data)
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(data, fh, indent=1)

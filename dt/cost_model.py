@@ -418,6 +418,41 @@ def scatter_allgather_broadcast(numel: int, itemsize: int, p: int, rank: int, ro
                    _tree_steps(p) + p - 1)
 
 
+def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsize: int, p: int,
+                rank: int, root: int = 0, segment_elems: int | None = None) -> Traffic:
+    """The exact per-rank Traffic of any algorithm, by name (what dt.traffic() counts).
+
+    `numels`: the tensor's element count for all_reduce / broadcast / reduce;
+    every rank's block for all_gather / reduce_scatter (a list, or one int
+    for equal blocks). `root` is a group rank.
+    """
+    blocks = [numels] * p if isinstance(numels, int) else list(numels)
+    n = numels if isinstance(numels, int) else sum(numels)
+    key = (collective.replace("_into_tensor", "").replace("_tensor", ""), algorithm)
+    table = {
+        ("all_reduce", "ring"): lambda: ring_all_reduce(n, itemsize, p, rank, segment_elems),
+        ("all_reduce", "naive"): lambda: naive_all_reduce(n, itemsize, p, rank),
+        ("all_reduce", "recursive_doubling"): lambda: recursive_doubling_all_reduce(n, itemsize, p, rank),
+        ("all_reduce", "rabenseifner"): lambda: rabenseifner_all_reduce(n, itemsize, p, rank),
+        ("reduce_scatter", "ring"): lambda: ring_reduce_scatter(blocks, itemsize, rank, segment_elems),
+        ("all_gather", "ring"): lambda: ring_all_gather(blocks, itemsize, rank, segment_elems),
+        ("all_gather", "recursive_doubling"): lambda: recursive_doubling_all_gather(blocks, itemsize, rank),
+        ("all_gather", "bruck"): lambda: (bruck_all_gather(blocks[0], itemsize, p)
+                                          if len(set(blocks)) == 1
+                                          else ring_all_gather(blocks, itemsize, rank, segment_elems)),
+        ("broadcast", "flat"): lambda: flat_broadcast(n, itemsize, p, rank, root),
+        ("broadcast", "ring"): lambda: ring_broadcast(n, itemsize, p, rank, root, segment_elems),
+        ("broadcast", "binomial"): lambda: binomial_broadcast(n, itemsize, p, rank, root),
+        ("broadcast", "scatter_allgather"):
+            lambda: scatter_allgather_broadcast(n, itemsize, p, rank, root, segment_elems),
+        ("reduce", "flat"): lambda: flat_reduce(n, itemsize, p, rank, root),
+        ("reduce", "binomial"): lambda: binomial_reduce(n, itemsize, p, rank, root),
+    }
+    if key not in table:
+        raise KeyError(f"no per-rank traffic model for {collective} {algorithm}")
+    return table[key]()
+
+
 # ----------------------------------------------------------------------------
 # Time: the alpha-beta-gamma model, per algorithm, in closed form.
 # ----------------------------------------------------------------------------

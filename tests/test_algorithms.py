@@ -290,3 +290,16 @@ def test_bench_collectives_tiny_sweep(tmp_path):
     assert {r["algorithm"] for r in rows} >= {"ring", "recursive_doubling", "torch"}
     assert all(r["wrong"] == 0 for r in rows)
     assert data["machine"]["validation"] is False
+
+
+def test_traffic_for_dispatches_to_the_exact_models():
+    for p in (2, 3, 5, 8):
+        for r in range(p):
+            assert cost_model.traffic_for("all_reduce", "rabenseifner", 1000, 4, p, r) == \
+                cost_model.rabenseifner_all_reduce(1000, 4, p, r)
+            assert cost_model.traffic_for("all_gather_into_tensor", "bruck", 7, 4, p, r) == \
+                cost_model.bruck_all_gather(7, 4, p)
+            assert cost_model.traffic_for("all_gather", "bruck", [3 + i for i in range(p)], 4, p, r) == \
+                cost_model.ring_all_gather([3 + i for i in range(p)], 4, r)
+            assert cost_model.traffic_for("broadcast", "binomial", 9, 4, p, r, root=p - 1) == \
+                cost_model.binomial_broadcast(9, 4, p, r, p - 1)

@@ -35,6 +35,7 @@ import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
+from dt.collectives.scratch import scratch
 from dt.cost_model import split_sizes
 from dt.transport import Comm, resolve_group
 
@@ -87,9 +88,9 @@ def _fold_in(comm: Comm, fold: Fold, flat: torch.Tensor, op: str) -> None:
     if fold.vrank is None:
         comm.send(flat, fold.partner)
     else:
-        scratch = torch.empty_like(flat)
-        comm.recv(scratch, fold.partner)
-        combine(flat, flat, scratch, op)
+        landing = scratch(flat.numel(), flat.dtype, flat.device)
+        comm.recv(landing, fold.partner)
+        combine(flat, flat, landing, op)
 
 
 def _fold_out(comm: Comm, fold: Fold, flat: torch.Tensor, step: int) -> None:
@@ -122,13 +123,13 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
     if fold.folded:
         _fold_in(comm, fold, flat, name)
     if fold.vrank is not None:
-        scratch = torch.empty_like(flat)
+        landing = scratch(flat.numel(), flat.dtype, flat.device)
         d = 1
         while d < fold.p2:
             comm.step = step
             partner = fold.real(fold.vrank ^ d)
-            comm.exchange(flat, partner, scratch, partner)
-            combine(flat, flat, scratch, name)
+            comm.exchange(flat, partner, landing, partner)
+            combine(flat, flat, landing, name)
             d, step = d * 2, step + 1
         finish(flat, name, p)
     else:
@@ -171,7 +172,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
 
         # The first half kept is the largest piece of work (split_sizes puts the
         # longer pieces first), so one scratch of that size serves every step.
-        scratch = torch.empty(edges[p2 // 2], dtype=flat.dtype, device=flat.device)
+        halves = scratch(edges[p2 // 2], flat.dtype, flat.device)
         lo, hi, d = 0, p2, p2 // 2
         while d >= 1:  # recursive halving: keep the half holding piece v
             comm.step = step
@@ -179,7 +180,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
             mid = (lo + hi) // 2
             keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
             kept = piece(*keep)
-            landing = scratch[: kept.numel()]
+            landing = halves[: kept.numel()]
             comm.exchange(_send_or_none(piece(*give)), partner, _send_or_none(landing), partner)
             combine(kept, kept, landing, name)
             lo, hi = keep

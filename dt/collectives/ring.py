@@ -25,11 +25,15 @@ import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
+from dt.collectives.scratch import scratch as scratch_buffer
 from dt.cost_model import split_sizes
 from dt.transport import Comm, Handle, resolve_group
 
-# Segments no larger than this overlap reduction with transfer; see bench/ for how it was chosen.
-DEFAULT_SEGMENT_BYTES = 1 << 20
+# Segments no larger than this overlap reduction with transfer. Gloo uses at
+# most 1 MiB; here, where every message costs a Python-level handshake of
+# ~100 us or more, 4 MiB measured faster at 4 and 32 MB, world 2 to 4
+# (bench/collectives.py; the README's table).
+DEFAULT_SEGMENT_BYTES = 4 << 20
 
 
 def _segments(t: torch.Tensor, segment_elems: int) -> list[torch.Tensor]:
@@ -48,27 +52,35 @@ def ring_pass(
     op: str | None = None,
     sources: list[torch.Tensor] | None = None,
     segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+    laps: int = 1,
 ) -> None:
-    """Move every chunk one lap (p-1 steps) around the ring, in place.
+    """Move every chunk `laps` times (p-1 steps each) around the ring, in place.
 
     At step s rank r sends chunk (r - s + first) mod p to the right and receives
-    chunk (r - s - 1 + first) mod p from the left. first=0 starts each rank on
-    its own chunk (all-gather); first=-1 makes rank r *finish* on its own chunk
-    (reduce-scatter).
+    chunk (r - s - 1 + first) mod p from the left; from step 1 on, what it
+    sends is what it received the step before. first=0 starts each rank on
+    its own chunk (all-gather); first=-1 makes rank r *finish* the lap on its
+    own chunk (reduce-scatter).
 
-    With `op`, a received chunk is combined with `sources[i]` (default: the
-    chunk itself) into `chunks[i]`, and the first step sends from `sources`, so
-    a reduce-scatter can read an input it must not modify.
+    With `op`, the first lap reduces: a received chunk is combined with
+    `sources[i]` (default: the chunk itself) into `chunks[i]` (and divided by
+    p for AVG at the lap's last step), and the first step sends from
+    `sources`, so a reduce-scatter can read an input it must not modify. A
+    second lap (laps=2, all-reduce) then just carries the reduced chunks on
+    round: all-reduce = reduce-scatter + all-gather as one pipeline of 2(p-1)
+    steps, rank r's reduced chunk forwarded segment by segment as it is
+    finished.
 
     Receives are posted ahead of need: gloo moves a message only once the
     receiver has asked for it (a handshake per message), so a receive posted
-    a step early lets the data start flowing the moment the left neighbour
-    sends. Without `op` every receive lands in its final chunk, so all p-1
-    steps' receives are posted at once; with `op` they land in two scratch
-    buffers used alternately, so step s+1's receive is posted while step s is
-    reduced. Each received segment is forwarded as soon as it is reduced.
+    early lets the data flow the moment the left neighbour sends. Reducing
+    steps land in two scratch buffers used alternately (step s+2's receive is
+    posted once step s is reduced); the other steps land in their final chunk,
+    so they are all posted as soon as every earlier receive has been (gloo
+    matches receives from one peer in posting order). Each segment is
+    forwarded as soon as it is reduced.
 
-    Cost: p-1 steps; bytes sent = sum of the chunks this rank forwards
+    Cost: laps * (p-1) steps; bytes sent = sum of the chunks this rank forwards
     (cost_model.ring_reduce_scatter / ring_all_gather give the exact figure).
     """
     p, r = comm.size, comm.rank
@@ -77,41 +89,52 @@ def ring_pass(
     right, left = (r + 1) % p, (r - 1) % p
     seg = max(1, segment_bytes // chunks[0].element_size()) if segment_bytes else 0
     src = sources if sources is not None else chunks
+    steps = laps * (p - 1)
+    reducing = p - 1 if op is not None else 0  # the first lap reduces
 
     def received(step: int) -> int:
         return (r - step - 1 + first) % p
 
     scratch: list[torch.Tensor] = []
-    if op is not None:
-        biggest = max(chunks[received(s)].numel() for s in range(p - 1))
-        scratch = [torch.empty(biggest, dtype=chunks[0].dtype, device=chunks[0].device)
-                   for _ in range(min(2, p - 1))]
+    if reducing:
+        biggest = max(chunks[received(s)].numel() for s in range(reducing))
+        scratch = [scratch_buffer(biggest, chunks[0].dtype, chunks[0].device, slot)
+                   for slot in range(min(2, reducing))]
 
-    def post(step: int) -> list[tuple[Handle, torch.Tensor]]:
-        comm.step = step
-        target = chunks[received(step)]
-        landing = scratch[step % 2][: target.numel()] if op is not None else target
-        return [(comm.irecv(s, left), s) for s in _segments(landing, seg)]
+    posted: dict[int, list[tuple[Handle, torch.Tensor]]] = {}
 
-    ahead = 2 if op is not None else p - 1  # receives in flight
-    posted = {s: post(s) for s in range(min(ahead, p - 1))}
+    def post_until(last: int) -> None:
+        """Post the receives of every step up to `last`, in step order."""
+        for step in range(len(posted) + done[0], min(last, steps - 1) + 1):
+            comm.step = step
+            target = chunks[received(step)]
+            landing = scratch[step % 2][: target.numel()] if step < reducing else target
+            posted[step] = [(comm.irecv(s, left), s) for s in _segments(landing, seg)]
+
+    done = [0]  # steps whose receives have been consumed
+    post_until(1 if reducing else steps - 1)
     comm.step = 0
     sends = [comm.isend(s, right) for s in _segments(src[(r + first) % p], seg)]
-    for step in range(p - 1):
+    for step in range(steps):
         comm.step = step
         ri = received(step)
         target, offset = chunks[ri], 0
+        last_reduce = step == reducing - 1
         for handle, landed in posted.pop(step):
             handle.wait()
             k = landed.numel()
             out = target[offset:offset + k]
-            if op is not None:
-                combine(out, src[ri][offset:offset + k], landed, op)
-            if step < p - 2:
+            if step < reducing:
+                combine(out, src[ri][offset:offset + k], landed, op)  # type: ignore[arg-type]
+                if last_reduce:
+                    finish(out, op, p)  # type: ignore[arg-type]
+            if step < steps - 1:
                 sends.append(comm.isend(out, right))  # forward this segment now
             offset += k
-        if step + ahead < p - 1:
-            posted[step + ahead] = post(step + ahead)  # its scratch was just consumed
+        done[0] += 1
+        # scratch[step % 2] is free again: post step+2's receive, and once the
+        # reducing receives are all posted, every later one.
+        post_until(step + 2 if step + 2 < reducing else steps - 1)
     for h in sends:
         h.wait()
 
@@ -128,13 +151,9 @@ def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: obje
     Cost: 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
     """
     comm = Comm(resolve_group(group), "all_reduce", "ring")
-    name = op_name(op)
     flat = tensor.view(-1)
     chunks = _flat_chunks(flat, split_sizes(flat.numel(), comm.size))
-    ring_pass(comm, chunks, first=-1, op=name, segment_bytes=segment_bytes)
-    finish(chunks[comm.rank], name, comm.size)
-    comm.step = comm.size - 1  # steps of the second pass continue the count
-    ring_pass(comm, chunks, first=0, segment_bytes=segment_bytes)
+    ring_pass(comm, chunks, first=-1, op=op_name(op), segment_bytes=segment_bytes, laps=2)
 
 
 @algorithm("reduce_scatter", "ring")
@@ -154,7 +173,6 @@ def ring_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
     ring_pass(comm, work, first=-1, op=name, sources=sources, segment_bytes=segment_bytes)
     if comm.size == 1:
         output.view(-1).copy_(sources[0])
-    finish(output, name, comm.size)
 
 
 @algorithm("all_gather", "ring")

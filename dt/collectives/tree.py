@@ -24,6 +24,7 @@ import torch
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES, ring_pass
+from dt.collectives.scratch import scratch
 from dt.cost_model import split_sizes
 from dt.transport import Comm, resolve_group
 
@@ -99,7 +100,7 @@ def binomial_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
     kids = children(v, p)[::-1]  # smallest subtree first: the first to be ready
     acc = flat if v == 0 else flat.clone()
     if kids:
-        landing = torch.empty((len(kids), flat.numel()), dtype=flat.dtype, device=flat.device)
+        landing = scratch(len(kids) * flat.numel(), flat.dtype, flat.device).view(len(kids), -1)
         handles = []
         for k, child in enumerate(kids):
             comm.step = (child - v).bit_length() - 1
