@@ -37,10 +37,12 @@ class Machine:
     source: str = "default"
 
 
-# Measured on the 2-core development machine (gloo over loopback, world 2,
-# other jobs running): one exchange step of a tiny message ~150 us, ~1.5 GB/s
-# per rank through the kernel's loopback copy, ~8 GB/s for an add.
-DEFAULT_MACHINE = Machine(alpha=150e-6, beta=1 / 1.5e9, gamma=1 / 8e9)
+# `dt tune` on the 2-core development machine (gloo over loopback, world 2,
+# quiet): one exchange step of a tiny message ~200 us, ~1.25 GB/s per rank
+# through the kernel's loopback copy, ~10 GB/s for an add. Under load the
+# step time grows to milliseconds (the scheduler's time slice), which moves
+# the switch points up; `dt tune` on the loaded machine records that.
+DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
 
 # Aliases registered for the original design's names; auto never needs them.
 _ALIASES = {("broadcast", "naive"), ("reduce", "naive"), ("gather", "naive"), ("scatter", "naive")}
