@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils._pytree import tree_map
+from torch.utils._pytree import tree_leaves
 
 from dt import transport
 from dt.collectives import all_gather, all_reduce, broadcast
@@ -106,20 +106,6 @@ class StepStats:
     hidden_s: float = 0.0  # comm_s - exposed_s: communication that overlapped compute
 
 
-class _MarkBackwardStart(torch.autograd.Function):
-    """Identity on the model's output; its backward is the first thing backward runs for us."""
-
-    @staticmethod
-    def forward(ctx: Any, t: torch.Tensor, ddp: DistributedDataParallel) -> torch.Tensor:
-        ctx.ddp = ddp
-        return t.view_as(t)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        ctx.ddp._begin_step()
-        return grad, None
-
-
 class DistributedDataParallel(nn.Module):
     """Wrap `module` so that backward leaves gradients averaged over `group` in `.grad`."""
 
@@ -182,10 +168,11 @@ class DistributedDataParallel(nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         out = self.module(*args, **kwargs)
         self._sync_this_backward = self._sync_next_backward
-        if not (torch.is_grad_enabled() and self._sync_this_backward):
-            return out
-        return tree_map(lambda t: _MarkBackwardStart.apply(t, self)
-                        if isinstance(t, torch.Tensor) and t.requires_grad else t, out)
+        if torch.is_grad_enabled() and self._sync_this_backward:
+            for t in tree_leaves(out):  # the output's gradient is where our backward starts
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    t.register_hook(lambda grad: self._begin_step())
+        return out
 
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
