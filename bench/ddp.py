@@ -29,6 +29,7 @@ one configuration, one dict of seconds per step and its breakdown.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import time
@@ -202,7 +203,8 @@ def _paired(per_rank: list[dict[str, list[dict[str, float]]]], a: str, b: str,
 # ---------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
+    """`dt bench ddp`; `pool`: reuse a WorkerPool of --world processes (tests do)."""
     ap = argparse.ArgumentParser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=2)
     ap.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
@@ -229,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     if note:
         print(f"note: {note}")
     rows, results, figures = [], [], []
-    with WorkerPool(a.world) as pool:
+    with contextlib.nullcontext(pool) if pool is not None else WorkerPool(a.world) as pool:
         for cap in caps:
             per_rank = pool.run(_step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
                                 a.warmup, cap, 1.0, a.algorithm, timeout=1800)

@@ -210,3 +210,23 @@ def test_replicas_no_sync_unused_and_errors(run, world: int) -> None:
         torch.testing.assert_close(r["unused"]["sometimes.weight"],
                                    results[0]["unused_local"]["sometimes.weight"] / world)
         assert "0.weight" in r["shape_error"] and "(30, 5)" in r["shape_error"], r["shape_error"]
+
+
+@pytest.mark.timeout(120)
+def test_bench_ddp_runs(pools, tmp_path) -> None:
+    """bench/ddp.py on a tiny model: the reusable measurement and the printed report."""
+    import json
+
+    from bench import ddp as bench_ddp
+
+    for impl in ("dt", "torch"):
+        r = bench_ddp.measure_data_parallel(2, 8, impl=impl, steps=2, warmup=1, hidden=16, layers=2,
+                                            pool=pools(2))
+        assert r["step_s"] > 0 and r["steps"] == 2 and r["params"] == 2 * (16 * 16 + 16)
+        if impl == "dt":
+            assert r["bytes_sent_per_step"] > 0 and r["exposed_comm_s"] >= 0
+    out = tmp_path / "ddp.json"
+    assert bench_ddp.main(["--world", "2", "--batch", "8", "--steps", "2", "--warmup", "1",
+                           "--hidden", "16", "--layers", "2", "--json", str(out)], pool=pools(2)) == 0
+    figures = json.loads(out.read_text())["figures"]
+    assert {f["bucket_cap_mb"] for f in figures} == {25.0, 4.0}
