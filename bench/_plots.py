@@ -185,13 +185,18 @@ def bubble(st: Any, out: Path) -> Path | None:
     if t is None or not t.data:
         return None
     fig, ax = plt.subplots(figsize=(6, 4))
-    for sched, marker in (("gpipe", "o"), ("1f1b", "s")):
+    for sched, marker in (("gpipe", "o"), ("1f1b", "s"), ("interleaved", "^")):
         rows = sorted((r for r in t.data if r["schedule"] == sched), key=lambda r: r["micro_batches"])
-        ax.plot([r["micro_batches"] for r in rows], [100 * _med(r["measured"]) for r in rows],
-                marker=marker, label=f"{sched} measured")
+        if not rows:
+            continue
+        line, = ax.plot([r["micro_batches"] for r in rows], [100 * _med(r["measured"]) for r in rows],
+                        marker=marker, label=f"{sched} measured")
+        if sched != "1f1b":  # 1F1B's formula is GPipe's
+            v = rows[0].get("virtual", 1)
+            ax.plot([r["micro_batches"] for r in rows], [100 * r["theory"] for r in rows], "--",
+                    color="black" if v == 1 else line.get_color(),
+                    label="(p-1)/(m+p-1)" if v == 1 else f"(p-1)/({v}m+p-1)")
     rows = sorted({r["micro_batches"]: r for r in t.data}.values(), key=lambda r: r["micro_batches"])
-    ax.plot([r["micro_batches"] for r in rows], [100 * r["theory"] for r in rows], "k--",
-            label="(p-1)/(m+p-1)")
     ax.set_xscale("log", base=2)
     ax.set_xticks([r["micro_batches"] for r in rows], [str(r["micro_batches"]) for r in rows])
     ax.set_xlabel("micro-batches m")

@@ -104,6 +104,7 @@ class Settings:
     pp_blocks_per_stage: int = 2
     pp_steps: int = 3
     pp_warmup: int = 1
+    pp_virtual: int = 2  # chunks per rank of the interleaved schedule (if dt.pipeline has it)
     pp_timed_s: float = 0.02  # forward seconds of a TimedStage (backward 2x); 0: skip those rows
     # output
     out_dir: Path = Path("results")
@@ -190,7 +191,7 @@ def quick_settings(s: Settings) -> Settings:
     s.dp_steps, s.dp_warmup = 2, 1
     s.pp_micro = (1, 4, 16)
     s.pp_batch, s.pp_hidden = 512, 512
-    s.pp_timed_s = 0.005
+    s.pp_timed_s = 0.01
     s.pp_steps, s.pp_warmup = 2, 1
     return s
 
@@ -340,11 +341,12 @@ class TimedStage(nn.Module):
 
 def _pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden: int,
                      blocks_per_stage: int, steps: int, warmup: int,
-                     timed_stage_s: float = 0.0) -> list[dict[str, float]]:
+                     timed_stage_s: float = 0.0, virtual: int = 1) -> list[dict[str, float]]:
     """Train steps of a pipeline; this stage's dt.pipeline StepStats per step.
 
     Stages are `blocks_per_stage` (Linear, GELU) blocks of width `hidden`, or,
     with timed_stage_s > 0, a TimedStage per rank (micro-batches of 16 floats a row).
+    virtual=v (schedule "interleaved"): each rank holds v chunks of 1/v the work.
     """
     from dt.pipeline import Pipeline, stage_module
 
@@ -352,12 +354,13 @@ def _pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden:
     p, rank = dist.get_world_size(), dist.get_rank()
     torch.manual_seed(0)
     if timed_stage_s > 0:
-        stage: nn.Module = TimedStage(timed_stage_s)
+        chunks = [TimedStage(timed_stage_s / virtual) for _ in range(virtual)]
+        stage: nn.Module = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
         hidden = 16
     else:
         blocks = [nn.Sequential(nn.Linear(hidden, hidden), nn.GELU())
                   for _ in range(p * blocks_per_stage)]
-        stage = stage_module(blocks)
+        stage = stage_module(blocks, virtual=virtual) if virtual > 1 else stage_module(blocks)
     pipe = Pipeline(stage)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(batch, hidden, generator=gen) if rank == 0 else None
@@ -598,13 +601,26 @@ class Study:
                  for (w, b), impls in plan.items() if b % w == 0]
         return sorted(calls)
 
+    def pp_schedules(self) -> tuple[str, ...]:
+        """GPipe and 1F1B, and the interleaved schedule where dt.pipeline offers it."""
+        from dt import pipeline
+
+        try:
+            pipeline.schedule("interleaved", 2, 0, 2, 2)
+        except (ValueError, TypeError):
+            return ("gpipe", "1f1b")
+        return ("gpipe", "1f1b", "interleaved") if self.s.pp_virtual > 1 else ("gpipe", "1f1b")
+
     def pp_plan(self) -> list[tuple[str, str, int]]:
         """(stage kind, schedule, micro-batches): "linear" stages compute, "timed" ones sleep."""
         if not self._need(5, 6):
             return []
         kinds = ["linear"] + (["timed"] if self.s.pp_timed_s > 0 and self._need(6) else [])
-        return [(kind, sched, m) for kind in kinds for sched in ("gpipe", "1f1b")
+        return [(kind, sched, m) for kind in kinds for sched in self.pp_schedules()
                 for m in self.s.pp_micro if m <= self.s.pp_batch]
+
+    def pp_virtual(self, sched: str) -> int:
+        return self.s.pp_virtual if sched == "interleaved" else 1
 
     # -- measuring -----------------------------------------------------------
     def plan(self) -> list[tuple[int, str, Callable[[], None]]]:
@@ -688,7 +704,8 @@ class Study:
     def measure_pipeline(self, kind: str, sched: str, m: int) -> None:
         res = self.run(self.s.pp_stages, _pipeline_worker, sched, m, self.s.pp_batch,
                        self.s.pp_hidden, self.s.pp_blocks_per_stage, self.s.pp_steps,
-                       self.s.pp_warmup, self.s.pp_timed_s if kind == "timed" else 0.0)
+                       self.s.pp_warmup, self.s.pp_timed_s if kind == "timed" else 0.0,
+                       self.pp_virtual(sched))
         self.pp[(kind, sched, m)] = aggregate_pipeline(res)
 
 
@@ -993,12 +1010,16 @@ def table_pipeline(st: Study) -> Table:
 
     s, rows, data = st.s, [], []
     p = s.pp_stages
-    configs = sorted({(sched, m) for _, sched, m in st.pp}, key=lambda c: (c[0] != "gpipe", c[1]))
+    order = {"gpipe": 0, "1f1b": 1, "interleaved": 2}
+    configs = sorted({(sched, m) for _, sched, m in st.pp}, key=lambda c: (order.get(c[0], 3), c[1]))
     for sched, m in configs:
-        theory = bubble_fraction(p, m)
+        v = st.pp_virtual(sched)
+        theory = bubble_fraction(p, m, v)
         lin, timed = st.pp.get(("linear", sched, m)), st.pp.get(("timed", sched, m))
-        row: list[Any] = [sched, m, R.fmt_pct(theory, 1)]
-        entry: dict[str, Any] = {"schedule": sched, "stages": p, "micro_batches": m, "theory": theory}
+        name = f"{sched} (v={v})" if v > 1 else sched
+        row: list[Any] = [name, m, R.fmt_pct(theory, 1)]
+        entry: dict[str, Any] = {"schedule": sched, "virtual": v, "stages": p, "micro_batches": m,
+                                 "theory": theory}
         for kind, a in (("timed", timed), ("linear", lin)):
             if a is None:
                 row += ["-", "-"] if kind == "timed" else ["-", "-", "-", "-"]
@@ -1026,13 +1047,17 @@ def table_pipeline(st: Study) -> Table:
              "real compute. Idle time includes the wire time of activations and gradients. Peak "
              "stash: the most micro-batches whose activations any stage held (GPipe m, 1F1B at "
              "most p)."]
+    if "interleaved" in st.pp_schedules():
+        v = s.pp_virtual
+        notes.append(f"interleaved (v={v}): each rank holds {v} chunks of 1/{v} the layers (Megatron's "
+                     f"order); the formula is (p-1)/(v m + p-1), bought with {v} times the messages.")
     if p > st.cores:
         notes.append(f"{p} stages > {st.cores} cores (oversubscribed): linear stages busy at the "
                      "same time share the cores, so a full pipe computes slower per stage than a "
                      "filling one; that distorts their bubble in both directions, which is why the "
                      "timed stages are shown first.")
     return Table(6, f"{TITLES[6]} ({p} stages)",
-                 ["schedule", "micro-batches", "(p-1)/(m+p-1)", "timed stages", "per stage",
+                 ["schedule", "micro-batches", "formula", "timed stages", "per stage",
                   "linear stages", "per stage", "s/step (linear)", "peak stash"], rows, notes, data)
 
 
