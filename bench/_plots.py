@@ -74,26 +74,34 @@ def allreduce(st: Any, out: Path) -> Path | None:
 
 
 def busbw(st: Any, out: Path) -> Path | None:
-    """Bus bandwidth vs message size per world and algorithm (table 7's timings)."""
+    """Bus bandwidth vs message size: color per algorithm (gloo = torch's own), style per world."""
+    from dt import cost_model
+
     t = st.tables.get(7)
     if t is None:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8, 5))
     worlds = sorted({r["world"] for r in t.data})
-    markers = "osd^v<>"
-    for k, w in enumerate(worlds):
-        for algo in sorted({r["algorithm"] for r in t.data}):
-            rows = sorted((r for r in t.data if r["world"] == w and r["algorithm"] == algo),
-                          key=lambda r: r["nbytes"])
-            ax.plot([r["nbytes"] for r in rows], [r["busbw"] / 1e9 for r in rows],
-                    "-" if algo == "ring" else "--", marker=markers[k % len(markers)],
-                    color=COLORS[algo], alpha=0.4 + 0.6 * (k + 1) / len(worlds),
-                    label=f"{algo}, world {w}")
+    styles, markers = ["-", "--", ":", "-."], "osd^v<>"
+    points: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    for r in t.data:
+        points.setdefault((r["algorithm"], r["world"]), []).append((r["nbytes"], r["busbw"]))
+    for (world, nbytes), agg in st.coll.items():  # torch.distributed.all_reduce, same processes
+        if "gloo" in agg and world in worlds:
+            bw = cost_model.bus_bandwidth("all_reduce", nbytes, agg["gloo"]["time"].median, world)[1]
+            points.setdefault(("gloo", world), []).append((nbytes, bw))
+    for (algo, world), pts in sorted(points.items()):
+        k = worlds.index(world)
+        pts.sort()
+        ax.plot([n for n, _ in pts], [b / 1e9 for _, b in pts], styles[k % len(styles)],
+                marker=markers[k % len(markers)], color=COLORS.get(algo, None),
+                label=f"{algo}, world {world}")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s) = size/time x 2(p-1)/p")
-    ax.set_title("all-reduce bus bandwidth")
-    ax.legend(fontsize=7, ncol=2)
+    ax.set_title("all-reduce bus bandwidth (gloo: torch.distributed's own)")
+    ax.legend(fontsize=6, ncol=len(worlds))
     ax.grid(alpha=0.3)
     fig.suptitle(_machine_title(st), fontsize=9)
     fig.tight_layout()
