@@ -16,7 +16,9 @@ It regenerates the original design's tables (see REFERENCE.md) from measurement:
 4. the batch sweep at the largest world: speedup, efficiency, comm fraction, compute and comm time;
 5. where the efficiency went: each step split into compute, hidden comm, exposed comm, pipeline
    bubble and the rest, summing to 100%;
-6. the pipeline bubble measured against (p-1)/(m+p-1), 4 stages, GPipe and 1F1B;
+6. the pipeline bubble measured against (p-1)/(m+p-1), 4 stages, 1, 4 and 16 micro-batches, GPipe,
+   1F1B and interleaved 1F1B ((p-1)/(vm+p-1)); stages that compute for real, and stages whose
+   compute is a fixed sleep (the schedule's bubble without the cores' contention);
 7. predicted vs measured: the alpha-beta-gamma cost model's time for each all-reduce next to the
    measured one, with the latency and bandwidth fitted from this run (or saved by `dt tune`).
 
