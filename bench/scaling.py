@@ -806,6 +806,26 @@ def table_allreduce_big(st: Study) -> Table:
                   "ring time", "naive time", "gloo time", "ring speedup"], rows, notes, data)
 
 
+def crossover_notes(st: Study) -> list[str]:
+    """Per world: the largest measured size at which naive still beats the ring, and the next."""
+    out = []
+    for world in st.s.coll_worlds:
+        sizes = sorted(n for (w, n) in st.coll if w == world)
+        if len(sizes) < 3:
+            continue
+        faster = [st.coll[(world, n)]["naive"]["time"].median < st.coll[(world, n)]["ring"]["time"].median
+                  for n in sizes]
+        if all(faster):
+            out.append(f"world {world}: naive is faster at every size up to {R.fmt_bytes(sizes[-1])}")
+        elif not any(faster):
+            out.append(f"world {world}: the ring is faster at every size from {R.fmt_bytes(sizes[0])}")
+        else:
+            last = max(k for k, f in enumerate(faster) if f)
+            nxt = f", the ring from {R.fmt_bytes(sizes[last + 1])}" if last + 1 < len(sizes) else ""
+            out.append(f"world {world}: naive up to {R.fmt_bytes(sizes[last])}{nxt}")
+    return out
+
+
 def table_allreduce_small(st: Study) -> Table:
     s, rows, data = st.s, [], []
     nbytes = s.small_bytes
@@ -831,6 +851,9 @@ def table_allreduce_small(st: Study) -> Table:
              "Messages: the most any rank sent (the root's p-1 sends per phase in naive, which "
              "go out at once).",
              "naive speedup = ring time / naive time; above 1x the naive all-reduce wins."]
+    cross = crossover_notes(st)
+    if cross:
+        notes.append("Where the ring takes over (every measured size, all-reduce sweep): " + "; ".join(cross))
     notes += _contention_notes(s.coll_worlds, st.cores)
     return Table(2, TITLES[2] if nbytes == T2_BYTES else f"Ring vs naive all-reduce, "
                  f"{nbytes / 1e6:.2f} MB float32",
