@@ -111,18 +111,23 @@ class Head(nn.Module):
         super().__init__()
         self.group = resolve_group(tp_group)
         self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.weight: nn.Parameter | None = None
+        self.lm_head: tp.ColumnParallelLinear | None = None
         if cfg.tied:
             # The embedding's own weight when on this stage; else a copy built
             # from the embedding's seed, its gradient summed with the original's.
             self.weight = wte if wte is not None else _word_embedding(cfg, tp_group, 0).weight
         else:
             _seed(cfg, layer, 0)
-            self.weight = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
-                                                  group=tp_group).weight
+            self.lm_head = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
+                                                   group=tp_group)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = tp.copy_to_region(self.ln_f(x), self.group)  # f: the input gradient is all-reduced
-        return F.linear(x, self.weight)
+        x = self.ln_f(x)
+        if self.lm_head is not None:
+            return self.lm_head(x)  # column parallel: each rank its slice of the vocabulary
+        x = tp.copy_to_region(x, self.group)  # f: the input gradient is all-reduced
+        return F.linear(x, self.weight)  # the embedding's vocab rows are the same slice
 
 
 def gpt_layers(cfg: GPTConfig, tp_group: Any, layers: Sequence[int] | None = None) -> list[nn.Module]:

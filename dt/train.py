@@ -68,6 +68,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--validate", action="store_true",
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per process (default: the launcher's cores // processes; "
+                        "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     per_rank = args.batch_size // args.dp
@@ -201,6 +204,16 @@ def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, 
 
 def train_worker(args: argparse.Namespace) -> dict[str, Any]:
     """Train on this rank; returns the losses, throughput and time split."""
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _train(args)
+    finally:
+        torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any]:
     transport.set_validation(args.validate)
     data = CharData(seed=args.seed)
     model, optimizer = make_model(args, data.vocab_size)
@@ -256,13 +269,13 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
              f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)",
-             "time split, mean over ranks (share of the training loop's wall time):"]
+             f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
         lines.append(f"  {key:<14} {mean:7.2f} s  {100 * mean / r0['wall_s']:5.1f}%")
     per_step = {k: sum(r["bytes_sent"][k] for r in results) / len(results) / r0["steps"]
                 for k in r0["bytes_sent"]}
-    lines.append("bytes sent per rank per step (mean over ranks): " + ", ".join(
+    lines.append(f"bytes sent per rank per step (mean over {len(results)} rank(s)): " + ", ".join(
         f"{k} {v / 1e3:.1f} kB" for k, v in per_step.items()))
     if args.pp > 1:
         last = [r for r in results if r["coords"][2] == args.pp - 1] or results
