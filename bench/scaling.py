@@ -252,10 +252,11 @@ def _collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: in
     return out
 
 
-def _reduction_seconds_per_byte(nbytes: int = 4 << 20, reps: int = 7) -> float:
+def _reduction_seconds_per_byte(nbytes: int = 16 << 20, reps: int = 7) -> float:
     """gamma: seconds per byte to add one float32 buffer into another, on this rank's threads.
 
-    All ranks measure at once, so on a shared machine gamma includes their contention.
+    All ranks measure at once, so on a shared machine gamma includes their contention;
+    16 MB, larger than the caches, as the chunks of a big all-reduce are.
     """
     a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
     a.add_(b)
