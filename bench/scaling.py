@@ -874,10 +874,11 @@ def _dp_t1(st: Study, batch: int) -> float:
     return t
 
 
-def _t1_notes(st: Study) -> list[str]:
-    if not st.t1_single_thread:
+def _t1_notes(st: Study, batches: Sequence[int]) -> list[str]:
+    slowed = sorted(st.t1_single_thread & set(batches))
+    if not slowed:
         return []
-    return [f"At global batch {', '.join(map(str, sorted(st.t1_single_thread)))} the single process "
+    return [f"At global batch {', '.join(map(str, slowed))} the single process "
             f"ran faster on one thread than on {st.cores} (the machine was loaded by other work, "
             "and torch's threads contended for the cores): T1 is the one-thread step, so speedups "
             "are not flattered by a slowed baseline."]
@@ -935,7 +936,7 @@ def table_dp(st: Study) -> Table:
              f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
              "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
              "the core count: efficiency at world > cores is bounded by cores/world."]
-    notes += _t1_notes(st)
+    notes += _t1_notes(st, [batch])
     notes += _contention_notes(s.dp_worlds, st.cores)
     return Table(3, f"{TITLES[3]} (global batch {batch})",
                  ["world", "implementation", "per worker", "s/step", "speedup", "efficiency",
@@ -945,6 +946,7 @@ def table_dp(st: Study) -> Table:
 
 def table_sweep(st: Study) -> Table:
     s, rows, data = st.s, [], []
+    grad_bytes = 4 * sum(p.numel() for p in reference_model(s.hidden, s.layers).parameters())
     n = s.sweep_world
     for batch in s.sweep_batches:
         m = st.dp.get((n, batch))
@@ -969,9 +971,9 @@ def table_sweep(st: Study) -> Table:
     notes = [f"World {n}, the reference model; T1 = one process (all {st.cores} cores) at the same "
              "global batch. compute = the same ranks' step with no communication, all computing at "
              "once; comm = time the gradient all-reduces ran in the overlap-off step.",
-             "Efficiency follows compute per byte of gradient: the gradient is the same 25 MB at "
-             "every batch, compute grows with the batch."]
-    notes += _t1_notes(st)
+             f"Efficiency follows compute per byte of gradient: the gradient is the same "
+             f"{R.fmt_bytes(grad_bytes)} at every batch, compute grows with the batch."]
+    notes += _t1_notes(st, s.sweep_batches)
     notes += _contention_notes([n], st.cores)
     return Table(4, f"{TITLES[4]} (world {n})",
                  ["global batch", "per worker", "T1", "s/step (off)", "speedup", "efficiency",
@@ -1013,7 +1015,9 @@ def table_breakdown(st: Study) -> Table:
         if kind != "linear":
             continue
         step = a["step"].median
-        add(f"PP {s.pp_stages} stages, {sched}, m={mb}", step, a["compute"].median, 0.0, 0.0,
+        v = st.pp_virtual(sched)
+        name = f"{sched} v={v}" if v > 1 else sched
+        add(f"PP {s.pp_stages} stages, {name}, m={mb}", step, a["compute"].median, 0.0, 0.0,
             a["idle"].median, math.nan, {"stages": s.pp_stages, "schedule": sched, "micro": mb})
     notes = ["Each row splits one step's wall time (median over steps; per-rank figures averaged "
              "over ranks): compute = forward + backward + optimizer with nothing under it; hidden "
