@@ -9,7 +9,8 @@ this prints nccl-tests' columns: size (B), count (elements), type, redop,
 root, then out-of-place and in-place time (us, median), algbw and busbw
 (GB/s, busbw = algbw * nccl-tests' factor from dt.cost_model.BUSBW_FACTOR)
 and #wrong (elements that differ from torch's result on the same input,
-summed over ranks), then the median time relative to torch's (in-place).
+summed over ranks), then the time relative to torch's: the median over calls
+of (this call / torch's call of the same round), in-place where there is one.
 
 Timing: -w warm-up calls, then -n timed calls, every algorithm of a size
 interleaved call by call so that they share whatever else the machine is
@@ -227,6 +228,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 slowest = [max(rk["times"][key][i] for rk in per_rank)
                            for i in range(len(per_rank[0]["times"][key]))]
                 st = _stats(slowest)
+                st["samples"] = slowest
                 algbw, busbw = cost_model.bus_bandwidth(coll, row["size"], st["median"], p)
                 row["in" if inplace else "out"] = {**st, "algbw": algbw / 1e9, "busbw": busbw / 1e9}
                 row["wrong"] += sum(rk["wrong"].get(key, 0) for rk in per_rank)
@@ -234,7 +236,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for row in rows:
         ref = next(x for x in rows if x["size"] == row["size"] and x["algorithm"] == "torch")
         mode = "in" if "in" in row else "out"
-        row["vs_torch"] = row[mode]["median"] / ref[mode]["median"]
+        # Median of per-call ratios: call i of each algorithm ran next to torch's
+        # call i, under the same load, which a shared machine needs.
+        row["vs_torch"] = statistics.median(
+            a / b for a, b in zip(row[mode]["samples"], ref[mode]["samples"]))
+        row["vs_torch_of_medians"] = row[mode]["median"] / ref[mode]["median"]
     import platform
 
     machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo",
@@ -284,7 +290,7 @@ def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
     """Per size: dt's fastest algorithm, auto's pick and its time over the fastest's."""
     rows = data["results"]
     sizes = list(dict.fromkeys(r["size"] for r in rows))
-    print("\n# summary (in-place medians): fastest dt algorithm, auto/fastest, fastest/torch", file=out)
+    print("\n# summary: fastest dt algorithm (median time), then medians of per-call ratios", file=out)
     for size in sizes:
         here = {r["algorithm"]: r for r in rows if r["size"] == size}
         mode = "in" if "in" in here["torch"] else "out"
@@ -292,12 +298,16 @@ def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
         if not dt_algos:
             continue
         fastest = min(dt_algos, key=dt_algos.get)
-        line = (f"#   {size:>10} B  fastest {fastest:<19} "
-                f"{dt_algos[fastest] / here['torch'][mode]['median']:5.2f}x torch")
+
+        def ratio(a: str, b: str, here: dict = here, mode: str = mode) -> float:
+            """Median of per-call ratios, as in the vs torch column."""
+            return statistics.median(x / y for x, y in zip(here[a][mode]["samples"],
+                                                           here[b][mode]["samples"]))
+
+        line = f"#   {size:>10} B  fastest {fastest:<19} {ratio(fastest, 'torch'):5.2f}x torch"
         if "auto" in here:
             line += (f"   auto -> {here['auto'].get('picked', '?'):<19} "
-                     f"{here['auto'][mode]['median'] / dt_algos[fastest]:5.2f}x fastest, "
-                     f"{here['auto'][mode]['median'] / here['torch'][mode]['median']:5.2f}x torch")
+                     f"{ratio('auto', fastest):5.2f}x fastest, {ratio('auto', 'torch'):5.2f}x torch")
         print(line, file=out)
 
 

@@ -9,7 +9,9 @@ travels once around the ring:
 - reduce-scatter: the received chunk is reduced into the local one before it
   is forwarded, so after p-1 steps rank r holds chunk r summed over all ranks;
 - all-gather: the received chunk is stored and forwarded unchanged;
-- all-reduce: reduce-scatter, then all-gather of the reduced chunks.
+- all-reduce: reduce-scatter, then all-gather of the reduced chunks, run as
+  one pipeline of 2(p-1) steps (the gather lap starts on a rank's chunk the
+  moment its last segment is reduced).
 
 Each rank sends (p-1)/p of the buffer per pass whatever p is, which is why the
 ring is bandwidth-optimal; it pays for that with p-1 sequential steps per pass.
@@ -30,9 +32,9 @@ from dt.cost_model import split_sizes
 from dt.transport import Comm, Handle, resolve_group
 
 # Segments no larger than this overlap reduction with transfer. Gloo uses at
-# most 1 MiB; here, where every message costs a Python-level handshake of
-# ~100 us or more, 4 MiB measured faster at 4 and 32 MB, world 2 to 4
-# (bench/collectives.py; the README's table).
+# most 1 MiB; here, where every message costs a handshake and a wake-up of
+# 100 us to a few ms (more on a loaded machine), 4 MiB measured faster than
+# 256 KiB and 1 MiB at 4 and 32 MB, world 2 to 4 (dt bench collectives).
 DEFAULT_SEGMENT_BYTES = 4 << 20
 
 
@@ -146,9 +148,9 @@ def _flat_chunks(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
 @algorithm("all_reduce", "ring")
 def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None,
                     *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
-    """Ring all-reduce in place: reduce-scatter then all-gather.
+    """Ring all-reduce in place: reduce-scatter then all-gather, one ring_pass of two laps.
 
-    Cost: 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
+    Cost (cost_model.ring_all_reduce): 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
     """
     comm = Comm(resolve_group(group), "all_reduce", "ring")
     flat = tensor.view(-1)
@@ -168,7 +170,11 @@ def ring_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
     comm = Comm(resolve_group(group), "reduce_scatter", "ring")
     name = op_name(op)
     sources = [t.reshape(-1) for t in input_list]
-    work = [torch.empty_like(s) for s in sources]
+    # Chunks this rank reduces on the way and forwards: reused buffers (slot 2;
+    # ring_pass's landing buffers are slots 0 and 1).
+    sizes = [t.numel() for t in sources]
+    pool = scratch_buffer(sum(sizes), output.dtype, output.device, slot=2)
+    work = list(pool.split(sizes))
     work[comm.rank] = output.view(-1)
     ring_pass(comm, work, first=-1, op=name, sources=sources, segment_bytes=segment_bytes)
     if comm.size == 1:
