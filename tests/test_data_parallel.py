@@ -12,8 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 import dt
+from dt import cost_model
+from dt.collectives import auto
 from dt.data_parallel import DistributedDataParallel, make_buckets
-from dt.tensor_parallel import collective_bytes  # cost_model bytes for the algorithm auto picks
 
 BATCH = 60  # divisible by 1..5
 TINY_MB = 1000 / (1024 * 1024)  # ~1000-byte buckets: several buckets on this model
@@ -38,10 +39,14 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return (out - y).pow(2).mean()
 
 
-def _expected_bytes(ddp: DistributedDataParallel, algorithm: str) -> int:
+def _expected_bytes(ddp: DistributedDataParallel, algorithm: str, rank: int, p: int) -> int:
     """dt.cost_model's bytes for each bucket's all-reduce, on the algorithm auto picks."""
-    return sum(collective_bytes("all_reduce", b.buffer.numel(), 4, None, algorithm)
-               for b in ddp.buckets)
+    total = 0
+    for b in ddp.buckets:
+        n = b.buffer.numel()
+        algo = auto.choose("all_reduce", algorithm, n * 4, p)
+        total += cost_model.traffic_for("all_reduce", algo, n, 4, p, rank).bytes_sent
+    return total
 
 
 def _grads_worker(with_torch: bool) -> dict:
@@ -63,7 +68,7 @@ def _grads_worker(with_torch: bool) -> dict:
                     "grads": [p.grad.clone() for p in model.parameters()],
                     "collectives": s.collectives, "buckets": len(ddp.buckets),
                     "bytes": s.bytes_sent,
-                    "expected_bytes": _expected_bytes(ddp, algorithm),
+                    "expected_bytes": _expected_bytes(ddp, algorithm, rank, world),
                     "times_ok": min(s.compute_s, s.comm_s, s.exposed_s, s.hidden_s) >= 0,
                 }
     if with_torch:
