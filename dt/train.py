@@ -2,7 +2,8 @@
 
     dt train --dp 2 --tp 2 --pp 2 --steps 100
     dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt.pt   # resumes if it exists
-    torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2             # same code, torchrun
+    dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
+    torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
 
 Spawns dp*tp*pp processes (dt.launcher.launch), builds the mesh
 (dt.mesh), the model (dt.model.ParallelGPT) and trains on the generated text
@@ -17,7 +18,8 @@ prints, at the end, the loss, tokens/s and where the time went:
 --checkpoint PATH saves every rank's model and optimizer shards into one file
 at the end (and every --save-every steps), atomically: written to PATH.tmp and
 moved over PATH with os.replace, so a crash never leaves half a checkpoint. A
-run started with an existing PATH resumes from it (same mesh and model).
+run started with an existing PATH resumes from it (same mesh and model). Rank 0
+writes the file and every rank reads it: one machine, or a shared filesystem.
 """
 
 from __future__ import annotations
@@ -255,7 +257,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "peak_stash": model.pipe.stats.peak_stash, "bubble_measured": model.pipe.stats.bubble}
+            "peak_stash": model.pipe.stats.peak_stash}
 
 
 def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
@@ -278,12 +280,14 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines.append(f"bytes sent per rank per step (mean over {len(results)} rank(s)): " + ", ".join(
         f"{k} {v / 1e3:.1f} kB" for k, v in per_step.items()))
     if args.pp > 1:
-        last = [r for r in results if r["coords"][2] == args.pp - 1] or results
-        bubble = sum(r["bubble_measured"] for r in last) / len(last)
-        lines.append(f"pipeline bubble, last step, last stage: {100 * bubble:.1f}% measured, "
-                     f"{100 * bubble_fraction(args.pp, args.micro_batches, args.virtual):.1f}% = "
-                     f"(p-1)/(v*m+p-1) ideal; peak stashed micro-batches on stage 0: "
-                     f"{r0['peak_stash']}")
+        per_stage = []
+        for s in range(args.pp):
+            mine = [r["times"]["bubble"] / r["wall_s"] for r in results if r["coords"][2] == s]
+            per_stage.append(f"{100 * sum(mine) / len(mine):.0f}%" if mine else "?")
+        lines.append(f"pipeline bubble (idle / loop time) by stage: {', '.join(per_stage)}; "
+                     f"(p-1)/(v*m+p-1) = "
+                     f"{100 * bubble_fraction(args.pp, args.micro_batches, args.virtual):.1f}%; "
+                     f"peak stashed (chunk, micro-batch) activations on stage 0: {r0['peak_stash']}")
     return "\n".join(lines)
 
 
