@@ -80,6 +80,11 @@ def test_uneven_user_sizes_and_five_stages(run):
     assert [f for r in results for f in r] == []
 
 
+def test_eight_stages_one_layer_each(run):
+    results = run(8, _pipeline_vs_reference, [1, 3, 8], None, SCHEDULES[:2])
+    assert [f for r in results for f in r] == []
+
+
 def test_bubble_arithmetic():
     assert bubble_fraction(4, 1) == pytest.approx(0.75)
     assert bubble_fraction(4, 16) == pytest.approx(3 / 19)  # about 16%
