@@ -30,6 +30,7 @@ every exchange is one contiguous slice of the output.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -37,7 +38,7 @@ from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
 from dt.cost_model import split_sizes
-from dt.transport import Comm, resolve_group
+from dt.transport import Comm, Handle, resolve_group
 
 
 class Fold:
@@ -77,6 +78,48 @@ def _send_or_none(t: torch.Tensor) -> torch.Tensor | None:
     return t if t.numel() else None
 
 
+class Lookahead:
+    """A step schedule's receives, posted before they are needed.
+
+    gloo moves a message only once the receiver has asked for it: a send
+    posted before the peer's receive waits until the peer's notice arrives and
+    the sender's network thread wakes to act on it, which costs a scheduler
+    wake-up (milliseconds on a loaded machine). Posting step k's receive
+    while step k-1 or k-2 is still running lets every send go out at once.
+
+    plan[k] = (peer, landing, scratch): `landing()` gives step k's receive
+    buffer (None or empty: nothing to receive). A scratch landing reuses one of
+    two buffers, so it is posted at most 2 steps ahead, after step k-2 was
+    `release`d; other landings are final and are posted as soon as every
+    earlier receive has been (gloo matches one peer's messages in posting order).
+    """
+
+    def __init__(self, comm: Comm, plan: list[tuple[int, Callable[[], torch.Tensor | None], bool]]):
+        self.comm, self.plan = comm, plan
+        self.handles: dict[int, Handle | None] = {}
+        self.posted = self.released = 0
+        self._fill()
+
+    def _fill(self) -> None:
+        while self.posted < len(self.plan):
+            peer, landing, uses_scratch = self.plan[self.posted]
+            if uses_scratch and self.posted >= self.released + 2:
+                break
+            t = landing()
+            self.handles[self.posted] = self.comm.irecv(t, peer) if t is not None and t.numel() else None
+            self.posted += 1
+
+    def wait(self, k: int) -> None:
+        h = self.handles.pop(k)
+        if h is not None:
+            h.wait()
+
+    def release(self, k: int) -> None:
+        """Step k's landing has been consumed: its buffer may take step k+2's message."""
+        self.released = k + 1
+        self._fill()
+
+
 # ---------------------------------------------------------------------------
 # All-reduce
 # ---------------------------------------------------------------------------
@@ -88,7 +131,7 @@ def _fold_in(comm: Comm, fold: Fold, flat: torch.Tensor, op: str) -> None:
     if fold.vrank is None:
         comm.send(flat, fold.partner)
     else:
-        landing = scratch(flat.numel(), flat.dtype, flat.device)
+        landing = scratch(flat.numel(), flat.dtype, flat.device, slot=2)
         comm.recv(landing, fold.partner)
         combine(flat, flat, landing, op)
 
@@ -120,17 +163,24 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
         return
     fold = Fold(p, comm.rank)
     step = 1 if fold.extra else 0
+    ahead = None
+    if fold.vrank is not None:
+        v, n = fold.vrank, flat.numel()
+        slots = [scratch(n, flat.dtype, flat.device, slot=k) for k in range(min(2, fold.rounds))]
+        partners = [fold.real(v ^ (1 << k)) for k in range(fold.rounds)]
+        ahead = Lookahead(comm, [(partners[k], lambda k=k: slots[k % 2], True)
+                                 for k in range(fold.rounds)])
     if fold.folded:
         _fold_in(comm, fold, flat, name)
-    if fold.vrank is not None:
-        landing = scratch(flat.numel(), flat.dtype, flat.device)
-        d = 1
-        while d < fold.p2:
+    if ahead is not None:
+        for k in range(fold.rounds):
             comm.step = step
-            partner = fold.real(fold.vrank ^ d)
-            comm.exchange(flat, partner, landing, partner)
-            combine(flat, flat, landing, name)
-            d, step = d * 2, step + 1
+            sent = comm.isend(flat, partners[k])
+            ahead.wait(k)
+            sent.wait()  # flat is about to change
+            combine(flat, flat, slots[k % 2], name)
+            ahead.release(k)
+            step += 1
         finish(flat, name, p)
     else:
         step += fold.rounds
@@ -159,9 +209,10 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
         return
     fold = Fold(p, comm.rank)
     step = 1 if fold.extra else 0
-    if fold.folded:
-        _fold_in(comm, fold, flat, name)
-    if fold.vrank is not None:
+    if fold.vrank is None:
+        _fold_in(comm, fold, flat, name)  # hand the data over and wait for the result
+        step += 2 * fold.rounds
+    else:
         v, p2 = fold.vrank, fold.p2
         edges = [0]
         for size in split_sizes(flat.numel(), p2):
@@ -171,32 +222,49 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
             return flat[edges[a]:edges[b]]
 
         # The first half kept is the largest piece of work (split_sizes puts the
-        # longer pieces first), so one scratch of that size serves every step.
-        halves = scratch(edges[p2 // 2], flat.dtype, flat.device)
-        lo, hi, d = 0, p2, p2 // 2
-        while d >= 1:  # recursive halving: keep the half holding piece v
-            comm.step = step
-            partner = fold.real(v ^ d)
+        # longer pieces first), so buffers of that size serve every step.
+        halves = [scratch(edges[p2 // 2], flat.dtype, flat.device, slot=k) for k in range(2)]
+        # The schedule: halving steps (distance p'/2 .. 1) keep the half holding
+        # piece v and receive the partner's copy of it into a scratch buffer;
+        # doubling steps (distance 1 .. p'/2) receive the partner's pieces in place.
+        halving, lo, hi, d = [], 0, p2, p2 // 2
+        while d >= 1:
             mid = (lo + hi) // 2
             keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
-            kept = piece(*keep)
-            landing = halves[: kept.numel()]
-            comm.exchange(_send_or_none(piece(*give)), partner, _send_or_none(landing), partner)
-            combine(kept, kept, landing, name)
+            halving.append((fold.real(v ^ d), keep, give))
             lo, hi = keep
-            d, step = d // 2, step + 1
-        finish(piece(lo, hi), name, p)
-        d = 1
-        while d < p2:  # recursive doubling: swap what each holds
-            comm.step = step
-            partner_v = v ^ d
-            plo = partner_v - partner_v % d
-            comm.exchange(_send_or_none(piece(lo, hi)), fold.real(partner_v),
-                          _send_or_none(piece(plo, plo + d)), fold.real(partner_v))
+            d //= 2
+        doubling, d = [], 1
+        while d < p2:
+            pv = v ^ d
+            plo = pv - pv % d
+            doubling.append((fold.real(pv), (lo, hi), (plo, plo + d)))
             lo, hi = min(lo, plo), max(hi, plo + d)
-            d, step = d * 2, step + 1
-    else:
-        step += 2 * fold.rounds
+            d *= 2
+        plan = [(peer, lambda k=k, keep=keep: halves[k % 2][: edges[keep[1]] - edges[keep[0]]], True)
+                for k, (peer, keep, _) in enumerate(halving)]
+        plan += [(peer, lambda theirs=theirs: piece(*theirs), False) for peer, _, theirs in doubling]
+        ahead = Lookahead(comm, plan)
+        if fold.folded:
+            _fold_in(comm, fold, flat, name)
+        for k, (peer, keep, give) in enumerate(halving):  # recursive halving
+            comm.step = step
+            sent = comm.isend(piece(*give), peer) if edges[give[1]] > edges[give[0]] else None
+            ahead.wait(k)
+            kept = piece(*keep)
+            combine(kept, kept, halves[k % 2][: kept.numel()], name)
+            if sent is not None:
+                sent.wait()
+            ahead.release(k)
+            step += 1
+        finish(piece(v, v + 1), name, p)
+        for k, (peer, mine, _) in enumerate(doubling, start=len(halving)):  # recursive doubling
+            comm.step = step
+            sent = comm.isend(piece(*mine), peer) if edges[mine[1]] > edges[mine[0]] else None
+            ahead.wait(k)
+            if sent is not None:
+                sent.wait()
+            step += 1
     if fold.folded:
         _fold_out(comm, fold, flat, step)
 
@@ -223,6 +291,18 @@ def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) ->
     def span(first_rank: int, end_rank: int) -> torch.Tensor:
         return out[edges[first_rank]:edges[end_rank]]
 
+    # Every step receives a part of `out` no one reads before it lands: post
+    # all of them first (see Lookahead), then run the steps.
+    steps = []
+    if fold.vrank is not None:
+        v, d = fold.vrank, 1
+        while d < fold.p2:
+            base, partner_v = v - v % d, v ^ d
+            pbase = partner_v - partner_v % d
+            steps.append((fold.real(partner_v), span(fold.lo(base), fold.lo(base + d)),
+                          span(fold.lo(pbase), fold.lo(pbase + d))))
+            d *= 2
+        ahead = Lookahead(comm, [(peer, lambda t=theirs: t, False) for peer, _, theirs in steps])
     step = 0
     if fold.extra:
         step = 1
@@ -236,16 +316,13 @@ def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) ->
                 else:
                     comm.recv(block, fold.partner)
     if fold.vrank is not None:
-        v, d = fold.vrank, 1
-        while d < fold.p2:
+        for k, (peer, mine, _) in enumerate(steps):
             comm.step = step
-            base, partner_v = v - v % d, v ^ d
-            pbase = partner_v - partner_v % d
-            mine = span(fold.lo(base), fold.lo(base + d))
-            theirs = span(fold.lo(pbase), fold.lo(pbase + d))
-            peer = fold.real(partner_v)
-            comm.exchange(_send_or_none(mine), peer, _send_or_none(theirs), peer)
-            d, step = d * 2, step + 1
+            sent = comm.isend(mine, peer) if mine.numel() else None
+            ahead.wait(k)
+            if sent is not None:
+                sent.wait()
+            step += 1
     else:
         step += fold.rounds
     if fold.folded and out.numel():
