@@ -199,11 +199,12 @@ def bubble(st: Any, out: Path) -> Path | None:
             continue
         line, = ax.plot([r["micro_batches"] for r in rows], [100 * _med(r["measured"]) for r in rows],
                         marker=marker, label=f"{sched} measured")
-        if sched != "1f1b":  # 1F1B's formula is GPipe's
+        if sched != "1f1b":  # 1F1B's bubble is GPipe's
             v = rows[0].get("virtual", 1)
-            ax.plot([r["micro_batches"] for r in rows], [100 * r["theory"] for r in rows], "--",
+            ax.plot([r["micro_batches"] for r in rows],
+                    [100 * r.get("schedule_exact", r["theory"]) for r in rows], "--",
                     color="black" if v == 1 else line.get_color(),
-                    label="(p-1)/(m+p-1)" if v == 1 else f"(p-1)/({v}m+p-1)")
+                    label="(p-1)/(m+p-1)" if v == 1 else f"interleaved v={v}, ideal")
     rows = sorted({r["micro_batches"]: r for r in t.data}.values(), key=lambda r: r["micro_batches"])
     ax.set_xscale("log", base=2)
     ax.set_xticks([r["micro_batches"] for r in rows], [str(r["micro_batches"]) for r in rows])

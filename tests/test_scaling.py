@@ -300,3 +300,23 @@ def test_readme_body_is_the_report_with_a_shorter_table_7(tmp_path, monkeypatch)
     text = readme.read_text()
     assert text.startswith("# dt\n") and text.endswith(f"{R.README_END}\n\nmore\n")
     assert "### Table 1." in text and "### Table 6." in text
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("m", [1, 2, 4, 7, 16])
+def test_simulated_bubble_is_the_formula(p, m):
+    from dt.pipeline import bubble_fraction
+
+    for name in ("gpipe", "1f1b"):
+        assert S.simulate_bubble(name, p, m) == pytest.approx(bubble_fraction(p, m))
+
+
+@pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (4, 4), (4, 16), (3, 6)])
+def test_simulated_interleaved_bubble(p, m):
+    from dt.pipeline import bubble_fraction, schedule
+
+    try:
+        schedule("interleaved", p, 0, m, 2)
+    except (ValueError, TypeError):
+        pytest.skip("dt.pipeline has no interleaved schedule")
+    assert S.simulate_bubble("interleaved", p, m, 2) == pytest.approx(bubble_fraction(p, m, 2))
