@@ -599,6 +599,7 @@ class Study:
         self.tables: dict[int, Table] = {}
         self.t1_single_thread: set[int] = set()  # batches whose baseline ran faster on one thread
         self.failures: list[str] = []  # measurements that raised: their tables show the gap
+        self.unit_seconds: dict[str, float] = {}  # wall time of each measurement (pool start included)
         self.started = time.time()
 
     # -- pools and progress ---------------------------------------------------
@@ -704,6 +705,7 @@ class Study:
         for k, (world, label, run) in enumerate(units):
             if self.bar is not None:
                 self.bar.set_postfix_str(label)
+            t0 = time.perf_counter()
             try:
                 run()
             except Exception as exc:  # noqa: BLE001 - one failed measurement must not lose the rest
@@ -711,6 +713,7 @@ class Study:
                 self.failures.append(f"{label}: {type(exc).__name__}: {first}")
                 msg = f"FAILED {label}: {type(exc).__name__}: {first}"
                 (self.bar.write if self.bar is not None else print)(msg)
+            self.unit_seconds[label] = time.perf_counter() - t0
             if self.bar is not None:
                 self.bar.update(1)
             if k + 1 == len(units) or units[k + 1][0] != world:
@@ -1302,6 +1305,7 @@ def write_outputs(st: Study, out_dir: Path, command: str, elapsed: float) -> lis
         "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(st.s).items()},
         "notes": st.s.shrinkage() + ["validation off while timing (dt.transport.set_validation(False))"],
         "failures": st.failures,
+        "seconds_per_measurement": st.unit_seconds,
         "tables": {str(i): {"title": t.title, "headers": t.headers, "rows": t.rows, "notes": t.notes,
                             "data": t.data, "machine": st.machine,
                             **({"fits": t.fits} if hasattr(t, "fits") else {})}
