@@ -924,6 +924,17 @@ def _dp_t1(st: Study, batch: int) -> float:
     return t
 
 
+def _superlinear_note(effs: Sequence[float], cores: int) -> list[str]:
+    """Efficiency above 100% is not a result on a machine this size: say what it is."""
+    if not any(e > 1.05 for e in effs if not math.isnan(e)):
+        return []
+    return ["Efficiency above 100% is not a real gain here: the one-process baseline (T1) and the "
+            "row were measured minutes apart, and the machine's load changed in between (other "
+            f"work on the {cores} cores), or the baseline's threads ran worse than separate "
+            "processes. Compare rows of the same world with each other, not with T1, and rerun on "
+            "an idle machine."]
+
+
 def _t1_notes(st: Study, batches: Sequence[int]) -> list[str]:
     slowed = sorted(st.t1_single_thread & set(batches))
     if not slowed:
@@ -987,6 +998,7 @@ def table_dp(st: Study) -> Table:
              "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
              "the core count: efficiency at world > cores is bounded by cores/world."]
     notes += _t1_notes(st, [batch])
+    notes += _superlinear_note([d["efficiency"] for d in data], st.cores)
     notes += _contention_notes(s.dp_worlds, st.cores)
     return Table(3, f"{TITLES[3]} (global batch {batch})",
                  ["world", "implementation", "per worker", "s/step", "speedup", "efficiency",
@@ -1024,6 +1036,8 @@ def table_sweep(st: Study) -> Table:
              f"Efficiency follows compute per byte of gradient: the gradient is the same "
              f"{R.fmt_bytes(grad_bytes)} at every batch, compute grows with the batch."]
     notes += _t1_notes(st, s.sweep_batches)
+    notes += _superlinear_note([d[k] for d in data for k in ("efficiency_off", "efficiency_on")],
+                               st.cores)
     notes += _contention_notes([n], st.cores)
     return Table(4, f"{TITLES[4]} (world {n})",
                  ["global batch", "per worker", "T1", "s/step (off)", "speedup", "efficiency",
