@@ -13,8 +13,8 @@ summed over ranks), then the time relative to torch's: the median over calls
 of (this call / torch's call of the same round), in-place where there is one.
 
 Timing: -w warm-up calls, then -n timed calls, every algorithm of a size
-interleaved call by call so that they share whatever else the machine is
-doing; before each call a barrier lines the ranks up, and a call's time is
+interleaved call by call (the order rotated every round) so that they share
+whatever else the machine is doing; before each call a barrier lines the ranks up, and a call's time is
 the slowest rank's. The median is reported, the spread (interquartile range
 over the median) beside it. dt's cross-rank argument validation is OFF
 during timing (dt.transport.set_validation(False)), as torch runs without
@@ -169,8 +169,12 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
             for fn in calls.values():
                 fn()
         times: dict[tuple[str, bool], list[float]] = {k: [] for k in calls}
-        for _ in range(cfg["iters"]):
-            for key, fn in calls.items():
+        keys = list(calls)
+        for i in range(cfg["iters"]):
+            # Rotate the order every round: on a shared machine a call's time
+            # depends on what ran just before it, so no algorithm keeps one slot.
+            for key in keys[i % len(keys):] + keys[: i % len(keys)]:
+                fn = calls[key]
                 dist.barrier()
                 t0 = time.perf_counter()
                 fn()
