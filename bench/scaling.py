@@ -268,8 +268,18 @@ def _reduction_seconds_per_byte(nbytes: int = 16 << 20, reps: int = 7) -> float:
     return R.Stat.of(samples).median / nbytes
 
 
+def _single_process_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
+                         y: torch.Tensor) -> float:
+    t0 = time.perf_counter()
+    nn.functional.mse_loss(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return time.perf_counter() - t0
+
+
 def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
-               warmup: int, algorithm: str = "auto") -> dict[str, list[dict[str, float]]]:
+               warmup: int, algorithm: str = "auto", baseline: bool = False
+               ) -> dict[str, list[dict[str, float]]]:
     """Data-parallel training steps of the reference model; this rank's timings per step.
 
     impls: "compute" (the local step with no communication at all: what each rank
@@ -279,13 +289,54 @@ def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str]
     itself is bench/ddp.py's, so `dt bench ddp` and this study time the same
     thing; configurations alternate within each repetition, so drifts in the
     machine's load hit them alike.
+
+    baseline=True (world > 1): rank 0 also times the single-process step (the
+    whole global batch, all the machine's cores as threads) while the other ranks
+    wait at a barrier, once before and again after the data-parallel steps, so
+    the speedup's numerator is measured in the same minutes as its denominator.
+    At world 1 the "compute" step is the baseline; one extra step at one thread
+    guards it against a loaded machine on which torch's threads slow it down.
     """
     from bench.ddp import _step_worker
 
+    rank, p = dist.get_rank(), dist.get_world_size()
+    single: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor] | None = None
+    t1: list[dict[str, float]] = []
+
+    def baseline_steps(n: int, warm: int, threads_now: int | None = None,
+                       out: list[dict[str, float]] = t1) -> None:
+        nonlocal single
+        if rank == 0:
+            threads = torch.get_num_threads()
+            torch.set_num_threads(threads_now or os.cpu_count() or 1)
+            try:
+                if single is None:
+                    torch.manual_seed(0)
+                    net = reference_model(hidden, layers)
+                    gen = torch.Generator().manual_seed(1000)
+                    single = (net, torch.optim.SGD(net.parameters(), lr=1e-6),
+                              torch.randn(global_batch, hidden, generator=gen),
+                              torch.randn(global_batch, hidden, generator=gen))
+                for k in range(warm + n):
+                    dt_s = _single_process_step(*single)
+                    if k >= warm:
+                        out.append({"step": dt_s})
+            finally:
+                torch.set_num_threads(threads)
+        _barrier()  # the other ranks sit here, idle, while rank 0 has the machine
+
+    if baseline and p > 1:
+        baseline_steps(1, warmup)
     names = ["single" if i == "compute" else i for i in impls]
     got = _step_worker(global_batch, hidden, layers, names, steps, warmup, 25.0, 1.0, algorithm)
     records = {("compute" if k == "single" else k): v for k, v in got.items()}
-    if dist.get_world_size() == 1 and "compute" in impls and torch.get_num_threads() > 1:
+    if baseline and p > 1:
+        baseline_steps(max(1, steps - 1), 0)
+        records["t1"] = t1
+        if (os.cpu_count() or 1) > 1:  # the same guard as at world 1 (below): one step, one thread
+            records["t1_1t"] = []
+            baseline_steps(1, 0, 1, records["t1_1t"])
+    if p == 1 and "compute" in impls and torch.get_num_threads() > 1:
         # The baseline must not be slowed by its own threads: on a loaded machine
         # (other jobs on the cores) torch's threads can make one process slower than
         # one thread would be, which would flatter every speedup. One step at one
@@ -299,11 +350,7 @@ def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str]
             x = torch.randn(global_batch, hidden, generator=gen)
             y = torch.randn(global_batch, hidden, generator=gen)
             opt = torch.optim.SGD(net.parameters(), lr=1e-6)
-            t0 = time.perf_counter()
-            nn.functional.mse_loss(net(x), y).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            records["compute_1t"] = [{"step": time.perf_counter() - t0}]
+            records["compute_1t"] = [{"step": _single_process_step(net, opt, x, y)}]
         finally:
             torch.set_num_threads(threads)
     return records
@@ -642,11 +689,9 @@ class Study:
                 if w > 1 and self.s.torch_ddp and self._need(3):
                     impls.add("torch")
                 plan.setdefault((w, self.s.dp_batch), set()).update(impls)
-        if self._need(4):
+        if self._need(4):  # each world-N run times its own single-process baseline
             for b in self.s.sweep_batches:
-                plan.setdefault((1, b), set()).add("compute")
-                if n_max > 1:
-                    plan.setdefault((n_max, b), set()).update({"compute", "dt_off", "dt_on"})
+                plan.setdefault((n_max, b), set()).update({"compute", "dt_off", "dt_on"})
         order = ["compute", "dt_off", "dt_on", "torch"]
         calls = [(w, b, tuple(i for i in order if i in impls))
                  for (w, b), impls in plan.items() if b % w == 0]
@@ -751,8 +796,13 @@ class Study:
 
     def measure_dp(self, world: int, batch: int, impls: tuple[str, ...]) -> None:
         res = self.run(world, _dp_worker, batch, self.s.hidden, self.s.layers, impls,
-                       self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm)
-        self.dp[(world, batch)] = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]}
+                       self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm, world > 1)
+        agg = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]
+               if impl not in ("t1", "t1_1t")}
+        for k in ("t1", "t1_1t"):  # rank 0 alone ran the single-process baseline
+            if res[0].get(k):
+                agg[k] = aggregate_dp([res[0][k]])
+        self.dp[(world, batch)] = agg
 
     def measure_pipeline(self, kind: str, sched: str, m: int) -> None:
         res = self.run(self.s.pp_stages, _pipeline_worker, sched, m, self.s.pp_batch,
@@ -912,15 +962,24 @@ def table_allreduce_small(st: Study) -> Table:
                   "ring time", "naive time", "gloo time", "naive speedup", "faster"], rows, notes, data)
 
 
-def _dp_t1(st: Study, batch: int) -> float:
-    """The single-process step at this global batch: the faster of all threads and one."""
-    m = st.dp.get((1, batch))
+def _dp_t1(st: Study, batch: int, world: int = 1) -> float:
+    """The single-process step at this global batch.
+
+    From the world's own run (rank 0 alone, all cores, before and after the
+    data-parallel steps) when it has one; else the world-1 run's, the faster
+    of all threads and one.
+    """
+    own = st.dp.get((world, batch))
+    if world > 1 and own and "t1" in own:
+        m, key, guard = own, "t1", "t1_1t"
+    else:
+        m, key, guard = st.dp.get((1, batch)), "compute", "compute_1t"
     if not m:
         return math.nan
-    t = m["compute"]["step"].median
-    if "compute_1t" in m and m["compute_1t"]["step"].median < t:
+    t = m[key]["step"].median
+    if guard in m and m[guard]["step"].median < t:
         st.t1_single_thread.add(batch)
-        return m["compute_1t"]["step"].median
+        return m[guard]["step"].median
     return t
 
 
@@ -948,13 +1007,13 @@ def _t1_notes(st: Study, batches: Sequence[int]) -> list[str]:
 def table_dp(st: Study) -> Table:
     s, rows, data = st.s, [], []
     batch = s.dp_batch
-    t1 = _dp_t1(st, batch)
     labels = {"compute": "single process", "dt_off": "dt DDP, overlap off",
               "dt_on": "dt DDP, overlap on", "torch": "torch DDP (gloo)"}
     for world in s.dp_worlds:
         m = st.dp.get((world, batch))
         if not m:
             continue
+        t1 = _dp_t1(st, batch, world)
         for impl in (("compute",) if world == 1 else ("compute", "dt_off", "dt_on", "torch")):
             if impl not in m:
                 continue
@@ -977,7 +1036,7 @@ def table_dp(st: Study) -> Table:
             mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
             shown = R.fmt_time(t1) if world == 1 and batch in st.t1_single_thread else \
                 R.fmt_stat_time(a["step"])
-            rows.append([world, label, batch // world, shown,
+            rows.append([world, label, batch // world, shown, R.fmt_time(t1),
                          R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
                          R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
             data.append({"world": world, "impl": impl, "global_batch": batch,
@@ -989,8 +1048,10 @@ def table_dp(st: Study) -> Table:
              f"parameters, {R.fmt_bytes(4 * params)} of float32 gradients all-reduced per step "
              f"(buckets of 25 MB, first 1 MB, algorithm={s.dp_algorithm!r}). Global batch {batch}, "
              f"split evenly; MSE loss, SGD step.",
-             "speedup = single-process s/step at the same global batch / s/step; efficiency = "
-             "speedup / world. 'no communication (bound)': the same ranks' step with the gradient "
+             "speedup = T1 / s/step, T1 = the single-process step at the same global batch (all "
+             "cores as threads), timed by rank 0 of the same run while the others wait, before and "
+             "after its data-parallel steps; efficiency = speedup / world. "
+             "'no communication (bound)': the same ranks' step with the gradient "
              "exchange left out, all computing at once: the best any data parallel could do here. "
              "comm fraction = exposed communication / step (what the step waited "
              "for); comm = time the all-reduces ran; hidden = comm - exposed (ran under backward).",
@@ -1001,9 +1062,9 @@ def table_dp(st: Study) -> Table:
     notes += _superlinear_note([d["efficiency"] for d in data], st.cores)
     notes += _contention_notes(s.dp_worlds, st.cores)
     return Table(3, f"{TITLES[3]} (global batch {batch})",
-                 ["world", "implementation", "per worker", "s/step", "speedup", "efficiency",
+                 ["world", "implementation", "per worker", "s/step", "T1", "speedup", "efficiency",
                   "comm fraction", "comm", "hidden", "bytes sent/rank"],
-                 rows, notes, data, align=["r", "l", "r", "r", "r", "r", "r", "r", "r", "r"])
+                 rows, notes, data, align=["r", "l"] + ["r"] * 9)
 
 
 def table_sweep(st: Study) -> Table:
@@ -1014,7 +1075,7 @@ def table_sweep(st: Study) -> Table:
         m = st.dp.get((n, batch))
         if not m or batch % n:
             continue
-        t1 = _dp_t1(st, batch)
+        t1 = _dp_t1(st, batch, n)
         off, on, comp = m["dt_off"], m["dt_on"], m["compute"]
         sc_off = scaling_row(t1, off["step"].median, n)
         sc_on = scaling_row(t1, on["step"].median, n)
@@ -1031,7 +1092,8 @@ def table_sweep(st: Study) -> Table:
                      "speedup_on": sc_on["speedup"], "efficiency_on": sc_on["efficiency"],
                      "comm_fraction_on": frac_on})
     notes = [f"World {n}, the reference model; T1 = one process (all {st.cores} cores) at the same "
-             "global batch. compute = the same ranks' step with no communication, all computing at "
+             "global batch, timed by rank 0 of the same run while the other ranks wait. "
+             "compute = the same ranks' step with no communication, all computing at "
              "once; comm = time the gradient all-reduces ran in the overlap-off step.",
              f"Efficiency follows compute per byte of gradient: the gradient is the same "
              f"{R.fmt_bytes(grad_bytes)} at every batch, compute grows with the batch."]
@@ -1062,7 +1124,7 @@ def table_breakdown(st: Study) -> Table:
         m = st.dp.get((world, batch))
         if not m:
             continue
-        t1 = _dp_t1(st, batch)
+        t1 = _dp_t1(st, batch, world)
         if world == 1:
             step = t1
             add(f"DP world 1, batch {batch}", step, step, 0.0, 0.0, 0.0, 1.0, {"world": 1})

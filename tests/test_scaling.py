@@ -224,6 +224,9 @@ def _fake_study(tmp_path, tuned: bool, monkeypatch) -> S.Study:
             m[impl] = S.aggregate_dp([[rec, rec]])
         if world == 1:
             m["compute_1t"] = S.aggregate_dp([[{"step": 2.0}]])
+        else:  # the run's own single-process baseline, and its one-thread guard (slower here)
+            m["t1"] = S.aggregate_dp([[{"step": 1.25}]])
+            m["t1_1t"] = S.aggregate_dp([[{"step": 3.0}]])
         st.dp[(world, batch)] = m
     for kind, sched, mb in st.pp_plan():
         per_rank = [[{"step": 1.0, "idle": 0.5, "compute": 0.5, "peak_stash": mb, "bytes_sent": 10}]
@@ -255,7 +258,9 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     # table 3: the world-1 baseline is the multi-thread step (1.0 s beats the 1-thread 2.0 s)
     t3 = st.tables[3].data
     assert t3[0]["world"] == 1 and t3[0]["speedup"] == 1.0
+    assert all(r["t1"] == 1.25 for r in t3 if r["world"] > 1)  # each world's own baseline
     assert st.t1_single_thread == set()
+    assert all(r["t1"] == 1.25 for r in st.tables[4].data)
     paths = S.write_outputs(st, tmp_path, "python bench/scaling.py --quick", 1.0)
     from bench import _plots
 
