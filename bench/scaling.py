@@ -25,6 +25,9 @@ It regenerates the original design's tables (see REFERENCE.md) from measurement:
 How the figures are taken: every rank runs the same loop in a dt.launcher.WorkerPool (one pool per
 world size, reused by every table); each repetition starts after a dt barrier and lasts as long as
 its slowest rank; a table shows the median over repetitions and the spread (±half of max-min).
+Speedups divide by a single-process step (the whole batch, all cores as threads) that each run
+times itself, on rank 0 while the other ranks wait, before and after its data-parallel steps, so
+a change in the machine's load between runs cannot fake a speedup.
 Cross-rank argument validation is off while timing (dt.transport.set_validation(False)), as
 torch.distributed runs without such a check. On a machine with fewer cores than ranks the ranks
 share the cores (loopback, oversubscribed): those rows measure contention as much as algorithms,
