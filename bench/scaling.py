@@ -214,42 +214,41 @@ def _barrier() -> None:
 
 def _collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int,
                         measure_gamma: bool = False) -> dict[str, Any]:
-    """Time all-reduce of `nbytes` float32 for each impl ("ring", "naive", "gloo").
+    """Time all-reduce of `nbytes` float32 for each impl ("ring", "naive", ..., "gloo").
 
+    The impls take turns within each repetition (in an order that rotates, so
+    none always runs first), so a change in the machine's load hits them alike.
     Returns, for this rank: seconds per repetition, and the bytes/messages the
     first (untimed) call moved as counted by the transport.
     """
     from dt.collectives import all_reduce
 
     transport.set_validation(False)
-    numel = nbytes // 4
-    x = torch.ones(numel)
-    out: dict[str, Any] = {"times": {}, "traffic": {}}
-    for impl in impls:
-        def call(impl: str = impl) -> None:
-            if impl == "gloo":
-                dist.all_reduce(x)
-            else:
-                all_reduce(x, algorithm=impl)
+    x = torch.ones(nbytes // 4)
+    out: dict[str, Any] = {"times": {impl: [] for impl in impls}, "traffic": {}}
 
-        for w in range(max(1, warmup)):
-            x.fill_(1.0)
-            _barrier()
-            if w == 0 and impl != "gloo":
-                with transport.traffic() as t:
-                    call()
-                out["traffic"][impl] = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
-                                        "messages_sent": t.messages_sent}
-            else:
-                call()
-        times = []
-        for _ in range(reps):
-            x.fill_(1.0)  # in place: keep the values from growing p-fold every repetition
-            _barrier()
-            t0 = time.perf_counter()
-            call()
-            times.append(time.perf_counter() - t0)
-        out["times"][impl] = times
+    def call(impl: str) -> float:
+        x.fill_(1.0)  # in place: keep the values from growing p-fold every call
+        _barrier()
+        t0 = time.perf_counter()
+        if impl == "gloo":  # torch.distributed's own, on the same processes, for reference
+            dist.all_reduce(x)
+        else:
+            all_reduce(x, algorithm=impl)
+        return time.perf_counter() - t0
+
+    for impl in impls:  # warm-up; the first call of each dt algorithm is also counted
+        if impl != "gloo":
+            with transport.traffic() as t:
+                call(impl)
+            out["traffic"][impl] = {"bytes_sent": t.bytes_sent, "bytes_received": t.bytes_received,
+                                    "messages_sent": t.messages_sent}
+        for _ in range(max(1, warmup) - (impl != "gloo")):
+            call(impl)
+    for rep in range(reps):
+        for k in range(len(impls)):
+            impl = impls[(rep + k) % len(impls)]
+            out["times"][impl].append(call(impl))
     if measure_gamma:
         out["gamma"] = _reduction_seconds_per_byte()
     return out
