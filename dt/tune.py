@@ -14,7 +14,12 @@ say so):
   receiving n from its left, which is exactly one step of a ring, a doubling
   or a tree algorithm. A 1-element exchange gives alpha (the time of one
   step); the slope of the time over n = 256 KB .. 16 MB gives beta;
-- reduction: every rank adds two n-byte float32 buffers; the slope gives gamma.
+- reduction: every rank adds two n-byte float32 buffers; the slope gives gamma;
+- the algorithm sweep (unless --no-sweep): every algorithm of all_reduce,
+  broadcast, all_gather_into_tensor and reduce_scatter_tensor timed from 1 KiB
+  to 64 MiB. auto prefers this measured table to the model's prediction where
+  it has one (same backend and world size), as MPI libraries' tuned decision
+  files do: the model explains the switch points, the table records them.
 
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by backend
@@ -32,10 +37,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_path", "load", "main", "measure", "save"]
+__all__ = ["cache_path", "load", "main", "measure", "measure_winners", "save"]
 
 EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
 REDUCE_SIZES = (1 << 20, 4 << 20, 16 << 20)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"
 
 
 def cache_path() -> Path:
@@ -157,8 +169,83 @@ def measure(reps: int = 20) -> dict[str, Any]:
     return out
 
 
-def _worker(reps: int) -> dict[str, Any]:
-    return measure(reps)
+# The measured decision table: each candidate algorithm timed at each size.
+SWEEP_COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
+SWEEP_SIZES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
+
+
+def _call(collective: str, algorithm: str, buf: Any, out: Any) -> None:
+    import dt
+
+    if collective == "all_reduce":
+        dt.all_reduce(buf, algorithm=algorithm)
+    elif collective == "broadcast":
+        dt.broadcast(buf, src=0, algorithm=algorithm)
+    elif collective == "all_gather_into_tensor":
+        dt.all_gather_into_tensor(out, buf, algorithm=algorithm)
+    else:
+        dt.reduce_scatter_tensor(buf, out, algorithm=algorithm)
+
+
+def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
+                    collectives: tuple[str, ...] = SWEEP_COLLECTIVES) -> dict[str, Any]:
+    """Time every candidate algorithm at every size; the fastest per size is the table.
+
+    The cost model's switch points are only as good as its three figures; on a
+    machine whose cores are shared (or whose network is not a clean
+    alpha-beta link) the measured crossover can sit far from the predicted
+    one. This records, per collective and size, the median over `reps` of the
+    slowest rank's time for each algorithm, the algorithms taking turns in a
+    rotating order so drifting load hits them alike. Every rank returns the
+    same table (the times are maxed over ranks before anyone compares them).
+    """
+    import torch
+
+    import dt
+    from dt.collectives import auto
+    from dt.transport import set_validation
+
+    set_validation(False)
+    p = dt.transport.resolve_group(None).size
+    table: dict[str, Any] = {}
+    for collective in collectives:
+        algos = auto.candidates(collective)
+        rows = []
+        for nbytes in sizes:
+            n = max(1, nbytes // 4)
+            if collective == "all_gather_into_tensor":
+                n = max(1, n // p)
+                buf, out = torch.ones(n), torch.empty(n * p)
+            elif collective == "reduce_scatter_tensor":
+                n = max(1, n // p)
+                buf, out = torch.empty(n), torch.ones(n * p)
+            else:
+                buf, out = torch.ones(n), None
+            times: dict[str, list[float]] = {a: [] for a in algos}
+            for rep in range(reps + 1):  # the first round warms up
+                order = algos[rep % len(algos):] + algos[:rep % len(algos)]
+                for a in order:
+                    dt.barrier()
+                    t0 = time.perf_counter()
+                    _call(collective, a, buf, out)
+                    slowest = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    dt.all_reduce(slowest, op=dt.ReduceOp.MAX, algorithm="naive")
+                    if rep:
+                        times[a].append(float(slowest))
+                if collective == "all_reduce":
+                    buf.fill_(1.0)  # keep the values bounded
+            medians = {a: statistics.median(t) for a, t in times.items()}
+            rows.append([nbytes, min(sorted(medians), key=medians.get), medians])
+        table[collective] = rows
+    return table
+
+
+def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int) -> dict[str, Any]:
+    out = measure(reps)
+    if sweep:
+        sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
+        out["winners"] = measure_winners(sizes, sweep_reps)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,13 +254,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--reps", type=int, default=20, help="repetitions per point (median)")
     parser.add_argument("--no-save", action="store_true", help="print only")
+    parser.add_argument("--no-sweep", action="store_true",
+                        help="skip timing every algorithm at every size (auto then uses the model only)")
+    parser.add_argument("--sweep-reps", type=int, default=5)
+    parser.add_argument("--max-bytes", type=int, default=SWEEP_SIZES[-1],
+                        help="largest size of the algorithm sweep (default 64 MiB)")
     args = parser.parse_args(argv)
 
     import torch
 
     from dt.launcher import run_workers
 
-    results = run_workers(_worker, args.world, args.reps, backend=args.backend, timeout=600)
+    if not args.no_sweep:
+        print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
+              f"{args.max_bytes:,} B on {args.world} ranks (a minute or two)...", flush=True)
+    results = run_workers(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
+                          args.max_bytes, backend=args.backend, timeout=1800)
     # Every rank measured; the group's figures are the slowest rank's (a step
     # waits for the last one), taken the same way on every run.
     fig: dict[str, Any] = dict(results[0])
@@ -191,6 +287,9 @@ def main(argv: list[str] | None = None) -> int:
           f"({1 / fig['gamma'] / 1e9 if fig['gamma'] else float('inf'):.2f} GB/s reduced)")
     print("  exchange step times: " + ", ".join(
         f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
+    for collective, rows in fig.get("winners", {}).items():
+        print(f"  measured fastest {collective}: " + ", ".join(
+            f"{_size(n)} {best}" for n, best, _ in rows))
     if not args.no_save:
         print(f"saved to {save(fig)} (key {fig['backend']}:{fig['world']})")
     return 0

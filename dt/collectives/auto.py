@@ -1,4 +1,4 @@
-"""algorithm="auto": the algorithm the cost model predicts to be fastest.
+"""algorithm="auto": the algorithm the cost model predicts (or dt tune measured) to be fastest.
 
 For each algorithm registered for a collective, dt.cost_model.estimate gives
 steps * alpha + bytes * beta + reduced bytes * gamma; auto runs the one with
@@ -20,6 +20,7 @@ it per collective.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 
@@ -68,6 +69,7 @@ def machine(group_size: int, backend: str | None = None) -> Machine:
 def forget_machines() -> None:
     """Drop the cached figures (after `dt tune` saves new ones)."""
     _machines.clear()
+    _tables.clear()
     best.cache_clear()
 
 
@@ -125,11 +127,46 @@ def _override(collective: str) -> str | None:
     return None
 
 
+_tables: dict[tuple[str, int], dict] = {}
+
+
+def measured_table(group_size: int, backend: str | None = None) -> dict:
+    """`dt tune`'s measured winners for exactly this backend and group size, or {}."""
+    backend = backend or _backend()
+    key = (backend, group_size)
+    if key not in _tables:
+        from dt import tune
+
+        saved = tune.load(backend, group_size)
+        exact = saved is not None and saved.get("world") == group_size
+        _tables[key] = saved.get("winners", {}) if exact else {}
+    return _tables[key]
+
+
+def measured_best(collective: str, nbytes: int, group_size: int) -> str | None:
+    """The algorithm measured fastest at the tuned size nearest to nbytes (log scale).
+
+    Only inside the swept range: beyond it, the model extrapolates better
+    than the last measurement does.
+    """
+    rows = measured_table(group_size).get(collective)
+    if not rows or not (rows[0][0] / 2 <= max(nbytes, 1) <= rows[-1][0] * 2):
+        return None
+    target = math.log2(max(nbytes, 1))
+    size, algo, _ = min(rows, key=lambda row: abs(math.log2(row[0]) - target))
+    return algo if algo in ALGORITHMS.get(collective, {}) else None
+
+
 def choose(collective: str, requested: str, nbytes: int, group_size: int) -> str:
-    """The algorithm name to run: `requested` unless it is "auto"."""
+    """The algorithm name to run: `requested` unless it is "auto".
+
+    auto: DT_ALGO if set; else what `dt tune` measured fastest at this size on
+    this group size; else the cost model's lowest predicted time.
+    """
     if requested != "auto":
         return requested
     forced = _override(collective)
     if forced:
         return forced
-    return best(collective, nbytes, group_size, machine(group_size))
+    return (measured_best(collective, nbytes, group_size)
+            or best(collective, nbytes, group_size, machine(group_size)))
