@@ -350,7 +350,12 @@ def recursive_doubling_all_gather(numels: list[int], itemsize: int, rank: int) -
 # ----------------------------------------------------------------------------
 
 
-def _lowest_bit(v: int, p: int) -> int:
+def lowest_bit(v: int, p: int) -> int:
+    """2^k for relative rank v's lowest set bit; for the root (v = 0), the power of two >= p.
+
+    In a binomial tree rooted at 0, v's parent is v - lowest_bit(v) and it
+    receives in step lg(lowest_bit(v)); the tree code and its cost share this.
+    """
     if v:
         return v & -v
     top = 1
@@ -359,8 +364,9 @@ def _lowest_bit(v: int, p: int) -> int:
     return top
 
 
-def _children(v: int, p: int) -> list[int]:
-    out, mask = [], _lowest_bit(v, p) // 2
+def children(v: int, p: int) -> list[int]:
+    """Relative ranks of v's children in the binomial tree, largest subtree first."""
+    out, mask = [], lowest_bit(v, p) // 2
     while mask >= 1:
         if v + mask < p:
             out.append(v + mask)
@@ -383,7 +389,7 @@ def binomial_broadcast(numel: int, itemsize: int, p: int, rank: int, root: int) 
     t = _Tally(itemsize)
     if v:
         t.recv(numel)
-    for _ in _children(v, p):
+    for _ in children(v, p):
         t.send(numel)
     return t.traffic(_tree_steps(p))
 
@@ -408,8 +414,8 @@ def scatter_allgather_broadcast(numel: int, itemsize: int, p: int, rank: int, ro
     v = (rank - root) % p
     t = _Tally(itemsize)
     if v:
-        t.recv(edges[min(v + _lowest_bit(v, p), p)] - edges[v])
-    for c in _children(v, p):
+        t.recv(edges[min(v + lowest_bit(v, p), p)] - edges[v])
+    for c in children(v, p):
         t.send(edges[min(c + (c - v), p)] - edges[c])
     ring = ring_all_gather([sizes[(a - root) % p] for a in range(p)], itemsize, rank,
                            segment_elems)

@@ -25,28 +25,8 @@ from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES, ring_pass
 from dt.collectives.scratch import scratch
-from dt.cost_model import split_sizes
+from dt.cost_model import children, lowest_bit, split_sizes
 from dt.transport import Comm, resolve_group
-
-
-def lowest_bit(v: int, p: int) -> int:
-    """2^k for v's lowest set bit; for the root (v = 0), the power of two >= p."""
-    if v:
-        return v & -v
-    top = 1
-    while top < p:
-        top *= 2
-    return top
-
-
-def children(v: int, p: int) -> list[int]:
-    """Relative ranks of v's children, largest subtree first."""
-    out, mask = [], lowest_bit(v, p) // 2
-    while mask >= 1:
-        if v + mask < p:
-            out.append(v + mask)
-        mask //= 2
-    return out
 
 
 @algorithm("broadcast", "binomial")
