@@ -81,7 +81,7 @@ def get_timeout() -> float:
 def set_validation(enabled: bool) -> None:
     """Check arguments across ranks before each collective (on by default).
 
-    The check is one Bruck all-gather of a 64-byte signature per collective:
+    The check is one Bruck all-gather of an 8(8+2p)-byte signature per collective:
     ceil(lg p) tiny messages. It turns a mismatch (different lengths, dtypes,
     roots, or a rank calling another collective) into the same clear error on
     every rank, where gloo would abort the receiving process. Benchmarks turn it
