@@ -29,6 +29,15 @@ def _machine_title(st: Any) -> str:
     return f"{m['cores']} cores, torch {m['torch']}, {m['backend']} (loopback)"
 
 
+def _save(fig: Any, st: Any, path: Path) -> Path:
+    """Title every figure with the machine it was measured on, write it, free it."""
+    fig.suptitle(_machine_title(st), fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def allreduce(st: Any, out: Path) -> Path | None:
     """Time and bytes of the busiest rank vs world size, ring vs naive (table 1, 2)."""
     tables = [t for i, t in sorted(st.tables.items()) if i in (1, 2)]
@@ -65,12 +74,7 @@ def allreduce(st: Any, out: Path) -> Path | None:
     ax_b.set_ylabel("MB")
     if ax_b.lines:
         ax_b.legend(fontsize=8)
-    fig.suptitle(_machine_title(st), fontsize=9)
-    fig.tight_layout()
-    path = out / "allreduce_vs_world.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, st, out / "allreduce_vs_world.png")
 
 
 def busbw(st: Any, out: Path) -> Path | None:
@@ -103,12 +107,7 @@ def busbw(st: Any, out: Path) -> Path | None:
     ax.set_title("all-reduce bus bandwidth (gloo: torch.distributed's own)")
     ax.legend(fontsize=6, ncol=len(worlds))
     ax.grid(alpha=0.3)
-    fig.suptitle(_machine_title(st), fontsize=9)
-    fig.tight_layout()
-    path = out / "busbw_vs_size.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, st, out / "busbw_vs_size.png")
 
 
 def efficiency(st: Any, out: Path) -> Path | None:
@@ -149,12 +148,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
         ax.set_title(f"data-parallel efficiency, global batch {t3.data[0]['global_batch']}")
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
-    fig.suptitle(_machine_title(st), fontsize=9)
-    fig.tight_layout()
-    path = out / "efficiency.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, st, out / "efficiency.png")
 
 
 def breakdown(st: Any, out: Path) -> Path | None:
@@ -179,12 +173,7 @@ def breakdown(st: Any, out: Path) -> Path | None:
     ax.set_title("where the step time went")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (0.35 * len(rows) + 1.6)),
               ncol=len(BREAKDOWN_PARTS), frameon=False)
-    fig.suptitle(_machine_title(st), fontsize=9)
-    fig.tight_layout()
-    path = out / "breakdown.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, st, out / "breakdown.png")
 
 
 def bubble(st: Any, out: Path) -> Path | None:
@@ -213,12 +202,7 @@ def bubble(st: Any, out: Path) -> Path | None:
     ax.set_title(f"pipeline bubble, {t.data[0]['stages']} stages")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
-    fig.suptitle(_machine_title(st), fontsize=9)
-    fig.tight_layout()
-    path = out / "bubble.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, st, out / "bubble.png")
 
 
 def write_all(st: Any, out: Path) -> list[Path]:
