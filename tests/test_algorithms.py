@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 import dt
-from dt import cost_model
+from dt import cost
 from dt.collectives import auto
 from dt.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
@@ -116,7 +116,7 @@ def _correctness_worker() -> list[str]:
         ring_all_reduce(y, "SUM", segment_bytes=20)
         if not torch.equal(y, _torch_all_reduce(x, "SUM")):
             bad.append(f"segmented ring all_reduce n={n}")
-        sizes = cost_model.split_sizes(n, p)
+        sizes = cost.split_sizes(n, p)
         inputs = list(x.split(sizes))
         out = torch.empty(sizes[r])
         ring_reduce_scatter(out, inputs, "SUM", segment_bytes=20)
@@ -159,7 +159,7 @@ def _traffic_worker() -> list[str]:
     r, p = dist.get_rank(), dist.get_world_size()
     bad: list[str] = []
 
-    def check(label: str, model: cost_model.Traffic, collective: str, algo: str, fn, *args,
+    def check(label: str, model: cost.Traffic, collective: str, algo: str, fn, *args,
               **kwargs) -> None:
         with dt.traffic() as t:
             fn(*args, **kwargs)
@@ -171,31 +171,31 @@ def _traffic_worker() -> list[str]:
 
     for n in (0, 5, 17, 1000):
         x = _data(n, r, 1)
-        for algo, model in (("ring", cost_model.ring_all_reduce(n, 4, p, r)),
-                            ("recursive_doubling", cost_model.recursive_doubling_all_reduce(n, 4, p, r)),
-                            ("rabenseifner", cost_model.rabenseifner_all_reduce(n, 4, p, r))):
+        for algo, model in (("ring", cost.ring_all_reduce(n, 4, p, r)),
+                            ("recursive_doubling", cost.recursive_doubling_all_reduce(n, 4, p, r)),
+                            ("rabenseifner", cost.rabenseifner_all_reduce(n, 4, p, r))):
             check(f"all_reduce {algo} n={n}", model, "all_reduce", algo,
                   dt.all_reduce, x.clone(), algorithm=algo)
-        check(f"segmented ring n={n}", cost_model.ring_all_reduce(n, 4, p, r, segment_elems=3),
+        check(f"segmented ring n={n}", cost.ring_all_reduce(n, 4, p, r, segment_elems=3),
               "all_reduce", "ring", ring_all_reduce, x.clone(), segment_bytes=12)
         out = torch.empty(n * p)
-        for algo, model in (("recursive_doubling", cost_model.recursive_doubling_all_gather([n] * p, 4, r)),
-                            ("bruck", cost_model.bruck_all_gather(n, 4, p)),
-                            ("ring", cost_model.ring_all_gather([n] * p, 4, r))):
+        for algo, model in (("recursive_doubling", cost.recursive_doubling_all_gather([n] * p, 4, r)),
+                            ("bruck", cost.bruck_all_gather(n, 4, p)),
+                            ("ring", cost.ring_all_gather([n] * p, 4, r))):
             check(f"all_gather_into_tensor {algo} n={n}", model, "all_gather_into_tensor", algo,
                   dt.all_gather_into_tensor, out, x, algorithm=algo)
         sizes = [n + i for i in range(p)]
         check(f"all_gather uneven recursive_doubling n={n}",
-              cost_model.recursive_doubling_all_gather(sizes, 4, r), "all_gather", "recursive_doubling",
+              cost.recursive_doubling_all_gather(sizes, 4, r), "all_gather", "recursive_doubling",
               dt.all_gather, [torch.empty(s) for s in sizes], torch.zeros(sizes[r]),
               algorithm="recursive_doubling")
         for root in sorted({0, p - 1}):
-            check(f"broadcast binomial n={n} root={root}", cost_model.binomial_broadcast(n, 4, p, r, root),
+            check(f"broadcast binomial n={n} root={root}", cost.binomial_broadcast(n, 4, p, r, root),
                   "broadcast", "binomial", dt.broadcast, x.clone(), root, algorithm="binomial")
             check(f"broadcast scatter_allgather n={n} root={root}",
-                  cost_model.scatter_allgather_broadcast(n, 4, p, r, root), "broadcast",
+                  cost.scatter_allgather_broadcast(n, 4, p, r, root), "broadcast",
                   "scatter_allgather", dt.broadcast, x.clone(), root, algorithm="scatter_allgather")
-            check(f"reduce binomial n={n} root={root}", cost_model.binomial_reduce(n, 4, p, r, root),
+            check(f"reduce binomial n={n} root={root}", cost.binomial_reduce(n, 4, p, r, root),
                   "reduce", "binomial", dt.reduce, x.clone(), root, algorithm="binomial")
     return bad
 
@@ -212,16 +212,16 @@ def test_cost_model_textbook_bytes():
     """Power-of-two groups, even chunks: the closed forms of the reference table."""
     n, p = 1 << 20, 8
     for r in range(p):
-        assert cost_model.rabenseifner_all_reduce(n, 1, p, r).bytes_sent == 2 * (p - 1) * n // p
-        assert cost_model.rabenseifner_all_reduce(n, 1, p, r).steps == 6
-        assert cost_model.recursive_doubling_all_reduce(n, 1, p, r).bytes_sent == 3 * n
-        assert cost_model.recursive_doubling_all_gather([n // p] * p, 1, r).bytes_sent == (p - 1) * n // p
-        assert cost_model.scatter_allgather_broadcast(n, 1, p, r, 0).steps == 3 + p - 1
-    assert cost_model.binomial_broadcast(n, 1, p, 0, 0).bytes_sent == 3 * n
-    assert cost_model.binomial_broadcast(n, 1, 5, 0, 0).steps == 3
+        assert cost.rabenseifner_all_reduce(n, 1, p, r).bytes_sent == 2 * (p - 1) * n // p
+        assert cost.rabenseifner_all_reduce(n, 1, p, r).steps == 6
+        assert cost.recursive_doubling_all_reduce(n, 1, p, r).bytes_sent == 3 * n
+        assert cost.recursive_doubling_all_gather([n // p] * p, 1, r).bytes_sent == (p - 1) * n // p
+        assert cost.scatter_allgather_broadcast(n, 1, p, r, 0).steps == 3 + p - 1
+    assert cost.binomial_broadcast(n, 1, p, 0, 0).bytes_sent == 3 * n
+    assert cost.binomial_broadcast(n, 1, 5, 0, 0).steps == 3
     # Non-power-of-two: the folding pair pays about 2n more.
-    assert cost_model.recursive_doubling_all_reduce(n, 1, 6, 0).steps == 2 + 2
-    assert cost_model.rabenseifner_all_reduce(n, 1, 6, 1).bytes_sent == n + 2 * 3 * n // 4
+    assert cost.recursive_doubling_all_reduce(n, 1, 6, 0).steps == 2 + 2
+    assert cost.rabenseifner_all_reduce(n, 1, 6, 1).bytes_sent == n + 2 * 3 * n // 4
 
 
 # ---------------------------------------------------------------------------
@@ -246,7 +246,7 @@ def test_auto_same_choice_on_every_rank(run):
 
 
 def test_auto_prefers_latency_then_bandwidth():
-    fig = auto.Machine(alpha=5e-6, beta=1 / 450e9, gamma=0.0)
+    fig = cost.Machine(alpha=5e-6, beta=1 / 450e9, gamma=0.0)
     assert auto.best("all_reduce", 1 << 10, 8, fig) in ("naive", "recursive_doubling")
     assert auto.best("all_reduce", 1 << 30, 8, fig) in ("ring", "rabenseifner")
     assert auto.best("broadcast", 1 << 10, 8, fig) in ("flat", "binomial")
@@ -266,10 +266,10 @@ def test_model_textbook_figures(capsys):
                         "--latency", "5us"]) == 0
     out = capsys.readouterr().out
     assert "ring" in out and "rabenseifner" in out
-    est = cost_model.estimate("all_reduce", "ring", 10**9, 8, alpha=5e-6, beta=1 / 450e9)
+    est = cost.estimate("all_reduce", "ring", 10**9, 8, alpha=5e-6, beta=1 / 450e9)
     assert est.total == pytest.approx(3.96e-3, rel=0.01)
     assert est.latency == pytest.approx(70e-6) and est.steps == 14
-    small = cost_model.estimate("all_reduce", "ring", 10**6, 8, alpha=5e-6, beta=1 / 450e9)
+    small = cost.estimate("all_reduce", "ring", 10**6, 8, alpha=5e-6, beta=1 / 450e9)
     assert small.total == pytest.approx(74e-6, rel=0.01)
     assert small.bandwidth == pytest.approx(3.9e-6, rel=0.01)
     assert whatif.parse_size("1GiB") == 1 << 30 and whatif.parse_size("4KB") == 4000
@@ -279,7 +279,7 @@ def test_model_textbook_figures(capsys):
 
 @pytest.mark.timeout(120)
 def test_bench_collectives_tiny_sweep(tmp_path):
-    import bench.collectives as bc
+    import dt.bench.collectives as bc
 
     out = tmp_path / "r.json"
     assert bc.main(["-b", "1KB", "-e", "4KB", "-f", "4", "-n", "2", "-w", "1", "--world", "2",
@@ -295,11 +295,11 @@ def test_bench_collectives_tiny_sweep(tmp_path):
 def test_traffic_for_dispatches_to_the_exact_models():
     for p in (2, 3, 5, 8):
         for r in range(p):
-            assert cost_model.traffic_for("all_reduce", "rabenseifner", 1000, 4, p, r) == \
-                cost_model.rabenseifner_all_reduce(1000, 4, p, r)
-            assert cost_model.traffic_for("all_gather_into_tensor", "bruck", 7, 4, p, r) == \
-                cost_model.bruck_all_gather(7, 4, p)
-            assert cost_model.traffic_for("all_gather", "bruck", [3 + i for i in range(p)], 4, p, r) == \
-                cost_model.ring_all_gather([3 + i for i in range(p)], 4, r)
-            assert cost_model.traffic_for("broadcast", "binomial", 9, 4, p, r, root=p - 1) == \
-                cost_model.binomial_broadcast(9, 4, p, r, p - 1)
+            assert cost.traffic_for("all_reduce", "rabenseifner", 1000, 4, p, r) == \
+                cost.rabenseifner_all_reduce(1000, 4, p, r)
+            assert cost.traffic_for("all_gather_into_tensor", "bruck", 7, 4, p, r) == \
+                cost.bruck_all_gather(7, 4, p)
+            assert cost.traffic_for("all_gather", "bruck", [3 + i for i in range(p)], 4, p, r) == \
+                cost.ring_all_gather([3 + i for i in range(p)], 4, r)
+            assert cost.traffic_for("broadcast", "binomial", 9, 4, p, r, root=p - 1) == \
+                cost.binomial_broadcast(9, 4, p, r, p - 1)

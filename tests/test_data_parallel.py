@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 import dt
-from dt import cost_model
+from dt import cost
 from dt.collectives import auto
-from dt.data_parallel import DistributedDataParallel, make_buckets
+from dt.parallel.data_parallel import DistributedDataParallel, make_buckets
 
 BATCH = 60  # divisible by 1..5
 TINY_MB = 1000 / (1024 * 1024)  # ~1000-byte buckets: several buckets on this model
@@ -40,12 +40,12 @@ def _loss(out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def _expected_bytes(ddp: DistributedDataParallel, algorithm: str, rank: int, p: int) -> int:
-    """dt.cost_model's bytes for each bucket's all-reduce, on the algorithm auto picks."""
+    """dt.cost's bytes for each bucket's all-reduce, on the algorithm auto picks."""
     total = 0
     for b in ddp.buckets:
         n = b.buffer.numel()
         algo = auto.choose("all_reduce", algorithm, n * 4, p)
-        total += cost_model.traffic_for("all_reduce", algo, n, 4, p, rank).bytes_sent
+        total += cost.traffic_for("all_reduce", algo, n, 4, p, rank).bytes_sent
     return total
 
 
@@ -222,7 +222,7 @@ def test_bench_ddp_runs(pools, tmp_path) -> None:
     """bench/ddp.py on a tiny model: the reusable measurement and the printed report."""
     import json
 
-    from bench import ddp as bench_ddp
+    from dt.bench import ddp as bench_ddp
 
     for impl in ("dt", "torch"):
         r = bench_ddp.measure_data_parallel(2, 8, impl=impl, steps=2, warmup=1, hidden=16, layers=2,

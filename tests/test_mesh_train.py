@@ -9,7 +9,7 @@ import torch
 
 import dt
 from dt import train
-from dt.mesh import layout, rank_of
+from dt.parallel.mesh import layout, rank_of
 
 STEPS = 20
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from dt import pipeline
-from dt.pipeline import Pipeline, bubble_fraction, partition, schedule, stage_module
+from dt.parallel import pipeline
+from dt.parallel.pipeline import Pipeline, bubble_fraction, partition, schedule, stage_module
 
 BATCH = 8
 

@@ -2,7 +2,7 @@
 
 The study's timings are never asserted (2 shared cores); what is checked is
 that the numbers it derives from them are derived right: the breakdown sums to
-100%, the cost-model terms match dt.cost_model, the fit recovers known alpha
+100%, the cost-model terms match dt.cost, the fit recovers known alpha
 and beta, the reports are written, and a real run of one small table works.
 """
 
@@ -13,9 +13,9 @@ import math
 
 import pytest
 
-from bench import _report as R
-from bench import scaling as S
-from dt import cost_model
+from dt import cost
+from dt.bench import report as R
+from dt.bench import scaling as S
 
 # --------------------------------------------------------------------------
 # breakdown: parts of a step that sum to 100%
@@ -64,7 +64,7 @@ def test_model_terms_match_cost_model(p):
     n = S.T1_BYTES
     ring = S.model_terms("ring", n, p)
     assert ring["steps"] == 2 * (p - 1)
-    assert ring["bytes_sent_max"] == max(cost_model.ring_all_reduce(n // 4, 4, p, r).bytes_sent
+    assert ring["bytes_sent_max"] == max(cost.ring_all_reduce(n // 4, 4, p, r).bytes_sent
                                          for r in range(p))
     assert ring["bytes_sent_max"] == pytest.approx(2 * (p - 1) / p * n, rel=1e-6)
     naive = S.model_terms("naive", n, p)
@@ -264,9 +264,9 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     assert all(r["t1"] == 1.25 for r in st.tables[4].data)
     assert st.t1_single_thread == set()
     paths = S.write_outputs(st, tmp_path, "python bench/scaling.py --quick", 1.0)
-    from bench import _plots
+    from dt.bench.scaling import plots
 
-    paths += _plots.write_all(st, tmp_path)
+    paths += plots.write_all(st, tmp_path)
     names = {p.name for p in paths}
     assert {"scaling.json", "scaling.md", "allreduce_vs_world.png", "busbw_vs_size.png",
             "efficiency.png", "breakdown.png", "bubble.png"} <= names
@@ -312,7 +312,7 @@ def test_readme_body_is_the_report_with_a_shorter_table_7(tmp_path, monkeypatch)
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("m", [1, 2, 4, 7, 16])
 def test_simulated_bubble_is_the_formula(p, m):
-    from dt.pipeline import bubble_fraction
+    from dt.parallel.pipeline import bubble_fraction
 
     for name in ("gpipe", "1f1b"):
         assert S.simulate_bubble(name, p, m) == pytest.approx(bubble_fraction(p, m))
@@ -320,7 +320,7 @@ def test_simulated_bubble_is_the_formula(p, m):
 
 @pytest.mark.parametrize("p,m", [(2, 2), (2, 4), (4, 4), (4, 16), (3, 6)])
 def test_simulated_interleaved_bubble(p, m):
-    from dt.pipeline import bubble_fraction, schedule
+    from dt.parallel.pipeline import bubble_fraction, schedule
 
     try:
         schedule("interleaved", p, 0, m, 2)

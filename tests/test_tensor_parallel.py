@@ -19,8 +19,8 @@ import torch.nn.functional as F
 from torch import nn
 
 import dt
-from dt import cost_model
-from dt import tensor_parallel as tp
+from dt import cost
+from dt.parallel import tensor as tp
 from dt.transport import resolve_group
 
 F64 = torch.float64
@@ -326,7 +326,7 @@ def _check_conjugates(err: _Errors, group=None) -> None:
 
 
 def _range(size: int, p: int, i: int) -> tuple[int, int]:
-    sizes = cost_model.split_sizes(size, p)
+    sizes = cost.split_sizes(size, p)
     return sum(sizes[:i]), sum(sizes[: i + 1])
 
 
@@ -435,7 +435,7 @@ def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool, force: st
             os.environ["DT_ALGO"] = before
     item = 8
     if sequence_parallel:
-        shards = [n * b * h for n in cost_model.split_sizes(s, g.size)]  # [s, b, h] blocks
+        shards = [n * b * h for n in cost.split_sizes(s, g.size)]  # [s, b, h] blocks
         want = {"all_gather": 2 * tp.collective_bytes("all_gather", shards, item, algorithm=force or "auto"),
                 "reduce_scatter": 2 * tp.collective_bytes("reduce_scatter", shards, item,
                                                           algorithm=force or "auto"),
@@ -451,7 +451,7 @@ def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool, force: st
 
 @pytest.mark.parametrize("world", [1, 3, 4])
 def test_mlp_traffic_matches_cost_model(run, world):
-    """One MLP forward + backward: exactly the bytes dt.cost_model predicts, on every rank."""
+    """One MLP forward + backward: exactly the bytes dt.cost predicts, on every rank."""
     small, large = (2, 4, 16), (2, 48, 128)  # 1 KiB and 96 KiB of float64 activations
     for shape in (small, large):
         for sp in (False, True):

@@ -1,6 +1,6 @@
 """Measured traffic equals the cost model's arithmetic, exactly, on every rank.
 
-The transport counts every byte and message a rank posts; dt.cost_model says
+The transport counts every byte and message a rank posts; dt.cost says
 what each algorithm should send. Validation is turned off so the counts are
 the algorithm's alone (its own traffic is checked separately).
 """
@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 import dt
-from dt import cost_model
-from dt.cost_model import split_sizes
+from dt import cost
+from dt.layout import split_sizes
 from dt.transport import set_validation
 
 
@@ -21,7 +21,7 @@ def _counts(t) -> tuple[int, int, int, int]:
     return (t.bytes_sent, t.bytes_received, t.messages_sent, t.messages_received)
 
 
-def _model(m: cost_model.Traffic) -> tuple[int, int, int, int]:
+def _model(m: cost.Traffic) -> tuple[int, int, int, int]:
     return (m.bytes_sent, m.bytes_received, m.messages_sent, m.messages_received)
 
 
@@ -38,41 +38,41 @@ def _measure_everything(sizes: list[int]) -> list[str]:
     for n in sizes:
         with dt.traffic() as t:
             dt.ring_all_reduce(torch.ones(n), segment_bytes=seg)
-        check(f"ring all_reduce n={n}", t, cost_model.ring_all_reduce(n, 4, p, r, seg // 4))
+        check(f"ring all_reduce n={n}", t, cost.ring_all_reduce(n, 4, p, r, seg // 4))
         with dt.traffic() as t:
             dt.all_reduce(torch.ones(n, dtype=torch.float64), algorithm="naive")
-        check(f"naive all_reduce n={n}", t, cost_model.naive_all_reduce(n, 8, p, r))
+        check(f"naive all_reduce n={n}", t, cost.naive_all_reduce(n, 8, p, r))
         chunks = split_sizes(n, p)
         with dt.traffic() as t:
             dt.ring_all_gather([torch.empty(c) for c in chunks], torch.ones(chunks[r]),
                                segment_bytes=seg)
-        check(f"ring all_gather n={n}", t, cost_model.ring_all_gather(chunks, 4, r, seg // 4))
+        check(f"ring all_gather n={n}", t, cost.ring_all_gather(chunks, 4, r, seg // 4))
         with dt.traffic() as t:
             dt.ring_reduce_scatter(torch.empty(chunks[r]), [torch.ones(c) for c in chunks],
                                    segment_bytes=seg)
-        check(f"ring reduce_scatter n={n}", t, cost_model.ring_reduce_scatter(chunks, 4, r, seg // 4))
+        check(f"ring reduce_scatter n={n}", t, cost.ring_reduce_scatter(chunks, 4, r, seg // 4))
         root = p - 1
         with dt.traffic() as t:
             dt.ring_broadcast(torch.ones(n), src=root, segment_bytes=seg)
-        check(f"ring broadcast n={n}", t, cost_model.ring_broadcast(n, 4, p, r, root, seg // 4))
+        check(f"ring broadcast n={n}", t, cost.ring_broadcast(n, 4, p, r, root, seg // 4))
         with dt.traffic() as t:
             dt.broadcast(torch.ones(n), src=root, algorithm="flat")
-        check(f"flat broadcast n={n}", t, cost_model.flat_broadcast(n, 4, p, r, root))
+        check(f"flat broadcast n={n}", t, cost.flat_broadcast(n, 4, p, r, root))
         with dt.traffic() as t:
             dt.reduce(torch.ones(n), dst=root, algorithm="flat")
-        check(f"flat reduce n={n}", t, cost_model.flat_reduce(n, 4, p, r, root))
+        check(f"flat reduce n={n}", t, cost.flat_reduce(n, 4, p, r, root))
         blocks = [(n + i) % 7 for i in range(p)]
         with dt.traffic() as t:
             dt.all_to_all([torch.empty((n + r) % 7) for _ in range(p)],
                           [torch.ones(blocks[j]) for j in range(p)])
         check(f"pairwise all_to_all n={n}", t,
-              cost_model.pairwise_all_to_all(blocks, [(n + r) % 7] * p, 4, r))
+              cost.pairwise_all_to_all(blocks, [(n + r) % 7] * p, 4, r))
         with dt.traffic() as t:
             dt.all_gather_into_tensor(torch.empty(n * p), torch.ones(n), algorithm="bruck")
-        check(f"bruck all_gather n={n}", t, cost_model.bruck_all_gather(n, 4, p))
+        check(f"bruck all_gather n={n}", t, cost.bruck_all_gather(n, 4, p))
     with dt.traffic() as t:
         dt.barrier()
-    check("barrier", t, cost_model.dissemination_barrier(p))
+    check("barrier", t, cost.dissemination_barrier(p))
     return failures
 
 
@@ -119,8 +119,8 @@ def _validation_and_breakdown() -> dict:
         "broadcast": t.by_collective["broadcast"].as_dict(),
         "algo": t.by_algorithm["all_reduce:ring"].as_dict(),
         "total_sent": t.bytes_sent,
-        "model_validate": cost_model.bruck_all_gather(signature, 8, p).bytes_sent * 2,
-        "model_ring": cost_model.ring_all_reduce(100, 4, p, dist.get_rank()).bytes_sent,
+        "model_validate": cost.bruck_all_gather(signature, 8, p).bytes_sent * 2,
+        "model_ring": cost.ring_all_reduce(100, 4, p, dist.get_rank()).bytes_sent,
     }
 
 

@@ -12,9 +12,9 @@ import torch.distributed as dist
 from torch import nn
 
 import dt
-from dt import cost_model
-from dt.data_parallel import DistributedDataParallel
-from dt.zero import FullyShardedDataParallel, ZeroOptimizer, memory_held
+from dt import cost
+from dt.parallel.data_parallel import DistributedDataParallel
+from dt.parallel.zero import FullyShardedDataParallel, ZeroOptimizer, memory_held
 
 STEPS = 10
 BATCH = 30
@@ -93,11 +93,11 @@ def test_zero_matches_data_parallel_and_formulas(run, world: int, optimizers: tu
     psi = sum(layers)
     for rank, res in enumerate(results):
         # this rank's shard: stages 1-2 split the flat Psi, stage 3 splits each layer
-        flat_shard = cost_model.split_sizes(psi, world)[rank]
-        layer_shard = sum(cost_model.split_sizes(n, world)[rank] for n in layers)
-        ring = cost_model.ring_all_reduce(psi, 4, world, rank).bytes_sent
-        stage3 = sum(2 * cost_model.ring_all_gather(cost_model.split_sizes(n, world), 4, rank)
-                     .bytes_sent + cost_model.ring_reduce_scatter(cost_model.split_sizes(n, world),
+        flat_shard = cost.split_sizes(psi, world)[rank]
+        layer_shard = sum(cost.split_sizes(n, world)[rank] for n in layers)
+        ring = cost.ring_all_reduce(psi, 4, world, rank).bytes_sent
+        stage3 = sum(2 * cost.ring_all_gather(cost.split_sizes(n, world), 4, rank)
+                     .bytes_sent + cost.ring_reduce_scatter(cost.split_sizes(n, world),
                                                                   4, rank).bytes_sent
                      for n in layers)
         for opt_name in optimizers:

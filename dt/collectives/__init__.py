@@ -38,7 +38,7 @@ from dt.collectives.doubling import (
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
-from dt.collectives.registry import ALGORITHMS
+from dt.collectives.registry import ALGORITHMS, register_aliases
 from dt.collectives.ring import (
     ring_all_gather,
     ring_all_reduce,
@@ -47,6 +47,8 @@ from dt.collectives.ring import (
     ring_reduce_scatter,
 )
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
+
+register_aliases()
 
 __all__ = [
     "ALGORITHMS",

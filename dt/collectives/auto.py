@@ -1,6 +1,6 @@
 """algorithm="auto": the algorithm the cost model predicts (or dt tune measured) to be fastest.
 
-For each algorithm registered for a collective, dt.cost_model.estimate gives
+For each algorithm registered for a collective, dt.cost.estimate gives
 steps * alpha + bytes * beta + reduced bytes * gamma; auto runs the one with
 the smallest total. alpha, beta and gamma are this machine's figures as
 `dt tune` measured and saved them for this backend and group size (the
@@ -22,60 +22,23 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
 
-from dt import cost_model
-from dt.collectives.registry import ALGORITHMS
+import torch.distributed as dist
 
-
-@dataclass(frozen=True)
-class Machine:
-    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte."""
-
-    alpha: float
-    beta: float
-    gamma: float
-    source: str = "default"
-
-
-# `dt tune` on the 2-core development machine (gloo over loopback, world 2,
-# quiet): one exchange step of a tiny message ~200 us, ~1.25 GB/s per rank
-# through the kernel's loopback copy, ~10 GB/s for an add. Under load the
-# step time grows to milliseconds (the scheduler's time slice), which moves
-# the switch points up; `dt tune` on the loaded machine records that.
-DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
-
-# Aliases registered for the original design's names; auto never needs them.
-_ALIASES = {("broadcast", "naive"), ("reduce", "naive"), ("gather", "naive"), ("scatter", "naive")}
-
-_machines: dict[tuple[str, int], Machine] = {}
+from dt import cost
+from dt.collectives.registry import ALGORITHMS, is_alias
+from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+from dt.cost.machine import Machine
+from dt.cost.machine import machine as saved_machine
+from dt.cost.machine import winners as saved_winners
 
 
 def machine(group_size: int, backend: str | None = None) -> Machine:
     """This machine's figures for a group of `group_size` (tuned, else the defaults)."""
-    if backend is None:
-        backend = _backend()
-    key = (backend, group_size)
-    if key not in _machines:
-        from dt import tune  # tune sits above the collectives; import only when needed
-
-        saved = tune.load(backend, group_size)
-        _machines[key] = (Machine(saved["alpha"], saved["beta"], saved["gamma"],
-                                  source=f"dt tune ({backend}, world {saved['world']})")
-                          if saved else DEFAULT_MACHINE)
-    return _machines[key]
-
-
-def forget_machines() -> None:
-    """Drop the cached figures (after `dt tune` saves new ones)."""
-    _machines.clear()
-    _tables.clear()
-    best.cache_clear()
+    return saved_machine(backend or _backend(), group_size)
 
 
 def _backend() -> str:
-    import torch.distributed as dist
-
     return dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
 
 
@@ -83,10 +46,10 @@ def candidates(collective: str) -> list[str]:
     """Registered algorithms for `collective` that the cost model can price, sorted by name."""
     out = []
     for name in sorted(ALGORITHMS.get(collective, {})):
-        if (collective, name) in _ALIASES:
+        if is_alias(collective, name):
             continue
         try:
-            cost_model.formula(collective, name, 1.0, 2)
+            cost.formula(collective, name, 1.0, 2)
         except KeyError:
             continue
         out.append(name)
@@ -94,11 +57,9 @@ def candidates(collective: str) -> list[str]:
 
 
 def predictions(collective: str, nbytes: int, group_size: int,
-                fig: Machine) -> dict[str, cost_model.Estimate]:
+                fig: Machine) -> dict[str, cost.Estimate]:
     """Every candidate's estimate for one call."""
-    from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
-
-    return {name: cost_model.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
+    return {name: cost.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
                                       beta=fig.beta, gamma=fig.gamma,
                                       segment_bytes=DEFAULT_SEGMENT_BYTES)
             for name in candidates(collective)}
@@ -127,20 +88,9 @@ def _override(collective: str) -> str | None:
     return None
 
 
-_tables: dict[tuple[str, int], dict] = {}
-
-
 def measured_table(group_size: int, backend: str | None = None) -> dict:
     """`dt tune`'s measured winners for exactly this backend and group size, or {}."""
-    backend = backend or _backend()
-    key = (backend, group_size)
-    if key not in _tables:
-        from dt import tune
-
-        saved = tune.load(backend, group_size)
-        exact = saved is not None and saved.get("world") == group_size
-        _tables[key] = saved.get("winners", {}) if exact else {}
-    return _tables[key]
+    return saved_winners(backend or _backend(), group_size)
 
 
 def measured_best(collective: str, nbytes: int, group_size: int) -> str | None:

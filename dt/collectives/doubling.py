@@ -29,7 +29,6 @@ every exchange is one contiguous slice of the output.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import torch
@@ -37,41 +36,8 @@ import torch
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
-from dt.cost_model import split_sizes
+from dt.layout import Fold, doubling_gather, edges, halving_doubling, split_sizes
 from dt.transport import Comm, Handle, resolve_group
-
-
-class Fold:
-    """The non-power-of-two fold, as every rank computes it alike.
-
-    `vrank` is this rank's virtual rank, None for an even rank that folds into
-    its odd partner and sits out the power-of-two part.
-    """
-
-    def __init__(self, p: int, rank: int):
-        self.p = p
-        self.p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
-        self.extra = p - self.p2
-        self.rank = rank
-        if rank < 2 * self.extra:
-            self.vrank: int | None = rank // 2 if rank % 2 else None
-            self.partner = rank + 1 if rank % 2 == 0 else rank - 1
-        else:
-            self.vrank = rank - self.extra
-            self.partner = -1
-        self.rounds = int(math.log2(self.p2))
-
-    def real(self, v: int) -> int:
-        """The original rank that plays virtual rank v."""
-        return 2 * v + 1 if v < self.extra else v + self.extra
-
-    def lo(self, v: int) -> int:
-        """First original rank that virtual rank v stands for (lo(p') = p)."""
-        return 2 * v if v < self.extra else v + self.extra
-
-    @property
-    def folded(self) -> bool:
-        return self.extra > 0 and self.rank < 2 * self.extra
 
 
 def _send_or_none(t: torch.Tensor) -> torch.Tensor | None:
@@ -150,7 +116,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
                                   group: object = None) -> None:
     """All-reduce in place by recursive doubling (whole buffer exchanged each step).
 
-    Cost (cost_model.recursive_doubling_all_reduce): lg p' steps (+2 when p is
+    Cost (dt.cost.recursive_doubling_all_reduce): lg p' steps (+2 when p is
     not a power of two, p' = 2^floor(lg p)); n bytes sent per step, n lg p' in
     all, and n lg p' reduced. Every pair reduces the same two operands (in
     either order: the ops are commutative), so all ranks end bit-identical.
@@ -197,7 +163,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
     the halving holding piece v reduced over all ranks, then the doubling
     hands every piece to everyone.
 
-    Cost (cost_model.rabenseifner_all_reduce): 2 lg p' steps (+2 when p is not
+    Cost (dt.cost.rabenseifner_all_reduce): 2 lg p' steps (+2 when p is not
     a power of two); 2(p'-1)/p' n bytes sent per rank (+n for the fold), and
     (p'-1)/p' n reduced.
     """
@@ -214,34 +180,22 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
         step += 2 * fold.rounds
     else:
         v, p2 = fold.vrank, fold.p2
-        edges = [0]
-        for size in split_sizes(flat.numel(), p2):
-            edges.append(edges[-1] + size)
+        e = edges(split_sizes(flat.numel(), p2))
 
         def piece(a: int, b: int) -> torch.Tensor:  # pieces [a, b) as one slice
-            return flat[edges[a]:edges[b]]
+            return flat[e[a]:e[b]]
 
         # The first half kept is the largest piece of work (split_sizes puts the
         # longer pieces first), so buffers of that size serve every step.
-        halves = [scratch(edges[p2 // 2], flat.dtype, flat.device, slot=k) for k in range(2)]
-        # The schedule: halving steps (distance p'/2 .. 1) keep the half holding
-        # piece v and receive the partner's copy of it into a scratch buffer;
-        # doubling steps (distance 1 .. p'/2) receive the partner's pieces in place.
-        halving, lo, hi, d = [], 0, p2, p2 // 2
-        while d >= 1:
-            mid = (lo + hi) // 2
-            keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
-            halving.append((fold.real(v ^ d), keep, give))
-            lo, hi = keep
-            d //= 2
-        doubling, d = [], 1
-        while d < p2:
-            pv = v ^ d
-            plo = pv - pv % d
-            doubling.append((fold.real(pv), (lo, hi), (plo, plo + d)))
-            lo, hi = min(lo, plo), max(hi, plo + d)
-            d *= 2
-        plan = [(peer, lambda k=k, keep=keep: halves[k % 2][: edges[keep[1]] - edges[keep[0]]], True)
+        halves = [scratch(e[p2 // 2], flat.dtype, flat.device, slot=k) for k in range(2)]
+        # The schedule (dt.layout.halving_doubling): halving steps (distance p'/2 .. 1)
+        # keep the half holding piece v and receive the partner's copy of it into a
+        # scratch buffer; doubling steps (distance 1 .. p'/2) receive the partner's
+        # pieces in place.
+        sched_halving, sched_doubling = halving_doubling(v, p2)
+        halving = [(fold.real(s.peer), s.theirs, s.mine) for s in sched_halving]
+        doubling = [(fold.real(s.peer), s.mine, s.theirs) for s in sched_doubling]
+        plan = [(peer, lambda k=k, keep=keep: halves[k % 2][: e[keep[1]] - e[keep[0]]], True)
                 for k, (peer, keep, _) in enumerate(halving)]
         plan += [(peer, lambda theirs=theirs: piece(*theirs), False) for peer, _, theirs in doubling]
         ahead = Lookahead(comm, plan)
@@ -249,7 +203,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
             _fold_in(comm, fold, flat, name)
         for k, (peer, keep, give) in enumerate(halving):  # recursive halving
             comm.step = step
-            sent = comm.isend(piece(*give), peer) if edges[give[1]] > edges[give[0]] else None
+            sent = comm.isend(piece(*give), peer) if e[give[1]] > e[give[0]] else None
             ahead.wait(k)
             kept = piece(*keep)
             combine(kept, kept, halves[k % 2][: kept.numel()], name)
@@ -260,7 +214,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
         finish(piece(v, v + 1), name, p)
         for k, (peer, mine, _) in enumerate(doubling, start=len(halving)):  # recursive doubling
             comm.step = step
-            sent = comm.isend(piece(*mine), peer) if edges[mine[1]] > edges[mine[0]] else None
+            sent = comm.isend(piece(*mine), peer) if e[mine[1]] > e[mine[0]] else None
             ahead.wait(k)
             if sent is not None:
                 sent.wait()
@@ -283,25 +237,19 @@ def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) ->
     p, r = comm.size, comm.rank
     if p == 1:
         return
-    edges = [0]
-    for size in sizes:
-        edges.append(edges[-1] + size)
+    offsets = edges(sizes)
     fold = Fold(p, r)
 
     def span(first_rank: int, end_rank: int) -> torch.Tensor:
-        return out[edges[first_rank]:edges[end_rank]]
+        return out[offsets[first_rank]:offsets[end_rank]]
 
     # Every step receives a part of `out` no one reads before it lands: post
     # all of them first (see Lookahead), then run the steps.
     steps = []
     if fold.vrank is not None:
-        v, d = fold.vrank, 1
-        while d < fold.p2:
-            base, partner_v = v - v % d, v ^ d
-            pbase = partner_v - partner_v % d
-            steps.append((fold.real(partner_v), span(fold.lo(base), fold.lo(base + d)),
-                          span(fold.lo(pbase), fold.lo(pbase + d))))
-            d *= 2
+        steps = [(fold.real(s.peer), span(fold.lo(s.mine[0]), fold.lo(s.mine[1])),
+                  span(fold.lo(s.theirs[0]), fold.lo(s.theirs[1])))
+                 for s in doubling_gather(fold.vrank, fold.p2)]
         ahead = Lookahead(comm, [(peer, lambda t=theirs: t, False) for peer, _, theirs in steps])
     step = 0
     if fold.extra:
@@ -334,7 +282,7 @@ def recursive_doubling_all_gather_into_tensor(output: torch.Tensor, input: torch
                                               group: object = None) -> None:
     """output = every rank's equal-sized input, in rank order, by recursive doubling.
 
-    Cost (cost_model.recursive_doubling_all_gather): lg p' steps (+2 when p is
+    Cost (dt.cost.recursive_doubling_all_gather): lg p' steps (+2 when p is
     not a power of two); (p-1)/p n bytes sent per rank for a power of two.
     """
     comm = Comm(resolve_group(group), "all_gather_into_tensor", "recursive_doubling")

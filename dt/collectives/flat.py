@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
-from dt.collectives.registry import ALGORITHMS, algorithm
+from dt.collectives.registry import algorithm
 from dt.transport import Comm, resolve_group
 
 
@@ -126,9 +126,3 @@ def flat_scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, 
                for i in range(comm.size) if i != root and scatter_list[i].numel()]
     for h in handles:
         h.wait()
-
-
-# The original design called these "naive"; keep its names selectable.
-for _collective, _fn in (("reduce", flat_reduce), ("broadcast", flat_broadcast),
-                         ("gather", flat_gather), ("scatter", flat_scatter)):
-    ALGORITHMS[_collective]["naive"] = _fn

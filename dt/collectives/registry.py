@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dt import transport
+from dt.cost.traffic import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -31,6 +32,21 @@ def algorithm(collective: str, name: str) -> Callable[[F], F]:
         return charged  # type: ignore[return-value]
 
     return register
+
+
+def register_aliases() -> None:
+    """Make each alias in dt.cost.ALIASES ("naive" broadcast = "flat") selectable by name.
+
+    Called once every algorithm is registered (dt/collectives/__init__.py).
+    """
+    for (collective, alias), target in ALIASES.items():
+        table = ALGORITHMS.get(collective, {})
+        if target in table:
+            table[alias] = table[target]
+
+
+def is_alias(collective: str, name: str) -> bool:
+    return (collective, name) in ALIASES
 
 
 def lookup(collective: str, name: str) -> Callable[..., Any]:

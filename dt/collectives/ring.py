@@ -28,7 +28,7 @@ import torch
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch as scratch_buffer
-from dt.cost_model import split_sizes
+from dt.layout import split_sizes
 from dt.transport import Comm, Handle, resolve_group
 
 # Segments no larger than this overlap reduction with transfer. Gloo uses at
@@ -83,7 +83,7 @@ def ring_pass(
     forwarded as soon as it is reduced.
 
     Cost: laps * (p-1) steps; bytes sent = sum of the chunks this rank forwards
-    (cost_model.ring_reduce_scatter / ring_all_gather give the exact figure).
+    (dt.cost.ring_reduce_scatter / ring_all_gather give the exact figure).
     """
     p, r = comm.size, comm.rank
     if p == 1 or not chunks:
@@ -150,7 +150,7 @@ def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: obje
                     *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
     """Ring all-reduce in place: reduce-scatter then all-gather, one ring_pass of two laps.
 
-    Cost (cost_model.ring_all_reduce): 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
+    Cost (dt.cost.ring_all_reduce): 2(p-1) steps; 2(p-1)/p * n bytes sent per rank; (p-1)/p * n reduced.
     """
     comm = Comm(resolve_group(group), "all_reduce", "ring")
     flat = tensor.view(-1)

@@ -25,7 +25,7 @@ from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES, ring_pass
 from dt.collectives.scratch import scratch
-from dt.cost_model import children, lowest_bit, split_sizes
+from dt.layout import children, edges, lowest_bit, split_sizes
 from dt.transport import Comm, resolve_group
 
 
@@ -33,7 +33,7 @@ from dt.transport import Comm, resolve_group
 def binomial_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
     """Broadcast from `src` (a global rank) down a binomial tree.
 
-    Cost (cost_model.binomial_broadcast): ceil(lg p) steps; every rank but the
+    Cost (dt.cost.binomial_broadcast): ceil(lg p) steps; every rank but the
     root receives n; rank v sends n to each of its children.
     """
     g = resolve_group(group)
@@ -66,7 +66,7 @@ def binomial_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
     (smallest subtree first, the order the data arrives), then sends its partial
     result to its parent.
 
-    Cost (cost_model.binomial_reduce): ceil(lg p) steps; every rank but the
+    Cost (dt.cost.binomial_reduce): ceil(lg p) steps; every rank but the
     root sends n; rank v receives and reduces n per child.
     """
     g = resolve_group(group)
@@ -104,7 +104,7 @@ def scatter_allgather_broadcast(tensor: torch.Tensor, src: int, group: object = 
     Piece j (split_sizes(n, p)) belongs to relative rank j, so every subtree's
     pieces are one contiguous slice: each scatter edge is one message.
 
-    Cost (cost_model.scatter_allgather_broadcast): ceil(lg p) + p - 1 steps;
+    Cost (dt.cost.scatter_allgather_broadcast): ceil(lg p) + p - 1 steps;
     about 2(p-1)/p n bytes sent per rank (the root sends n - n/p in the
     scatter, every rank (p-1)/p n in the all-gather, less the piece of its
     right neighbour).
@@ -117,12 +117,10 @@ def scatter_allgather_broadcast(tensor: torch.Tensor, src: int, group: object = 
     if p == 1 or flat.numel() == 0:
         return
     v = (r - root) % p
-    edges = [0]
-    for size in split_sizes(flat.numel(), p):
-        edges.append(edges[-1] + size)
+    offsets = edges(split_sizes(flat.numel(), p))
 
     def pieces(a: int, b: int) -> torch.Tensor:
-        return flat[edges[a]:edges[min(b, p)]]
+        return flat[offsets[a]:offsets[min(b, p)]]
 
     bit = lowest_bit(v, p)
     if v:

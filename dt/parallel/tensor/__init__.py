@@ -29,7 +29,7 @@ activation memory outside the tensor-parallel region.
 
 Every collective here is dt's (dt.all_reduce, dt.all_gather,
 dt.reduce_scatter), written from send/recv in dt.collectives. Uneven splits
-(33 outputs over 5 ranks: 7, 7, 7, 6, 6) use dt.cost_model.split_sizes, the
+(33 outputs over 5 ranks: 7, 7, 7, 6, 6) use dt.cost.split_sizes, the
 same arithmetic the collectives use, so every rank agrees on every shard.
 
 Tensors are batch first, [batch, sequence, hidden] (SEQUENCE_DIM = 1).
@@ -44,9 +44,9 @@ last bit.
 
 Cost notation in the docstrings: p ranks in the group, n the bytes of the
 tensor being communicated (b*s*h*itemsize for an activation). Per rank,
-sent bytes (dt.cost_model):
+sent bytes (dt.cost):
 
-    all-reduce, ring       2(p-1)/p * n     (cost_model.ring_all_reduce)
+    all-reduce, ring       2(p-1)/p * n     (cost.ring_all_reduce)
     all-reduce, naive      (p-1)n at the root, n elsewhere (naive_all_reduce)
     all-gather / reduce-scatter, ring   (p-1)/p * n  (n = the full tensor)
 
@@ -75,7 +75,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt import cost_model
+from dt import cost
 from dt.collectives import all_gather, all_reduce, auto, reduce_scatter
 from dt.collectives.ops import ReduceOp
 from dt.transport import Group, resolve_group
@@ -115,7 +115,7 @@ SEQUENCE_DIM = 1  # tensors are [batch, sequence, hidden]
 def shard_range(size: int, group: Any = None) -> tuple[int, int]:
     """[start, stop) of this rank's contiguous shard of `size` items (split_sizes layout)."""
     g = resolve_group(group)
-    sizes = cost_model.split_sizes(size, g.size)
+    sizes = cost.split_sizes(size, g.size)
     start = sum(sizes[: g.rank])
     return start, start + sizes[g.rank]
 
@@ -126,7 +126,7 @@ def _sizes(full: int | None, local: int, g: Group, sizes: list[int] | None) -> l
     Given explicitly, or split_sizes(full), or (neither) equal shards of `local`.
     """
     if sizes is None:
-        sizes = cost_model.split_sizes(full, g.size) if full is not None else [local] * g.size
+        sizes = cost.split_sizes(full, g.size) if full is not None else [local] * g.size
     sizes = list(sizes)
     if len(sizes) != g.size or sizes[g.rank] != local:
         raise ValueError(f"rank {g.rank} holds a shard of {local} but the shard sizes are {sizes} "
@@ -182,26 +182,26 @@ def _all_reduce(x: torch.Tensor, g: Group) -> torch.Tensor:
     return out
 
 
-_PER_RANK = {  # dt.cost_model's per-rank arithmetic for the algorithms these layers can run
-    ("all_reduce", "ring"): lambda n, item, g: cost_model.ring_all_reduce(n[0], item, g.size, g.rank),
-    ("all_reduce", "naive"): lambda n, item, g: cost_model.naive_all_reduce(n[0], item, g.size, g.rank),
+_PER_RANK = {  # dt.cost's per-rank arithmetic for the algorithms these layers can run
+    ("all_reduce", "ring"): lambda n, item, g: cost.ring_all_reduce(n[0], item, g.size, g.rank),
+    ("all_reduce", "naive"): lambda n, item, g: cost.naive_all_reduce(n[0], item, g.size, g.rank),
     ("all_reduce", "recursive_doubling"):
-        lambda n, item, g: cost_model.recursive_doubling_all_reduce(n[0], item, g.size, g.rank),
+        lambda n, item, g: cost.recursive_doubling_all_reduce(n[0], item, g.size, g.rank),
     ("all_reduce", "rabenseifner"):
-        lambda n, item, g: cost_model.rabenseifner_all_reduce(n[0], item, g.size, g.rank),
-    ("all_gather", "ring"): lambda n, item, g: cost_model.ring_all_gather(n, item, g.rank),
+        lambda n, item, g: cost.rabenseifner_all_reduce(n[0], item, g.size, g.rank),
+    ("all_gather", "ring"): lambda n, item, g: cost.ring_all_gather(n, item, g.rank),
     ("all_gather", "recursive_doubling"):
-        lambda n, item, g: cost_model.recursive_doubling_all_gather(n, item, g.rank),
+        lambda n, item, g: cost.recursive_doubling_all_gather(n, item, g.rank),
     ("all_gather", "bruck"):  # equal blocks; uneven ones fall back to the ring
-        lambda n, item, g: (cost_model.bruck_all_gather(n[0], item, g.size) if len(set(n)) == 1
-                            else cost_model.ring_all_gather(n, item, g.rank)),
-    ("reduce_scatter", "ring"): lambda n, item, g: cost_model.ring_reduce_scatter(n, item, g.rank),
+        lambda n, item, g: (cost.bruck_all_gather(n[0], item, g.size) if len(set(n)) == 1
+                            else cost.ring_all_gather(n, item, g.rank)),
+    ("reduce_scatter", "ring"): lambda n, item, g: cost.ring_reduce_scatter(n, item, g.rank),
 }
 
 
 def collective_bytes(collective: str, numels: int | list[int], itemsize: int, group: Any = None,
                      algorithm: str = "auto") -> int:
-    """Bytes this rank sends for one dt collective, from dt.cost_model.
+    """Bytes this rank sends for one dt collective, from dt.cost.
 
     `numels`: the tensor's element count for all_reduce; every rank's shard
     for all_gather / reduce_scatter. "auto" resolves as dt.collectives.auto
@@ -220,7 +220,7 @@ def collective_bytes(collective: str, numels: int | list[int], itemsize: int, gr
 
 
 def all_reduce_bytes(numel: int, itemsize: int, group: Any = None, algorithm: str = "auto") -> int:
-    """Bytes this rank sends for one dt.all_reduce of `numel` elements (dt.cost_model)."""
+    """Bytes this rank sends for one dt.all_reduce of `numel` elements (dt.cost)."""
     return collective_bytes("all_reduce", numel, itemsize, group, algorithm)
 
 
@@ -354,7 +354,7 @@ def scatter_to_region(x: torch.Tensor, group: Any = None, *, dim: int = -1,
     g = resolve_group(group)
     full = x.shape[dim]
     if sizes is None:
-        sizes = cost_model.split_sizes(full, g.size)
+        sizes = cost.split_sizes(full, g.size)
     elif len(sizes) != g.size or sum(sizes) != full:
         raise ValueError(f"shard sizes {list(sizes)} must be {g.size} numbers summing to {full}")
     return _ScatterToRegion.apply(x, g, dim, list(sizes))
@@ -391,7 +391,7 @@ def reduce_scatter_to_sequence_region(x: torch.Tensor, group: Any = None, *,
     """
     g = resolve_group(group)
     return _ReduceScatterToSequenceRegion.apply(x, g, dim,
-                                                cost_model.split_sizes(x.shape[dim], g.size))
+                                                cost.split_sizes(x.shape[dim], g.size))
 
 
 # ----------------------------------------------------------------------------
@@ -434,7 +434,7 @@ class ColumnParallelLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.gather_output = gather_output
         self.sequence_parallel = sequence_parallel
-        self.sizes = cost_model.split_sizes(out_features, self.group.size)
+        self.sizes = cost.split_sizes(out_features, self.group.size)
         start, stop = shard_range(out_features, self.group)
         self.output_size_per_partition = stop - start
         full = _full_linear(in_features, out_features, bias, dtype, device)
@@ -492,7 +492,7 @@ class RowParallelLinear(nn.Module):
         self.in_features, self.out_features = in_features, out_features
         self.input_is_parallel = input_is_parallel
         self.sequence_parallel = sequence_parallel
-        self.sizes = cost_model.split_sizes(in_features, self.group.size)
+        self.sizes = cost.split_sizes(in_features, self.group.size)
         start, stop = shard_range(in_features, self.group)
         self.input_size_per_partition = stop - start
         full = _full_linear(in_features, out_features, bias, dtype, device)
@@ -709,7 +709,7 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_region(out, self.group)
 
     def full_weight(self) -> torch.Tensor:
-        sizes = cost_model.split_sizes(self.num_embeddings, self.group.size)
+        sizes = cost.split_sizes(self.num_embeddings, self.group.size)
         return _gather(self.weight.detach(), 0, sizes, self.group)
 
 

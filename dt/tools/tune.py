@@ -2,7 +2,7 @@
 
     dt tune --world 4
 
-The cost model (dt/cost_model.py) prices a collective as
+The cost model (dt/cost.py) prices a collective as
 steps * alpha + bytes * beta + reduced bytes * gamma. Three micro-benchmarks
 measure the three figures on `--world` processes, all ranks at once (on a
 shared machine the ranks compete for the same cores, and the figures should
@@ -22,22 +22,23 @@ say so):
   files do: the model explains the switch points, the table records them.
 
 The figures go to a small JSON file in the user's cache directory
-($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by backend
-and world size, where algorithm="auto" and `dt model --measured` find them.
+($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
+keyed by backend and world size, where algorithm="auto" and `dt model
+--measured` find them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-__all__ = ["cache_path", "load", "main", "measure", "measure_winners", "save"]
+from dt.cost import machine
+
+__all__ = ["main", "measure", "measure_winners"]
 
 EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
 REDUCE_SIZES = (1 << 20, 4 << 20, 16 << 20)
@@ -48,47 +49,6 @@ def _size(nbytes: int) -> str:
         if nbytes >= scale:
             return f"{nbytes / scale:g} {unit}"
     return f"{nbytes} B"
-
-
-def cache_path() -> Path:
-    """Where the figures live: $XDG_CACHE_HOME/dt/tune.json or ~/.cache/dt/tune.json."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "dt" / "tune.json"
-
-
-def _read_all() -> dict[str, Any]:
-    path = cache_path()
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def load(backend: str, world: int) -> dict[str, Any] | None:
-    """Saved figures for (backend, world); else those of the nearest tuned world; else None."""
-    saved = {k: v for k, v in _read_all().items() if v.get("backend") == backend}
-    if not saved:
-        return None
-    exact = f"{backend}:{world}"
-    if exact in saved:
-        return saved[exact]
-    # Nearest world size (ties: the smaller one): the same file gives every rank the same answer.
-    key = min(saved, key=lambda k: (abs(saved[k]["world"] - world), saved[k]["world"]))
-    return saved[key]
-
-
-def save(figures: dict[str, Any]) -> Path:
-    path = cache_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    data = _read_all()
-    data[f"{figures['backend']}:{figures['world']}"] = figures
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    tmp.replace(path)
-    from dt.collectives import auto
-
-    auto.forget_machines()
-    return path
 
 
 # ---------------------------------------------------------------------------
@@ -291,5 +251,5 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  measured fastest {collective}: " + ", ".join(
             f"{_size(n)} {best}" for n, best, _ in rows))
     if not args.no_save:
-        print(f"saved to {save(fig)} (key {fig['backend']}:{fig['world']})")
+        print(f"saved to {machine.save(fig)} (key {fig['backend']}:{fig['world']})")
     return 0

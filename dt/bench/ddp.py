@@ -41,12 +41,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-if __package__ in (None, ""):  # `python bench/ddp.py`: make `bench` importable for the workers
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench import _report as R  # noqa: E402
-from dt import transport  # noqa: E402
-from dt.launcher import WorkerPool  # noqa: E402
+from dt import transport
+from dt.bench import report as R
+from dt.launcher import WorkerPool
 
 __all__ = ["main", "measure_data_parallel", "reference_model"]
 
@@ -78,7 +75,7 @@ def _step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[st
     the same gloo group, same bucket cap), "single" (the model alone: no
     communication at all).
     """
-    from dt.data_parallel import DistributedDataParallel
+    from dt.parallel.data_parallel import DistributedDataParallel
 
     transport.set_validation(False)  # timing: no cross-rank argument check
     rank, p = dist.get_rank(), dist.get_world_size()
@@ -283,6 +280,6 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from bench import ddp as _self  # workers must find the functions by module name
+    from dt.bench import ddp as _self  # workers must find the functions by module name
 
     sys.exit(_self.main(sys.argv[1:]))

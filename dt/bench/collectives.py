@@ -7,7 +7,7 @@ For each message size (from -b to -e, times -f each step) and each selected
 algorithm, plus torch.distributed's own collective on the same gloo group,
 this prints nccl-tests' columns: size (B), count (elements), type, redop,
 root, then out-of-place and in-place time (us, median), algbw and busbw
-(GB/s, busbw = algbw * nccl-tests' factor from dt.cost_model.BUSBW_FACTOR)
+(GB/s, busbw = algbw * nccl-tests' factor from dt.cost.BUSBW_FACTOR)
 and #wrong (elements that differ from torch's result on the same input,
 summed over ranks), then the time relative to torch's: the median over calls
 of (this call / torch's call of the same round), in-place where there is one.
@@ -39,10 +39,10 @@ import torch
 import torch.distributed as dist
 
 import dt
-from dt import cost_model, transport
+from dt import cost, transport
 from dt.collectives import auto
 from dt.launcher import run_workers
-from dt.whatif import parse_size
+from dt.units import parse_size
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
@@ -233,7 +233,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                            for i in range(len(per_rank[0]["times"][key]))]
                 st = _stats(slowest)
                 st["samples"] = slowest
-                algbw, busbw = cost_model.bus_bandwidth(coll, row["size"], st["median"], p)
+                algbw, busbw = cost.bus_bandwidth(coll, row["size"], st["median"], p)
                 row["in" if inplace else "out"] = {**st, "algbw": algbw / 1e9, "busbw": busbw / 1e9}
                 row["wrong"] += sum(rk["wrong"].get(key, 0) for rk in per_rank)
             rows.append(row)

@@ -1,10 +1,10 @@
 """`dt`: one entry point, one module per command.
 
     dt demo primitives        what each rank holds after each collective
-    dt bench <name> [...]     bench/<name>.py: collectives, ddp, pipeline, scaling
-    dt tune [...]             measure this machine's alpha, beta, gamma (dt/tune.py)
-    dt model [...]            what-if calculator on the cost model (dt/whatif.py)
-    dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train.py)
+    dt bench <name> [...]     dt/bench/<name>: collectives, ddp, scaling
+    dt tune [...]             measure this machine's alpha, beta, gamma (dt/tools/tune.py)
+    dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
+    dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
 
 Each command's module has `main(argv) -> int`; this file only routes.
 """
@@ -12,34 +12,27 @@ Each command's module has `main(argv) -> int`; this file only routes.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
-from pathlib import Path
 
 COMMANDS = {
-    "demo": "dt.demo",
-    "tune": "dt.tune",
-    "model": "dt.whatif",
+    "demo": "dt.tools.demo",
+    "tune": "dt.tools.tune",
+    "model": "dt.tools.whatif",
     "train": "dt.train",
 }
 
-BENCH_DIR = Path(__file__).resolve().parent.parent / "bench"
-
-
-def _bench_names() -> list[str]:
-    if not BENCH_DIR.is_dir():
-        return []
-    return sorted(p.stem for p in BENCH_DIR.glob("*.py") if not p.stem.startswith("_"))
+BENCHES = {
+    "collectives": "dt.bench.collectives",
+    "ddp": "dt.bench.ddp",
+    "scaling": "dt.bench.scaling",
+}
 
 
 def _run_bench(argv: list[str]) -> int:
-    names = _bench_names()
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in names:
-        print(f"usage: dt bench {{{','.join(names)}}} [options]   (bench/ of a source checkout)")
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in BENCHES:
+        print(f"usage: dt bench {{{','.join(BENCHES)}}} [options]")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
-    if str(BENCH_DIR.parent) not in sys.path:
-        sys.path.insert(0, str(BENCH_DIR.parent))
-    module = importlib.import_module(f"bench.{argv[0]}")
+    module = importlib.import_module(BENCHES[argv[0]])
     return int(module.main(argv[1:]) or 0)
 
 

@@ -7,7 +7,7 @@ averages gradients with its peers before the optimizer step.
 
 What it costs: one all-reduce of every gradient per step. With the ring that
 is 2(N-1)/N * 4 Psi bytes sent per rank for Psi fp32 parameters
-(cost_model.ring_all_reduce), about 2 * 4 Psi whatever N is, in 2(N-1)
+(cost.ring_all_reduce), about 2 * 4 Psi whatever N is, in 2(N-1)
 sequential steps per bucket.
 
 How it hides that cost (as torch's DDP does):

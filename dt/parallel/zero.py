@@ -12,7 +12,7 @@ rank does not need in full:
 (fp32 parameters and gradients, K bytes of optimizer state per parameter:
 Adam K = 8, SGD with momentum K = 4, plain SGD K = 0; `zero_memory_formula`.)
 
-Communication per step, per rank, with the ring (cost_model):
+Communication per step, per rank, with the ring (dt.cost):
 
     stage 1, 2  reduce-scatter gradients + all-gather parameters
                 = exactly the bytes of DDP's ring all-reduce, about 2 * 4 Psi
@@ -24,7 +24,7 @@ shards are large, the ring is bandwidth-optimal and takes uneven shards as they
 come, and the figures above are its exact arithmetic.
 
 Each rank owns one contiguous shard of the flattened parameters
-(`cost_model.split_sizes`: any count, uneven shards, empty shards when
+(`cost.split_sizes`: any count, uneven shards, empty shards when
 there are fewer elements than ranks) and runs the real torch optimizer on that
 shard only.
 """
@@ -40,8 +40,9 @@ from torch import nn
 
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
-from dt.cost_model import ring_all_gather, ring_reduce_scatter, split_sizes
-from dt.data_parallel import MB, make_buckets
+from dt.cost import ring_all_gather, ring_reduce_scatter
+from dt.layout import split_sizes
+from dt.parallel.data_parallel import MB, make_buckets
 from dt.transport import resolve_group
 
 __all__ = ["FullyShardedDataParallel", "ZeroOptimizer", "memory_held", "zero_memory_formula",

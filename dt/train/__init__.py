@@ -35,11 +35,11 @@ import torch
 
 from dt import transport
 from dt.collectives import barrier
-from dt.data import CharData
 from dt.launcher import launch
-from dt.mesh import mesh as build_mesh
-from dt.model import GPTConfig, ParallelGPT
-from dt.pipeline import bubble_fraction
+from dt.models.data import CharData
+from dt.models.gpt import GPTConfig, ParallelGPT
+from dt.parallel.mesh import mesh as build_mesh
+from dt.parallel.pipeline import bubble_fraction
 
 __all__ = ["load_checkpoint", "main", "save_checkpoint", "train_worker"]
 

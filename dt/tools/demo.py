@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 from dt import collectives as C
-from dt import cost_model, transport
+from dt import cost, transport
 from dt.launcher import launch
 
 
@@ -50,7 +50,7 @@ def _primitives(payload_bytes: int) -> dict:
         C.all_reduce(big, algorithm="ring")
     out["ring_bytes_sent"] = t.bytes_sent
     out["ring_messages_sent"] = t.messages_sent
-    model = cost_model.ring_all_reduce(big.numel(), 4, p, r)
+    model = cost.ring_all_reduce(big.numel(), 4, p, r)
     out["model_bytes_sent"] = model.bytes_sent
     return out
 

@@ -35,11 +35,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt import pipeline, transport
-from dt import tensor_parallel as tp
+from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
-from dt.mesh import Mesh
+from dt.parallel import pipeline
+from dt.parallel import tensor as tp
+from dt.parallel.mesh import Mesh
 from dt.transport import resolve_group
 
 __all__ = ["GPTConfig", "ParallelGPT", "gpt_layers", "sync_gradients"]

@@ -79,7 +79,7 @@ def allreduce(st: Any, out: Path) -> Path | None:
 
 def busbw(st: Any, out: Path) -> Path | None:
     """Bus bandwidth vs message size: color per algorithm (gloo = torch's own), style per world."""
-    from dt import cost_model
+    from dt import cost
 
     t = st.tables.get(7)
     if t is None:
@@ -92,7 +92,7 @@ def busbw(st: Any, out: Path) -> Path | None:
         points.setdefault((r["algorithm"], r["world"]), []).append((r["nbytes"], r["busbw"]))
     for (world, nbytes), agg in st.coll.items():  # torch.distributed.all_reduce, same processes
         if "gloo" in agg and world in worlds:
-            bw = cost_model.bus_bandwidth("all_reduce", nbytes, agg["gloo"]["time"].median, world)[1]
+            bw = cost.bus_bandwidth("all_reduce", nbytes, agg["gloo"]["time"].median, world)[1]
             points.setdefault(("gloo", world), []).append((nbytes, bw))
     for (algo, world), pts in sorted(points.items()):
         k = worlds.index(world)
@@ -153,7 +153,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
 
 def breakdown(st: Any, out: Path) -> Path | None:
     """Table 5 as stacked horizontal bars, each summing to 100%."""
-    from bench.scaling import BREAKDOWN_LABELS, BREAKDOWN_PARTS
+    from dt.bench.scaling import BREAKDOWN_LABELS, BREAKDOWN_PARTS
 
     t = st.tables.get(5)
     if t is None or not t.data:

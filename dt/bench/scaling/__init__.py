@@ -8,7 +8,7 @@
 It regenerates the original design's tables (see REFERENCE.md) from measurement:
 
 1. ring vs naive all-reduce of 33.55 MB at world 2, 4, 8: bytes the busiest rank sent, counted by
-   dt's transport (dt.traffic) next to dt.cost_model's arithmetic, time, and the ring's speedup;
+   dt's transport (dt.traffic) next to dt.cost's arithmetic, time, and the ring's speedup;
 2. the same at 0.26 MB, where the naive all-reduce's 2 steps beat the ring's 2(p-1);
 3. data-parallel scaling of the reference model (6 linear layers of 1024, GELU between) at world
    1, 2, 4, 8: s/step, speedup, efficiency, communication fraction, dt's DDP with overlap off and on,
@@ -47,19 +47,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # `python bench/scaling.py` from a checkout
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from bench import _report as R
-from bench.ddp import reference_model
-from dt import cost_model, transport
+from dt import cost, transport
+from dt.bench import report as R
+from dt.bench.ddp import reference_model
 from dt.launcher import WorkerPool
 
-REPO = Path(__file__).resolve().parent.parent
 T1_BYTES = 33_554_432  # 33.55 MB: 8,388,608 float32 (the reference's big tensor)
 T2_BYTES = 262_144  # 0.26 MB: 65,536 float32 (the reference's small tensor)
 ALL_TABLES = (1, 2, 3, 4, 5, 6, 7)
@@ -300,7 +296,7 @@ def _dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str]
     At world 1 the "compute" step is the baseline; one extra step at one thread
     guards it against a loaded machine on which torch's threads slow it down.
     """
-    from bench.ddp import _step_worker
+    from dt.bench.ddp import _step_worker
 
     rank, p = dist.get_rank(), dist.get_world_size()
     single: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor] | None = None
@@ -401,7 +397,7 @@ def _pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden:
     with timed_stage_s > 0, a TimedStage per rank (micro-batches of 16 floats a row).
     virtual=v (schedule "interleaved"): each rank holds v chunks of 1/v the work.
     """
-    from dt.pipeline import Pipeline, stage_module
+    from dt.parallel.pipeline import Pipeline, stage_module
 
     transport.set_validation(False)
     p, rank = dist.get_world_size(), dist.get_rank()
@@ -443,7 +439,7 @@ def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
     """What the alpha-beta-gamma model charges an all-reduce of `nbytes` on p ranks.
 
     steps (alpha), bytes on the critical path (beta) and bytes reduced on it
-    (gamma), from dt.cost_model's per-rank counts of the busiest rank:
+    (gamma), from dt.cost's per-rank counts of the busiest rank:
 
     - ring: every rank sends and receives 2(p-1)/p n at once (full duplex), so
       the critical path carries what one rank sends; (p-1)/p n are reduced.
@@ -456,17 +452,17 @@ def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
     """
     numel = nbytes // 4
     if algorithm == "ring":
-        per_rank = [cost_model.ring_all_reduce(numel, 4, p, r) for r in range(p)]
+        per_rank = [cost.ring_all_reduce(numel, 4, p, r) for r in range(p)]
         busiest = max(per_rank, key=lambda t: t.bytes_sent)
         return {"steps": busiest.steps, "beta_bytes": busiest.bytes_sent,
                 "gamma_bytes": (p - 1) / p * nbytes, "bytes_sent_max": busiest.bytes_sent}
     if algorithm == "naive":
-        root = cost_model.naive_all_reduce(numel, 4, p, 0)
+        root = cost.naive_all_reduce(numel, 4, p, 0)
         return {"steps": root.steps, "beta_bytes": root.bytes_sent + root.bytes_received,
                 "gamma_bytes": (p - 1) * nbytes, "bytes_sent_max": root.bytes_sent}
     if algorithm in ("recursive_doubling", "rabenseifner"):
-        fn = (cost_model.recursive_doubling_all_reduce if algorithm == "recursive_doubling"
-              else cost_model.rabenseifner_all_reduce)
+        fn = (cost.recursive_doubling_all_reduce if algorithm == "recursive_doubling"
+              else cost.rabenseifner_all_reduce)
         per_rank = [fn(numel, 4, p, r) for r in range(p)]
         busiest = max(per_rank, key=lambda t: max(t.bytes_sent, t.bytes_received))
         p2 = 1 << (p.bit_length() - 1)
@@ -566,7 +562,7 @@ def simulate_bubble(schedule_name: str, p: int, m: int, virtual: int = 1, forwar
     stages of idle time / makespan: (p-1)/(m+p-1) for GPipe and 1F1B, and for
     interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when m < p).
     """
-    from dt.pipeline import schedule
+    from dt.parallel.pipeline import schedule
 
     def actions(stage: int) -> list[tuple[str, int, int]]:
         acts = schedule(schedule_name, p, stage, m, virtual) if virtual > 1 else \
@@ -702,7 +698,7 @@ class Study:
 
     def pp_schedules(self) -> tuple[str, ...]:
         """GPipe and 1F1B, and the interleaved schedule where dt.pipeline offers it."""
-        from dt import pipeline
+        from dt.parallel import pipeline
 
         try:
             pipeline.schedule("interleaved", 2, 0, 2, 2)
@@ -898,7 +894,7 @@ def table_allreduce_big(st: Study) -> Table:
                      "ring_time": ring["time"], "naive_time": naive["time"], "gloo_time": gloo["time"],
                      "ring_speedup": speedup})
     notes = [f"{R.fmt_bytes(nbytes)} = {nbytes:,} B of float32. Bytes: what the busiest rank sent, "
-             f"counted by dt.traffic() on one call, next to dt.cost_model's arithmetic "
+             f"counted by dt.traffic() on one call, next to dt.cost's arithmetic "
              f"(ring 2(p-1)/p n on every rank, naive (p-1) n from the root).",
              "Time: median over repetitions of the slowest rank (± half the min-max spread); "
              "ring speedup = naive time / ring time. gloo: torch.distributed.all_reduce on the same "
@@ -951,7 +947,7 @@ def table_allreduce_small(st: Study) -> Table:
                      "naive_time": naive["time"], "gloo_time": gloo["time"],
                      "naive_speedup": naive_speedup})
     notes = [f"{R.fmt_bytes(nbytes)} = {nbytes:,} B. Steps: sequential message rounds (latency "
-             "terms) from dt.cost_model: the ring pays 2(p-1), naive 2 (reduce, then broadcast). "
+             "terms) from dt.cost: the ring pays 2(p-1), naive 2 (reduce, then broadcast). "
              "Messages: the most any rank sent (the root's p-1 sends per phase in naive, which "
              "go out at once).",
              "naive speedup = ring time / naive time; above 1x the naive all-reduce wins."]
@@ -1172,7 +1168,7 @@ def table_breakdown(st: Study) -> Table:
 
 
 def table_pipeline(st: Study) -> Table:
-    from dt.pipeline import bubble_fraction
+    from dt.parallel.pipeline import bubble_fraction
 
     s, rows, data = st.s, [], []
     p = s.pp_stages
@@ -1234,12 +1230,10 @@ def table_pipeline(st: Study) -> Table:
 
 def load_tuned(world: int, backend: str = "gloo") -> dict[str, Any] | None:
     """alpha, beta, gamma that `dt tune --world N` saved for exactly this backend and world."""
+    from dt.cost import machine
+
     try:
-        from dt import tune
-    except ImportError:  # no `dt tune` in this checkout
-        return None
-    try:
-        got = tune.load(backend, world)
+        got = machine.figures(backend, world)
     except Exception:  # noqa: BLE001 - an unreadable cache is the same as none
         return None
     if not got or got.get("world") != world or not all(
@@ -1295,7 +1289,7 @@ def table_model(st: Study) -> Table:
                 pred_fit = predict(terms, alpha_fit, beta_fit, gamma)
                 ratio = pred / t.median if t.median else math.nan
                 ratio_fit = pred_fit / t.median if t.median else math.nan
-                algbw, busbw = cost_model.bus_bandwidth("all_reduce", nbytes, t.median, world)
+                algbw, busbw = cost.bus_bandwidth("all_reduce", nbytes, t.median, world)
                 row = [world, algo, R.fmt_bytes(nbytes), terms["steps"],
                        R.fmt_time(terms["steps"] * a), R.fmt_time(terms["beta_bytes"] * b),
                        R.fmt_time(terms["gamma_bytes"] * g), R.fmt_time(pred), R.fmt_stat_time(t),
@@ -1502,17 +1496,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
     paths = write_outputs(st, out_dir, command, elapsed)
     if s.plots:
-        from bench import _plots
+        from dt.bench.scaling import plots
 
         try:
-            paths += _plots.write_all(st, out_dir)
+            paths += plots.write_all(st, out_dir)
         except Exception as exc:  # noqa: BLE001 - the tables and JSON are already on disk
             st.failures.append(f"plots: {type(exc).__name__}: {exc}")
     print(f"\nwrote {', '.join(str(p) for p in paths)}")
     if s.update_readme:
         body = report_markdown(st, command, elapsed, for_readme=True)
-        if R.update_readme(REPO / "README.md", body):
-            print(f"updated {REPO / 'README.md'} between {R.README_BEGIN} and {R.README_END}")
+        readme = Path.cwd() / "README.md"  # --update-readme runs from the checkout
+        if R.update_readme(readme, body):
+            print(f"updated {readme} between {R.README_BEGIN} and {R.README_END}")
         else:
             print(f"README.md has no {R.README_BEGIN} ... {R.README_END} markers: not updated")
     print(f"done: {fmt_duration(elapsed)} of measurement")
@@ -1520,11 +1515,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{len(st.failures)} measurement(s) failed:\n  " + "\n  ".join(st.failures))
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    # Run as bench.scaling, not __main__, so the workers' functions pickle by a name every
-    # worker process can import.
-    from bench import scaling
-
-    sys.exit(scaling.main())

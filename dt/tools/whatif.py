@@ -24,78 +24,16 @@ us, ms, s.
 from __future__ import annotations
 
 import argparse
-import re
 import statistics
 import sys
 import time
 from typing import Any
 
-from dt import cost_model
-
-_SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-               "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-_TIME_UNITS = {"NS": 1e-9, "US": 1e-6, "µS": 1e-6, "MS": 1e-3, "S": 1.0, "": 1.0}
+from dt import cost
+from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
                "gather", "scatter", "barrier")
-
-
-def _split(text: str) -> tuple[float, str]:
-    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/]*)\s*", text)
-    if not m:
-        raise ValueError(f"cannot read {text!r}: expected a number and a unit, like 4MB")
-    return float(m.group(1)), m.group(2)
-
-
-def parse_size(text: str) -> int:
-    """'1GB' -> 10**9 bytes, '1GiB' -> 2**30, '4096' -> 4096."""
-    value, unit = _split(text)
-    try:
-        return int(round(value * _SIZE_UNITS[unit.upper()]))
-    except KeyError:
-        raise ValueError(f"unknown size unit {unit!r} in {text!r} "
-                         f"(use B, KB, MB, GB, KiB, MiB, GiB)") from None
-
-
-def parse_rate(text: str) -> float:
-    """Bytes per second: '450GB/s' -> 4.5e11, '100Gbit/s' -> 1.25e10."""
-    value, unit = _split(text)
-    u = unit.upper()
-    if not u.endswith("/S"):
-        raise ValueError(f"a rate needs /s: {text!r} (e.g. 450GB/s or 100Gbit/s)")
-    u = u[:-2]
-    for bits in ("BIT", "BPS"):
-        if u.endswith(bits):
-            prefix = u[: -len(bits)]
-            return value * {"": 1, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12}[prefix] / 8
-    try:
-        return value * _SIZE_UNITS[u]
-    except KeyError:
-        raise ValueError(f"unknown rate unit {unit!r} in {text!r} (use GB/s, Gbit/s, ...)") from None
-
-
-def parse_time(text: str) -> float:
-    """Seconds: '5us' -> 5e-6, '2ms' -> 2e-3."""
-    value, unit = _split(text)
-    try:
-        return value * _TIME_UNITS[unit.upper()]
-    except KeyError:
-        raise ValueError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s)") from None
-
-
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
-
-
-def fmt_bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
 
 
 def _algorithms(collective: str) -> list[str]:
@@ -105,10 +43,10 @@ def _algorithms(collective: str) -> list[str]:
 
 
 def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
-          gamma: float) -> list[tuple[str, cost_model.Estimate]]:
+          gamma: float) -> list[tuple[str, cost.Estimate]]:
     from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
 
-    rows = [(name, cost_model.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta,
+    rows = [(name, cost.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta,
                                        gamma=gamma, segment_bytes=DEFAULT_SEGMENT_BYTES))
             for name in _algorithms(collective)]
     return sorted(rows, key=lambda row: row[1].total)
@@ -207,9 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         sizes = [parse_size(s) for s in args.size.split(",")]
         if args.measured:
-            from dt import tune
+            from dt.cost import machine
 
-            saved = tune.load("gloo", args.world)
+            saved = machine.figures("gloo", args.world)
             if saved is None:
                 print("dt model --measured: no figures saved; run `dt tune --world "
                       f"{args.world}` first", file=sys.stderr)

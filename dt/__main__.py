@@ -1,0 +1,7 @@
+"""`python -m dt ...` = `dt ...`."""
+
+import sys
+
+from dt.tools.cli import main
+
+sys.exit(main())

@@ -1,0 +1,111 @@
+"""This machine's figures: alpha, beta, gamma and the measured winners, as `dt tune` saved them.
+
+`dt tune` (dt/tools/tune.py) measures; this module only stores and reads, so
+that the collectives' `auto` can read the figures without importing the tool
+that measures them.
+
+The figures live in a small JSON file in the user's cache directory
+($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by
+"backend:world". `figures(backend, world)` returns the entry for that world,
+else the nearest tuned world's (the same file gives every rank the same
+answer), else None.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["DEFAULT_MACHINE", "Machine", "cache_path", "figures", "forget", "machine", "save",
+           "winners"]
+
+
+@dataclass(frozen=True)
+class Machine:
+    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    source: str = "default"
+
+
+# `dt tune` on the 2-core development machine (gloo over loopback, world 2,
+# quiet): one exchange step of a tiny message ~200 us, ~1.25 GB/s per rank
+# through the kernel's loopback copy, ~10 GB/s for an add. Under load the
+# step time grows to milliseconds (the scheduler's time slice), which moves
+# the switch points up; `dt tune` on the loaded machine records that.
+DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
+
+
+def cache_path() -> Path:
+    """Where the figures live: $XDG_CACHE_HOME/dt/tune.json or ~/.cache/dt/tune.json."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "dt" / "tune.json"
+
+
+def _read_all() -> dict[str, Any]:
+    try:
+        return json.loads(cache_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def figures(backend: str, world: int) -> dict[str, Any] | None:
+    """Saved figures for (backend, world); else those of the nearest tuned world; else None."""
+    saved = {k: v for k, v in _read_all().items() if v.get("backend") == backend}
+    if not saved:
+        return None
+    exact = f"{backend}:{world}"
+    if exact in saved:
+        return saved[exact]
+    # Nearest world size (ties: the smaller one): the same file gives every rank the same answer.
+    key = min(saved, key=lambda k: (abs(saved[k]["world"] - world), saved[k]["world"]))
+    return saved[key]
+
+
+def save(entry: dict[str, Any]) -> Path:
+    """Store one `dt tune` result (it names its backend and world) and drop the cached reads."""
+    path = cache_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    data = _read_all()
+    data[f"{entry['backend']}:{entry['world']}"] = entry
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one writer per temporary file
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
+    tmp.replace(path)
+    forget()
+    return path
+
+
+_machines: dict[tuple[str, int], Machine] = {}
+_winners: dict[tuple[str, int], dict[str, Any]] = {}
+
+
+def machine(backend: str, world: int) -> Machine:
+    """alpha, beta, gamma for a group of `world` (tuned, else the defaults); read once."""
+    key = (backend, world)
+    if key not in _machines:
+        saved = figures(backend, world)
+        _machines[key] = (Machine(saved["alpha"], saved["beta"], saved["gamma"],
+                                  source=f"dt tune ({backend}, world {saved['world']})")
+                          if saved else DEFAULT_MACHINE)
+    return _machines[key]
+
+
+def winners(backend: str, world: int) -> dict[str, Any]:
+    """`dt tune`'s measured fastest algorithm per collective and size, for exactly this world, or {}."""
+    key = (backend, world)
+    if key not in _winners:
+        saved = figures(backend, world)
+        exact = saved is not None and saved.get("world") == world
+        _winners[key] = saved.get("winners", {}) if exact else {}
+    return _winners[key]
+
+
+def forget() -> None:
+    """Drop the figures read so far (after `dt tune` saves new ones)."""
+    _machines.clear()
+    _winners.clear()

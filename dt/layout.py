@@ -1,0 +1,199 @@
+"""Where the pieces go: the index arithmetic every algorithm, layer and cost shares.
+
+Nothing here moves a byte. These functions say how a buffer is cut into
+shards and segments, which rank pairs with which in a doubling algorithm,
+and who is whose parent in a binomial tree. The collectives call them to
+post their messages, the cost model calls the same ones to count those
+messages, and the tensor-parallel layers and ZeRO call `split_sizes` to
+agree on shards: one definition, so a receive always matches its send.
+
+- split_sizes / edges     shards of a buffer over p ranks (uneven allowed)
+- segment_count           messages a chunk is sent as, in segments
+- Fold                    MPICH's fold of p ranks onto a power of two
+- halving_doubling        Rabenseifner's schedule (who, which pieces, per step)
+- doubling_gather         recursive-doubling all-gather's schedule
+- lowest_bit / children   the binomial tree
+- ceil_log2               ceil(lg p), the step count of every lg-p algorithm
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = [
+    "Fold",
+    "Step",
+    "ceil_log2",
+    "children",
+    "doubling_gather",
+    "edges",
+    "halving_doubling",
+    "lowest_bit",
+    "segment_count",
+    "split_sizes",
+]
+
+
+def split_sizes(numel: int, parts: int) -> list[int]:
+    """numel elements in `parts` contiguous chunks, the first numel % parts one longer.
+
+    33 over 5 gives [7, 7, 7, 6, 6]; 3 over 5 gives [1, 1, 1, 0, 0].
+    """
+    if parts <= 0:
+        raise ValueError(f"parts must be positive, got {parts}")
+    base, extra = divmod(numel, parts)
+    return [base + (1 if i < extra else 0) for i in range(parts)]
+
+
+def edges(sizes: list[int]) -> list[int]:
+    """Offsets of consecutive chunks: edges([3, 2]) = [0, 3, 5]; chunk i is [e[i], e[i+1])."""
+    out = [0]
+    for s in sizes:
+        out.append(out[-1] + s)
+    return out
+
+
+def segment_count(numel: int, segment_elems: int | None) -> int:
+    """Messages a chunk of `numel` elements is sent as (empty chunks are not sent)."""
+    if numel == 0:
+        return 0
+    if not segment_elems or segment_elems >= numel:
+        return 1
+    return math.ceil(numel / segment_elems)
+
+
+def ceil_log2(p: int) -> int:
+    """ceil(lg p); 0 for p <= 1."""
+    return (p - 1).bit_length() if p > 1 else 0
+
+
+# ---------------------------------------------------------------------------
+# The non-power-of-two fold (MPICH) and the doubling schedules on top of it.
+# ---------------------------------------------------------------------------
+
+
+class Fold:
+    """p ranks folded onto p' = 2^floor(lg p) virtual ranks, as every rank computes it alike.
+
+    With e = p - p' extra ranks, the first 2e ranks pair up (0,1), (2,3), ...:
+    the even one hands its data to the odd one and sits out (vrank None); the
+    odd one plays virtual rank rank // 2. Ranks from 2e on play rank - e.
+    That costs two extra steps (fold in, fold out) and about 2n bytes.
+    """
+
+    def __init__(self, p: int, rank: int):
+        self.p = p
+        self.p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
+        self.extra = p - self.p2
+        self.rank = rank
+        if rank < 2 * self.extra:
+            self.vrank: int | None = rank // 2 if rank % 2 else None
+            self.partner = rank + 1 if rank % 2 == 0 else rank - 1
+        else:
+            self.vrank = rank - self.extra
+            self.partner = -1
+        self.rounds = self.p2.bit_length() - 1  # lg p'
+
+    def real(self, v: int) -> int:
+        """The original rank that plays virtual rank v."""
+        return 2 * v + 1 if v < self.extra else v + self.extra
+
+    def lo(self, v: int) -> int:
+        """First original rank that virtual rank v stands for (lo(p') = p)."""
+        return 2 * v if v < self.extra else v + self.extra
+
+    @property
+    def folded(self) -> bool:
+        """This rank takes part in the fold (sends in or receives in)."""
+        return self.extra > 0 and self.rank < 2 * self.extra
+
+    def steps(self, rounds_per_pass: int) -> int:
+        """Sequential steps of an algorithm doing `rounds_per_pass` passes of lg p' rounds."""
+        return rounds_per_pass * self.rounds + (2 if self.extra else 0)
+
+
+@dataclass(frozen=True)
+class Step:
+    """One round of a doubling schedule from virtual rank v's side.
+
+    peer: the partner's virtual rank; mine / theirs: [first, end) ranges of
+    pieces (halving_doubling) or of virtual ranks (doubling_gather) that this
+    rank sends and receives in the round.
+    """
+
+    peer: int
+    mine: tuple[int, int]
+    theirs: tuple[int, int]
+
+
+def halving_doubling(v: int, p2: int) -> tuple[list[Step], list[Step]]:
+    """Rabenseifner's schedule for virtual rank v of p2 (a power of two), over p2 pieces.
+
+    Recursive halving (distance p2/2 .. 1): send the half of the current range
+    the partner keeps (`mine` = what is given), receive the partner's copy of
+    the half this rank keeps (`theirs` = what is kept). After it, v holds
+    piece v reduced. Recursive doubling (distance 1 .. p2/2): send every
+    piece held (`mine`), receive the partner's (`theirs`).
+    """
+    halving: list[Step] = []
+    lo, hi, d = 0, p2, p2 // 2
+    while d >= 1:
+        mid = (lo + hi) // 2
+        keep, give = ((mid, hi), (lo, mid)) if v & d else ((lo, mid), (mid, hi))
+        halving.append(Step(v ^ d, give, keep))
+        lo, hi = keep
+        d //= 2
+    doubling: list[Step] = []
+    d = 1
+    while d < p2:
+        pv = v ^ d
+        plo = pv - pv % d
+        doubling.append(Step(pv, (lo, hi), (plo, plo + d)))
+        lo, hi = min(lo, plo), max(hi, plo + d)
+        d *= 2
+    return halving, doubling
+
+
+def doubling_gather(v: int, p2: int) -> list[Step]:
+    """Recursive-doubling all-gather for virtual rank v: at distance d, swap aligned runs of d.
+
+    `mine` and `theirs` are ranges of virtual ranks whose blocks are sent and received.
+    """
+    out: list[Step] = []
+    d = 1
+    while d < p2:
+        base, pv = v - v % d, v ^ d
+        pbase = pv - pv % d
+        out.append(Step(pv, (base, base + d), (pbase, pbase + d)))
+        d *= 2
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Binomial trees.
+# ---------------------------------------------------------------------------
+
+
+def lowest_bit(v: int, p: int) -> int:
+    """2^k for relative rank v's lowest set bit; for the root (v = 0), the power of two >= p.
+
+    In a binomial tree rooted at 0, v's parent is v - lowest_bit(v) and it
+    receives in step lg(lowest_bit(v)); the tree code and its cost share this.
+    """
+    if v:
+        return v & -v
+    top = 1
+    while top < p:
+        top *= 2
+    return top
+
+
+def children(v: int, p: int) -> list[int]:
+    """Relative ranks of v's children in the binomial tree, largest subtree first."""
+    out, mask = [], lowest_bit(v, p) // 2
+    while mask >= 1:
+        if v + mask < p:
+            out.append(v + mask)
+        mask //= 2
+    return out

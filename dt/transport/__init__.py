@@ -1,0 +1,52 @@
+"""The wire: every byte dt moves goes through this package.
+
+Collectives never call torch.distributed directly. They ask for a `Comm` (a
+group seen from one rank, bound to one collective call) and use its
+`isend` / `irecv` / `exchange`. That one choke point is what lets dt
+
+- count bytes and messages per rank and per collective (`traffic()`, accounting.py),
+- turn a deadlock into an error that names the collective, the step and the
+  peer it was waiting on (`set_timeout`, comm.py),
+- check, before a collective moves any data, that every rank of the group
+  called the same collective with compatible arguments (`set_validation`),
+- run collectives asynchronously, in issue order, on one communication
+  thread per group (`submit`, asynchronous.py), which is what data parallel
+  overlaps with backward.
+
+Files: errors.py, settings.py (timeout, validation), group.py (a group from
+one rank's view), accounting.py, comm.py (point-to-point with context),
+asynchronous.py, p2p.py (torch-shaped isend/irecv for users).
+"""
+
+from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
+from dt.transport.asynchronous import Work, submit
+from dt.transport.comm import Comm, Handle
+from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.group import Group, default_device, resolve_group
+from dt.transport.p2p import irecv, isend, recv, send
+from dt.transport.settings import get_timeout, set_timeout, set_validation, validation_enabled
+
+__all__ = [
+    "CollectiveError",
+    "CollectiveTimeout",
+    "Comm",
+    "Counts",
+    "Group",
+    "Handle",
+    "TrafficRecord",
+    "Work",
+    "account",
+    "charged_to",
+    "default_device",
+    "get_timeout",
+    "irecv",
+    "isend",
+    "recv",
+    "resolve_group",
+    "send",
+    "set_timeout",
+    "set_validation",
+    "submit",
+    "traffic",
+    "validation_enabled",
+]

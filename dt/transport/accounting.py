@@ -1,0 +1,119 @@
+"""Byte accounting: what this rank sent and received, per collective and per algorithm.
+
+    with dt.traffic() as t:
+        dt.all_reduce(x, algorithm="ring")
+    t.bytes_sent, t.messages_sent, t.by_collective["all_reduce"]
+
+Every message the transport posts is counted here, against the outermost
+collective the user called (`charged_to`): a naive all-reduce built from a
+reduce and a broadcast is charged to "all_reduce", once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Counts", "TrafficRecord", "account", "blocking", "charge_target", "charged_to",
+           "traffic"]
+
+
+@dataclass
+class Counts:
+    bytes_sent: int = 0
+    bytes_received: int = 0
+    messages_sent: int = 0
+    messages_received: int = 0
+    calls: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class TrafficRecord(Counts):
+    """What this rank moved while a `traffic()` block was open (measured; dt.cost predicts it).
+
+    Totals are the fields inherited from Counts; `by_collective` splits them by
+    the outermost collective that caused them ("all_reduce", "validate", ...)
+    and `by_algorithm` by "collective:algorithm".
+    """
+
+    by_collective: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
+    by_algorithm: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
+    # Wall time the calling threads spent inside synchronous collectives (the
+    # outermost call only): the communication a step cannot hide.
+    seconds: float = 0.0
+
+
+_recorders: list[TrafficRecord] = []
+_recorders_lock = threading.Lock()
+_scope = threading.local()
+
+
+@contextlib.contextmanager
+def traffic() -> Iterator[TrafficRecord]:
+    """Count this rank's point-to-point traffic inside the block (all threads)."""
+    record = TrafficRecord()
+    with _recorders_lock:
+        _recorders.append(record)
+    try:
+        yield record
+    finally:
+        with _recorders_lock:
+            _recorders.remove(record)
+
+
+def account(collective: str, algorithm: str, sent: int, received: int, calls: int = 0) -> None:
+    """Add one message (sent or received; -1 means none) and `calls` calls to every open record."""
+    if not _recorders:
+        return
+    with _recorders_lock:
+        for rec in _recorders:
+            for c in (rec, rec.by_collective[collective], rec.by_algorithm[f"{collective}:{algorithm}"]):
+                if sent >= 0:
+                    c.bytes_sent += sent
+                    c.messages_sent += 1
+                if received >= 0:
+                    c.bytes_received += received
+                    c.messages_received += 1
+                c.calls += calls
+
+
+def charge_target() -> tuple[str, str] | None:
+    """(collective, algorithm) the current thread's traffic is charged to, if inside one."""
+    return getattr(_scope, "name", None)
+
+
+@contextlib.contextmanager
+def charged_to(collective: str, algorithm: str) -> Iterator[None]:
+    """Charge traffic of nested collectives in this block to `collective`."""
+    prev = getattr(_scope, "name", None)
+    if prev is None:
+        _scope.name = (collective, algorithm)
+        account(collective, algorithm, sent=-1, received=-1, calls=1)
+    try:
+        yield
+    finally:
+        _scope.name = prev
+
+
+def blocking(fn: Callable[[], Any]) -> Any:
+    """Run fn, charging its wall time to the open traffic() records (`seconds`)."""
+    if not _recorders or getattr(_scope, "blocking", False):
+        return fn()
+    _scope.blocking = True
+    t0 = time.perf_counter()
+    try:
+        return fn()
+    finally:
+        _scope.blocking = False
+        elapsed = time.perf_counter() - t0
+        with _recorders_lock:
+            for rec in _recorders:
+                rec.seconds += elapsed

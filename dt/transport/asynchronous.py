@@ -1,0 +1,110 @@
+"""Asynchronous collectives: one communication thread per group, in issue order.
+
+`submit(group, name, fn, async_op)` is how every collective runs. With
+async_op=True the call is queued on the group's thread and a `Work` comes
+back at once, which is what data parallel overlaps with backward; a
+synchronous call runs inline when nothing is queued, else waits its turn, so
+every rank sees the same order.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from dt.transport import accounting
+from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.group import Group
+
+__all__ = ["Work", "submit"]
+
+
+class Work:
+    """Handle of an asynchronous dt collective, like torch.distributed's Work."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._done = threading.Event()
+        self._exc: BaseException | None = None
+        self._result: Any = None
+        self.started_at: float | None = None
+        self.finished_at: float | None = None
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if not self._done.wait(timeout if timeout is not None else None):
+            raise CollectiveTimeout(f"{self.name}: not completed within {timeout}s")
+        if self._exc is not None:
+            raise CollectiveError(f"async {self.name} failed: {self._exc}") from self._exc
+        return True
+
+    def result(self) -> Any:
+        self.wait()
+        return self._result
+
+    def finish(self, result: Any = None, exc: BaseException | None = None) -> None:
+        """Mark the collective done (by the thread that ran it), with its result or error."""
+        self._result, self._exc = result, exc
+        self.finished_at = time.perf_counter()
+        self._done.set()
+
+
+class _CommThread:
+    """Runs a group's collectives one after another, in the order issued."""
+
+    def __init__(self, key: tuple[int, ...]):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.pending = 0
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._loop, name=f"dt-comm-{key}", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            work, fn = self.jobs.get()
+            work.started_at = time.perf_counter()
+            try:
+                work.finish(result=fn())
+            except BaseException as exc:  # surfaces at wait()
+                work.finish(exc=exc)
+            with self.lock:
+                self.pending -= 1
+
+
+_comm_threads: dict[tuple[int, ...], _CommThread] = {}
+_comm_threads_lock = threading.Lock()
+
+
+def _comm_thread(group: Group) -> _CommThread:
+    with _comm_threads_lock:
+        t = _comm_threads.get(group.key)
+        if t is None:
+            t = _comm_threads[group.key] = _CommThread(group.key)
+        return t
+
+
+def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> Any:
+    """Run collective `fn` on `group` in issue order.
+
+    async_op=True queues it on the group's communication thread and returns a
+    Work at once. A synchronous call runs inline on the caller's thread when
+    nothing is queued for the group (no thread hop on the fast path), and
+    otherwise queues behind the earlier asynchronous ones and waits, so every
+    rank sees the same order.
+    """
+    thread = _comm_threads.get(group.key)
+    if not async_op and (thread is None or thread.pending == 0):
+        return accounting.blocking(fn)
+    thread = thread or _comm_thread(group)
+    work = Work(name)
+    with thread.lock:
+        thread.pending += 1
+    thread.jobs.put((work, fn))
+    if async_op:
+        return work
+    return accounting.blocking(work.result)

@@ -1,0 +1,130 @@
+"""Point-to-point with context: the only way collectives talk.
+
+A collective asks for a `Comm` (its group, bound to one call) and uses its
+`isend` / `irecv` / `exchange`. Every message is counted (dt.transport.accounting)
+and every wait knows what it is waiting for: the collective, the algorithm,
+the step and the peer, so a deadlock becomes an error that says where it
+happened.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dt.transport import accounting, settings
+from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.group import Group
+
+__all__ = ["Comm", "Handle"]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Handle:
+    """One posted send or receive; `wait()` raises with the collective's context."""
+
+    __slots__ = ("work", "comm", "what", "peer", "nbytes", "step")
+
+    def __init__(self, work: Any, comm: Comm | None, what: str, peer: int, nbytes: int, step: int):
+        self.work, self.comm, self.what, self.peer, self.nbytes, self.step = (
+            work, comm, what, peer, nbytes, step)
+
+    def wait(self) -> None:
+        if self.work is None:
+            return
+        timeout = settings.get_timeout()
+        try:
+            self.work.wait(datetime.timedelta(seconds=timeout))
+        except RuntimeError as exc:
+            assert self.comm is not None
+            self.comm.fail(self, exc, timeout)
+        self.work = None
+
+
+NO_HANDLE = Handle(None, None, "", -1, 0, -1)
+
+
+class Comm:
+    """A group bound to one collective call.
+
+    `step` is the algorithm's current sequential step; it is carried into
+    every error message so a deadlock says where it happened.
+    """
+
+    def __init__(self, group: Group, collective: str, algorithm: str):
+        self.group = group
+        self.rank = group.rank
+        self.size = group.size
+        self.collective = collective
+        self.algorithm = algorithm
+        self.step = 0
+        # Traffic of a collective built from others (naive all-reduce = reduce +
+        # broadcast) is charged to the outermost one, the one the user called.
+        self._charge_to = accounting.charge_target() or (collective, algorithm)
+
+    # -- posting ------------------------------------------------------------
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        nbytes = _nbytes(tensor)
+        work = dist.isend(tensor, self.group.ranks[peer], group=self.group.pg)
+        accounting.account(*self._charge_to, sent=nbytes, received=-1)
+        return Handle(work, self, "send", peer, nbytes, self.step)
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
+        nbytes = _nbytes(tensor)
+        work = dist.irecv(tensor, self.group.ranks[peer], group=self.group.pg)
+        accounting.account(*self._charge_to, sent=-1, received=nbytes)
+        return Handle(work, self, "receive", peer, nbytes, self.step)
+
+    def send(self, tensor: torch.Tensor, peer: int) -> None:
+        self.isend(tensor, peer).wait()
+
+    def recv(self, tensor: torch.Tensor, peer: int) -> None:
+        self.irecv(tensor, peer).wait()
+
+    def exchange(
+        self,
+        send: torch.Tensor | None,
+        to: int,
+        recv: torch.Tensor | None,
+        frm: int,
+    ) -> None:
+        """Send to one peer while receiving from another (both posted first).
+
+        Posting the receive before waiting on the send is what keeps a ring
+        from deadlocking: every rank is a sender and a receiver at once.
+        """
+        r = self.irecv(recv, frm) if recv is not None else NO_HANDLE
+        s = self.isend(send, to) if send is not None else NO_HANDLE
+        r.wait()
+        s.wait()
+
+    # -- errors -------------------------------------------------------------
+    def where(self) -> str:
+        return (
+            f"rank {self.group.ranks[self.rank]} (group rank {self.rank} of {self.size}) "
+            f"in {self.collective}[{self.algorithm}] at step {self.step}"
+        )
+
+    def fail(self, handle: Handle, exc: BaseException, timeout: float) -> None:
+        """Raise the CollectiveError (or CollectiveTimeout) for a failed wait on `handle`."""
+        peer_global = self.group.ranks[handle.peer]
+        direction = "from" if handle.what == "receive" else "to"
+        msg = (
+            f"{self.where()}: {handle.what} of {handle.nbytes} bytes {direction} "
+            f"rank {peer_global} failed"
+        )
+        text = str(exc)
+        if "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
+            raise CollectiveTimeout(
+                f"{msg}: waited {timeout:g}s (dt.transport timeout) with nothing from the "
+                f"peer; it is stuck elsewhere or never called {self.collective}"
+            ) from exc
+        first_line = text.splitlines()[0] if text else type(exc).__name__
+        first_line = first_line.split(" This is typically")[0]  # gloo's boilerplate
+        raise CollectiveError(f"{msg}: {first_line}") from exc

@@ -1,0 +1,94 @@
+"""A process group as seen from one rank: who is in it, in what order, on which device.
+
+Peers are always named by their rank *in the group*; `Group` translates to
+the global ranks torch.distributed wants.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["Group", "default_device", "resolve_group"]
+
+
+@dataclass(frozen=True)
+class Group:
+    """A process group from this rank's point of view.
+
+    `pg` is what torch.distributed calls the group (None for the default
+    world group); `ranks` are its members' global ranks in group order.
+    """
+
+    pg: Any
+    rank: int
+    size: int
+    ranks: tuple[int, ...]
+
+    def global_rank(self, group_rank: int) -> int:
+        return self.ranks[group_rank]
+
+    def group_rank(self, global_rank: int) -> int:
+        try:
+            return self.ranks.index(global_rank)
+        except ValueError:
+            raise ValueError(
+                f"global rank {global_rank} is not a member of this group "
+                f"(members: {list(self.ranks)})"
+            ) from None
+
+    @property
+    def key(self) -> tuple[int, ...]:
+        return self.ranks
+
+    def __deepcopy__(self, memo: dict) -> Group:
+        # A handle on shared communicators: copying a module that holds one
+        # (copy.deepcopy(model)) must share the group, not try to pickle it.
+        return self
+
+
+_groups: dict[int, Group] = {}
+
+
+def resolve_group(group: Any = None) -> Group:
+    """Translate `group` (None, a ProcessGroup, or a `Group`) for this rank.
+
+    Raises ValueError, naming this rank and the group's members, when this
+    rank is not in the group.
+    """
+    if isinstance(group, Group):
+        return group
+    if not dist.is_initialized():
+        raise RuntimeError(
+            "torch.distributed is not initialised: call dt.launcher.init() or run "
+            "under dt.launcher.run_workers / torchrun first"
+        )
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"rank {dist.get_rank()} is not a member of the group it passed "
+            "(dist.new_group returned NON_GROUP_MEMBER on this rank)"
+        )
+    cached = _groups.get(id(group))
+    if cached is not None and cached.pg is group:
+        return cached
+    if group is None:
+        ranks = tuple(range(dist.get_world_size()))
+    else:
+        ranks = tuple(dist.get_process_group_ranks(group))
+    me = dist.get_rank()
+    if me not in ranks:
+        raise ValueError(f"rank {me} is not a member of the group {list(ranks)}")
+    view = Group(pg=group, rank=ranks.index(me), size=len(ranks), ranks=ranks)
+    _groups[id(group)] = view
+    return view
+
+
+def default_device(group: Group | None = None) -> torch.device:
+    """Where this group's tensors live: the current CUDA device under NCCL, else the CPU."""
+    pg = group.pg if group is not None else None
+    if dist.get_backend(pg) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
