@@ -20,13 +20,15 @@ asynchronous.py, p2p.py (torch-shaped isend/irecv for users).
 
 from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
-from dt.transport.comm import Comm, Handle
+from dt.transport.comm import RECV, SEND, Comm, Handle
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group, default_device, resolve_group
 from dt.transport.p2p import irecv, isend, recv, send
 from dt.transport.settings import get_timeout, set_timeout, set_validation, validation_enabled
 
 __all__ = [
+    "RECV",
+    "SEND",
     "CollectiveError",
     "CollectiveTimeout",
     "Comm",

@@ -10,6 +10,7 @@ happened.
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -19,7 +20,9 @@ from dt.transport import accounting, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group
 
-__all__ = ["Comm", "Handle"]
+__all__ = ["RECV", "SEND", "Comm", "Handle"]
+
+SEND, RECV = "send", "recv"
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -47,7 +50,6 @@ class Handle:
         self.work = None
 
 
-NO_HANDLE = Handle(None, None, "", -1, 0, -1)
 
 
 class Comm:
@@ -81,6 +83,26 @@ class Comm:
         accounting.account(*self._charge_to, sent=-1, received=nbytes)
         return Handle(work, self, "receive", peer, nbytes, self.step)
 
+    def batch(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Handle]:
+        """Post one step's sends and receives together: [(SEND or RECV, tensor, peer), ...].
+
+        What a step posts as one batch can never wait on itself: NCCL runs a
+        batch as one grouped call (dist.batch_isend_irecv), so a send and a
+        receive with the same peer in one batch cannot block each other. On
+        gloo the receives are posted first, so every send finds its peer's
+        receive already asked for. Handles come back in the order of `ops`.
+        """
+        handles: list[Handle | None] = [None] * len(ops)
+        for i, (kind, tensor, peer) in enumerate(ops):
+            if kind == RECV:
+                handles[i] = self.irecv(tensor, peer)
+        for i, (kind, tensor, peer) in enumerate(ops):
+            if kind == SEND:
+                handles[i] = self.isend(tensor, peer)
+            elif kind != RECV:
+                raise ValueError(f"batch op must be {SEND!r} or {RECV!r}, got {kind!r}")
+        return handles  # type: ignore[return-value]
+
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
 
@@ -94,15 +116,15 @@ class Comm:
         recv: torch.Tensor | None,
         frm: int,
     ) -> None:
-        """Send to one peer while receiving from another (both posted first).
+        """Send to one peer while receiving from another, as one batch, and wait for both.
 
-        Posting the receive before waiting on the send is what keeps a ring
-        from deadlocking: every rank is a sender and a receiver at once.
+        Posting both before waiting on either is what keeps a ring from
+        deadlocking: every rank is a sender and a receiver at once.
         """
-        r = self.irecv(recv, frm) if recv is not None else NO_HANDLE
-        s = self.isend(send, to) if send is not None else NO_HANDLE
-        r.wait()
-        s.wait()
+        ops = ([(RECV, recv, frm)] if recv is not None else []) + \
+              ([(SEND, send, to)] if send is not None else [])
+        for h in self.batch(ops):
+            h.wait()
 
     # -- errors -------------------------------------------------------------
     def where(self) -> str:
