@@ -37,7 +37,7 @@ from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, split_sizes
-from dt.transport import Comm, Handle, resolve_group
+from dt.transport import RECV, SEND, Comm, Handle, resolve_group
 
 
 def _send_or_none(t: torch.Tensor) -> torch.Tensor | None:
@@ -58,6 +58,9 @@ class Lookahead:
     two buffers, so it is posted at most 2 steps ahead, after step k-2 was
     `release`d; other landings are final and are posted as soon as every
     earlier receive has been (gloo matches one peer's messages in posting order).
+
+    Where receives may not be posted ahead (NCCL: comm.ahead is False), nothing
+    is: `step` posts the step's send and receive as one batch instead.
     """
 
     def __init__(self, comm: Comm, plan: list[tuple[int, Callable[[], torch.Tensor | None], bool]]):
@@ -66,7 +69,29 @@ class Lookahead:
         self.posted = self.released = 0
         self._fill()
 
+    def step(self, k: int, send: torch.Tensor | None, to: int) -> Handle | None:
+        """Send `send` to `to` as step k and wait until step k's receive has landed.
+
+        Returns the send's handle (None if nothing was sent): wait on it before
+        changing what was sent.
+        """
+        send = send if send is not None and send.numel() else None
+        if self.comm.ahead:
+            sent = self.comm.isend(send, to) if send is not None else None
+            self.wait(k)
+            return sent
+        peer, landing, _ = self.plan[k]
+        t = landing()
+        ops = ([(RECV, t, peer)] if t is not None and t.numel() else []) + \
+              ([(SEND, send, to)] if send is not None else [])
+        handles = self.comm.batch(ops)
+        if t is not None and t.numel():
+            handles.pop(0).wait()
+        return handles[0] if handles else None
+
     def _fill(self) -> None:
+        if not self.comm.ahead:
+            return
         while self.posted < len(self.plan):
             peer, landing, uses_scratch = self.plan[self.posted]
             if uses_scratch and self.posted >= self.released + 2:
@@ -76,7 +101,7 @@ class Lookahead:
             self.posted += 1
 
     def wait(self, k: int) -> None:
-        h = self.handles.pop(k)
+        h = self.handles.pop(k, None)
         if h is not None:
             h.wait()
 
@@ -141,9 +166,9 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
     if ahead is not None:
         for k in range(fold.rounds):
             comm.step = step
-            sent = comm.isend(flat, partners[k])
-            ahead.wait(k)
-            sent.wait()  # flat is about to change
+            sent = ahead.step(k, flat, partners[k])
+            if sent is not None:
+                sent.wait()  # flat is about to change
             combine(flat, flat, slots[k % 2], name)
             ahead.release(k)
             step += 1
@@ -203,8 +228,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
             _fold_in(comm, fold, flat, name)
         for k, (peer, keep, give) in enumerate(halving):  # recursive halving
             comm.step = step
-            sent = comm.isend(piece(*give), peer) if e[give[1]] > e[give[0]] else None
-            ahead.wait(k)
+            sent = ahead.step(k, piece(*give), peer)
             kept = piece(*keep)
             combine(kept, kept, halves[k % 2][: kept.numel()], name)
             if sent is not None:
@@ -214,8 +238,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
         finish(piece(v, v + 1), name, p)
         for k, (peer, mine, _) in enumerate(doubling, start=len(halving)):  # recursive doubling
             comm.step = step
-            sent = comm.isend(piece(*mine), peer) if e[mine[1]] > e[mine[0]] else None
-            ahead.wait(k)
+            sent = ahead.step(k, piece(*mine), peer)
             if sent is not None:
                 sent.wait()
             step += 1
@@ -266,8 +289,7 @@ def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) ->
     if fold.vrank is not None:
         for k, (peer, mine, _) in enumerate(steps):
             comm.step = step
-            sent = comm.isend(mine, peer) if mine.numel() else None
-            ahead.wait(k)
+            sent = ahead.step(k, mine, peer)
             if sent is not None:
                 sent.wait()
             step += 1

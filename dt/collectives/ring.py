@@ -23,13 +23,15 @@ is forwarded at once rather than after the whole chunk.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch as scratch_buffer
 from dt.layout import split_sizes
-from dt.transport import Comm, Handle, resolve_group
+from dt.transport import RECV, SEND, Comm, Handle, resolve_group
 
 # Segments no larger than this overlap reduction with transfer. Gloo uses at
 # most 1 MiB; here, where every message costs a handshake and a wake-up of
@@ -82,6 +84,9 @@ def ring_pass(
     matches receives from one peer in posting order). Each segment is
     forwarded as soon as it is reduced.
 
+    Where receives may not be posted ahead (NCCL), `_ring_stepwise` runs the
+    same schedule one batch per step instead.
+
     Cost: laps * (p-1) steps; bytes sent = sum of the chunks this rank forwards
     (dt.cost.ring_reduce_scatter / ring_all_gather give the exact figure).
     """
@@ -96,6 +101,10 @@ def ring_pass(
 
     def received(step: int) -> int:
         return (r - step - 1 + first) % p
+
+    if not comm.ahead:
+        _ring_stepwise(comm, chunks, src, received, steps, reducing, op, seg)
+        return
 
     scratch: list[torch.Tensor] = []
     if reducing:
@@ -139,6 +148,39 @@ def ring_pass(
         post_until(step + 2 if step + 2 < reducing else steps - 1)
     for h in sends:
         h.wait()
+
+
+def _ring_stepwise(comm: Comm, chunks: list[torch.Tensor], src: list[torch.Tensor],
+                   received: Callable[[int], int], steps: int, reducing: int, op: str | None,
+                   seg: int) -> None:
+    """ring_pass's schedule as NCCL wants it: each step's sends and receives as one batch.
+
+    Step s sends what step s-1 received (step 0: this rank's first chunk, from
+    `src`) and receives the next chunk; nothing is posted ahead, so every
+    rank's operations with each neighbour stay in one order on its stream.
+    """
+    p, r = comm.size, comm.rank
+    right, left = (r + 1) % p, (r - 1) % p
+    landing = None
+    if reducing:
+        biggest = max(chunks[received(s)].numel() for s in range(reducing))
+        landing = scratch_buffer(biggest, chunks[0].dtype, chunks[0].device, 0)
+    outgoing = src[received(-1)]
+    for step in range(steps):
+        comm.step = step
+        ri = received(step)
+        target = chunks[ri]
+        into = landing[: target.numel()] if step < reducing else target  # type: ignore[index]
+        ops = [(RECV, s, left) for s in _segments(into, seg)]
+        ops += [(SEND, s, right) for s in _segments(outgoing.reshape(-1), seg)]
+        handles = comm.batch(ops)
+        for h in handles:
+            h.wait()
+        if step < reducing:
+            combine(target, src[ri], into, op)  # type: ignore[arg-type]
+            if step == reducing - 1:
+                finish(target, op, p)  # type: ignore[arg-type]
+        outgoing = target
 
 
 def _flat_chunks(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
@@ -214,6 +256,17 @@ def ring_broadcast(tensor: torch.Tensor, src: int, group: object = None,
     seg = max(1, segment_bytes // max(1, flat.element_size())) if segment_bytes else 0
     segs = _segments(flat, seg)
     right, left = (r + 1) % p, (r - 1) % p
+    if not comm.ahead:
+        # One batch per segment: forward segment j while receiving segment j+1.
+        if position > 0 and segs:
+            comm.recv(segs[0], left)
+        for j, s in enumerate(segs):
+            comm.step = position + j
+            ops = [(SEND, s, right)] if position < p - 1 else []
+            ops += [(RECV, segs[j + 1], left)] if position > 0 and j + 1 < len(segs) else []
+            for h in comm.batch(ops):
+                h.wait()
+        return
     sends = []
     receives = [comm.irecv(s, left) for s in segs] if position > 0 else []
     for j, s in enumerate(segs):

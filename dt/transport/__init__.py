@@ -13,18 +13,21 @@ group seen from one rank, bound to one collective call) and use its
   thread per group (`submit`, asynchronous.py), which is what data parallel
   overlaps with backward.
 
-Files: errors.py, settings.py (timeout, validation), group.py (a group from
-one rank's view), accounting.py, comm.py (point-to-point with context),
-asynchronous.py, p2p.py (torch-shaped isend/irecv for users).
+Files: errors.py, settings.py (timeout, validation), wire.py (what carries
+bytes: torch.distributed), group.py (a group from one rank's view),
+accounting.py, comm.py (point-to-point with context), rules.py (NCCL's
+rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
+isend/irecv for users).
 """
 
 from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
-from dt.transport.comm import RECV, SEND, Comm, Handle
+from dt.transport.comm import Comm, Handle
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group, default_device, resolve_group
 from dt.transport.p2p import irecv, isend, recv, send
 from dt.transport.settings import get_timeout, set_timeout, set_validation, validation_enabled
+from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
 __all__ = [
     "RECV",
@@ -35,7 +38,9 @@ __all__ = [
     "Counts",
     "Group",
     "Handle",
+    "TorchWire",
     "TrafficRecord",
+    "Wire",
     "Work",
     "account",
     "charged_to",

@@ -41,11 +41,13 @@ class TrafficRecord(Counts):
 
     Totals are the fields inherited from Counts; `by_collective` splits them by
     the outermost collective that caused them ("all_reduce", "validate", ...)
-    and `by_algorithm` by "collective:algorithm".
+    and `by_algorithm` by "collective:algorithm"; `by_wire` by the wire that
+    carried the bytes ("torch": torch.distributed; "shm": shared memory).
     """
 
     by_collective: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
     by_algorithm: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
+    by_wire: dict[str, Counts] = field(default_factory=lambda: defaultdict(Counts))
     # Wall time the calling threads spent inside synchronous collectives (the
     # outermost call only): the communication a step cannot hide.
     seconds: float = 0.0
@@ -69,13 +71,17 @@ def traffic() -> Iterator[TrafficRecord]:
             _recorders.remove(record)
 
 
-def account(collective: str, algorithm: str, sent: int, received: int, calls: int = 0) -> None:
+def account(collective: str, algorithm: str, sent: int, received: int, calls: int = 0,
+            wire: str | None = None) -> None:
     """Add one message (sent or received; -1 means none) and `calls` calls to every open record."""
     if not _recorders:
         return
     with _recorders_lock:
         for rec in _recorders:
-            for c in (rec, rec.by_collective[collective], rec.by_algorithm[f"{collective}:{algorithm}"]):
+            counts = [rec, rec.by_collective[collective], rec.by_algorithm[f"{collective}:{algorithm}"]]
+            if wire is not None:
+                counts.append(rec.by_wire[wire])
+            for c in counts:
                 if sent >= 0:
                     c.bytes_sent += sent
                     c.messages_sent += 1

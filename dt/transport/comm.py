@@ -1,10 +1,15 @@
 """Point-to-point with context: the only way collectives talk.
 
-A collective asks for a `Comm` (its group, bound to one call) and uses its
-`isend` / `irecv` / `exchange`. Every message is counted (dt.transport.accounting)
-and every wait knows what it is waiting for: the collective, the algorithm,
-the step and the peer, so a deadlock becomes an error that says where it
-happened.
+A collective asks for a `Comm` (its group, bound to one call) and posts
+through it: `batch` for one step's sends and receives together, `isend` /
+`irecv` for one message, `exchange` for a send and a receive waited on at
+once. Every message is counted (dt.transport.accounting), carried by the
+peer's wire (dt.transport.wire), and every wait knows what it is waiting
+for: the collective, the algorithm, the step and the peer, so a deadlock
+becomes an error that says where it happened.
+
+`comm.ahead` says whether this step's receives may be posted before the
+step (gloo: yes, it is how data flows at once; NCCL: no, see wire.py).
 """
 
 from __future__ import annotations
@@ -14,15 +19,13 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from dt.transport import accounting, settings
+from dt.transport import accounting, rules, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group
+from dt.transport.wire import RECV, SEND, Wire
 
 __all__ = ["RECV", "SEND", "Comm", "Handle"]
-
-SEND, RECV = "send", "recv"
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -50,8 +53,6 @@ class Handle:
         self.work = None
 
 
-
-
 class Comm:
     """A group bound to one collective call.
 
@@ -69,20 +70,13 @@ class Comm:
         # Traffic of a collective built from others (naive all-reduce = reduce +
         # broadcast) is charged to the outermost one, the one the user called.
         self._charge_to = accounting.charge_target() or (collective, algorithm)
+        self._rules = rules.active()
+        # Receives may go out ahead of their step only where every wire allows it
+        # (and not while NCCL's rules are being checked).
+        self.ahead = self._rules is None and all(
+            group.wire_for(q).posts_ahead for q in range(group.size) if q != group.rank)
 
     # -- posting ------------------------------------------------------------
-    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
-        nbytes = _nbytes(tensor)
-        work = dist.isend(tensor, self.group.ranks[peer], group=self.group.pg)
-        accounting.account(*self._charge_to, sent=nbytes, received=-1)
-        return Handle(work, self, "send", peer, nbytes, self.step)
-
-    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        nbytes = _nbytes(tensor)
-        work = dist.irecv(tensor, self.group.ranks[peer], group=self.group.pg)
-        accounting.account(*self._charge_to, sent=-1, received=nbytes)
-        return Handle(work, self, "receive", peer, nbytes, self.step)
-
     def batch(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Handle]:
         """Post one step's sends and receives together: [(SEND or RECV, tensor, peer), ...].
 
@@ -92,16 +86,32 @@ class Comm:
         gloo the receives are posted first, so every send finds its peer's
         receive already asked for. Handles come back in the order of `ops`.
         """
-        handles: list[Handle | None] = [None] * len(ops)
-        for i, (kind, tensor, peer) in enumerate(ops):
-            if kind == RECV:
-                handles[i] = self.irecv(tensor, peer)
-        for i, (kind, tensor, peer) in enumerate(ops):
-            if kind == SEND:
-                handles[i] = self.isend(tensor, peer)
-            elif kind != RECV:
+        for kind, _, _ in ops:
+            if kind not in (SEND, RECV):
                 raise ValueError(f"batch op must be {SEND!r} or {RECV!r}, got {kind!r}")
+        if self._rules is not None:
+            self._record(ops)
+        by_wire: dict[int, tuple[Wire, list[int]]] = {}
+        for i, (_, _, peer) in enumerate(ops):
+            wire = self.group.wire_for(peer)
+            by_wire.setdefault(id(wire), (wire, []))[1].append(i)
+        handles: list[Handle | None] = [None] * len(ops)
+        for wire, idx in by_wire.values():
+            works = wire.post([(ops[i][0], ops[i][1], self.group.ranks[ops[i][2]]) for i in idx])
+            for i, work in zip(idx, works):
+                kind, tensor, peer = ops[i]
+                nbytes = _nbytes(tensor)
+                accounting.account(*self._charge_to, sent=nbytes if kind == SEND else -1,
+                                   received=nbytes if kind == RECV else -1, wire=wire.name)
+                handles[i] = Handle(work, self, "send" if kind == SEND else "receive", peer, nbytes,
+                                    self.step)
         return handles  # type: ignore[return-value]
+
+    def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
+        return self.batch([(SEND, tensor, peer)])[0]
+
+    def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
+        return self.batch([(RECV, tensor, peer)])[0]
 
     def send(self, tensor: torch.Tensor, peer: int) -> None:
         self.isend(tensor, peer).wait()
@@ -125,6 +135,19 @@ class Comm:
               ([(SEND, send, to)] if send is not None else [])
         for h in self.batch(ops):
             h.wait()
+
+    def _record(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> None:
+        """NCCL-rules mode: note the batch and any tensor on the wrong kind of device."""
+        assert self._rules is not None
+        want = "cuda" if self.group.backend == "nccl" else "cpu"
+        for kind, tensor, peer in ops:
+            if tensor.device.type != want:
+                self._rules.violation(
+                    f"{self.where()}: {kind} of a {tensor.device.type} tensor to rank "
+                    f"{self.group.ranks[peer]} on a {self.group.backend} group (needs {want})")
+        self._rules.batch(self.group.name, tuple(
+            rules.Op(kind, self.group.ranks[peer], _nbytes(t)) for kind, t, peer in ops),
+            f"{self.collective}[{self.algorithm}] step {self.step}")
 
     # -- errors -------------------------------------------------------------
     def where(self) -> str:

@@ -6,11 +6,13 @@ the global ranks torch.distributed wants.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from dt.transport.wire import TorchWire, Wire
 
 __all__ = ["Group", "default_device", "resolve_group"]
 
@@ -27,6 +29,13 @@ class Group:
     rank: int
     size: int
     ranks: tuple[int, ...]
+    backend: str = "gloo"
+    name: str = "0"  # torch's name for the group: the same on every rank
+    wire: Wire = field(default_factory=Wire, compare=False, repr=False)
+
+    def wire_for(self, peer: int) -> Wire:
+        """The wire that carries this rank's traffic with group rank `peer`."""
+        return self.wire
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]
@@ -81,14 +90,17 @@ def resolve_group(group: Any = None) -> Group:
     me = dist.get_rank()
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of the group {list(ranks)}")
-    view = Group(pg=group, rank=ranks.index(me), size=len(ranks), ranks=ranks)
+    backend = dist.get_backend(group)
+    name = (group or dist.group.WORLD).group_name
+    view = Group(pg=group, rank=ranks.index(me), size=len(ranks), ranks=ranks, backend=backend,
+                 name=name, wire=TorchWire(group, backend))
     _groups[id(group)] = view
     return view
 
 
 def default_device(group: Group | None = None) -> torch.device:
     """Where this group's tensors live: the current CUDA device under NCCL, else the CPU."""
-    pg = group.pg if group is not None else None
-    if dist.get_backend(pg) == "nccl":
+    backend = group.backend if group is not None else dist.get_backend()
+    if backend == "nccl":
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
