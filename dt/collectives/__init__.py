@@ -8,12 +8,25 @@ One file per family of algorithms:
 - pairwise.py pairwise-exchange all-to-all
 - doubling.py recursive doubling all-reduce / all-gather, Rabenseifner all-reduce
 - tree.py     binomial-tree broadcast and reduce, scatter + all-gather broadcast
+- one_shot.py, one_shot_copy.py, two_shot.py   load/store algorithms over shared memory
+              (a group on one host): one-shot all-reduce / reduce / reduce-scatter /
+              barrier / all-gather / broadcast / all-to-all / gather / scatter, two-shot all-reduce
 
 api.py holds the torch.distributed-shaped dispatchers, auto.py the choice of
 algorithm, validate.py the cross-rank argument check, ops.py the reductions.
 """
 
-from dt.collectives import bruck, doubling, flat, pairwise, ring, tree  # noqa: F401  (registers algorithms)
+from dt.collectives import (  # noqa: F401  (registers algorithms)
+    bruck,
+    doubling,
+    flat,
+    one_shot,
+    one_shot_copy,
+    pairwise,
+    ring,
+    tree,
+    two_shot,
+)
 from dt.collectives.api import (
     all_gather,
     all_gather_into_tensor,
@@ -36,6 +49,8 @@ from dt.collectives.doubling import (
     recursive_doubling_all_reduce,
 )
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
+from dt.collectives.one_shot import one_shot_all_reduce, one_shot_reduce_scatter
+from dt.collectives.one_shot_copy import one_shot_all_gather, one_shot_all_to_all, one_shot_broadcast
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
 from dt.collectives.registry import ALGORITHMS, register_aliases
@@ -47,6 +62,7 @@ from dt.collectives.ring import (
     ring_reduce_scatter,
 )
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
+from dt.collectives.two_shot import two_shot_all_reduce
 
 register_aliases()
 
@@ -71,6 +87,11 @@ __all__ = [
     "flat_scatter",
     "gather",
     "naive_all_reduce",
+    "one_shot_all_gather",
+    "one_shot_all_reduce",
+    "one_shot_all_to_all",
+    "one_shot_broadcast",
+    "one_shot_reduce_scatter",
     "pairwise_all_to_all",
     "rabenseifner_all_reduce",
     "recursive_doubling_all_gather",
@@ -86,4 +107,5 @@ __all__ = [
     "ring_reduce_scatter",
     "scatter",
     "scatter_allgather_broadcast",
+    "two_shot_all_reduce",
 ]

@@ -62,20 +62,26 @@ def _launch(
     device: torch.device | None = None,
 ) -> Any:
     local_error = "; ".join(errors) if errors else None
-    algo = auto.choose(collective, algorithm, nbytes, g.size) if not local_error else algorithm
-    if not local_error:
-        lookup(collective, algo)  # unknown names fail here, before any message
+    if algorithm != "auto" and not local_error:
+        lookup(collective, algorithm)  # unknown names fail here, before any message
     device = device or torch.device("cpu")
+    if local_error and not transport.validation_enabled():
+        raise ValueError(f"{collective}: rank {g.ranks[g.rank]}: {local_error}")
 
     def job() -> Any:
+        # The group's first collective connects it (finds its hosts, gives each
+        # peer its wire): here, at the same point on every rank.
+        transport.connect(g, collective)
+        algo = algorithm
+        if not local_error:
+            algo = auto.choose(collective, algorithm, nbytes, g, device=device)
+            lookup(collective, algo)
         if transport.validation_enabled():
             validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
                      recv=recv, local_error=local_error, device=device)
         with transport.charged_to(collective, algo):
             return run(algo)
 
-    if local_error and not transport.validation_enabled():
-        raise ValueError(f"{collective}: rank {g.ranks[g.rank]}: {local_error}")
     return transport.submit(g, collective, job, async_op)
 
 

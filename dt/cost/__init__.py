@@ -3,18 +3,21 @@
 - traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
-- machine.py    this machine's alpha, beta, gamma and measured winners (`dt tune` saves them)
+- loadstore.py  the shared-memory (load/store) algorithms' reads, syncs and copies
+- machine.py    this machine's alpha, beta, gamma (sync, mem for shared memory) and measured
+                winners (`dt tune` saves them)
 
 Everything is importable from here: `from dt import cost; cost.ring_all_reduce(...)`.
 The shard and schedule arithmetic the counts are built on lives in dt.layout.
 """
 
 from dt.cost.bandwidth import BUSBW_FACTOR, bus_bandwidth
-from dt.cost.machine import DEFAULT_MACHINE, Machine
+from dt.cost.machine import DEFAULT_MACHINE, DEFAULT_SHM_MACHINE, Machine
 from dt.cost.time import Estimate, estimate, formula
 from dt.cost.traffic import *  # noqa: F401,F403
 from dt.cost.traffic import __all__ as _traffic_all
 from dt.layout import segment_count, split_sizes  # noqa: F401  (where older code looked for them)
 
-__all__ = [*_traffic_all, "BUSBW_FACTOR", "DEFAULT_MACHINE", "Estimate", "Machine", "bus_bandwidth",
+__all__ = [*_traffic_all, "BUSBW_FACTOR", "DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Estimate", "Machine",
+           "bus_bandwidth",
            "estimate", "formula"]

@@ -6,9 +6,9 @@ that measures them.
 
 The figures live in a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by
-"backend:world". `figures(backend, world)` returns the entry for that world,
-else the nearest tuned world's (the same file gives every rank the same
-answer), else None.
+"backend:world" (backend "shm": the shared-memory wire). `figures(backend,
+world)` returns the entry for that world, else the nearest tuned world's
+(the same file gives every rank the same answer), else None.
 """
 
 from __future__ import annotations
@@ -19,18 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MACHINE", "Machine", "cache_path", "figures", "forget", "machine", "save",
-           "winners"]
+__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "figures", "forget",
+           "machine", "save", "winners"]
 
 
 @dataclass(frozen=True)
 class Machine:
-    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte."""
+    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte.
+
+    On the shared-memory wire ("shm" figures) alpha and beta are those of its
+    point-to-point channels, and two more price the load/store algorithms:
+    sync, seconds per synchronisation of the group; mem, seconds per byte
+    copied (memcpy: the physical bound of anything inside one host).
+    """
 
     alpha: float
     beta: float
     gamma: float
     source: str = "default"
+    sync: float = 0.0
+    mem: float = 0.0
 
 
 # `dt tune` on the 2-core development machine (gloo over loopback, world 2,
@@ -39,6 +47,10 @@ class Machine:
 # step time grows to milliseconds (the scheduler's time slice), which moves
 # the switch points up; `dt tune` on the loaded machine records that.
 DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
+# The shared-memory wire on the same machine (`dt tune` with DT_TRANSPORT=auto,
+# world 2): a channel message step ~40 us and two copies per byte; a
+# synchronisation ~15 us; memcpy ~4.5 GB/s single-threaded out of cache.
+DEFAULT_SHM_MACHINE = Machine(alpha=40e-6, beta=0.5e-9, gamma=0.2e-9, sync=15e-6, mem=0.22e-9)
 
 
 def cache_path() -> Path:
@@ -89,9 +101,11 @@ def machine(backend: str, world: int) -> Machine:
     key = (backend, world)
     if key not in _machines:
         saved = figures(backend, world)
+        default = DEFAULT_SHM_MACHINE if backend == "shm" else DEFAULT_MACHINE
         _machines[key] = (Machine(saved["alpha"], saved["beta"], saved["gamma"],
-                                  source=f"dt tune ({backend}, world {saved['world']})")
-                          if saved else DEFAULT_MACHINE)
+                                  source=f"dt tune ({backend}, world {saved['world']})",
+                                  sync=saved.get("sync", default.sync), mem=saved.get("mem", default.mem))
+                          if saved else default)
     return _machines[key]
 
 

@@ -92,8 +92,8 @@ class Comm:
         if self._rules is not None:
             self._record(ops)
         by_wire: dict[int, tuple[Wire, list[int]]] = {}
-        for i, (_, _, peer) in enumerate(ops):
-            wire = self.group.wire_for(peer)
+        for i, (_, tensor, peer) in enumerate(ops):
+            wire = self.group.wire_for(peer, tensor.device.type)
             by_wire.setdefault(id(wire), (wire, []))[1].append(i)
         handles: list[Handle | None] = [None] * len(ops)
         for wire, idx in by_wire.values():

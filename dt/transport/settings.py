@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["get_timeout", "set_timeout", "set_validation", "validation_enabled"]
+__all__ = ["get_timeout", "get_transport", "set_timeout", "set_transport", "set_validation",
+           "validation_enabled"]
 
 _timeout_s: float = float(os.environ.get("DT_TIMEOUT", "300"))
 _validate: bool = os.environ.get("DT_VALIDATE", "1") not in ("0", "false", "False", "")
+_TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
+_transport: str = os.environ.get("DT_TRANSPORT", "auto").strip().lower() or "auto"
 
 
 def set_timeout(seconds: float) -> None:
@@ -40,3 +43,29 @@ def set_validation(enabled: bool) -> None:
 
 def validation_enabled() -> bool:
     return _validate
+
+
+def set_transport(name: str) -> None:
+    """Which wire groups connected from now on use between ranks of one host.
+
+    "auto" (default; "shm" is the same): shared memory wherever ranks share a
+    host, torch.distributed elsewhere. "torch" (or "gloo", "nccl"): torch.distributed
+    for every peer, as before the shared-memory wire existed. Read when a group
+    connects (its first collective), so every rank must set the same value
+    before then; `DT_TRANSPORT` sets it for a whole run.
+    """
+    global _transport
+    name = name.strip().lower()
+    if name not in _TRANSPORTS:
+        raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {name!r}")
+    _transport = name
+
+
+def get_transport() -> str:
+    if _transport not in _TRANSPORTS:
+        raise ValueError(f"DT_TRANSPORT must be one of {', '.join(_TRANSPORTS)}, got {_transport!r}")
+    return _transport
+
+
+def shared_memory_allowed() -> bool:
+    return get_transport() in ("auto", "shm")
