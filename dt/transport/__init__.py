@@ -37,6 +37,7 @@ from dt.transport.settings import (
     set_validation,
     validation_enabled,
 )
+from dt.transport.shm.alloc import is_shared, shm_empty
 from dt.transport.topology import Topology
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
@@ -62,6 +63,7 @@ __all__ = [
     "get_timeout",
     "get_transport",
     "irecv",
+    "is_shared",
     "isend",
     "recv",
     "resolve_group",
@@ -69,6 +71,7 @@ __all__ = [
     "set_timeout",
     "set_transport",
     "set_validation",
+    "shm_empty",
     "submit",
     "topology_of",
     "traffic",
