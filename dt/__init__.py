@@ -30,7 +30,6 @@ from dt.transport import (
     set_timeout,
     set_transport,
     set_validation,
-    shm_empty,
     traffic,
 )
 
@@ -46,7 +45,6 @@ __all__ = [
     "set_timeout",
     "set_transport",
     "set_validation",
-    "shm_empty",
     "traffic",
 ]
 

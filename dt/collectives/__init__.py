@@ -40,6 +40,7 @@ from dt.collectives.api import (
     reduce_scatter,
     reduce_scatter_tensor,
     scatter,
+    shm_empty,
 )
 from dt.collectives.bruck import bruck_all_gather, bruck_all_gather_into_tensor, dissemination_barrier
 from dt.collectives.doubling import (
@@ -107,5 +108,6 @@ __all__ = [
     "ring_reduce_scatter",
     "scatter",
     "scatter_allgather_broadcast",
+    "shm_empty",
     "two_shot_all_reduce",
 ]

@@ -42,6 +42,7 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_tensor",
     "scatter",
+    "shm_empty",
 ]
 
 
@@ -409,3 +410,27 @@ def barrier(group: Any = None, *, algorithm: str = "auto", async_op: bool = Fals
 
     return _launch("barrier", g, algorithm, run, nbytes=0, async_op=async_op,
                    send=[0] * g.size, recv=[0] * g.size, device=transport.default_device(g))
+
+
+def shm_empty(*size: Any, dtype: torch.dtype = torch.float32, group: Any = None) -> torch.Tensor:
+    """An uninitialised CPU tensor in the group's shared memory, which the load/store
+    algorithms read in place (zero-copy); ordinary memory where the group has none.
+
+    Collective: every rank of the group calls it with the same size, in the same
+    order (checked like any collective). dt.transport.shm.alloc says how it works.
+    """
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) \
+        else tuple(size)
+    g = resolve_group(group)
+    numel = 1
+    for d in shape:
+        numel *= d
+
+    def job() -> torch.Tensor:
+        transport.connect(g, "shm_empty")
+        if transport.validation_enabled():
+            validate(g, "shm_empty", "shared", dtype=dtype, op=None, root=None, send=[numel] * g.size,
+                     recv=[numel] * g.size, local_error=None, device=torch.device("cpu"))
+        return transport.allocate(g, shape, dtype)
+
+    return transport.submit(g, "shm_empty", job, async_op=False)

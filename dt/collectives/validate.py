@@ -48,6 +48,8 @@ def _name(code: int) -> str:
         for collective, algorithms in ALGORITHMS.items():
             for word in (collective, *algorithms):
                 _code(word)
+        for word in ("shm_empty", "shared"):  # dt.shm_empty is validated like a collective
+            _code(word)
     return _names.get(code, f"<unknown {code}>")
 
 

@@ -37,7 +37,7 @@ from dt.transport.settings import (
     set_validation,
     validation_enabled,
 )
-from dt.transport.shm.alloc import is_shared, shm_empty
+from dt.transport.shm.alloc import allocate, is_shared
 from dt.transport.topology import Topology
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
@@ -56,6 +56,7 @@ __all__ = [
     "Wire",
     "Work",
     "account",
+    "allocate",
     "board",
     "charged_to",
     "connect",
@@ -71,7 +72,6 @@ __all__ = [
     "set_timeout",
     "set_transport",
     "set_validation",
-    "shm_empty",
     "submit",
     "topology_of",
     "traffic",

@@ -12,7 +12,8 @@ every rank's part of the allocation, so a collective publishes its address
 registered buffers and torch's symmetric memory do on GPUs.
 
 The allocation is collective (like creating a parameter): every rank of the
-group calls shm_empty with the same size in the same order. It makes one
+group calls shm_empty with the same size in the same order (dt.shm_empty,
+in dt.collectives.api, checks that across ranks like any collective). It makes one
 segment per host holding every local rank's part (`part` bytes apart: the
 layout is symmetric, so rank j's copy of a tensor sits at the same offset
 of part j), shared and unlinked at once (segment.py: nothing can leak).
@@ -30,36 +31,28 @@ from typing import Any
 
 import torch
 
-from dt.transport.asynchronous import submit
 from dt.transport.connect import connect
-from dt.transport.group import resolve_group
+from dt.transport.group import Group, resolve_group
 from dt.transport.shm.host import share
 
-__all__ = ["is_shared", "shm_empty"]
+__all__ = ["allocate", "is_shared"]
 
 PAGE = 4096
 
 
-def shm_empty(*size: Any, dtype: torch.dtype = torch.float32, group: Any = None) -> torch.Tensor:
-    """An uninitialised CPU tensor in the group's shared memory (collective: call it on every
-    rank of the group, same size, same order). Ordinary memory where the group has no board."""
-    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) \
-        else tuple(size)
-    g = resolve_group(group)
-
-    def job() -> torch.Tensor:
-        links = connect(g, "shm_empty")
-        if links.board is None or links.host is None:
-            return torch.empty(shape, dtype=dtype)
-        board = links.board
-        nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-        part = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
-        seg = share(g, links.topology, f"a{len(board.allocations)}", part * board.p)
-        board.add_allocation(seg.tensor, part)
-        start = board.me * part
-        return seg.tensor[start:start + nbytes].view(dtype).view(shape)
-
-    return submit(g, "shm_empty", job, async_op=False)
+def allocate(g: Group, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """The allocation itself (dt.shm_empty validates the call across ranks, then calls this on
+    every rank of the group, in issue order): shared where the group has a board."""
+    links = connect(g, "shm_empty")
+    if links.board is None or links.host is None:
+        return torch.empty(shape, dtype=dtype)
+    board = links.board
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    part = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
+    seg = share(g, links.topology, f"a{len(board.allocations)}", part * board.p)
+    board.add_allocation(seg.tensor, part)
+    start = board.me * part
+    return seg.tensor[start:start + nbytes].view(dtype).view(shape)
 
 
 def is_shared(tensor: torch.Tensor, group: Any = None) -> bool:
