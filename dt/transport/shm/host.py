@@ -7,7 +7,8 @@
 
 L is the number of the group's ranks on this host. Sizes: `capacity` per
 staging half (DT_SHM_STAGE_BYTES, default 32 MiB: larger messages go in
-rounds); the channels share CHANNEL_BUDGET bytes, K = 4 slots each. The
+rounds); the channels share DT_SHM_CHANNEL_BYTES (default CHANNEL_BUDGET,
+64 MiB), K = 4 slots each. The
 segment is large but costs memory only where touched (tmpfs allocates pages
 on first write).
 
@@ -51,17 +52,22 @@ def stage_bytes() -> int:
     return _round_up(int(os.environ.get("DT_SHM_STAGE_BYTES", DEFAULT_STAGE_BYTES)))
 
 
+def channel_budget() -> int:
+    return int(os.environ.get("DT_SHM_CHANNEL_BYTES", CHANNEL_BUDGET))
+
+
 @dataclass(frozen=True)
 class Layout:
     """Where everything sits in a segment for L local ranks."""
 
     ranks: int
     capacity: int
+    budget: int = CHANNEL_BUDGET
     slots: int = SLOTS
 
     @property
     def slot_bytes(self) -> int:
-        return shm_slot_bytes(self.ranks, CHANNEL_BUDGET, self.slots)
+        return shm_slot_bytes(self.ranks, self.budget, self.slots)
 
     @property
     def lines(self) -> int:
@@ -137,7 +143,7 @@ def attach_host(g: Group, topo: Topology) -> HostLink:
     """Share this host's segment for group `g`; build the engine, wire and board on it."""
     local = topo.local
     me = topo.local_rank
-    layout = Layout(len(local), stage_bytes())
+    layout = Layout(len(local), stage_bytes(), channel_budget())
     seg = share(g, topo, "wire", layout.size)
     buf = memoryview(seg.mm)
     address = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))

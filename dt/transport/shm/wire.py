@@ -9,12 +9,13 @@ send of its own still sits, half-written, in the shared-memory engine (a
 channel holds only K slots); the peer that needs that send may in turn be
 what the torch receive is waiting for: a cycle through two wires. So the
 torch wire of such a group is a `PumpedTorchWire`: while shared-memory work
-is pending, its waits keep the engine moving between polls of torch's work.
+is pending, a helper thread keeps the engine moving for as long as the rank
+blocks in torch.
 """
 
 from __future__ import annotations
 
-import time
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -42,30 +43,60 @@ class ShmWire(Wire):
         return [engine.post(kind, t, local_of[peer]) for kind, t, peer in ops]
 
 
+class _Pump:
+    """A helper thread that moves the engine's transfers while its rank blocks in torch.
+
+    torch's point-to-point works cannot be polled (gloo's say completed only once
+    waited on), so a rank that must wait on one while its own shared-memory
+    sends are pending hands the engine to this thread for the duration of the
+    wait: it progresses whatever can move and sleeps on the rank's bell between.
+    """
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.active = 0
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        self.thread: threading.Thread | None = None
+
+    def __enter__(self) -> None:
+        with self.lock:
+            self.active += 1
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._loop, name="dt-shm-pump", daemon=True)
+                self.thread.start()
+        self.wake.set()
+
+    def __exit__(self, *exc: Any) -> None:
+        with self.lock:
+            self.active -= 1
+
+    def _loop(self) -> None:
+        engine = self.engine
+        while True:
+            self.wake.wait()
+            self.wake.clear()
+            while self.active and engine.pending and not engine.broken:
+                if not engine.progress():
+                    engine.sync.nap(1e-3)  # a peer's ring ends it early
+
+
 class _Pumped:
-    """A torch Work whose wait keeps the shared-memory engine moving."""
+    """A torch Work whose wait keeps the shared-memory engine moving (see _Pump)."""
 
-    __slots__ = ("work", "engine")
+    __slots__ = ("work", "pump")
 
-    def __init__(self, work: Any, engine: Engine):
-        self.work, self.engine = work, engine
+    def __init__(self, work: Any, pump: _Pump):
+        self.work, self.pump = work, pump
 
     def is_completed(self) -> bool:
         return self.work.is_completed()
 
     def wait(self, timeout: timedelta | None = None) -> Any:
-        engine, work = self.engine, self.work
-        if engine.pending and not work.is_completed():
-            limit = timeout.total_seconds() if timeout is not None else float("inf")
-            deadline = time.perf_counter() + limit
-            while engine.pending and not work.is_completed():
-                if not engine.progress():
-                    engine.sync.nap(2e-4)  # woken early by shared-memory traffic
-                if time.perf_counter() > deadline:
-                    break
-            if timeout is not None:
-                timeout = timedelta(seconds=max(1e-3, deadline - time.perf_counter()))
-        return work.wait(timeout) if timeout is not None else work.wait()
+        if not self.pump.engine.pending:
+            return self.work.wait(timeout) if timeout is not None else self.work.wait()
+        with self.pump:
+            return self.work.wait(timeout) if timeout is not None else self.work.wait()
 
 
 class PumpedTorchWire(TorchWire):
@@ -73,7 +104,7 @@ class PumpedTorchWire(TorchWire):
 
     def __init__(self, pg: Any, backend: str, engine: Engine):
         super().__init__(pg, backend)
-        self.engine = engine
+        self.pump = _Pump(engine)
 
     def post(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Any]:
-        return [_Pumped(w, self.engine) for w in super().post(ops)]
+        return [_Pumped(w, self.pump) for w in super().post(ops)]
