@@ -40,7 +40,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     ap = argparse.ArgumentParser(prog="dt bench scaling", description=DESCRIPTION,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="small sizes, few repetitions (< 2 min)")
-    ap.add_argument("--tables", default=None, help="comma-separated table numbers (default all: 1-7)")
+    ap.add_argument("--tables", default=None,
+                    help=f"comma-separated table numbers (default all: {','.join(map(str, ALL_TABLES))})")
     ap.add_argument("--worlds", default=None, help="world sizes for the collectives, e.g. 2,4,8")
     ap.add_argument("--dp-worlds", default=None, help="world sizes for data parallel, e.g. 1,2,4,8")
     ap.add_argument("--dp-batch", type=int, default=None, help="global batch of table 3")
