@@ -21,7 +21,7 @@ from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
 from dt.parallel.zero.shards import full_optimizer_state
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
 
@@ -54,7 +54,7 @@ class ZeroOptimizer:
         self.psi = sum(self.numels)
         # One flat buffer; every parameter becomes a view into it.
         self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]) if self.params \
-            else torch.zeros(0)
+            else torch.zeros(0, device=default_device(self.group))
         broadcast(self.flat, self.group.ranks[0], group=self.group)
         for p, o in zip(self.params, self.offsets):
             p.data = self.flat[o:o + p.numel()].view_as(p)
@@ -69,7 +69,8 @@ class ZeroOptimizer:
             for p, o in zip(self.params, self.offsets):
                 p.grad = self.flat_grad[o:o + p.numel()].view_as(p)
         else:
-            self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype)
+            self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype,
+                                          device=self.flat.device)
             order = list(range(len(self.params)))[::-1]  # backward order
             self.buckets = [[order[i] for i in b] for b in make_buckets(
                 [self.params[i] for i in order], int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
@@ -95,7 +96,7 @@ class ZeroOptimizer:
         b = self._bucket_of[i]
         lo, hi = self._range(b)
         if b not in self._buffers:
-            self._buffers[b] = torch.zeros(hi - lo, dtype=self.flat.dtype)
+            self._buffers[b] = torch.zeros(hi - lo, dtype=self.flat.dtype, device=self.flat.device)
         self._buffers[b][self.offsets[i] - lo:self.offsets[i] - lo + p.numel()].copy_(p.grad.view(-1))
         p.grad = None  # the full gradient is not kept: that is stage 2
         self._arrived.setdefault(b, set()).add(i)
@@ -106,12 +107,13 @@ class ZeroOptimizer:
 
     def _launch(self, b: int) -> None:
         lo, hi = self._range(b)
-        buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype))
+        buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype,
+                                                      device=self.flat.device))
         bounds = edges(self.shard_sizes)
         pieces = [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
                   for j in range(self.group.size)]
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
-        out = torch.empty(z - a, dtype=self.flat.dtype)
+        out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
         work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
                               async_op=True)
         self._works.append((work, out, a - self.start))
