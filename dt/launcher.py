@@ -39,6 +39,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dt.device import backend_for, local_device
+
 __all__ = ["WorkerError", "WorkerPool", "init", "launch", "run_workers"]
 
 DEFAULT_TIMEOUT = 300.0
@@ -64,16 +66,38 @@ class RemoteError:
         return f"{self.kind}: {self.message.splitlines()[0] if self.message else ''}"
 
 
-def init(backend: str | None = None, timeout: float = DEFAULT_TIMEOUT) -> None:
-    """Initialise torch.distributed from torchrun's environment (env://)."""
+def _resolve_backend(backend: str | None) -> str:
+    """"auto" (or None): nccl where CUDA is, else gloo."""
+    return backend_for("auto") if backend in (None, "auto") else backend
+
+
+def _init_process_group(backend: str, timeout: float, **kwargs: Any) -> None:
+    """init_process_group with this rank's device bound under NCCL.
+
+    Binding the device (device_id=) makes NCCL create its communicator now,
+    eagerly, on every rank at once, instead of lazily at a pair's first
+    message, where ranks that start on different neighbours (a ring, Bruck)
+    could wait on each other in a cycle.
+    """
+    extra: dict[str, Any] = {}
+    if backend == "nccl":
+        rank = kwargs.get("rank", int(os.environ.get("RANK", "0")))
+        local = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", kwargs.get("world_size", 1)))
+        device = local_device(backend, local, local_world)
+        torch.cuda.set_device(device)
+        extra["device_id"] = device
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **kwargs, **extra)
+
+
+def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None:
+    """Initialise torch.distributed from torchrun's environment (env://).
+
+    backend "auto": NCCL when CUDA is available (one GPU per rank, LOCAL_RANK's), else gloo.
+    """
     if dist.is_initialized():
         return
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, init_method="env://",
-                            timeout=datetime.timedelta(seconds=timeout))
+    _init_process_group(_resolve_backend(backend), timeout, init_method="env://")
 
 
 def _under_torchrun() -> bool:
@@ -81,7 +105,7 @@ def _under_torchrun() -> bool:
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-           backend: str = "gloo", **kwargs: Any) -> list[Any]:
+           backend: str = "auto", **kwargs: Any) -> list[Any]:
     """run_workers here, or under torchrun just this rank: [fn(*args)] with rank 0's first."""
     if _under_torchrun():
         init(backend, timeout)
@@ -129,11 +153,12 @@ def _worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any,
 
     store = dist.TCPStore("127.0.0.1", port, None, False,
                           timeout=datetime.timedelta(seconds=60))
-    if backend == "nccl":
-        torch.cuda.set_device(rank % torch.cuda.device_count())
-    # The process group's own timeout is a backstop; dt's per-wait timeout fires first.
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=3600))
+    os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
+    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    # On gloo the process group's own timeout is a backstop and dt's per-wait timeout fires
+    # first; on NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
+    group_timeout = transport.get_timeout() if backend == "nccl" else 3600.0
+    _init_process_group(backend, group_timeout, store=store, rank=rank, world_size=world_size)
     defaults = (transport.get_timeout(), transport.validation_enabled())
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:
@@ -165,7 +190,7 @@ class WorkerPool:
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
         self.world_size = world_size
-        self.backend = backend
+        self.backend = _resolve_backend(backend)
         self.threads = threads_per_worker or _threads_per_worker(world_size)
         self._procs: list[Any] = []
         self._conns: list[Any] = []

@@ -23,6 +23,7 @@ PACKAGE = ROOT / "dt"
 LAYERS = [
     ("dt.layout", "dt.units"),  # index arithmetic and units: no torch, no I/O
     ("dt.cost",),  # what things cost, as arithmetic; the saved machine figures
+    ("dt.device",),  # one device per rank; timing that is true on a GPU
     ("dt.transport",),  # the wire
     ("dt.launcher",),  # processes and process groups
     ("dt.collectives",),  # every collective, from the wire

@@ -298,7 +298,7 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
     """output_list[j] on rank r = input_list[r] of rank j (blocks may differ in length)."""
     g = resolve_group(group)
     errors: list[str] = []
-    like = input_list[0] if input_list else torch.empty(0)
+    like = input_list[0] if input_list else torch.empty(0)  # host: only checked, never sent
     send = _check_list(input_list, g.size, like, "input_list", errors)
     recv = _check_list(output_list, g.size, like, "output_list", errors)
     io = _Writable(list(output_list) if not errors else [])

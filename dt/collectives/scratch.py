@@ -26,7 +26,7 @@ _local = threading.local()
 def scratch(numel: int, dtype: torch.dtype, device: torch.device, slot: int = 0) -> torch.Tensor:
     """A 1-D tensor of `numel` elements whose contents are garbage; valid until the next call
     with the same slot on this thread."""
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     if nbytes > MAX_CACHED_BYTES:
         return torch.empty(numel, dtype=dtype, device=device)
     cache = getattr(_local, "buffers", None)

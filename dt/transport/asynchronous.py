@@ -5,6 +5,12 @@ async_op=True the call is queued on the group's thread and a `Work` comes
 back at once, which is what data parallel overlaps with backward; a
 synchronous call runs inline when nothing is queued, else waits its turn, so
 every rank sees the same order.
+
+On a GPU the thread works on the group's device, on a stream of its own:
+a CUDA event recorded on the caller's stream at submit time makes the
+thread's stream wait until the data the collective reads is written, and an
+event recorded when it is done makes `Work.wait()` order the caller's stream
+after it, without blocking the host on the GPU.
 """
 
 from __future__ import annotations
@@ -15,9 +21,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from dt.transport import accounting
 from dt.transport.errors import CollectiveError, CollectiveTimeout
-from dt.transport.group import Group
+from dt.transport.group import Group, default_device
 
 __all__ = ["Work", "submit"]
 
@@ -32,6 +40,7 @@ class Work:
         self._result: Any = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
+        self.cuda_done: Any = None  # a CUDA event the caller's stream must wait on
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -41,6 +50,8 @@ class Work:
             raise CollectiveTimeout(f"{self.name}: not completed within {timeout}s")
         if self._exc is not None:
             raise CollectiveError(f"async {self.name} failed: {self._exc}") from self._exc
+        if self.cuda_done is not None:
+            torch.cuda.current_stream().wait_event(self.cuda_done)
         return True
 
     def result(self) -> Any:
@@ -57,19 +68,32 @@ class Work:
 class _CommThread:
     """Runs a group's collectives one after another, in the order issued."""
 
-    def __init__(self, key: tuple[int, ...]):
+    def __init__(self, key: tuple[int, ...], device: torch.device | None):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0
         self.lock = threading.Lock()
+        self.device = device  # the group's GPU, or None on the CPU
         self.thread = threading.Thread(target=self._loop, name=f"dt-comm-{key}", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
+        stream = None
+        if self.device is not None:
+            torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
+            stream = torch.cuda.Stream(self.device)
         while True:
-            work, fn = self.jobs.get()
+            work, fn, ready = self.jobs.get()
             work.started_at = time.perf_counter()
             try:
-                work.finish(result=fn())
+                if stream is None:
+                    result = fn()
+                else:
+                    stream.wait_event(ready)
+                    with torch.cuda.stream(stream):
+                        result = fn()
+                    work.cuda_done = torch.cuda.Event()
+                    work.cuda_done.record(stream)
+                work.finish(result=result)
             except BaseException as exc:  # surfaces at wait()
                 work.finish(exc=exc)
             with self.lock:
@@ -84,7 +108,9 @@ def _comm_thread(group: Group) -> _CommThread:
     with _comm_threads_lock:
         t = _comm_threads.get(group.key)
         if t is None:
-            t = _comm_threads[group.key] = _CommThread(group.key)
+            device = default_device(group)
+            t = _comm_threads[group.key] = _CommThread(group.key,
+                                                       device if device.type == "cuda" else None)
         return t
 
 
@@ -102,9 +128,13 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
         return accounting.blocking(fn)
     thread = thread or _comm_thread(group)
     work = Work(name)
+    ready = None
+    if thread.device is not None:  # the data this collective reads is written on the caller's stream
+        ready = torch.cuda.Event()
+        ready.record()
     with thread.lock:
         thread.pending += 1
-    thread.jobs.put((work, fn))
+    thread.jobs.put((work, fn, ready))
     if async_op:
         return work
     return accounting.blocking(work.result)

@@ -42,11 +42,20 @@ class Handle:
             work, comm, what, peer, nbytes, step)
 
     def wait(self) -> None:
+        """Wait for the operation; on NCCL, order the current stream after it instead.
+
+        A timeout makes torch's NCCL wait poll the host until the GPU is done;
+        without one it only makes the caller's stream wait, and NCCL's own
+        watchdog (armed with the group's timeout at init) catches a hang.
+        """
         if self.work is None:
             return
         timeout = settings.get_timeout()
         try:
-            self.work.wait(datetime.timedelta(seconds=timeout))
+            if self.comm is not None and self.comm.group.backend == "nccl":
+                self.work.wait()
+            else:
+                self.work.wait(datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
             assert self.comm is not None
             self.comm.fail(self, exc, timeout)
