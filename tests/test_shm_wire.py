@@ -125,7 +125,7 @@ def _torch_only() -> dict:
 def test_transport_torch_turns_the_wire_off(run):
     for res in run(3, _torch_only):
         assert res["wires"] == ["torch"] and res["sum"] == 3.0 and res["board"]
-        assert "DT_TRANSPORT=torch" in res["err"]
+        assert "DT_TRANSPORT=torch" in res["err"] and "off" in res["err"]
 
 
 # ---------------------------------------------------------------------------

@@ -111,6 +111,12 @@ def wire_of(group: Group | int, device: Any = None) -> str:
     return _backend()
 
 
+def stage_bytes(group: Group | int) -> int | None:
+    """The group's staging half (what dt.cost's load/store traffic counts rounds by), or None."""
+    board = group.links.board if isinstance(group, Group) else None
+    return board.capacity if board is not None else None
+
+
 def _override(collective: str, shared_memory: bool) -> str | None:
     """DT_ALGO's choice for `collective` (a load/store one only where the group has shared memory)."""
     spec = os.environ.get("DT_ALGO", "").strip()
@@ -167,6 +173,6 @@ def choose(collective: str, requested: str, nbytes: int, group: Group | int,
     forced = _override(collective, shared)
     if forced:
         return forced
-    stage = group.links.board.capacity if shared else None  # type: ignore[union-attr]
+    stage = stage_bytes(group) if shared else None
     return (measured_best(collective, nbytes, p, wire)
             or best(collective, nbytes, p, machine(p, wire), shared, stage))

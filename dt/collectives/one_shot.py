@@ -175,7 +175,21 @@ def one_shot_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor]
         finish(output, name, 1)
         return
     call = transport.board(g, "reduce_scatter", "one_shot")
-    reduce_scatter_blocks(call, output, [t.reshape(-1) for t in input_list], None, name, g.rank)
+    blocks = [t.reshape(-1) for t in input_list]
+    reduce_scatter_blocks(call, output, blocks, _joined(blocks), name, g.rank)
+
+
+def _joined(blocks: list[torch.Tensor]) -> torch.Tensor | None:
+    """One tensor over all the blocks when they lie back to back in memory (ZeRO's flat
+    gradients split into shards), so a shared allocation can be read in place; else None."""
+    if not blocks or not all(b.is_contiguous() for b in blocks):
+        return None
+    isz, at = blocks[0].element_size(), blocks[0].data_ptr()
+    for b in blocks:
+        if b.data_ptr() != at and b.numel():
+            return None
+        at += b.numel() * isz
+    return blocks[0].as_strided((sum(b.numel() for b in blocks),), (1,))
 
 
 @algorithm("reduce_scatter_tensor", "one_shot", shared_memory=True)

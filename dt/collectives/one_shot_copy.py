@@ -117,7 +117,7 @@ def exchange(call: Any, sends: list[torch.Tensor | None], recvs: list[torch.Tens
     Each round a rank's staging holds [elements per peer (int64)] [piece for peer 0] ...
     with pieces of at most `table_elems` elements; rounds go on while any rank has more.
     """
-    p, isz = len(sends), torch.empty(0, dtype=dtype).element_size()
+    p, isz = len(sends), torch.empty(0, dtype=dtype).element_size()  # host: a size
     own_in, own_out = sends[me], recvs[me]
     if own_in is not None and own_out is not None and own_out.numel():
         own_out.copy_(own_in)
@@ -138,7 +138,7 @@ def exchange(call: Any, sends: list[torch.Tensor | None], recvs: list[torch.Tens
             stage[pos:pos + lens[j] * isz].view(dtype).copy_(piece)
             pos += lens[j] * isz
             more |= t.numel() > hi
-        stage[:8 * p].view(torch.int64).copy_(torch.tensor(lens, dtype=torch.int64))
+        stage[:8 * p].view(torch.int64).copy_(torch.tensor(lens, dtype=torch.int64))  # host: shm
         rnd.publish(None, nbytes=pos, more=more)
         rnd.sync()
         for j, out in enumerate(recvs):

@@ -41,8 +41,8 @@ def connect(g: Group, why: str = "a collective") -> Links:
         if links.topology is not None:
             return links
         topo = discover(g, f"connecting the group at its first collective ({why})")
-        if (g.size > 1 and len(topo.local) > 1 and settings.shared_memory_allowed()
-                and g.backend != "nccl"):
+        links.why_not = _why_not(g, topo)
+        if g.size > 1 and len(topo.local) > 1 and settings.shared_memory_allowed() and g.backend != "nccl":
             host = attach_host(g, topo)
             torch_wire = g.wire if topo.single_host else PumpedTorchWire(g.pg, g.backend, host.engine)
             links.torch = torch_wire
@@ -65,15 +65,18 @@ def board(g: Group, collective: str, algorithm: str) -> Any:
         return links.board.call(collective, algorithm)
     if g.size == 1:
         return None
-    if not settings.shared_memory_allowed():
-        why = f"the shared-memory wire is off (DT_TRANSPORT={settings.get_transport()})"
-    elif g.backend == "nccl":
-        why = "it is an NCCL group (GPU tensors stay on NCCL)"
-    else:
-        topo = links.topology
-        why = f"its ranks span {topo.host_count} hosts (host of each rank: {list(topo.hosts)})"
     raise CollectiveError(f"{collective}[{algorithm}] needs every rank of the group {list(g.ranks)} "
-                          f"on one shared-memory segment, but {why}")
+                          f"on one shared-memory segment, but {links.why_not}")
+
+
+def _why_not(g: Group, topo: Topology) -> str:
+    """Why a group gets no board (said by the errors of load/store algorithms run on it)."""
+    if not settings.shared_memory_allowed():
+        return (f"the shared-memory wire was off (DT_TRANSPORT={settings.get_transport()}) "
+                "when the group connected")
+    if g.backend == "nccl":
+        return "it is an NCCL group (GPU tensors stay on NCCL)"
+    return f"its ranks span {topo.host_count} hosts (host of each rank: {list(topo.hosts)})"
 
 
 def shm_ready(g: Group) -> bool:

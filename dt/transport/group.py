@@ -37,6 +37,7 @@ class Links:
         self.torch: Wire | None = None
         self.host: Any = None
         self.board: Any = None
+        self.why_not = ""  # why there is no board
         self.lock = threading.Lock()
 
 

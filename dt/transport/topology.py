@@ -134,8 +134,8 @@ def discover(g: Group, why: str = "the topology") -> Topology:
     """All-gather every rank's host key, pid and token; the same Topology on every rank."""
     p, r = g.size, g.rank
     token = secrets.randbits(62)
-    mine = torch.tensor(_digest(host_key()) + [os.getpid(), token], dtype=torch.int64)
-    table = torch.zeros((p, 4), dtype=torch.int64)
+    mine = torch.tensor(_digest(host_key()) + [os.getpid(), token], dtype=torch.int64)  # host: moved below
+    table = torch.zeros((p, 4), dtype=torch.int64)  # host: rows moved to the device
     table[r] = mine
     if p > 1:
         device = default_device(g)

@@ -45,14 +45,18 @@ def allocate(g: Group, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tens
     every rank of the group, in issue order): shared where the group has a board."""
     links = connect(g, "shm_empty")
     if links.board is None or links.host is None:
-        return torch.empty(shape, dtype=dtype)
+        return torch.empty(shape, dtype=dtype)  # host: shared memory is host memory
     board = links.board
-    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()  # host: a size
     part = max(PAGE, (nbytes + PAGE - 1) // PAGE * PAGE)
     seg = share(g, links.topology, f"a{len(board.allocations)}", part * board.p)
     board.add_allocation(seg.tensor, part)
-    start = board.me * part
-    return seg.tensor[start:start + nbytes].view(dtype).view(shape)
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype)  # host: nothing to share
+    # A storage of exactly this rank's bytes (memory accounting sees what the rank owns),
+    # over the same mapping the peers' parts are read through.
+    mine = torch.frombuffer(seg.mm, dtype=torch.uint8, count=nbytes, offset=board.me * part)  # host: shm
+    return mine.view(dtype).view(shape)
 
 
 def is_shared(tensor: torch.Tensor, group: Any = None) -> bool:

@@ -111,7 +111,9 @@ class Engine:
             queue = self.sends[peer]
         else:
             # A strided receive lands in a contiguous buffer and is copied back when complete.
-            landing = tensor if tensor.is_contiguous() else torch.empty(tensor.shape, dtype=tensor.dtype)
+            landing = tensor
+            if not tensor.is_contiguous():
+                landing = torch.empty(tensor.shape, dtype=tensor.dtype)  # host: shm carries CPU tensors
             op = _Op(_bytes(landing), peer, None if landing is tensor else (tensor, landing))
             queue = self.recvs[peer]
         with self.lock:

@@ -100,7 +100,7 @@ def share(g: Group, topo: Topology, what: str, size: int) -> Segment:
     local = topo.local
     leader = local[0]
     name = segment_name(topo.pids[leader], topo.token, f"g{g.name}-h{topo.host}-{what}")
-    flag = torch.zeros(1, dtype=torch.int64)
+    flag = torch.zeros(1, dtype=torch.int64)  # host: shm groups are CPU groups
     if len(local) == 1:
         seg = Segment.create(name, size)
         seg.unlink()
@@ -109,7 +109,7 @@ def share(g: Group, topo: Topology, what: str, size: int) -> Segment:
         seg = Segment.create(name, size)
         try:
             post_and_wait(g, [(SEND, flag, q) for q in local[1:]], f"sharing segment {name}")
-            acks = [torch.zeros(1, dtype=torch.int64) for _ in local[1:]]
+            acks = [torch.zeros(1, dtype=torch.int64) for _ in local[1:]]  # host: CPU groups
             post_and_wait(g, [(RECV, a, q) for a, q in zip(acks, local[1:])], f"sharing segment {name}")
         finally:
             seg.unlink()
@@ -121,7 +121,8 @@ def share(g: Group, topo: Topology, what: str, size: int) -> Segment:
     try:
         seg = Segment.attach(name, size)
     except BaseException:
-        post_and_wait(g, [(SEND, torch.ones(1, dtype=torch.int64), leader)], f"sharing segment {name}")
+        nack = torch.ones(1, dtype=torch.int64)  # host: CPU groups
+        post_and_wait(g, [(SEND, nack, leader)], f"sharing segment {name}")
         raise
     post_and_wait(g, [(SEND, flag, leader)], f"sharing segment {name}")
     return seg

@@ -85,7 +85,7 @@ class Segment:
 
     def __init__(self, name: str, size: int, mm: mmap.mmap):
         self.name, self.size, self.mm = name, size, mm
-        self.tensor = torch.frombuffer(mm, dtype=torch.uint8) if size else torch.empty(0, dtype=torch.uint8)
+        self.tensor = torch.frombuffer(mm, dtype=torch.uint8)  # host: the mapping
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
