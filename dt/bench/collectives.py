@@ -41,6 +41,7 @@ every rank at once (what a shared-memory collective cannot beat).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -114,6 +115,15 @@ def deepspeed_all_reduce(p: int, r: int, token: str) -> Any:
                       MASTER_PORT=token)
     get_accelerator().create_op_builder("ShareMemCommBuilder").load().initialize(p, r)
     return torch.ops.deepspeed.inference_all_reduce_
+
+
+def forget_deepspeed(token: str) -> None:
+    """Unlink the segments DeepSpeed's op leaves in /dev/shm (named after MASTER_PORT = token)."""
+    import glob
+
+    for path in glob.glob(f"/dev/shm/deepspeed_*_127.0.0.1_{token}_*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _deepspeed_call(op: Any, case: Case, inplace: bool) -> Any:
@@ -216,7 +226,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
            "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only,
            "transports": transports, "shared": args.shared, "deepspeed": deepspeed,
            "token": str(os.getpid() % 50000 + 10000)}
-    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+    try:
+        per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+    finally:
+        if deepspeed:
+            forget_deepspeed(cfg["token"])
     itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
     p = args.world
     rows = []

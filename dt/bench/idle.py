@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 import dt
 from dt import transport
-from dt.bench.collectives import deepspeed_all_reduce
+from dt.bench.collectives import deepspeed_all_reduce, forget_deepspeed
 from dt.bench.harness import wire_group
 from dt.launcher import run_workers
 
@@ -72,8 +72,12 @@ def main(argv: list[str] | None = None) -> int:
             print("# deepspeed is not installed: skipped", file=sys.stderr)
     import os
 
-    res = run_workers(_worker, args.world, cases, args.wait, str(os.getpid() % 50000 + 10000),
-                      timeout=120 + 4 * args.wait * len(cases))
+    token = str(os.getpid() % 50000 + 10000)
+    try:
+        res = run_workers(_worker, args.world, cases, args.wait, token,
+                          timeout=120 + 4 * args.wait * len(cases))
+    finally:
+        forget_deepspeed(token)
     print(f"# dt bench idle: world {args.world}, rank 0 waits {args.wait:g} s in an all-reduce of "
           f"4 KiB for the others; load average {os.getloadavg()[0]:.1f}")
     print(f"# {'algorithm@wire':<22} {'wall (s)':>9} {'cpu (s)':>9} {'% of a core':>12}")

@@ -38,12 +38,18 @@ from dt.layout import edges, rounds
 from dt.transport import resolve_group
 
 
+def _span(t: torch.Tensor) -> tuple[int, int]:
+    """[first, last) byte address a (possibly strided) tensor touches."""
+    last = sum((n - 1) * s for n, s in zip(t.shape, t.stride())) + 1 if t.numel() else 0
+    return t.data_ptr(), t.data_ptr() + last * t.element_size()
+
+
 def _overlaps(a: torch.Tensor, rows: torch.Tensor | list[torch.Tensor]) -> bool:
-    """Whether writing `a` would clobber memory one of the rows still reads."""
-    lo, hi = a.data_ptr(), a.data_ptr() + a.numel() * a.element_size()
-    for row in rows:
-        start = row.data_ptr()
-        if start < hi and lo < start + row.numel() * row.element_size():
+    """Whether writing `a` could clobber memory the rows still read."""
+    lo, hi = _span(a)
+    for row in ([rows] if isinstance(rows, torch.Tensor) else rows):
+        start, end = _span(row)
+        if start < hi and lo < end:
             return True
     return False
 
