@@ -59,7 +59,8 @@ def test_dt_model_adds_load_store_rows_for_a_shared_memory_wire(capsys):
     from dt.tools import whatif
 
     assert whatif.main(["all_reduce", "--size", "4KB,32MB", "--world", "4", "--latency", "200us",
-                        "--bandwidth", "1.2GB/s", "--sync", "15us", "--memcpy", "5GB/s"]) == 0
+                        "--bandwidth", "1.2GB/s", "--sync", "15us", "--memcpy", "5GB/s",
+                        "--reduce", "2GB/s"]) == 0
     out = capsys.readouterr().out
     assert "one_shot *" in out and "two_shot *" in out and "sync 15 us" in out
 
