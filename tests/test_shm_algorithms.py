@@ -164,10 +164,11 @@ def _inplace_and_async(group) -> list[str]:
 def _everything(world_sizes: tuple[int, ...]) -> list[str]:
     r, p = dist.get_rank(), dist.get_world_size()
     big = p <= 4
-    dtypes = DTYPES if big else (torch.float32, torch.int64, torch.bool)
-    sizes = SIZES if big else (0, 1, 13, 1009)
+    dtypes = DTYPES if big else (torch.float32, torch.bool)  # worlds 5 and 8 share 2 cores: fewer
+    sizes = SIZES if big else (0, 1, 1009)
     bad = _all_reduce_cases(None, sizes, dtypes, shared_ranks=set())
-    bad += _all_reduce_cases(None, (2, 65537), (torch.float32, torch.bfloat16), shared_ranks=set())
+    bad += _all_reduce_cases(None, (2, 65537), (torch.float32, torch.bfloat16) if big else (torch.float32,),
+                             shared_ranks=set())
     bad += _all_reduce_cases(None, (0, 1, 7, 65537) if big else (7, 1009), (torch.float32,),
                              shared_ranks=set(range(p)))
     bad += _all_reduce_cases(None, (5, 1009), (torch.int32,), shared_ranks={0})
@@ -183,7 +184,8 @@ def _everything(world_sizes: tuple[int, ...]) -> list[str]:
     os.environ["DT_SHM_STAGE_BYTES"] = "4096"
     try:
         tiny = dist.new_group(list(range(p)))
-        bad += [f"rounds: {b}" for b in _all_reduce_cases(tiny, (1025, 4099), (torch.float32,), {0})]
+        bad += [f"rounds: {b}" for b in _all_reduce_cases(tiny, (1025, 4099) if big else (4099,),
+                                                          (torch.float32,), {0})]
         bad += [f"rounds: {b}" for b in _moves(tiny, (1100,))]
         bad += [f"rounds: {b}" for b in _inplace_and_async(tiny)]
     finally:
@@ -191,8 +193,8 @@ def _everything(world_sizes: tuple[int, ...]) -> list[str]:
     return bad
 
 
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(330)
 @pytest.mark.parametrize("world", WORLDS)
 def test_load_store_algorithms_match_torch(run, world):
-    for failures in run(world, _everything, WORLDS, timeout=200):
+    for failures in run(world, _everything, WORLDS, timeout=300):
         assert failures == [], failures[:10]
