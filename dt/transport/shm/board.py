@@ -18,7 +18,7 @@ peer passes before it has finished reading round k. So a staged round needs
 no closing synchronisation; DeepSpeed's shared-memory all-reduce uses the
 same trick. A zero-copy round does: the caller may overwrite its tensor as
 soon as the call returns, so the algorithm ends with one more sync when any
-rank published in place (`Round.zero_copy_any`).
+rank published in place (`Call.zero_copy`, `Call.finish`).
 
 Uniform layouts (every rank staged, or every rank in the same allocation at
 the same offset) give `rows()`: one strided (p, n) view of all ranks'
