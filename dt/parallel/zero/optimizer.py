@@ -17,9 +17,15 @@ from torch import nn
 
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
+from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
-from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
+from dt.parallel.zero.memory import (
+    comm_scratch_formula,
+    memory_held,
+    zero_memory_formula,
+    zero_traffic_formula,
+)
 from dt.parallel.zero.shards import full_optimizer_state
 from dt.transport import default_device, resolve_group
 
@@ -109,9 +115,7 @@ class ZeroOptimizer:
         lo, hi = self._range(b)
         buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype,
                                                       device=self.flat.device))
-        bounds = edges(self.shard_sizes)
-        pieces = [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
-                  for j in range(self.group.size)]
+        pieces = self._pieces(b, buf)
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
         out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
         work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
@@ -167,13 +171,30 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     def memory(self) -> dict[str, int]:
+        """Bytes held: parameters, gradients, optimizer state, and the collectives' scratch."""
         grads = [self.flat_grad] if self.stage == 1 else [self.shard_grad]
         grads += [p.grad for p in self.params]
-        return memory_held(self.params, grads, self.optimizer)
+        return {**memory_held(self.params, grads, self.optimizer), "comm_scratch": held_bytes()}
+
+    def _scattered(self) -> list[list[int]]:
+        """Element counts of the pieces of every reduce-scatter one step runs."""
+        return [self.shard_sizes] if self.stage == 1 else \
+            [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))]
+
+    def _pieces(self, b: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
+        """Bucket b's buffer cut where the shards' boundaries fall (empty pieces included)."""
+        lo, hi = self._range(b)
+        if buf is None:
+            buf = torch.empty(hi - lo, device="meta")
+        bounds = edges(self.shard_sizes)
+        return [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
+                for j in range(self.group.size)]
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        return zero_memory_formula(self.psi, self.group.size, self.stage, k,
-                                   shard=self.end - self.start)
+        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start)
+        out["comm_scratch"] = comm_scratch_formula(self._scattered(), self.flat.element_size(),
+                                                   self.group.rank, self.algorithm)
+        return out
 
     def expected_bytes_sent(self) -> int:
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
