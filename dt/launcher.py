@@ -131,9 +131,9 @@ def _worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any,
                           timeout=datetime.timedelta(seconds=60))
     if backend == "nccl":
         torch.cuda.set_device(rank % torch.cuda.device_count())
-    # The process group's own timeout is a backstop; dt's per-wait timeout fires first.
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=3600))
+    # No timeout= here: a group given one makes dt wait that long (torch's rule,
+    # dt.transport.timeout_for); without one, each run's own wait_timeout applies.
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size)
     defaults = (transport.get_timeout(), transport.validation_enabled())
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:

@@ -41,15 +41,13 @@ class Handle:
     def wait(self) -> None:
         if self.work is None:
             return
-        timeout = settings.get_timeout()
+        timeout = settings.timeout_for(self.comm.group if self.comm is not None else None)
         try:
             self.work.wait(datetime.timedelta(seconds=timeout))
         except RuntimeError as exc:
             assert self.comm is not None
             self.comm.fail(self, exc, timeout)
         self.work = None
-
-
 
 
 class Comm:
@@ -72,16 +70,24 @@ class Comm:
 
     # -- posting ------------------------------------------------------------
     def isend(self, tensor: torch.Tensor, peer: int) -> Handle:
-        nbytes = _nbytes(tensor)
-        work = dist.isend(tensor, self.group.ranks[peer], group=self.group.pg)
-        accounting.account(*self._charge_to, sent=nbytes, received=-1)
-        return Handle(work, self, "send", peer, nbytes, self.step)
+        handle = Handle(None, self, "send", peer, _nbytes(tensor), self.step)
+        handle.work = self._post(dist.isend, tensor, handle)
+        accounting.account(*self._charge_to, sent=handle.nbytes, received=-1)
+        return handle
 
     def irecv(self, tensor: torch.Tensor, peer: int) -> Handle:
-        nbytes = _nbytes(tensor)
-        work = dist.irecv(tensor, self.group.ranks[peer], group=self.group.pg)
-        accounting.account(*self._charge_to, sent=-1, received=nbytes)
-        return Handle(work, self, "receive", peer, nbytes, self.step)
+        handle = Handle(None, self, "receive", peer, _nbytes(tensor), self.step)
+        handle.work = self._post(dist.irecv, tensor, handle)
+        accounting.account(*self._charge_to, sent=-1, received=handle.nbytes)
+        return handle
+
+    def _post(self, post: Any, tensor: torch.Tensor, handle: Handle) -> Any:
+        # A peer that gave up (its timeout) closed the connection: posting fails
+        # at once, and says so with the same context as a failed wait.
+        try:
+            return post(tensor, self.group.ranks[handle.peer], group=self.group.pg)
+        except RuntimeError as exc:
+            self.fail(handle, exc, settings.timeout_for(self.group))
 
     def batch(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Handle]:
         """Post one step's sends and receives together: [(SEND or RECV, tensor, peer), ...].
@@ -144,7 +150,8 @@ class Comm:
         text = str(exc)
         if "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
             raise CollectiveTimeout(
-                f"{msg}: waited {timeout:g}s (dt.transport timeout) with nothing from the "
+                f"{msg}: waited {timeout:g}s ({getattr(timeout, 'source', 'dt.transport timeout')}) "
+                f"with nothing from the "
                 f"peer; it is stuck elsewhere or never called {self.collective}"
             ) from exc
         first_line = text.splitlines()[0] if text else type(exc).__name__
