@@ -205,3 +205,50 @@ def test_what_the_dt_backend_refuses(run):
     monitored, any_source = run(2, _exceptions)[0]
     assert "only implemented for GLOO" in monitored
     assert "no receive from any source" in any_source
+
+
+class _OnlyAllreduceAndBroadcast(dist.ProcessGroup):
+    """A minimal Python group, as one might first write it: no allgather."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self.wire = dist.ProcessGroupGloo(dist.PrefixStore("minimal/", store), rank, size, timeout)
+
+    def allreduce(self, tensors, opts):
+        return self.wire.allreduce(tensors, opts)
+
+    def broadcast(self, tensors, opts):
+        return self.wire.broadcast(tensors, opts)
+
+
+def _ddp_by_registration() -> dict[str, str]:
+    def extended(options, pg_options):  # extended_api=True: torch passes its options struct
+        return dt.backend.create(options.store, options.group_rank, options.group_size, options.timeout)
+
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # devices unspecified: torch warns and assumes cpu+cuda
+        dist.Backend.register_backend("dt_any_device", dt.backend.create)
+    dist.Backend.register_backend("dt_extended", extended, extended_api=True, devices=["cpu"])
+    dist.Backend.register_backend("minimal", _OnlyAllreduceAndBroadcast, devices=["cpu"])
+    out = {}
+    for backend in ("dt", "dt_any_device", "dt_extended", "minimal"):
+        group = dist.new_group(backend=backend)
+        try:
+            m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2), process_group=group)
+            m(torch.ones(3, 4)).sum().backward()
+            out[backend] = "ok"
+        except RuntimeError as exc:
+            out[backend] = str(exc).splitlines()[0]
+    return out
+
+
+def test_ddp_needs_the_methods_not_a_device_registration(run):
+    """torch's DDP asks its group for allreduce, allgather and broadcast. A Python group without
+    one of them falls through to torch's base class, which looks for a C++ backend for the device:
+    "No backend type associated with device type cpu". How the backend is registered
+    (devices=["cpu"] or not, extended_api or not) changes nothing."""
+    out = run(2, _ddp_by_registration)[0]
+    assert out == {"dt": "ok", "dt_any_device": "ok", "dt_extended": "ok",
+                   "minimal": "No backend type associated with device type cpu"}

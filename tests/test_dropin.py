@@ -336,6 +336,17 @@ def _added_collective_cases() -> list[str]:
             failures.append(f"batch_isend_irecv with {make.__module__}.P2POp")
     dist.monitored_barrier()
     dt.monitored_barrier(wait_all_ranks=True)
+    # What they move is what their docstrings say (dt.cost for the collective inside).
+    with dt.traffic() as t:
+        dt.all_reduce_coalesced([torch.ones(5), torch.ones(2, 3)], algorithm="naive")
+        dt.monitored_barrier()
+    coalesced, monitored = t.by_collective["all_reduce"], t.by_collective["monitored_barrier"]
+    model = cost.naive_all_reduce(11, 4, p, r)
+    if (coalesced.bytes_sent, coalesced.bytes_received) != (model.bytes_sent, model.bytes_received):
+        failures.append(f"all_reduce_coalesced moved {coalesced} for {model}")
+    tokens = (p - 1 if r == 0 else 1) if p > 1 else 0  # one byte each way, every one through rank 0
+    if (monitored.bytes_sent, monitored.bytes_received, monitored.messages_sent) != (tokens,) * 3:
+        failures.append(f"monitored_barrier moved {monitored}")
     return failures
 
 

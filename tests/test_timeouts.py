@@ -46,20 +46,25 @@ def test_the_rule_call_then_group_then_dt_timeout(run):
 
 
 def _late_rank(barrier: str, group_s: float, dt_s: float, late_s: float) -> tuple[str, str]:
-    """Rank 1 reaches a barrier of a fresh group `late_s` after the others."""
-    group = dist.new_group(timeout=datetime.timedelta(seconds=group_s))
+    """Rank 1 reaches a barrier of a fresh group `late_s` after the others.
+
+    barrier: "torch" (dist.barrier on gloo), "dt" (dt.barrier on gloo), or
+    "dt backend" (dist.barrier on a group of torch's backend "dt").
+    """
+    backend = "dt" if barrier == "dt backend" else None
+    group = dist.new_group(timeout=datetime.timedelta(seconds=group_s), backend=backend)
     dt.set_timeout(dt_s)
     dt.barrier(group=group)  # every connection of the new group made before the clock matters
     if dist.get_rank() == 1:
         time.sleep(late_s)
     try:
-        (dist.barrier if barrier == "torch" else dt.barrier)(group=group)
+        (dt.barrier if barrier == "dt" else dist.barrier)(group=group)
     except RuntimeError as exc:
         return type(exc).__name__, str(exc)
     return "ok", ""
 
 
-@pytest.mark.parametrize("barrier", ("torch", "dt"))
+@pytest.mark.parametrize("barrier", ("torch", "dt", "dt backend"))
 def test_group_timeout_shorter_than_dt_timeout_fires(run, barrier):
     # DT_TIMEOUT is 60 s and the run may last 30: only the group's 1 s can end the wait.
     results = run(3, _late_rank, barrier, 1.0, 60.0, 2.5, timeout=30)
@@ -74,7 +79,7 @@ def test_group_timeout_shorter_than_dt_timeout_fires(run, barrier):
             assert "rank 1" in message  # the peer it waited on, directly or through the dissemination
     late_kind, late_message = results[1]
     assert late_kind != "ok"  # it arrives to find its peers gone, and says so
-    if barrier == "dt":
+    if barrier != "torch":
         assert late_kind in ("CollectiveError", "CollectiveTimeout") and "at step" in late_message
 
 
