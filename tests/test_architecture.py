@@ -27,6 +27,7 @@ LAYERS = [
     ("dt.transport",),  # the wire
     ("dt.launcher",),  # processes and process groups
     ("dt.collectives",),  # every collective, from the wire
+    ("dt.backend",),  # dt as a torch.distributed backend ("dt"), on the collectives
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
     ("dt.models",),
     ("dt.train",),
