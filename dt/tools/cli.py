@@ -5,6 +5,9 @@
     dt tune [...]             measure this machine's alpha, beta, gamma (dt/tools/tune.py)
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
+    dt judge FILE [...]       judge a collective you wrote from send/recv (dt/learn/judge)
+    dt exercises [...]        list / start / hint / solution: the exercises (dt/learn/exercises)
+    dt quiz [...]             the self-test (dt/learn/quiz.py)
 
 Each command's module has `main(argv) -> int`; this file only routes.
 """
@@ -19,6 +22,9 @@ COMMANDS = {
     "tune": "dt.tools.tune",
     "model": "dt.tools.whatif",
     "train": "dt.train",
+    "judge": "dt.learn.judge",
+    "exercises": "dt.learn.exercises.command",
+    "quiz": "dt.learn.quiz",
 }
 
 BENCHES = {
