@@ -2,6 +2,7 @@
 
     dt judge ring.py                                 the function named like a collective in it
     dt judge ring.py --collective all_reduce --worlds 2,5 --sizes 33
+    dt judge ring.py --cases AVG,subgroup            only the cases named so
     dt judge ring.py --target recursive_doubling     hold the bytes to another dt.cost figure
     dt judge ring.py --bench                         busbw against dt's algorithm and torch's
     dt judge ring.py --json report.json              for graders (- for stdout)
@@ -44,6 +45,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--worlds", type=_ints, default=list(DEFAULT_WORLDS), help="world sizes: 1,2,3,5,8")
     p.add_argument("--sizes", type=_ints, default=None,
                    help="judge only these lengths (float32 SUM), e.g. 0,33: a quick look")
+    p.add_argument("--cases", type=lambda t: [x for x in t.split(",") if x],
+                   help="only the cases whose name contains one of these: AVG,subgroup")
     p.add_argument("--target", help="the dt.cost algorithm the bytes are held to "
                                     "(default: the bandwidth-optimal one, or the exercise's)")
     p.add_argument("--timeout", type=float, default=10.0,
@@ -122,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     with Runner(args.timeout) as runner:
         report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
                        algorithm=target, timeout=args.timeout, keep_going=args.keep_going,
-                       allow_dt=allow_dt, runner=runner, progress=progress)
+                       allow_dt=allow_dt, runner=runner, only=args.cases, progress=progress)
         if live:
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
         report.exercise = ex.name if ex else None
@@ -137,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(as_json(report), args.json)
     if not quiet:
         print(text(report))
-    full = args.sizes is None and set(DEFAULT_WORLDS) <= set(args.worlds)
+    full = args.sizes is None and args.cases is None and set(DEFAULT_WORLDS) <= set(args.worlds)
     if report.passed and ex is not None and full:
         state.record_pass(ex.name, args.file)
         if not quiet:

@@ -98,10 +98,15 @@ def _usable(cases: list[Case], params: list[str], spec_takes_op: bool) -> tuple[
 
 def judge(path: str, collective: str, *, function: str | None = None,
           worlds: tuple[int, ...] | list[int] = DEFAULT_WORLDS, sizes: list[int] | None = None,
-          algorithm: str | None = None, timeout: float = 10.0, keep_going: bool = False,
-          allow_dt: bool = False, runner: Runner | None = None,
+          algorithm: str | None = None, timeout: float | None = None, keep_going: bool = False,
+          allow_dt: bool = False, runner: Runner | None = None, only: list[str] | None = None,
           progress: Callable[[CaseResult], None] | None = None) -> Report:
-    """Run `function` (default: the collective's name) from `path` on every case; see the module doc."""
+    """Run `function` (default: the collective's name) from `path` on every case; see the module doc.
+
+    `sizes` keeps only float32 SUM cases of those lengths; `only` keeps the cases whose
+    name contains one of its strings ("AVG", "subgroup"). `timeout` bounds one wait on a
+    message (default: the runner's, 10 s).
+    """
     spec = SPECS[collective]
     path = os.path.abspath(path)
     function = function or collective
@@ -112,10 +117,13 @@ def judge(path: str, collective: str, *, function: str | None = None,
         report.results.append(CaseResult(0, Case("import"), Verdict("import", problem or "")))
         return report
     own = runner is None
-    runner = runner or Runner(timeout)
+    runner = runner or Runner(timeout or 10.0)
+    timeout = timeout or runner.timeout
     try:
         for world in report.worlds:
             cases, notes = _usable(cases_for(collective, world, sizes), params, spec.takes_op)
+            if only:
+                cases = [c for c in cases if any(o in c.name for o in only)]
             report.notes += [n for n in notes if n not in report.notes]
             stop = None
             for case in cases:
@@ -123,7 +131,7 @@ def judge(path: str, collective: str, *, function: str | None = None,
                     result = CaseResult(world, case, Verdict("skipped", stop))
                 else:
                     result = _one(runner, spec.name, path, function, case, world, report.algorithm,
-                                  allow_dt)
+                                  allow_dt, timeout)
                     if result.verdict.kind == "import":
                         report.results.append(result)
                         return report
@@ -141,12 +149,12 @@ def judge(path: str, collective: str, *, function: str | None = None,
 
 
 def _one(runner: Runner, spec: str, path: str, function: str, case: Case, world: int, algorithm: str,
-         allow_dt: bool) -> CaseResult:
+         allow_dt: bool, timeout: float) -> CaseResult:
     t0 = time.perf_counter()
-    job = Job(spec, path, function, case, runner.timeout, runner.hang_after, runner.logdir, allow_dt)
-    results, failure = runner.run(world, judge_case, job)
-    ctx = Context(SPECS[spec], case, world, algorithm, runner.timeout, runner.hang_after, function,
-                  os.path.basename(path))
+    hang_after = max(runner.hang_after, timeout)
+    job = Job(spec, path, function, case, timeout, hang_after, runner.logdir, allow_dt)
+    results, failure = runner.run(world, judge_case, job, hang_after=hang_after)
+    ctx = Context(SPECS[spec], case, world, algorithm, timeout, hang_after, function, os.path.basename(path))
     verdict = decide(ctx, results, failure, runner.logs(world))
     # A connection that timed out, or still carries a message, is not reused: new processes.
     # (A raise before any message, or after every message completed, leaves it clean.)

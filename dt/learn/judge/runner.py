@@ -66,9 +66,12 @@ class Runner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def run(self, world: int, fn: Callable[..., Any], *args: Any,
+    def run(self, world: int, fn: Callable[..., Any], *args: Any, hang_after: float | None = None,
             limit: float | None = None) -> tuple[list[Any] | None, WorkerError | None]:
-        """(every rank's result, None), or (None, the failure) when a rank died or was killed."""
+        """(every rank's result, None), or (None, the failure) when a rank died or was killed.
+
+        The run is killed after `limit` seconds (default: `hang_after` and a margin).
+        """
         pool = self._pools.get(world)
         if pool is None:
             pool = WorkerPool(world, threads_per_worker=1)
@@ -79,7 +82,8 @@ class Runner:
             self._pools[world] = pool
         before = pool.starts
         try:
-            return pool.run(fn, *args, timeout=limit or self.hang_after + _MARGIN_S), None
+            limit = limit or (hang_after or self.hang_after) + _MARGIN_S
+            return pool.run(fn, *args, timeout=limit), None
         except WorkerError as exc:  # the pool has already killed its processes
             return None, exc
         finally:
