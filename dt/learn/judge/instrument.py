@@ -127,6 +127,7 @@ class Watch:
         self.allow_dt = allow_dt
         self.rank = dist.get_rank()
         self.bytes_sent = self.bytes_received = self.messages_sent = self.messages_received = 0
+        self.empty_sent = 0  # messages of no bytes: each still pays a latency
         self.open: dict[int, _Posted] = {}  # posted and not yet seen to complete
         self.ordinals: dict[tuple[str, int | None, int], int] = defaultdict(int)
         self.stuck: dict[str, Any] | None = None  # the post whose wait timed out
@@ -167,6 +168,7 @@ class Watch:
             if kind == "send":
                 self.bytes_sent += nbytes
                 self.messages_sent += 1
+                self.empty_sent += nbytes == 0
             else:
                 self.bytes_received += nbytes
                 self.messages_received += 1
@@ -217,7 +219,8 @@ class Watch:
 
     def counts(self) -> dict[str, int]:
         return {"bytes_sent": self.bytes_sent, "bytes_received": self.bytes_received,
-                "messages_sent": self.messages_sent, "messages_received": self.messages_received}
+                "messages_sent": self.messages_sent, "messages_received": self.messages_received,
+                "empty_sent": self.empty_sent}
 
 
 def _inside_dt_collective() -> str | None:

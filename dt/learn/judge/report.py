@@ -31,9 +31,9 @@ def target_text(collective: str, algorithm: str) -> str:
     lines = [ln.strip() for ln in doc.splitlines() if ln.strip()]
     line = next((ln for ln in lines if ln.startswith("Bytes per rank")), lines[0] if lines else "")
     where = f"dt.cost.{fn.__name__}" if fn else "dt.cost.traffic_for"
-    per = " for each bucket (buckets as dt.parallel.data_parallel.make_buckets forms them)" \
+    per = ", bucket by bucket (buckets as dt.parallel.data_parallel.make_buckets forms them)" \
         if collective == "sync_gradients" else ""
-    return f"the {algorithm} algorithm's{per}: {where}: {line}"
+    return f"the {algorithm} algorithm's figure{per}, {where}: \"{line}\""
 
 
 def _rows(report: Report) -> list[str]:
@@ -72,8 +72,15 @@ def _failures(report: Report, most: int = 8) -> list[str]:
         worlds = sorted({r.world for r in skipped})
         out.append(f"  {len(skipped)} cases skipped at p={', '.join(map(str, worlds))}: "
                    f"{skipped[0].verdict.message}")
-    notes = sorted({n for r in report.results for n in r.verdict.notes})
-    out += [f"  note: {n}" for n in notes]
+    noted: dict[str, list[CaseResult]] = {}
+    for r in report.results:
+        for n in r.verdict.notes:
+            noted.setdefault(n.split(" (")[0], []).append(r)
+    for rs in noted.values():  # one line per kind of note, with its first example
+        first = rs[0]
+        more = f" (in {len(rs)} cases; the first: {first.case.name} at p={first.world})" if len(rs) > 1 else \
+            f" ({first.case.name} at p={first.world})"
+        out.append(f"  note{more}: {first.verdict.notes[0]}")
     return out
 
 
@@ -89,8 +96,9 @@ def _traffic(report: Report) -> list[str]:
     for r in rows:
         t = r.verdict.traffic
         g = max(t["bytes_sent"], key=lambda k: t["bytes_sent"][k])
-        out.append(f"  p={r.world:<3} {t['busiest']:>10,} B ({t['target_busiest']:,})"
-                   f"   {t['messages_sent'][g]:>4} messages ({max(t['target_messages_sent'].values())})")
+        figure = f"({t['target_busiest']:,})"
+        out.append(f"  p={r.world:<3} {t['busiest']:>10,} B {figure:<12} {t['messages_sent'][g]:>4} messages "
+                   f"({max(t['target_messages_sent'].values())})")
     return out
 
 
@@ -119,14 +127,14 @@ def text(report: Report) -> str:
             f"  right means: equal to torch.distributed's {report.collective} on the same inputs"
             if report.collective != "sync_gradients" else
             "  right means: every .grad equal to torch's all_reduce(AVG) of it",
-            f"  bytes are held to {target_text(report.collective, report.algorithm)}"]
+            f"  bytes held to {target_text(report.collective, report.algorithm)}"]
     head += [f"  note: {n}" for n in report.notes]
     if report.results and report.results[0].verdict.kind == "import":
         return "\n".join(head + ["", f"IMPORT: {report.results[0].verdict.message}", "", "FAIL"])
     out = head + [""] + _rows(report)
     failures = _failures(report)
     if failures:
-        out += ["", "what is wrong:"] + failures
+        out += ["", "what is wrong:" if not report.passed else "notes:"] + failures
     traffic = _traffic(report)
     if traffic:
         out += [""] + traffic

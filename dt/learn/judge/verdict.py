@@ -322,8 +322,10 @@ def _traffic(ctx: Context, measured: dict[int, dict[str, int]]) -> dict[str, Any
             f"all ranks together {total:,} bytes against {t_total:,}"))
     elif most_msgs > t_msgs:
         g = max(msgs, key=msgs.get)
-        text = (f"group rank {g} sent {most_msgs} messages where the {alg} algorithm sends "
-                f"{t_msgs} at most: every message pays the latency (alpha) once")
+        empty = measured[g].get("empty_sent", 0)
+        why = f"; {empty} of them empty: an empty chunk needs no message" if empty else ""
+        text = (f"more messages than the {alg} algorithm sends (group rank {g}: {most_msgs} where it "
+                f"sends {t_msgs}{why}); every message pays the latency (alpha) once")
         if ctx.spec.messages_matter:
             out.update(over=True, message="right, but " + text)
         else:
