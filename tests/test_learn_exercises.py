@@ -68,7 +68,7 @@ def test_every_exercise_is_listed_and_complete():
 def test_reference_solution_passes_the_judge(name, runner):
     ex = exercises.find(name)
     report = judge(str(ex.folder / "solution.py"), ex.collective, function=ex.function, worlds=WORLDS[name],
-                   algorithm=ex.target, allow_dt=ex.allow_dt, runner=runner)
+                   algorithm=ex.target, runner=runner)
     failing = [f"p={r.world} {r.case.name}: {r.verdict.kind} {r.verdict.message}"
                for r in report.results if not r.verdict.passed]
     assert not failing, "\n".join(failing)

@@ -239,6 +239,21 @@ def test_a_function_without_op_or_group_is_judged_on_what_it_takes(tmp_path, run
 
 
 @pytest.mark.timeout(120)
+def test_gradients_synced_one_by_one_send_too_many_messages(tmp_path, runner):
+    path = _write(tmp_path, "per_param.py", (
+        "from torch.distributed import ReduceOp\n\nimport dt\n\n\n"
+        "def sync_gradients(params, bucket_bytes, group=None):\n"
+        "    for p in params:\n"
+        "        if p.grad is not None:\n"
+        "            dt.all_reduce(p.grad, ReduceOp.AVG, group, algorithm='ring')\n"))
+    report = judge(path, "sync_gradients", worlds=[3], only=["one bucket"], runner=runner)
+    v = report.results[0].verdict
+    assert v.kind == "traffic", v.message
+    assert "right, but more messages than the ring algorithm sends" in v.message
+    assert "1 bucket, one ring all-reduce each" in v.message
+
+
+@pytest.mark.timeout(120)
 def test_dt_own_collective_inside_is_forbidden(tmp_path, runner):
     path = _write(tmp_path, "uses_dt.py", (
         "import dt\n\n\n"

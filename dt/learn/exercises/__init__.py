@@ -45,7 +45,6 @@ class Exercise:
     function: str  # what the learner writes
     collective: str | None = None  # the judge's spec (None: a numeric exercise, judged by `check`)
     target: str | None = None  # the dt.cost algorithm whose traffic is the cost to reach
-    allow_dt: bool = False  # may call dt's own collectives
     see: str = ""  # the dt command that shows the idea
     check: Callable[[dict[str, Any]], list[tuple[str, bool, str]]] | None = None
 

@@ -43,7 +43,6 @@ class BenchJob:
     sizes: tuple[int, ...]  # bytes
     reps: int
     timeout: float
-    allow_dt: bool = False
 
 
 def _restore(dst: Any, src: Any) -> None:
@@ -70,7 +69,7 @@ def bench_worker(job: BenchJob) -> dict[str, Any]:
 
         def yours(args: list[Any] = args, op: Any = op) -> None:
             with instrument.watching(learner_file=job.path, what=job.function, timeout=job.timeout,
-                                     allow_dt=job.allow_dt):
+                                     allow_dt=spec.allow_dt):
                 call_learner(fn, args, op, None)
 
         calls = {"yours": yours,
@@ -95,10 +94,10 @@ def bench_worker(job: BenchJob) -> dict[str, Any]:
 
 
 def bench(runner: Runner, collective: str, path: str, function: str, algorithm: str, world: int,
-          sizes: tuple[int, ...] = DEFAULT_SIZES, reps: int = 10, allow_dt: bool = False) -> dict[str, Any]:
+          sizes: tuple[int, ...] = DEFAULT_SIZES, reps: int = 10) -> dict[str, Any]:
     """Time the three at each size; {"rows": [{"bytes", who: {"seconds", "busbw", "spread"}}], ...}."""
     spec = SPECS[collective]
-    job = BenchJob(collective, path, function, algorithm, tuple(sizes), reps, runner.timeout, allow_dt)
+    job = BenchJob(collective, path, function, algorithm, tuple(sizes), reps, runner.timeout)
     results, failure = runner.run(world, bench_worker, job, limit=600.0)
     head = {"collective": collective, "world": world, "reps": reps}
     if failure is not None:

@@ -23,6 +23,7 @@ from typing import Any
 from dt.learn import exercises
 from dt.learn.exercises import state
 from dt.learn.judge.bench import DEFAULT_SIZES, bench
+from dt.learn.judge.cases import Case
 from dt.learn.judge.judge import DEFAULT_WORLDS, judge, signature_of
 from dt.learn.judge.report import LABELS, as_json, text
 from dt.learn.judge.runner import Runner
@@ -113,7 +114,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     function = args.function or (ex.function if ex and ex.collective == collective else None)
     target = args.target or (ex.target if ex and ex.collective == collective else None)
-    allow_dt = bool(ex and ex.allow_dt)
+    if target is not None:
+        try:
+            SPECS[collective].target(Case("check", 4, params=((4,),), bucket_bytes=4), 2, 0, target)
+        except KeyError:
+            print(f"dt judge: dt.cost has no {collective} {target!r} to hold the bytes to",
+                  file=sys.stderr)
+            return 2
     quiet = args.json == "-"
     live = not quiet and sys.stderr.isatty()
 
@@ -125,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     with Runner(args.timeout) as runner:
         report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
                        algorithm=target, timeout=args.timeout, keep_going=args.keep_going,
-                       allow_dt=allow_dt, runner=runner, only=args.cases, progress=progress)
+                       runner=runner, only=args.cases, progress=progress)
         if live:
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
         report.exercise = ex.name if ex else None
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
             if report.passed and collective != "sync_gradients":
                 sizes = tuple(parse_size(s) for s in args.bench_sizes.split(","))
                 report.bench = bench(runner, collective, report.file, report.function, report.algorithm,
-                                     args.bench_world, sizes, args.reps, allow_dt)
+                                     args.bench_world, sizes, args.reps)
             else:
                 report.bench = {"error": "not run: the judge benchmarks collectives that pass every case"}
     if args.json:

@@ -99,7 +99,7 @@ def _usable(cases: list[Case], params: list[str], spec_takes_op: bool) -> tuple[
 def judge(path: str, collective: str, *, function: str | None = None,
           worlds: tuple[int, ...] | list[int] = DEFAULT_WORLDS, sizes: list[int] | None = None,
           algorithm: str | None = None, timeout: float | None = None, keep_going: bool = False,
-          allow_dt: bool = False, runner: Runner | None = None, only: list[str] | None = None,
+          runner: Runner | None = None, only: list[str] | None = None,
           progress: Callable[[CaseResult], None] | None = None) -> Report:
     """Run `function` (default: the collective's name) from `path` on every case; see the module doc.
 
@@ -131,7 +131,7 @@ def judge(path: str, collective: str, *, function: str | None = None,
                     result = CaseResult(world, case, Verdict("skipped", stop))
                 else:
                     result = _one(runner, spec.name, path, function, case, world, report.algorithm,
-                                  allow_dt, timeout)
+                                  timeout)
                     if result.verdict.kind == "import":
                         report.results.append(result)
                         return report
@@ -149,10 +149,10 @@ def judge(path: str, collective: str, *, function: str | None = None,
 
 
 def _one(runner: Runner, spec: str, path: str, function: str, case: Case, world: int, algorithm: str,
-         allow_dt: bool, timeout: float) -> CaseResult:
+         timeout: float) -> CaseResult:
     t0 = time.perf_counter()
     hang_after = max(runner.hang_after, timeout)
-    job = Job(spec, path, function, case, timeout, hang_after, runner.logdir, allow_dt)
+    job = Job(spec, path, function, case, timeout, hang_after, runner.logdir, SPECS[spec].allow_dt)
     results, failure = runner.run(world, judge_case, job, hang_after=hang_after)
     ctx = Context(SPECS[spec], case, world, algorithm, timeout, hang_after, function, os.path.basename(path))
     verdict = decide(ctx, results, failure, runner.logs(world))

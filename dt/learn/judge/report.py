@@ -18,7 +18,7 @@ from dt.units import fmt_bytes, fmt_time
 
 __all__ = ["LABELS", "as_json", "target_text", "text"]
 
-LABELS = {"ok": "ok", "wrong": "WRONG", "traffic": "BYTES", "deadlock": "DEADLOCK", "crash": "CRASH",
+LABELS = {"ok": "ok", "wrong": "WRONG", "traffic": "TRAFFIC", "deadlock": "DEADLOCK", "crash": "CRASH",
           "hang": "HANG", "error": "ERROR", "unmatched": "UNMATCHED", "forbidden": "FORBIDDEN",
           "import": "IMPORT", "skipped": "skip"}
 

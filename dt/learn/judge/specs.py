@@ -65,6 +65,7 @@ class Spec:
     takes_op = False
     busbw = ""  # dt.cost.BUSBW_FACTOR key
     messages_matter = False  # fewer messages is the point (bucketing): more than the target fails
+    allow_dt = False  # may call dt's own collectives (the gradient sync is about buckets, not the ring)
 
     def make(self, case: Case, g: GroupView) -> tuple[list[Any], Any]:
         """(positional arguments, torch ReduceOp or None) on this rank, inputs filled."""
@@ -277,6 +278,7 @@ class SyncGradients(Spec):
     signature = "sync_gradients(params, bucket_bytes, group=None)"
     optimal = "ring"  # each bucket all-reduced by the ring
     messages_matter = True
+    allow_dt = True
 
     def make(self, case, g):
         me = g.ranks[g.rank]

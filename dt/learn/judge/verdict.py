@@ -327,7 +327,9 @@ def _traffic(ctx: Context, measured: dict[int, dict[str, int]]) -> dict[str, Any
         text = (f"more messages than the {alg} algorithm sends (group rank {g}: {most_msgs} where it "
                 f"sends {t_msgs}{why}); every message pays the latency (alpha) once")
         if ctx.spec.messages_matter:
-            out.update(over=True, message="right, but " + text)
+            buckets = len(ctx.spec.buckets(ctx.case))  # type: ignore[attr-defined]
+            out.update(over=True, message=f"right, but {text}: {buckets} bucket"
+                                          f"{'s' if buckets != 1 else ''}, one ring all-reduce each")
         else:
             out["note"] = text
     return out

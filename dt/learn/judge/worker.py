@@ -53,7 +53,7 @@ class Job:
     timeout: float  # longest wait on one message
     hang_after: float  # a rank still running after this dumps its stack and exits
     logdir: str
-    allow_dt: bool = False  # may call dt's own collectives (the bucketing exercise)
+    allow_dt: bool = False  # may call dt's own collectives (Spec.allow_dt)
 
 
 def log_paths(logdir: str, world: int, rank: int) -> tuple[str, str]:

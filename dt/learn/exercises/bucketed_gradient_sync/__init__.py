@@ -8,7 +8,6 @@ EXERCISE = Exercise(
     function="sync_gradients",
     collective="sync_gradients",
     target="ring",
-    allow_dt=True,
     see="dt bench ddp   (bucketed, overlapped all-reduce in a real backward)",
     statement="""\
 After backward, data parallel averages every gradient over the ranks. One
