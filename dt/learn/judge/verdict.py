@@ -126,8 +126,8 @@ def _why(rank: int, op: dict[str, Any], ranks: dict[int, _Rank], ctx: Context) -
         theirs = [e for e in other.posts.values()
                   if e["kind"] == "send" and e["peer"] == rank and e["tag"] == op["tag"]]
         if len(theirs) < op["k"]:
-            sent = f"only {len(theirs)}" if theirs else "none"
-            return f"; rank {peer} sent it {sent} and {_state(peer, other, ctx)}"
+            sent = f"only {len(theirs)} message{'s' if len(theirs) != 1 else ''}" if theirs else "nothing"
+            return f"; rank {peer} sent rank {rank} {sent} and {_state(peer, other, ctx)}"
         match = theirs[op["k"] - 1]
         return f"; rank {peer} posted that message ({match['bytes']:,} bytes) and {_state(peer, other, ctx)}"
     theirs = [e for e in other.posts.values()
