@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import sys
 from typing import Any
 
@@ -129,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"\r  p={result.world}: {result.case.name:<30} {LABELS[result.verdict.kind]:<10}",
                   end="", flush=True, file=sys.stderr)
 
+    # A terminated judge still ends its processes: SIGTERM unwinds through the `with` below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     with Runner(args.timeout) as runner:
         report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
                        algorithm=target, timeout=args.timeout, keep_going=args.keep_going,

@@ -74,8 +74,10 @@ def signature_of(path: str, function: str) -> tuple[list[str] | None, str | None
             a = node.args
             names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
             return names + (["**"] if a.kwarg else []), None
-    for node in tree.body:  # all_reduce = something(...): trust it, the import will tell
+    for node in tree.body:  # all_reduce = make(...), from mine import all_reduce: the import will tell
         if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == function for t in node.targets):
+            return ["**"], None
+        if isinstance(node, ast.ImportFrom) and any((a.asname or a.name) == function for a in node.names):
             return ["**"], None
     defined = [n.name for n in tree.body if isinstance(n, ast.FunctionDef)]
     return None, (f"{os.path.basename(path)} defines no function {function}() "
