@@ -25,7 +25,7 @@ from dt.learn import exercises
 from dt.learn.exercises import state
 from dt.learn.judge.bench import DEFAULT_SIZES, bench
 from dt.learn.judge.cases import Case
-from dt.learn.judge.judge import DEFAULT_WORLDS, judge, signature_of
+from dt.learn.judge.judge import DEFAULT_WORLDS, Report, judge, signature_of
 from dt.learn.judge.report import LABELS, as_json, text
 from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS
@@ -100,6 +100,29 @@ def _write_json(data: dict[str, Any], to: str) -> None:
             f.write(body + "\n")
 
 
+def _run(args: argparse.Namespace, collective: str, function: str | None, target: str | None,
+         live: bool) -> Report:
+    def progress(result: Any) -> None:
+        if live:
+            print(f"\r  p={result.world}: {result.case.name:<30} {LABELS[result.verdict.kind]:<10}",
+                  end="", flush=True, file=sys.stderr)
+
+    with Runner(args.timeout) as runner:
+        report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
+                       algorithm=target, timeout=args.timeout, keep_going=args.keep_going,
+                       runner=runner, only=args.cases, progress=progress)
+        if live:
+            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
+        if args.bench:
+            if report.passed and collective != "sync_gradients":
+                sizes = tuple(parse_size(s) for s in args.bench_sizes.split(","))
+                report.bench = bench(runner, collective, report.file, report.function, report.algorithm,
+                                     args.bench_world, sizes, args.reps)
+            else:
+                report.bench = {"error": "not run: the judge benchmarks collectives that pass every case"}
+    return report
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if not os.path.isfile(args.file):
@@ -123,29 +146,13 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 2
     quiet = args.json == "-"
-    live = not quiet and sys.stderr.isatty()
-
-    def progress(result: Any) -> None:
-        if live:
-            print(f"\r  p={result.world}: {result.case.name:<30} {LABELS[result.verdict.kind]:<10}",
-                  end="", flush=True, file=sys.stderr)
-
-    # A terminated judge still ends its processes: SIGTERM unwinds through the `with` below.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    with Runner(args.timeout) as runner:
-        report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
-                       algorithm=target, timeout=args.timeout, keep_going=args.keep_going,
-                       runner=runner, only=args.cases, progress=progress)
-        if live:
-            print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
-        report.exercise = ex.name if ex else None
-        if args.bench:
-            if report.passed and collective != "sync_gradients":
-                sizes = tuple(parse_size(s) for s in args.bench_sizes.split(","))
-                report.bench = bench(runner, collective, report.file, report.function, report.algorithm,
-                                     args.bench_world, sizes, args.reps)
-            else:
-                report.bench = {"error": "not run: the judge benchmarks collectives that pass every case"}
+    # A terminated judge still ends its processes: SIGTERM unwinds through Runner's `with`.
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        report = _run(args, collective, function, target, live=not quiet and sys.stderr.isatty())
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    report.exercise = ex.name if ex else None
     if args.json:
         _write_json(as_json(report), args.json)
     if not quiet:
