@@ -131,6 +131,8 @@ def text(report: Report) -> str:
     head += [f"  note: {n}" for n in report.notes]
     if report.results and report.results[0].verdict.kind == "import":
         return "\n".join(head + ["", f"IMPORT: {report.results[0].verdict.message}", "", "FAIL"])
+    if not report.results:
+        return "\n".join(head + ["", "no case to judge: check --worlds, --sizes and --cases", "", "FAIL"])
     out = head + [""] + _rows(report)
     failures = _failures(report)
     if failures:
