@@ -32,6 +32,7 @@ LAYERS = [
     ("dt.models",),
     ("dt.train",),
     ("dt.bench",),
+    ("dt.learn",),  # exercises, the judge, the quiz: on top of everything they teach
     ("dt.tools", "dt.__main__"),
 ]
 
