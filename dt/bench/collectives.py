@@ -43,6 +43,7 @@ import dt
 from dt import cost, transport
 from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls
 from dt.collectives import auto
+from dt.device import DEVICES, backend_for
 from dt.launcher import run_workers
 from dt.units import parse_size
 
@@ -132,7 +133,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
            "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only}
-    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+    backend = backend_for(args.device)
+    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
     itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
     p = args.world
     rows = []
@@ -169,9 +171,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["vs_torch_of_medians"] = row[mode]["median"] / ref[mode]["median"]
     import platform
 
-    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo",
+    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": backend,
                "world": p, "python": platform.python_version(), "host": platform.node(),
-               "validation": False, "figures": auto.machine(p, "gloo").__dict__,
+               "validation": False, "figures": auto.machine(p, backend).__dict__,
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return {"collective": coll, "machine": machine, "config": cfg, "results": rows}
 
@@ -272,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-o", default="sum", help="reduction op: sum, prod, min, max")
     parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
     parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     parser.add_argument("--algorithms", default=None,
                         help="comma-separated dt algorithms, 'auto' allowed (default: all + auto)")

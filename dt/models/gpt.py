@@ -27,7 +27,6 @@ vocab shard) over the 2-rank group {first stage, last stage}.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -39,6 +38,7 @@ from torch import nn
 from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.device import clock
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
@@ -166,9 +166,10 @@ class ParallelGPT(nn.Module):
         ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
         layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
-        self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
-        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         self.tp_group = resolve_group(mesh.tp_group)
+        self.device = default_device(self.tp_group)  # the rank's GPU under NCCL, else the CPU
+        self.stage = (chunks[0] if virtual == 1 else nn.ModuleList(chunks)).to(self.device)
+        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
@@ -193,25 +194,26 @@ class ParallelGPT(nn.Module):
         averages it over dp and broadcasts it along the pipeline).
         """
         m = self.mesh
+        tokens = tokens.to(self.device) if tokens is not None else None
+        targets = targets.to(self.device) if targets is not None else None
         with transport.traffic() as pipe_traffic:  # tensor-parallel collectives, pipeline p2p
             loss = self.pipe.train_step(tokens if m.is_first_stage else None,
                                         targets if m.is_last_stage else None, self.loss_fn,
                                         self.micro_batches, self.schedule)
         stats = self.pipe.stats
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         with transport.traffic() as dp_traffic:
             all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
         with transport.traffic() as tied_traffic:
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
-        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype,
-                              device=default_device(self.tp_group))
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype, device=self.device)
         if m.is_last_stage and m.dp > 1:
             all_reduce(loss_t, op=ReduceOp.AVG, group=m.dp_group)
         if m.pp > 1:
             broadcast(loss_t, src=m.pp_ranks[-1], group=m.pp_group)
-        comm = time.perf_counter() - t0
+        comm = clock(self.device) - t0
         # The tensor-parallel all-reduces run inside the stage's forward and
         # backward: their blocking time is moved from compute to communication.
         tp_s = pipe_traffic.seconds

@@ -29,6 +29,7 @@ import sys
 from typing import Any
 
 from dt import cost
+from dt.device import DEVICES, backend_for
 from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -95,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("collective", choices=COLLECTIVES)
     parser.add_argument("--size", default="1MB", help="message size(s), comma-separated: 1GB,1MB")
     parser.add_argument("--world", type=int, default=8)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="with --measured: cpu (gloo), cuda (NCCL, one GPU per rank), auto")
     parser.add_argument("--bandwidth", default="100GB/s", help="per-rank link rate (1/beta)")
     parser.add_argument("--latency", default="5us", help="per-step latency (alpha)")
     parser.add_argument("--reduce", default=None, help="reduction rate (1/gamma), e.g. 50GB/s")
@@ -110,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.measured:
             from dt.cost import machine
 
-            saved = machine.figures("gloo", args.world)
+            saved = machine.figures(backend_for(args.device), args.world)
             if saved is None:
                 print("dt model --measured: no figures saved; run `dt tune --world "
                       f"{args.world}` first", file=sys.stderr)
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timing {', '.join(algos)} on {args.world} local processes "
               f"(median of {args.reps}, validation off)...", flush=True)
         measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
-                               args.reps, timeout=600)[0]
+                               args.reps, timeout=600, backend=backend_for(args.device))[0]
     for n, rows in tables.items():
         print_table(args.collective, n, args.world, rows,
                     measured[str(n)] if measured is not None else None)

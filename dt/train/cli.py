@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from dt.device import DEVICES, backend_for
 from dt.launcher import launch
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.loop import train_worker
@@ -29,6 +30,8 @@ _USAGE = """examples:
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="dt train", description=__doc__.split("\n\n")[0],
                                 epilog=_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel size")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages")
@@ -108,7 +111,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     world = args.dp * args.tp * args.pp
-    results = launch(train_worker, world, args)
+    results = launch(train_worker, world, args, backend=backend_for(args.device))
     if results and results[0]["rank"] == 0:
         print(report(args, results))
     return 0

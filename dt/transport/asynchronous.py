@@ -50,7 +50,8 @@ class Work(dist.Work):
         self._future: torch.futures.Future | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self.cuda_done: Any = None  # a CUDA event the caller's stream must wait on
+        self.cuda_start: Any = None  # CUDA events around the collective on the comm stream
+        self.cuda_done: Any = None  # (the caller's stream waits on this one)
 
     def is_completed(self) -> bool:
         return self._done.is_set()
@@ -75,6 +76,14 @@ class Work(dist.Work):
 
     def synchronize(self) -> None:
         self.wait()
+
+    def seconds(self) -> float:
+        """How long the collective ran: on a GPU between its CUDA events, else on the host clock."""
+        self.wait()
+        if self.cuda_start is not None:
+            self.cuda_done.synchronize()
+            return self.cuda_start.elapsed_time(self.cuda_done) / 1e3
+        return (self.finished_at or 0.0) - (self.started_at or 0.0)
 
     def result(self) -> Any:
         self.wait()
@@ -130,9 +139,11 @@ class _CommThread:
                     result = fn()
                 else:
                     stream.wait_event(ready)
+                    work.cuda_start = torch.cuda.Event(enable_timing=True)
+                    work.cuda_start.record(stream)
                     with torch.cuda.stream(stream):
                         result = fn()
-                    work.cuda_done = torch.cuda.Event()
+                    work.cuda_done = torch.cuda.Event(enable_timing=True)
                     work.cuda_done.record(stream)
                 work.finish(result=result)
             except BaseException as exc:  # surfaces at wait()

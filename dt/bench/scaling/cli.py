@@ -19,6 +19,7 @@ from dt.bench.scaling.report import command_line, fmt_duration, report_markdown,
 from dt.bench.scaling.settings import Settings, quick_settings
 from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import ALL_TABLES, TABLES
+from dt.device import DEVICES, backend_for
 
 __all__ = ["main", "parse_args"]
 
@@ -59,6 +60,8 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     ap.add_argument("--out", default=None, help="output directory (default results/)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--device", choices=DEVICES, default="auto",
+                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     ap.add_argument("--update-readme", action="store_true",
                     help="write the tables between the README's scaling markers")
     a = ap.parse_args(list(argv))
@@ -102,6 +105,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     if a.out:
         s.out_dir = Path(a.out)
     s.plots = not a.no_plots
+    s.backend = backend_for(a.device)
     s.update_readme = a.update_readme
     if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
         s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline

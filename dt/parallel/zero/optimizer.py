@@ -8,7 +8,6 @@ exactly the bytes of DDP's ring all-reduce (zero_traffic_formula).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,6 +17,7 @@ from torch import nn
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
 from dt.collectives.scratch import held_bytes
+from dt.device import clock
 from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.zero.memory import (
@@ -127,7 +127,7 @@ class ZeroOptimizer:
             self._launch(b)
         for work, out, at in self._works:
             work.wait()
-            self.last_step["comm_s"] += work.finished_at - work.started_at
+            self.last_step["comm_s"] += work.seconds()
             self.shard_grad[at:at + out.numel()] += out  # accumulate, like .grad
         self._buffers.clear()
         self._in_backward = False
@@ -135,7 +135,7 @@ class ZeroOptimizer:
     # -- the step --------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0 = clock(self.flat.device)
         if self.stage == 1:
             for p, o in zip(self.params, self.offsets):
                 slot = self.flat_grad[o:o + p.numel()].view_as(p)
@@ -153,7 +153,7 @@ class ZeroOptimizer:
         self.optimizer.step()
         all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
                    algorithm=self.algorithm)
-        self.last_step["step_comm_s"] = time.perf_counter() - t0
+        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
