@@ -1,0 +1,251 @@
+"""Liveness: when a rank fails, every other rank hears of it within a second and stops waiting.
+
+gloo notices a dead peer only on the connection to that peer: a rank waiting
+on the dead rank itself fails at once ("Connection closed by peer"), but a
+rank waiting on a *live* rank that has given up (the next rank on a ring)
+waits out its whole timeout, and then blames the wrong rank. Nor can a gloo
+wait be cut short: gloo has no abort (ProcessGroupGloo.abort does nothing),
+and a wait that times out closes its connection, so waits cannot be sliced.
+
+So failures are announced, and announcements abort waits:
+
+- Records. A failure is a record appended to the job's store (the c10d
+  store every rank already shares: the launcher's, or torchrun's), under
+  dt/liveness/<i>. The launcher writes one when a worker dies ("died", with
+  the signal or exit code), when a worker's function raises ("raised"), and
+  when a run outlives its timeout ("deadline", for every rank). A rank
+  writes one when its own wait fails: it waited the full timeout on a peer
+  ("timeout"), its connection to a peer closed ("lost"), it was aborted by
+  another rank's failure ("gave up"), or an algorithm raised half-way
+  ("raised").
+- The watchdog. Each rank runs one thread that waits, on a store
+  connection of its own, for the next record. When a record names a member
+  of a group this rank is waiting on (or everyone), it aborts the wait: it
+  shuts down this process's gloo connections (shutdown(2): the descriptors
+  stay gloo's), which gloo takes exactly as it takes a peer crashing, so
+  every pending wait fails at once. NCCL communicators have a real abort.
+- The error. The transport asks `cause(group)` which failure explains a
+  failed wait, following "gave up" and "lost" back to the rank that started
+  it (the launcher's "died" record can arrive a moment after a survivor's
+  connection closed, so it waits up to a few seconds for one), and says so:
+  "... in all_reduce[ring] at step 3: receive of 400 bytes from rank 3
+  failed: rank 2 died (signal SIGKILL)".
+
+Without a store (a process group dt did not set up) nothing is announced and
+waits end at their timeout, as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import itertools
+import json
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+__all__ = ["EVERYONE", "Failure", "PeerFailed", "announce", "attach", "attached", "cause",
+           "check", "count", "failures", "watching"]
+
+EVERYONE = -1
+PREFIX = "dt/liveness"
+PRIMARY = ("died", "raised", "timeout", "deadline")  # explain themselves; "lost", "gave up" point on
+CAUSE_GRACE_S = 3.0  # how long a survivor waits for the record that explains a closed connection
+
+
+@dataclass(frozen=True)
+class Failure:
+    rank: int  # global rank, or EVERYONE
+    kind: str  # died, raised, timeout, deadline, lost, gave up
+    text: str  # a whole clause: "rank 2 died (signal SIGKILL)"
+    blame: int = EVERYONE  # the rank this one points at ("lost", "gave up", "timeout")
+
+    @property
+    def is_timeout(self) -> bool:
+        return self.kind in ("timeout", "deadline")
+
+
+class PeerFailed(Exception):
+    """A wait or post refused because a member of its group is known to have failed."""
+
+    def __init__(self, failure: Failure):
+        super().__init__(failure.text)
+        self.failure = failure
+
+
+_lock = threading.Condition()
+_known: list[Failure] = []
+_pending: dict[int, tuple[tuple[int, ...], Any, str]] = {}  # token -> (ranks, pg, backend)
+_tokens = itertools.count()
+_store: Any = None  # for writing records (the process group's own store client)
+_store_ports: set[int] = set()
+_aborted = False
+
+
+# -- the store ---------------------------------------------------------------
+
+
+def announce(failure: Failure, store: Any = None) -> None:
+    """Append `failure` to the job's records (the launcher passes its own store)."""
+    store = store if store is not None else _store
+    if store is None:
+        return
+    try:
+        i = store.add(f"{PREFIX}/count", 1) - 1
+        store.set(f"{PREFIX}/{i}", json.dumps(asdict(failure)))
+    except Exception:  # noqa: BLE001 - the store is gone with the launcher: nothing to tell
+        pass
+
+
+def count(store: Any) -> int:
+    """How many failures were announced on `store` (0 on a healthy job)."""
+    return int(store.add(f"{PREFIX}/count", 0))
+
+
+def attach(store: Any) -> None:
+    """Start this rank's watchdog on `store` (a c10d Store every rank of the job shares)."""
+    global _store
+    if _store is not None:
+        return
+    _store = store
+    base = store
+    while hasattr(base, "underlying_store"):
+        base = base.underlying_store
+    if hasattr(base, "port"):
+        _store_ports.add(int(base.port))
+    threading.Thread(target=_watch, args=(store.clone(),), name="dt-liveness", daemon=True).start()
+
+
+def attached() -> bool:
+    return _store is not None
+
+
+def _watch(store: Any) -> None:
+    for i in itertools.count():
+        key = f"{PREFIX}/{i}"
+        while True:
+            try:
+                store.wait([key], datetime.timedelta(seconds=3600))
+                break
+            except Exception:  # noqa: BLE001 - a slice ended, or the store is gone
+                try:
+                    store.check([key])
+                except Exception:  # noqa: BLE001 - gone: the launcher's own watchdog ends us
+                    return
+        _learn(Failure(**json.loads(store.get(key))))
+
+
+def _learn(failure: Failure) -> None:
+    global _aborted
+    with _lock:
+        _known.append(failure)
+        _lock.notify_all()
+        hit = [(pg, backend) for ranks, pg, backend in _pending.values()
+               if failure.rank == EVERYONE or failure.rank in ranks]
+        if not hit or _aborted:
+            return
+        _aborted = True
+    _abort(hit)
+
+
+def _abort(groups: list[tuple[Any, str]]) -> None:
+    """Make every pending wait of this process fail now."""
+    for pg, backend in groups:
+        if backend == "nccl":
+            with contextlib.suppress(Exception):
+                (pg or dist.group.WORLD).abort()
+    for name in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else []:
+        with contextlib.suppress(OSError, ValueError):
+            if os.readlink(f"/proc/self/fd/{name}").startswith("socket:"):
+                _shutdown_if_peer_link(int(name))
+
+
+def _shutdown_if_peer_link(fd: int) -> None:
+    """Shut down `fd` if it is a connected TCP socket that is not the store's."""
+    sock = socket.socket(fileno=fd)
+    try:
+        if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
+            return
+        peer, local = sock.getpeername(), sock.getsockname()  # a listener has no peer: OSError
+        if peer[1] in _store_ports or local[1] in _store_ports:
+            return
+        sock.shutdown(socket.SHUT_RDWR)
+    finally:
+        sock.detach()  # the descriptor stays open, and gloo's
+
+
+# -- what the transport asks -------------------------------------------------
+
+
+def _among(ranks: tuple[int, ...]) -> list[Failure]:
+    return [f for f in _known if f.rank == EVERYONE or f.rank in ranks]
+
+
+def failures() -> list[Failure]:
+    """Every failure this rank has heard of, in the order announced."""
+    with _lock:
+        return list(_known)
+
+
+def check(ranks: tuple[int, ...]) -> None:
+    """Raise PeerFailed if a member of `ranks` (global) has failed."""
+    with _lock:
+        known = _among(ranks)
+    if known:
+        raise PeerFailed(_root(known[0]))
+
+
+@contextlib.contextmanager
+def watching(ranks: tuple[int, ...], pg: Any, backend: str) -> Iterator[None]:
+    """Around a wait on a group: a failure of a member announced meanwhile aborts it."""
+    token = next(_tokens)
+    with _lock:
+        _pending[token] = (ranks, pg, backend)
+        known = _among(ranks)
+    try:
+        if known:
+            raise PeerFailed(_root(known[0]))
+        yield
+    finally:
+        with _lock:
+            del _pending[token]
+
+
+def _root(failure: Failure) -> Failure:
+    """Follow "lost" and "gave up" (and a timeout on a rank that failed) back to where it started."""
+    seen = {failure.rank}
+    while failure.blame != EVERYONE and failure.blame not in seen:
+        if failure.kind in PRIMARY and failure.kind != "timeout":
+            break
+        nxt = next((f for f in _known if f.rank == failure.blame), None)
+        if nxt is None:
+            break
+        seen.add(nxt.rank)
+        failure = nxt
+    return failure
+
+
+def cause(ranks: tuple[int, ...], grace: float = CAUSE_GRACE_S) -> Failure | None:
+    """The failure that explains a failed wait on a group of `ranks`, or None if none is known.
+
+    Waits up to `grace` seconds for one that explains itself (a rank's death
+    is announced by the launcher a moment after its peers' connections close).
+    """
+    if _store is None:
+        return None
+    deadline = time.monotonic() + grace
+    with _lock:
+        while True:
+            roots = [_root(f) for f in _among(ranks)]
+            primary = [f for f in roots if f.kind in PRIMARY]
+            left = deadline - time.monotonic()
+            if primary or left <= 0:
+                return (primary or roots or [None])[0]
+            _lock.wait(left)
