@@ -61,21 +61,37 @@ def _launch(
     errors: list[str] | None = None,
     device: torch.device | None = None,
 ) -> Any:
+    errors = list(errors or [])
+    wire_device = transport.default_device(g)
+    if device is not None and device.type != wire_device.type:
+        errors.append(f"a {device.type} tensor cannot go over this {g.backend} group, which moves "
+                      f"{wire_device.type} tensors" + (" (a meta tensor has no data)"
+                                                       if device.type == "meta" else ""))
     local_error = "; ".join(errors) if errors else None
     algo = auto.choose(collective, algorithm, nbytes, g.size) if not local_error else algorithm
     if not local_error:
         lookup(collective, algo)  # unknown names fail here, before any message
-    device = device or torch.device("cpu")
+    me = g.ranks[g.rank]
 
     def job() -> Any:
         if transport.validation_enabled():
+            # The signature travels on the group's own device, whatever the caller passed.
             validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
-                     recv=recv, local_error=local_error, device=device)
+                     recv=recv, local_error=local_error, device=wire_device)
         with transport.charged_to(collective, algo):
-            return run(algo)
+            try:
+                return run(algo)
+            except transport.CollectiveError:
+                raise  # the transport has told the other ranks already
+            except Exception as exc:
+                # This rank leaves the collective half done: say so, or its peers wait it out.
+                transport.liveness.announce(transport.liveness.Failure(
+                    me, "raised", f"rank {me} raised {type(exc).__name__} inside "
+                    f"{collective}[{algo}]: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                raise
 
     if local_error and not transport.validation_enabled():
-        raise ValueError(f"{collective}: rank {g.ranks[g.rank]}: {local_error}")
+        raise ValueError(f"{collective}: rank {me}: {local_error}")
     return transport.submit(g, collective, job, async_op)
 
 
@@ -118,11 +134,24 @@ def _check_list(tensors: Any, p: int, like: torch.Tensor, what: str, errors: lis
     return sizes + [0] * (p - len(sizes))
 
 
+def _data(x: Any) -> Any:
+    """The data of a tensor (or of each tensor in a list), whether or not it requires grad.
+
+    A collective moves data, as torch's do: it is not an autograd operation,
+    and writing into a leaf that requires grad must not fail on one rank only.
+    """
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (list, tuple)):
+        return [t.detach() if isinstance(t, torch.Tensor) else t for t in x]
+    return x
+
+
 class _Writable:
     """A contiguous stand-in for a caller's tensor, copied back after the call."""
 
     def __init__(self, tensors: list[torch.Tensor]):
-        self.callers = tensors
+        self.callers = _data(list(tensors))
         self.buffers = [t if t.is_contiguous() else t.contiguous() for t in tensors]
 
     def copy_back(self) -> None:
@@ -203,6 +232,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
                algorithm: str = "auto", async_op: bool = False) -> Any:
     """tensor_list[i] = rank i's `tensor`; entries may differ in length (uneven shards)."""
     g = resolve_group(group)
+    tensor = _data(tensor)
     errors: list[str] = []
     sizes = _check_list(tensor_list, g.size, tensor, "tensor_list", errors)
     if not errors and sizes[g.rank] != tensor.numel():
@@ -223,6 +253,7 @@ def all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor, group: Any
                            algorithm: str = "auto", async_op: bool = False) -> Any:
     """output = every rank's `input` (equal sizes) concatenated in rank order."""
     g = resolve_group(group)
+    input = _data(input)
     errors: list[str] = []
     n, p = input.numel(), g.size
     if output.numel() != n * p:
@@ -245,6 +276,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
                    group: Any = None, *, algorithm: str = "auto", async_op: bool = False) -> Any:
     """output on rank r = reduction over ranks of input_list[r] (uneven lists allowed)."""
     g = resolve_group(group)
+    input_list = _data(input_list)
     errors: list[str] = []
     name = _check_op(op, output.dtype, errors)
     sizes = _check_list(input_list, g.size, output, "input_list", errors)
@@ -267,6 +299,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
                           async_op: bool = False) -> Any:
     """output on rank r = reduction over ranks of the r-th of p equal slices of `input`."""
     g = resolve_group(group)
+    input = _data(input)
     errors: list[str] = []
     name = _check_op(op, input.dtype, errors)
     n, p = output.numel(), g.size
@@ -290,6 +323,7 @@ def all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor], 
                *, algorithm: str = "auto", async_op: bool = False) -> Any:
     """output_list[j] on rank r = input_list[r] of rank j (blocks may differ in length)."""
     g = resolve_group(group)
+    input_list = _data(input_list)
     errors: list[str] = []
     like = input_list[0] if input_list else torch.empty(0)
     send = _check_list(input_list, g.size, like, "input_list", errors)
@@ -328,6 +362,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       algorithm: str = "auto", async_op: bool = False) -> Any:
     """Split `input` by rows, send row block j to rank j, gather blocks into `output`."""
     g = resolve_group(group)
+    input = _data(input)
     errors: list[str] = []
     p = g.size
     in_rows = _row_splits(input, input_split_sizes, p, "input", errors)
@@ -355,6 +390,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None, 
            group: Any = None, *, algorithm: str = "auto", async_op: bool = False) -> Any:
     """On `dst`, gather_list[i] = rank i's tensor; other ranks pass no list."""
     g = resolve_group(group)
+    tensor = _data(tensor)
     errors: list[str] = []
     dst = _check_root(g, dst, "dst", errors)
     me, p, n = g.ranks[g.rank], g.size, tensor.numel()
@@ -376,6 +412,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             group: Any = None, *, algorithm: str = "auto", async_op: bool = False) -> Any:
     """tensor on rank i = scatter_list[i] of `src`; other ranks pass no list."""
     g = resolve_group(group)
+    scatter_list = _data(scatter_list)
     errors: list[str] = []
     src = _check_root(g, src, "src", errors)
     me, p, n = g.ranks[g.rank], g.size, tensor.numel()
