@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dt.launcher import worker
 from dt.launcher.group import resolve_backend
-from dt.launcher.worker import process_start, worker_main
+from dt.launcher.worker import worker_main
 from dt.transport import liveness, settings
 
 __all__ = ["RemoteError", "Terminated", "WorkerError", "WorkerPool", "run_workers"]
@@ -113,7 +113,9 @@ class WorkerPool:
         self.backend = resolve_backend(backend)
         self.threads = threads_per_worker or worker.threads_per_worker(world_size)
         self._procs: list[Any] = []
-        self._conns: list[Any] = []
+        self._conns: list[Any] = []  # jobs down, results up
+        self._news: list[Any] = []  # failures both ways (dt.transport.liveness); end of file: gone
+        self._heard: list[liveness.Failure] = []  # every failure told since the last start
         self._store: Any = None
         self.starts = 0
 
@@ -137,16 +139,19 @@ class WorkerPool:
         self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
                                     timeout=datetime.timedelta(seconds=60))
         port = self._store.port
-        launcher = (os.getpid(), process_start(os.getpid()))
+        self._heard = []
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
+            news_end, child_news = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, name=f"dt-rank{rank}",
-                               args=(rank, self.world_size, port, self.backend, child_end,
-                                     list(sys.path), self.threads, launcher), daemon=True)
+                               args=(rank, self.world_size, port, self.backend, child_end, child_news,
+                                     list(sys.path), self.threads), daemon=True)
             proc.start()
             child_end.close()
+            child_news.close()  # the launcher holds the only other end: its death is our EOF
             self._procs.append(proc)
             self._conns.append(parent_end)
+            self._news.append(news_end)
         self.starts += 1
         self._collect(timeout=120.0, grace=0.0, what="start-up")
 
@@ -168,9 +173,16 @@ class WorkerPool:
                     os.kill(p.pid, signal.SIGKILL)
         for p in self._procs:
             p.join(5.0)
-        for c in self._conns:
+        for c in self._conns + self._news:
             c.close()
-        self._procs, self._conns, self._store = [], [], None
+        self._procs, self._conns, self._news, self._store = [], [], [], None
+
+    def _tell(self, failure: liveness.Failure) -> None:
+        """Relay a failure to every rank (the one it came from included)."""
+        self._heard.append(failure)
+        for c in self._news:
+            with contextlib.suppress(OSError):
+                c.send_bytes(liveness.encode(failure))
 
     # -- running ------------------------------------------------------------
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT,
@@ -193,7 +205,7 @@ class WorkerPool:
             except BaseException:  # Ctrl-C, SIGTERM, or a failed start: stop every worker
                 self._kill()
                 raise
-        if liveness.count(self._store):  # a rank failed and carried on: start afresh
+        if self._heard:  # a rank failed and carried on: its group is broken, start afresh
             self.close()
         return results
 
@@ -215,13 +227,19 @@ class WorkerPool:
                 # are (their collective, step and peer) before they are killed.
                 timed_out = True
                 limit = now + _DEADLINE_GRACE_S
-                liveness.announce(liveness.Failure(
-                    liveness.EVERYONE, "deadline", f"the run passed its {timeout:g}s timeout"),
-                    self._store)
+                self._tell(liveness.Failure(
+                    liveness.EVERYONE, "deadline", f"the run passed its {timeout:g}s timeout"))
                 continue
             waitables = {self._conns[r]: r for r in pending}
             waitables.update({self._procs[r].sentinel: r for r in pending})
-            for obj in mp.connection.wait(list(waitables), timeout=limit - now):
+            news = {c: r for r, c in enumerate(self._news) if not c.closed}
+            for obj in mp.connection.wait([*waitables, *news], timeout=limit - now):
+                if obj in news:  # a rank announced a failure of its own: everyone hears it
+                    try:
+                        self._tell(liveness.decode(obj.recv_bytes()))
+                    except (EOFError, OSError):
+                        obj.close()  # that rank has exited; its sentinel says how
+                    continue
                 r = waitables[obj]
                 if r not in pending:
                     continue
@@ -264,14 +282,13 @@ class WorkerPool:
             code = proc.exitcode
             how = (f"died (signal {signal.Signals(-code).name})" if code is not None and code < 0
                    else f"exited with code {code}")
-            liveness.announce(liveness.Failure(r, "died", f"rank {r} {how}"), self._store)
+            self._tell(liveness.Failure(r, "died", f"rank {r} {how}"))
             return RemoteError("died", f"rank {r} {how} during {what}")
         if msg[0] in ("ok", "ready"):
             return msg
         if msg[1] not in _COLLECTIVE_ERRORS:
             first = msg[2].splitlines()[0] if msg[2] else ""
-            liveness.announce(liveness.Failure(r, "raised", f"rank {r} raised {msg[1]}: {first}"),
-                              self._store)
+            self._tell(liveness.Failure(r, "raised", f"rank {r} raised {msg[1]}: {first}"))
         return RemoteError(msg[1], msg[2], msg[3])
 
     def _error(self, errors: dict[int, RemoteError], order: list[int], what: str, timeout: float,

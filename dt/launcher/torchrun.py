@@ -29,7 +29,8 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                               timeout=datetime.timedelta(seconds=60))
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        liveness.attach(dist.PrefixStore(f"dt/attempt{attempt}", store))
+        liveness.attach(liveness.StoreChannel(dist.PrefixStore(f"dt/attempt{attempt}", store)),
+                        keep_ports=(store.port,))
 
 
 def _under_torchrun() -> bool:

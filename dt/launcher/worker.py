@@ -1,7 +1,10 @@
 """One worker process of a local run: it dies with its launcher, joins the group, runs jobs.
 
-The launcher (pool.py) starts `worker_main` in each process; the worker
-serves one job after another from its pipe until told to stop.
+The launcher (pool.py) starts `worker_main` in each process, with two pipes:
+`conn` brings jobs and takes results back, `news` brings other ranks'
+failures and takes this rank's (dt.transport.liveness) and, by closing,
+says that the launcher is gone. The worker serves one job after another
+until told to stop.
 """
 
 from __future__ import annotations
@@ -12,8 +15,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
-import time
 import traceback
 from typing import Any
 
@@ -23,64 +24,41 @@ import torch.distributed as dist
 from dt.launcher.group import init_process_group
 from dt.transport import liveness, settings
 
-__all__ = ["process_start", "threads_per_worker", "worker_main"]
-
-WATCH_S = 0.5  # how often a worker checks that its launcher is alive
+__all__ = ["threads_per_worker", "worker_main"]
 
 
 def threads_per_worker(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def process_start(pid: int) -> str | None:
-    """The kernel's start time of `pid` (to tell it from a later process with its pid); None if gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return None if fields[0] in "ZX" else fields[19]  # a zombie has died already
+def _die_with_launcher(news: Any, store_port: int) -> None:
+    """Make this worker die with its launcher, however the launcher dies, and hear of failed peers.
 
+    Our parent is not the launcher: with the forkserver start method it is the
+    fork server, and the fork server outlives the launcher for as long as any
+    of its children lives (each child inherits the server's "alive" pipe), so
+    a parent-death signal (prctl(PR_SET_PDEATHSIG)) alone would never fire.
+    What does end with the launcher is the launcher's end of our `news` pipe:
+    it is the only holder, so when the launcher dies, however it dies (SIGKILL
+    included), our read sees end of file, at once. The liveness watchdog reads
+    that pipe (failures of other ranks come down it, dt.transport.liveness)
+    and kills this process on end of file. The parent-death signal stays for
+    the spawn start method, where the parent is the launcher itself.
 
-def _die_with_launcher(launcher: int, started: str | None) -> None:
-    """Make this worker die with its launcher, however the launcher dies.
-
-    1. A parent-death signal (Linux prctl(PR_SET_PDEATHSIG)): the kernel sends
-       SIGKILL the moment our parent exits. Our parent is the fork server
-       (forkserver start method), which exits as soon as the launcher does (its
-       pipe from the launcher reads end-of-file), or the launcher itself (spawn).
-    2. A watchdog thread that checks the launcher itself twice a second: it
-       covers what the signal cannot (a parent gone before prctl ran, a fork
-       server kept alive by another process).
     Ctrl-C reaches the whole terminal's process group: the launcher owns it,
     so workers ignore SIGINT and are stopped by their launcher, in order.
     """
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-    def alive() -> bool:
-        if started is None:  # no /proc: ask the kernel whether the pid exists
-            try:
-                os.kill(launcher, 0)
-                return True
-            except ProcessLookupError:
-                return False
-        return process_start(launcher) == started
-
-    def watch() -> None:
-        while alive():
-            time.sleep(WATCH_S)
-        os.kill(os.getpid(), signal.SIGKILL)
-
-    if not alive():
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=watch, name="dt-launcher-watch", daemon=True).start()
+    liveness.attach(liveness.PipeChannel(news), keep_ports=(store_port,),
+                    on_gone=lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
-def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any,
-                 sys_path: list[str], threads: int, launcher: tuple[int, str | None]) -> None:
-    _die_with_launcher(*launcher)
+def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, news: Any,
+                sys_path: list[str], threads: int) -> None:
+    """One worker: joins the group on the launcher's store, then runs each job sent down `conn`."""
+    _die_with_launcher(news, port)
     for p in reversed(sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
@@ -92,9 +70,7 @@ def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any,
     os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     # On NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
-    init_process_group(backend, settings.get_timeout(), store=store, rank=rank,
-                        world_size=world_size)
-    liveness.attach(store)
+    init_process_group(backend, settings.get_timeout(), store=store, rank=rank, world_size=world_size)
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:
         try:

@@ -45,14 +45,14 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["EVERYONE", "Failure", "PeerFailed", "announce", "attach", "attached", "cause",
-           "check", "count", "failures", "watching"]
+__all__ = ["EVERYONE", "Channel", "Failure", "PeerFailed", "PipeChannel", "StoreChannel", "announce",
+           "attach", "attached", "cause", "check", "decode", "encode", "failures", "watching"]
 
 EVERYONE = -1
 PREFIX = "dt/liveness"
@@ -84,62 +84,107 @@ _lock = threading.Condition()
 _known: list[Failure] = []
 _pending: dict[int, tuple[tuple[int, ...], Any, str]] = {}  # token -> (ranks, pg, backend)
 _tokens = itertools.count()
-_store: Any = None  # for writing records (the process group's own store client)
-_store_ports: set[int] = set()
+_channel: Channel | None = None
+_keep_ports: set[int] = set()  # the store's connections: aborting leaves them alone
 _aborted = False
 
 
-# -- the store ---------------------------------------------------------------
+# -- channels: how a rank hears of failures, and tells of its own ------------
 
 
-def announce(failure: Failure, store: Any = None) -> None:
-    """Append `failure` to the job's records (the launcher passes its own store)."""
-    store = store if store is not None else _store
-    if store is None:
+def encode(failure: Failure) -> bytes:
+    return json.dumps(asdict(failure)).encode()
+
+
+def decode(data: bytes) -> Failure:
+    return Failure(**json.loads(data))
+
+
+class Channel:
+    """`send` one failure to every rank; `receive` the next one (blocks; None once gone)."""
+
+    def send(self, failure: Failure) -> None:
+        raise NotImplementedError
+
+    def receive(self) -> Failure | None:
+        raise NotImplementedError
+
+
+class PipeChannel(Channel):
+    """Under dt's launcher: a pipe to the launcher, which relays every failure to every rank.
+
+    Its end of file means the launcher is gone: the launcher holds the only
+    other end (the worker's watchdog ends the worker then, see dt.launcher.worker).
+    """
+
+    def __init__(self, conn: Any):
+        self.conn = conn
+        self.lock = threading.Lock()  # two threads may announce at once
+
+    def send(self, failure: Failure) -> None:
+        with self.lock, contextlib.suppress(OSError):
+            self.conn.send_bytes(encode(failure))
+
+    def receive(self) -> Failure | None:
+        try:
+            return decode(self.conn.recv_bytes())
+        except (EOFError, OSError):
+            return None
+
+
+class StoreChannel(Channel):
+    """Under torchrun: failures appended to the job's c10d store, under dt/liveness/<i>;
+    each rank waits for the next on a store connection of its own."""
+
+    def __init__(self, store: Any):
+        self.store, self.reader, self.next = store, store.clone(), 0
+
+    def send(self, failure: Failure) -> None:
+        with contextlib.suppress(Exception):  # the store is gone with the job: nobody to tell
+            i = self.store.add(f"{PREFIX}/count", 1) - 1
+            self.store.set(f"{PREFIX}/{i}", encode(failure))
+
+    def receive(self) -> Failure | None:
+        key = f"{PREFIX}/{self.next}"
+        while True:
+            try:
+                self.reader.wait([key], datetime.timedelta(seconds=3600))
+                break
+            except dist.DistStoreError:  # an hour without news: wait on
+                continue
+            except Exception:  # noqa: BLE001 - the store is gone
+                return None
+        self.next += 1
+        return decode(self.reader.get(key))
+
+
+def attach(channel: Channel, keep_ports: tuple[int, ...] = (),
+           on_gone: Callable[[], None] | None = None) -> None:
+    """Start this rank's watchdog on `channel`; `keep_ports`: the store's (never aborted);
+    `on_gone`: what to do when the channel closes."""
+    global _channel
+    if _channel is not None:
         return
-    try:
-        i = store.add(f"{PREFIX}/count", 1) - 1
-        store.set(f"{PREFIX}/{i}", json.dumps(asdict(failure)))
-    except Exception:  # noqa: BLE001 - the store is gone with the launcher: nothing to tell
-        pass
+    _channel = channel
+    _keep_ports.update(keep_ports)
 
+    def watch() -> None:
+        while (failure := channel.receive()) is not None:
+            _learn(failure)
+        if on_gone is not None:
+            on_gone()
 
-def count(store: Any) -> int:
-    """How many failures were announced on `store` (0 on a healthy job)."""
-    return int(store.add(f"{PREFIX}/count", 0))
-
-
-def attach(store: Any) -> None:
-    """Start this rank's watchdog on `store` (a c10d Store every rank of the job shares)."""
-    global _store
-    if _store is not None:
-        return
-    _store = store
-    base = store
-    while hasattr(base, "underlying_store"):
-        base = base.underlying_store
-    if hasattr(base, "port"):
-        _store_ports.add(int(base.port))
-    threading.Thread(target=_watch, args=(store.clone(),), name="dt-liveness", daemon=True).start()
+    threading.Thread(target=watch, name="dt-liveness", daemon=True).start()
 
 
 def attached() -> bool:
-    return _store is not None
+    return _channel is not None
 
 
-def _watch(store: Any) -> None:
-    for i in itertools.count():
-        key = f"{PREFIX}/{i}"
-        while True:
-            try:
-                store.wait([key], datetime.timedelta(seconds=3600))
-                break
-            except Exception:  # noqa: BLE001 - a slice ended, or the store is gone
-                try:
-                    store.check([key])
-                except Exception:  # noqa: BLE001 - gone: the launcher's own watchdog ends us
-                    return
-        _learn(Failure(**json.loads(store.get(key))))
+def announce(failure: Failure) -> None:
+    """Tell every rank (this one included) that `failure` happened."""
+    if _channel is not None:
+        _channel.send(failure)
 
 
 def _learn(failure: Failure) -> None:
@@ -174,7 +219,7 @@ def _shutdown_if_peer_link(fd: int) -> None:
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
             return
         peer, local = sock.getpeername(), sock.getsockname()  # a listener has no peer: OSError
-        if peer[1] in _store_ports or local[1] in _store_ports:
+        if peer[1] in _keep_ports or local[1] in _keep_ports:
             return
         sock.shutdown(socket.SHUT_RDWR)
     finally:
@@ -238,7 +283,7 @@ def cause(ranks: tuple[int, ...], grace: float = CAUSE_GRACE_S) -> Failure | Non
     Waits up to `grace` seconds for one that explains itself (a rank's death
     is announced by the launcher a moment after its peers' connections close).
     """
-    if _store is None:
+    if _channel is None:
         return None
     deadline = time.monotonic() + grace
     with _lock:
