@@ -22,8 +22,8 @@ from typing import Any
 
 from dt.units import parse_rate, parse_size, parse_time
 
-__all__ = ["ENVIRONMENT", "InputError", "Parser", "at_least", "boolean", "check_environment",
-           "finite", "int_list", "positive", "rate", "seconds", "size", "world"]
+__all__ = ["ENVIRONMENT", "MAX_WORLD", "InputError", "Parser", "at_least", "boolean", "check_environment",
+           "duration", "finite", "listed", "positive", "rate", "seconds", "size", "world"]
 
 MAX_WORLD = 4096  # local processes: beyond this it is a typo, not a plan
 
@@ -119,11 +119,9 @@ def duration(text: str) -> float:
     return value
 
 
-def int_list(item: Callable[[str], int] | None = None) -> Callable[[str], tuple[int, ...]]:
-    """A comma-separated list ('2,4,8'), each item checked by `item` (default: >= 1), at least one."""
-    item = item or at_least(1)
-
-    def check(text: str) -> tuple[int, ...]:
+def listed(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
+    """A comma-separated list ('2,4,8'), each item checked by `item`, at least one item."""
+    def check(text: str) -> tuple[Any, ...]:
         parts = [p for p in str(text).replace(" ", "").split(",") if p]
         if not parts:
             raise InputError(f"must be a comma-separated list, like 2,4,8, got {text!r}")
