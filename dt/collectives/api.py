@@ -152,7 +152,7 @@ class _Writable:
 
     def __init__(self, tensors: list[torch.Tensor]):
         self.callers = _data(list(tensors))
-        self.buffers = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        self.buffers = [t if t.is_contiguous() else t.contiguous() for t in self.callers]
 
     def copy_back(self) -> None:
         for t, b in zip(self.callers, self.buffers):

@@ -21,6 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dt.args import ENVIRONMENT
 from dt.launcher import worker
 from dt.launcher.group import resolve_backend
 from dt.launcher.worker import worker_main
@@ -197,7 +198,10 @@ class WorkerPool:
                 # first) fires inside the run's, so a deadlock is reported by the stuck
                 # ranks themselves, with their collective and step.
                 wait_timeout = max(0.5, 0.8 * timeout)
-                payload = pickle.dumps((fn, args, kwargs, wait_timeout))
+                # The caller's DT_TIMEOUT / DT_VALIDATE as they are now: a worker forked
+                # from a fork server started earlier would otherwise see the server's.
+                env = {name: os.environ.get(name) for name in ENVIRONMENT}
+                payload = pickle.dumps((fn, args, kwargs, wait_timeout, env))
                 for c in self._conns:
                     c.send_bytes(payload)
                 results = self._collect(timeout=timeout, grace=_GRACE_S,

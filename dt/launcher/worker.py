@@ -80,7 +80,12 @@ def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, 
         job = pickle.loads(msg)
         if job is None:
             break
-        fn, args, kwargs, wait_timeout = job
+        fn, args, kwargs, wait_timeout, env = job
+        for name, value in env.items():  # the launcher's DT_TIMEOUT and DT_VALIDATE
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
         # Each run starts from the defaults (DT_TIMEOUT, DT_VALIDATE), whatever the last one set.
         settings.set_timeout(None)
         settings.set_validation(None)
