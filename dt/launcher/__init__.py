@@ -17,13 +17,16 @@
   runs (the test suite pays the start-up once per world size); a pool whose
   run failed is restarted before its next run.
 - Nothing is orphaned: every worker dies with its launcher, however the
-  launcher dies (SIGKILL included): a parent-death signal, and a watchdog on
-  the launcher's pid (worker.py). SIGTERM, SIGHUP and Ctrl-C stop
-  the launcher, which stops its workers before it exits.
+  launcher dies (SIGKILL included): each worker reads a pipe whose other end
+  only the launcher holds, and ends itself at its end of file (worker.py).
+  SIGTERM, SIGHUP and Ctrl-C stop the launcher, which stops its workers
+  before it exits (exit status 128 + the signal).
 - Nothing waits on the dead: the launcher announces each worker that dies or
-  raises (dt.transport.liveness), so the survivors' pending waits end within a
-  second and name that rank; the headline names the first rank that died or
-  raised, and how, never a survivor that only lost its peer.
+  raises, and relays what the workers announce (dt.transport.liveness), so the
+  survivors' pending waits end within a second and name that rank; the
+  headline names the first rank that died or raised, and how, never a
+  survivor that only lost its peer. When a run outlives its timeout the
+  launcher announces that too, and the stuck ranks say where they are.
 - Under torchrun (RANK and WORLD_SIZE in the environment) `launch` runs the
   same function in the current process instead: the same worker code runs
   single-node or multi-node, unchanged.

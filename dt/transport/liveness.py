@@ -9,30 +9,34 @@ and a wait that times out closes its connection, so waits cannot be sliced.
 
 So failures are announced, and announcements abort waits:
 
-- Records. A failure is a record appended to the job's store (the c10d
-  store every rank already shares: the launcher's, or torchrun's), under
-  dt/liveness/<i>. The launcher writes one when a worker dies ("died", with
-  the signal or exit code), when a worker's function raises ("raised"), and
-  when a run outlives its timeout ("deadline", for every rank). A rank
-  writes one when its own wait fails: it waited the full timeout on a peer
-  ("timeout"), its connection to a peer closed ("lost"), it was aborted by
+- Failures. Who failed (a global rank, or everyone), how, and whom it
+  points at. dt's launcher announces a worker that dies ("died", with the
+  signal or exit code), a worker whose function raises ("raised"), and a run
+  that outlives its timeout ("deadline", for everyone). A rank announces its
+  own failed wait: it waited the full timeout on a peer ("timeout"), its
+  connection to a peer closed and nobody said why ("lost"), it was aborted by
   another rank's failure ("gave up"), or an algorithm raised half-way
   ("raised").
-- The watchdog. Each rank runs one thread that waits, on a store
-  connection of its own, for the next record. When a record names a member
-  of a group this rank is waiting on (or everyone), it aborts the wait: it
-  shuts down this process's gloo connections (shutdown(2): the descriptors
-  stay gloo's), which gloo takes exactly as it takes a peer crashing, so
-  every pending wait fails at once. NCCL communicators have a real abort.
+- Channels carry them to every rank. Under dt's launcher: a pipe between
+  each worker and the launcher, which relays every failure to every worker
+  (PipeChannel; its end of file also tells a worker its launcher is gone).
+  Under torchrun: the job's c10d store, failure i under dt/liveness/<i>
+  (StoreChannel).
+- The watchdog. Each rank runs one thread that waits for the next failure.
+  When one names a member of a group this rank is waiting on (or everyone),
+  it aborts the wait: it shuts down this process's gloo connections
+  (shutdown(2): the descriptors stay gloo's; the store's connections are
+  left alone), which gloo takes exactly as it takes a peer crashing, so every
+  pending wait fails at once. NCCL communicators have a real abort.
 - The error. The transport asks `cause(group)` which failure explains a
   failed wait, following "gave up" and "lost" back to the rank that started
-  it (the launcher's "died" record can arrive a moment after a survivor's
-  connection closed, so it waits up to a few seconds for one), and says so:
-  "... in all_reduce[ring] at step 3: receive of 400 bytes from rank 3
-  failed: rank 2 died (signal SIGKILL)".
+  it (the launcher's "died" can arrive a moment after a survivor's connection
+  closed, so it waits up to a few seconds for one), and says so: "... in
+  all_reduce[ring] at step 3: receive of 400 bytes from rank 3 failed: rank 2
+  died (signal SIGKILL)".
 
-Without a store (a process group dt did not set up) nothing is announced and
-waits end at their timeout, as before.
+Without a channel (a process group dt did not set up) nothing is announced
+and waits end at their timeout, as before.
 """
 
 from __future__ import annotations
