@@ -105,7 +105,7 @@ def validate(
     _agree(rows, who, collective, COLLECTIVE, " (a rank called another collective)")
     _agree(rows, who, collective, CALL, " (a rank skipped or added a collective)")
     if local_error:
-        raise ValueError(f"{collective}: rank {me}: {local_error}")
+        raise transport.everywhere(ValueError(f"{collective}: rank {me}: {local_error}"))
     bad = [who[i] for i in range(p) if rows[i][ARG_ERROR]]
     if bad:
         raise transport.CollectiveError(

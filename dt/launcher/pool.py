@@ -290,7 +290,7 @@ class WorkerPool:
             return RemoteError("died", f"rank {r} {how} during {what}")
         if msg[0] in ("ok", "ready"):
             return msg
-        if msg[1] not in _COLLECTIVE_ERRORS:
+        if msg[1] not in _COLLECTIVE_ERRORS and not msg[4]:  # [4]: every rank raises it too
             first = msg[2].splitlines()[0] if msg[2] else ""
             self._tell(liveness.Failure(r, "raised", f"rank {r} raised {msg[1]}: {first}"))
         return RemoteError(msg[1], msg[2], msg[3])

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dt import transport
 from dt.launcher.group import init_process_group
 from dt.transport import liveness, settings
 
@@ -93,7 +94,8 @@ def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, 
         try:
             reply = pickle.dumps(("ok", fn(*args, **kwargs)))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-            reply = pickle.dumps(("error", type(exc).__name__, str(exc), traceback.format_exc()))
+            reply = pickle.dumps(("error", type(exc).__name__, str(exc), traceback.format_exc(),
+                                  transport.is_everywhere(exc)))
         conn.send_bytes(reply)
     try:
         dist.destroy_process_group()

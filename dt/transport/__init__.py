@@ -26,7 +26,7 @@ from dt.transport import liveness
 from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
-from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
 from dt.transport.group import Group, default_device, resolve_group
 from dt.transport.p2p import irecv, isend, recv, send
 from dt.transport.settings import (
@@ -54,8 +54,10 @@ __all__ = [
     "account",
     "charged_to",
     "default_device",
+    "everywhere",
     "get_timeout",
     "irecv",
+    "is_everywhere",
     "liveness",
     "isend",
     "recv",

@@ -212,8 +212,10 @@ class Comm:
             liveness.announce(liveness.Failure(
                 me, "lost", f"rank {me} lost its connection to rank {peer_global} in {step}",
                 peer_global))
-            raise CollectiveError(f"{msg}: the connection closed ({gloo}); no rank reported a failure, "
-                                  f"so rank {peer_global} or the network went away") from None
+            if "closed" in gloo.lower() or "reset" in gloo.lower():
+                raise CollectiveError(f"{msg}: the connection closed ({gloo}) and no rank reported "
+                                      f"a failure: rank {peer_global} or the network went away") from None
+            raise CollectiveError(f"{msg}: the transport failed ({gloo})") from None
         if failure.rank not in (me, liveness.EVERYONE):
             liveness.announce(liveness.Failure(
                 me, "gave up", f"rank {me} gave up in {step} because {failure.text}", failure.rank))

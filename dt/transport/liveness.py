@@ -292,7 +292,9 @@ def cause(ranks: tuple[int, ...], grace: float = CAUSE_GRACE_S) -> Failure | Non
     deadline = time.monotonic() + grace
     with _lock:
         while True:
-            roots = [_root(f) for f in _among(ranks)]
+            # A wait on a group with no failed member fails too when this process aborted
+            # its connections for another group's sake: that failure is the cause then.
+            roots = [_root(f) for f in _among(ranks) or (_known if _aborted else [])]
             primary = [f for f in roots if f.kind in PRIMARY]
             left = deadline - time.monotonic()
             if primary or left <= 0:
