@@ -145,6 +145,25 @@ def test_workers_die_with_their_launcher(tmp_path):
         assert sorted(p.name for p in (tmp_path / how).iterdir()) == [f"{r}.pid" for r in range(world)]
 
 
+def test_a_stopped_command_says_so_in_one_line(capsys):
+    from dt.launcher import RemoteError, Terminated, run_command
+
+    def stopped(exc: BaseException):
+        def main(argv):
+            raise exc
+        return main
+
+    assert run_command("dt train", stopped(KeyboardInterrupt()), []) == 130
+    assert run_command("dt train", stopped(Terminated(signal.SIGTERM)), []) == 143
+    failed = WorkerError("train_worker: rank 2 died (signal SIGKILL) during train_worker", 2,
+                         {2: RemoteError("died", "rank 2 died (signal SIGKILL) during train_worker")})
+    assert run_command("dt train", stopped(failed), []) == 1
+    assert capsys.readouterr().err.splitlines() == [
+        "dt train: interrupted; every worker was stopped",
+        "dt train: stopped by SIGTERM; every worker was stopped",
+        "dt train: train_worker: rank 2 died (signal SIGKILL) during train_worker"]
+
+
 # -- 2. a rank dies mid-collective ---------------------------------------------
 
 
@@ -217,7 +236,7 @@ def _two_groups_two_threads() -> list[float]:
     def work(k: int) -> None:
         try:
             x = torch.zeros(1)
-            for _ in range(10):
+            for _ in range(20):
                 x += 1
                 dt.all_reduce(x, group=groups[k])
             out[k] = x.item()
@@ -237,7 +256,7 @@ def _two_groups_two_threads() -> list[float]:
 def test_two_groups_with_the_same_members_count_their_calls_apart(run):
     results = run(2, _two_groups_two_threads)
     expected = 0.0
-    for _ in range(10):
+    for _ in range(20):
         expected = 2 * (expected + 1)
     assert results == [[expected, expected]] * 2
 
