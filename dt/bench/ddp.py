@@ -29,7 +29,6 @@ the scaling study (dt/bench/scaling) times too.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
@@ -41,9 +40,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dt import args as args_
 from dt import transport
 from dt.bench import report as R
 from dt.bench.harness import barrier
+from dt.collectives import ALGORITHMS
 from dt.device import DEVICES, backend_for, clock
 from dt.launcher import WorkerPool
 
@@ -208,23 +209,28 @@ def _paired(per_rank: list[dict[str, list[dict[str, float]]]], a: str, b: str,
 
 def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
     """`dt bench ddp`; `pool`: reuse a WorkerPool of --world processes (tests do)."""
-    ap = argparse.ArgumentParser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=int, default=2)
+    ap = args_.Parser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=args_.world, default=2)
     ap.add_argument("--device", choices=DEVICES, default="auto",
                     help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
-    ap.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--buckets", default="25,4",
+    ap.add_argument("--batch", type=args_.at_least(1), default=1024, help="global batch (default 1024)")
+    ap.add_argument("--steps", type=args_.at_least(1), default=20)
+    ap.add_argument("--warmup", type=args_.at_least(0), default=3)
+    ap.add_argument("--hidden", type=args_.at_least(1), default=1024)
+    ap.add_argument("--layers", type=args_.at_least(1), default=6)
+    ap.add_argument("--buckets", type=args_.listed(args_.positive), default="25,4",
                     help="bucket caps in MB to compare, comma-separated (default 25,4: torch's "
                          "default, and one bucket per 4 MB layer)")
     ap.add_argument("--algorithm", default="auto")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     a = ap.parse_args(argv)
+    if a.batch < a.world:
+        ap.error(f"--batch {a.batch} gives some of the {a.world} ranks no sample")
+    known = ALGORITHMS["all_reduce"]
+    if a.algorithm != "auto" and a.algorithm not in known:
+        ap.error(f"--algorithm {a.algorithm!r}: all_reduce has {sorted(known)} (and auto)")
 
-    caps = [float(c) for c in a.buckets.split(",")]
+    caps = list(a.buckets)
     impls = ["dt_on", "dt_off", "torch"]
     m = R.machine()
     print(f"dt bench ddp: world {a.world}, reference model {a.layers} x Linear({a.hidden}), "

@@ -34,6 +34,7 @@ from dt.collectives.arguments import (
     as_real_all,
     check_list,
     check_op,
+    data,
     itemsize,
     root,
     row_splits,
@@ -83,22 +84,38 @@ def launch(
     `run` returns what the Work's future carries. Returns the Work when async_op, else None.
     Other collective modules (coalesced) build their calls on this too.
     """
+    errors = list(errors or [])
+    wire_device = transport.default_device(g)
+    if device is not None and device.type != wire_device.type:
+        errors.append(f"a {device.type} tensor cannot go over this {g.backend} group, which moves "
+                      f"{wire_device.type} tensors" + (" (a meta tensor has no data)"
+                                                       if device.type == "meta" else ""))
     local_error = "; ".join(errors) if errors else None
     algo = auto.choose(collective, algorithm, nbytes, g.size) if not local_error else algorithm
     if not local_error:
         lookup(collective, algo)  # unknown names fail here, before any message
-    device = device or torch.device("cpu")
+    me = g.ranks[g.rank]
 
     def job() -> Any:
         with transport.call_timeout(timeout):
             if transport.validation_enabled():
+                # The signature travels on the group's own device, whatever the caller passed.
                 validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
-                         recv=recv, local_error=local_error, device=device)
+                         recv=recv, local_error=local_error, device=wire_device)
             with transport.charged_to(collective, algo):
-                return run(algo)  # what the Work's future carries, as torch's
+                try:
+                    return run(algo)  # what the Work's future carries, as torch's
+                except transport.CollectiveError:
+                    raise  # the transport has told the other ranks already
+                except Exception as exc:
+                    # This rank leaves the collective half done: say so, or its peers wait it out.
+                    transport.liveness.announce(transport.liveness.Failure(
+                        me, "raised", f"rank {me} raised {type(exc).__name__} inside "
+                        f"{collective}[{algo}]: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                    raise
 
     if local_error and not transport.validation_enabled():
-        raise ValueError(f"{collective}: rank {g.ranks[g.rank]}: {local_error}")
+        raise ValueError(f"{collective}: rank {me}: {local_error}")
     work = transport.submit(g, collective, job, async_op)
     return work if async_op else None
 
@@ -180,6 +197,7 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
                async_op: bool = False, *, algorithm: str = "auto") -> Any:
     """tensor_list[i] = rank i's `tensor`; entries may differ in length (uneven shards)."""
     g = resolve_group(group)
+    tensor = data(tensor)  # the data, whether or not it requires grad
     errors: list[str] = []
     real, outs = as_real(tensor), as_real_all(tensor_list)
     sizes = check_list(outs, g.size, real, "tensor_list", errors)
@@ -203,6 +221,7 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
                            algorithm: str = "auto") -> Any:
     """output_tensor = every rank's `input_tensor` (equal sizes) concatenated in rank order."""
     g = resolve_group(group)
+    input_tensor = data(input_tensor)  # the data, whether or not it requires grad
     errors: list[str] = []
     output, input = as_real(output_tensor), as_real(input_tensor)
     n, p = input.numel(), g.size
@@ -227,6 +246,7 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
                    group: Any = None, async_op: bool = False, *, algorithm: str = "auto") -> Any:
     """output on rank r = reduction over ranks of input_list[r] (uneven lists allowed)."""
     g = resolve_group(group)
+    input_list = data(input_list)  # the data, whether or not it requires grad
     errors: list[str] = []
     name = check_op(op, output.dtype, errors, "reduce_scatter")
     out, ins = as_real(output), as_real_all(input_list)
@@ -251,6 +271,7 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
                           algorithm: str = "auto") -> Any:
     """output on rank r = reduction over ranks of the r-th of p equal slices of `input`."""
     g = resolve_group(group)
+    input = data(input)  # the data, whether or not it requires grad
     errors: list[str] = []
     name = check_op(op, input.dtype, errors, "reduce_scatter_tensor")
     out, inp = as_real(output), as_real(input)
@@ -281,6 +302,7 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
                group: Any = None, async_op: bool = False, *, algorithm: str = "auto") -> Any:
     """output_tensor_list[j] on rank r = input_tensor_list[r] of rank j (blocks may differ)."""
     g = resolve_group(group)
+    input_tensor_list = data(input_tensor_list)  # the data, whether or not it requires grad
     errors: list[str] = []
     outs, ins = as_real_all(output_tensor_list), as_real_all(input_tensor_list)
     # host: `like` is only checked, never sent
@@ -305,6 +327,7 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
                       async_op: bool = False, *, algorithm: str = "auto") -> Any:
     """Split `input` by rows, send row block j to rank j, gather blocks into `output`."""
     g = resolve_group(group)
+    input = data(input)  # the data, whether or not it requires grad
     errors: list[str] = []
     p = g.size
     out, inp = as_real(output), as_real(input)
@@ -335,6 +358,7 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
            group_dst: int | None = None, *, algorithm: str = "auto") -> Any:
     """On `dst` (default: global rank 0), gather_list[i] = rank i's tensor; others pass no list."""
     g = resolve_group(group)
+    tensor = data(tensor)  # the data, whether or not it requires grad
     errors: list[str] = []
     dst = root(g, dst, group_dst, "dst", errors, default=0)
     real, outs = as_real(tensor), as_real_all(gather_list)
@@ -359,6 +383,7 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
             group_src: int | None = None, *, algorithm: str = "auto") -> Any:
     """tensor on rank i = scatter_list[i] of `src` (default: global rank 0); others pass no list."""
     g = resolve_group(group)
+    scatter_list = data(scatter_list)  # the data, whether or not it requires grad
     errors: list[str] = []
     src = root(g, src, group_src, "src", errors, default=0)
     real, ins = as_real(tensor), as_real_all(scatter_list)

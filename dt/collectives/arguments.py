@@ -18,7 +18,7 @@ import torch
 from dt.collectives.ops import as_real, check_reducible, op_name
 from dt.transport import Group
 
-__all__ = ["Writable", "as_real_all", "check_list", "check_op", "itemsize", "root", "row_splits"]
+__all__ = ["Writable", "as_real_all", "check_list", "check_op", "data", "itemsize", "root", "row_splits"]
 
 
 def _check_root(g: Group, root: Any, what: str, errors: list[str]) -> int:
@@ -92,12 +92,25 @@ def check_list(tensors: Any, p: int, like: torch.Tensor, what: str, errors: list
     return sizes + [0] * (p - len(sizes))
 
 
+def data(x: Any) -> Any:
+    """The data of a tensor (or of each tensor in a list), whether or not it requires grad.
+
+    A collective moves data, as torch's do: it is not an autograd operation,
+    and writing into a leaf that requires grad must not fail on one rank only.
+    """
+    if isinstance(x, torch.Tensor):
+        return x.detach()
+    if isinstance(x, (list, tuple)):
+        return [t.detach() if isinstance(t, torch.Tensor) else t for t in x]
+    return x
+
+
 class Writable:
     """A contiguous stand-in for a caller's tensor, copied back after the call."""
 
     def __init__(self, tensors: list[torch.Tensor]):
-        self.callers = tensors
-        self.buffers = [t if t.is_contiguous() else t.contiguous() for t in tensors]
+        self.callers = data(list(tensors))
+        self.buffers = [t if t.is_contiguous() else t.contiguous() for t in self.callers]
 
     def copy_back(self) -> None:
         for t, b in zip(self.callers, self.buffers):

@@ -31,19 +31,19 @@ REDUCIBLE_DTYPES = (
     torch.bool,
 )
 
-_OP_NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
+OP_NAMES = ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR")
 BITWISE = ("BAND", "BOR", "BXOR")
 COMPLEX_OPS = ("SUM", "AVG")  # torch.distributed.supports_complex: the rest mean nothing on pairs
 
 
 def op_name(op: object) -> str:
     """'SUM', 'AVG', ... for a torch ReduceOp (or its RedOpType, or a name)."""
-    if isinstance(op, str) and op.upper() in _OP_NAMES:
+    if isinstance(op, str) and op.upper() in OP_NAMES:
         return op.upper()
-    for name in _OP_NAMES:
+    for name in OP_NAMES:
         if op == getattr(ReduceOp, name):
             return name
-    raise ValueError(f"unsupported reduce op {op!r}: dt supports {', '.join(_OP_NAMES)}")
+    raise ValueError(f"unsupported reduce op {op!r}: dt supports {', '.join(OP_NAMES)}")
 
 
 def as_real(t: torch.Tensor) -> torch.Tensor:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -33,6 +32,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from dt import args as args_
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
 SIZES = (0, 1, 7, (1 << 20) + 3)
@@ -313,31 +314,26 @@ def _worker(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt selftest", description=__doc__.splitlines()[0])
+    parser = args_.Parser(prog="dt selftest", description=__doc__.splitlines()[0])
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--gpu", action="store_true", help="NCCL, one process per GPU")
     where.add_argument("--cpu", action="store_true", help="gloo on the CPU (default without a GPU)")
-    parser.add_argument("--world", type=int, default=None,
+    parser.add_argument("--world", type=args_.world, default=None,
                         help="processes (default: the GPUs with --gpu, else 2)")
     parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
-    parser.add_argument("--checks", default=",".join(CHECKS),
+    parser.add_argument("--checks", type=args_.listed(str), default=",".join(CHECKS),
                         help=f"comma-separated subset of {','.join(CHECKS)}")
     args = parser.parse_args(argv)
-    args.checks = [c for c in args.checks.split(",") if c]
+    args.checks = list(args.checks)
     unknown = [c for c in args.checks if c not in CHECKS]
     if unknown:
-        print(f"dt selftest: unknown check(s) {unknown}; choose from {list(CHECKS)}", file=sys.stderr)
-        return 2
+        parser.error(f"--checks: unknown check(s) {', '.join(unknown)}; choose from {', '.join(CHECKS)}")
     from dt.launcher import launch
 
     backend = "nccl" if args.gpu else "gloo"
     if args.gpu and not torch.cuda.is_available():
-        print("dt selftest --gpu: torch sees no GPU here", file=sys.stderr)
-        return 2
+        parser.error("--gpu: torch sees no GPU here")
     world = args.world or (torch.cuda.device_count() if args.gpu else 2)
-    if world < 1:
-        print(f"dt selftest: --world must be at least 1, got {world}", file=sys.stderr)
-        return 2
     device = torch.cuda.get_device_name(0) if args.gpu else "cpu"
     print(f"dt selftest on {world} rank(s), backend {backend}, device {device}, torch {torch.__version__}",
           flush=True)

@@ -30,13 +30,13 @@ keyed by backend and world size, where algorithm="auto" and `dt model
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import time
 from typing import Any
 
+from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
     Case,
@@ -175,16 +175,17 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt tune", description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2, help="processes in the group (default 2)")
+    parser = args_.Parser(prog="dt tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=args_.world, default=2, help="processes in the group (default 2)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
-    parser.add_argument("--reps", type=int, default=20, help="repetitions per point (median)")
+    parser.add_argument("--reps", type=args_.at_least(1), default=20,
+                        help="repetitions per point (median)")
     parser.add_argument("--no-save", action="store_true", help="print only")
     parser.add_argument("--no-sweep", action="store_true",
                         help="skip timing every algorithm at every size (auto then uses the model only)")
-    parser.add_argument("--sweep-reps", type=int, default=5)
-    parser.add_argument("--max-bytes", type=int, default=SWEEP_SIZES[-1],
+    parser.add_argument("--sweep-reps", type=args_.at_least(1), default=5)
+    parser.add_argument("--max-bytes", type=args_.size, default=SWEEP_SIZES[-1],
                         help="largest size of the algorithm sweep (default 64 MiB)")
     args = parser.parse_args(argv)
 

@@ -12,6 +12,7 @@ import argparse
 import sys
 from typing import Any
 
+from dt import args as args_
 from dt.device import DEVICES, backend_for
 from dt.launcher import launch
 from dt.parallel.pipeline import bubble_fraction
@@ -28,38 +29,45 @@ _USAGE = """examples:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dt train", description=__doc__.split("\n\n")[0],
-                                epilog=_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The options, every one checked (dt.args) before any process starts: bad input is one
+    line and exit status 2."""
+    p = args_.Parser(prog="dt train", description=__doc__.split("\n\n")[0], epilog=_USAGE,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    one = args_.at_least(1)
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
-    p.add_argument("--block-size", type=int, default=32, help="sequence length")
-    p.add_argument("--micro-batches", type=int, default=None,
+    p.add_argument("--dp", type=args_.world, default=1, help="data-parallel size")
+    p.add_argument("--tp", type=args_.world, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=args_.world, default=1, help="pipeline stages")
+    p.add_argument("--steps", type=one, default=50)
+    p.add_argument("--batch-size", type=one, default=16, help="global batch (sequences)")
+    p.add_argument("--block-size", type=one, default=32, help="sequence length")
+    p.add_argument("--micro-batches", type=one, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
-    p.add_argument("--virtual", type=int, default=1,
+    p.add_argument("--virtual", type=one, default=1,
                    help="model chunks per pipeline stage (with --schedule interleaved)")
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--n-layer", type=one, default=4)
+    p.add_argument("--n-head", type=one, default=4)
+    p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=args_.positive, default=3e-3)
+    p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--checkpoint", default=None, metavar="PATH", help="save here; resume if it exists")
-    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
+    p.add_argument("--save-every", type=args_.at_least(0), default=0,
+                   help="also checkpoint every N steps")
     p.add_argument("--validate", action="store_true",
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=args_.at_least(0), default=0,
                    help="torch threads per process (default: the launcher's cores // processes; "
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.dp * args.tp * args.pp > args_.MAX_WORLD:
+        p.error(f"--dp x --tp x --pp = {args.dp * args.tp * args.pp} processes; at most "
+                f"{args_.MAX_WORLD}")
     per_rank = args.batch_size // args.dp
     if args.batch_size % args.dp or per_rank < 1:
         p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
@@ -74,6 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 f"x {args.virtual} chunks")
     if args.n_head % args.tp:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
     return args
 
 

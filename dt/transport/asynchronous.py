@@ -118,7 +118,7 @@ class Work(dist.Work):
 class _CommThread:
     """Runs a group's collectives one after another, in the order issued."""
 
-    def __init__(self, key: tuple[int, ...], device: torch.device | None):
+    def __init__(self, key: tuple, device: torch.device | None):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0
         self.lock = threading.Lock()
@@ -152,7 +152,7 @@ class _CommThread:
                 self.pending -= 1
 
 
-_comm_threads: dict[tuple[int, ...], _CommThread] = {}
+_comm_threads: dict[tuple, _CommThread] = {}
 _comm_threads_lock = threading.Lock()
 
 
