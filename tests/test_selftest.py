@@ -57,5 +57,6 @@ def test_selftest_cli_refuses_what_it_cannot_do(capsys):
         selftest.main(["--checks", "nonsense"])
     assert stop.value.code == 2 and "unknown check(s) nonsense" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert selftest.main(["--gpu"]) == 2
-        assert "no GPU" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as stop:
+            selftest.main(["--gpu"])
+        assert stop.value.code == 2 and "no GPU" in capsys.readouterr().err
