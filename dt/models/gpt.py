@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -39,9 +39,11 @@ from torch import nn
 from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.layout import split_sizes
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
+from dt.parallel.checkpoint import Place, tensor_parallel_places
 from dt.parallel.mesh import Mesh
 from dt.transport import resolve_group
 
@@ -120,6 +122,8 @@ class Head(nn.Module):
             # The embedding's own weight when on this stage; else a copy built
             # from the embedding's seed, its gradient summed with the original's.
             self.weight = wte if wte is not None else _word_embedding(cfg, tp_group, 0).weight
+            self.sizes = split_sizes(cfg.vocab_size, self.group.size)
+            self.shard_dims = {"weight": 0}  # the embedding's vocabulary rows (checkpoints)
         else:
             _seed(cfg, layer, 0)
             self.lm_head = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
@@ -164,6 +168,7 @@ class ParallelGPT(nn.Module):
         self.micro_batches, self.schedule = micro_batches, schedule
         # This rank's chunks: parts c*pp + pp_rank of the model cut into pp*virtual.
         ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
+        self.layer_ranges = ranges
         layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
         self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
@@ -185,6 +190,30 @@ class ParallelGPT(nn.Module):
             return None
         chunks = self.pipe.chunks
         return chunks[0][0].wte.weight if self.mesh.is_first_stage else chunks[-1][-1].weight
+
+    def checkpoint_layout(self) -> dict[str, Any]:
+        m = self.mesh
+        return {"dp": m.dp, "tp": m.tp, "pp": m.pp, "virtual": len(self.layer_ranges), "zero": 0}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[tuple[Place, int]]]]:
+        """Where this rank's tensors sit in the unsharded model (dt.parallel.checkpoint).
+
+        Layer i's tensors are named layers.{i}.<name in the layer>, whatever the mesh: a
+        tensor-parallel layer holds its slice, data-parallel replicas split the writing. The
+        tied head's copy of the word embedding on the last stage is the embedding itself:
+        loaded from layers.0.wte.weight, never saved twice.
+        """
+        m, seen, out = self.mesh, set(), []
+        chunks = list(self.stage) if isinstance(self.stage, nn.ModuleList) else [self.stage]
+        head = f"layers.{self.cfg.n_layer + 1}.weight"
+        for layers, chunk in zip(self.layer_ranges, chunks):
+            for i, layer in zip(layers, chunk):
+                for t, pieces in tensor_parallel_places(layer, f"layers.{i}", m.dp_rank, m.dp, seen):
+                    if pieces[0][0].name == head:
+                        pieces = [(replace(p, name="layers.0.wte.weight", saved=False), at)
+                                  for p, at in pieces]
+                    out.append((t, pieces))
+        return out
 
     def train_step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
         """Forward and backward of this dp rank's batch, gradients synchronised.

@@ -12,7 +12,6 @@ depend on the mesh. The time split rank 0 reports:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Any
@@ -23,7 +22,7 @@ from dt import transport
 from dt.models.data import CharData
 from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
-from dt.train.checkpoint import load_checkpoint, save_checkpoint
+from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.optim import Adam
 
 __all__ = ["make_model", "train_worker"]
@@ -45,20 +44,30 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
+    lock = None
     try:
+        transport.set_validation(args.validate)
+        if args.checkpoint:  # before any training: a directory we cannot use is an error now
+            lock = lock_directory(args.checkpoint)
         return _train(args)
     finally:
+        if lock is not None:
+            lock.release()
         torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    transport.set_validation(args.validate)
     data = CharData(seed=args.seed)
     model, optimizer = make_model(args, data.vocab_size)
     m = model.mesh
-    start = 0
-    if args.checkpoint and os.path.exists(args.checkpoint):
-        start = load_checkpoint(args.checkpoint, model, optimizer)
+    start, loaded = 0, None
+    if args.checkpoint:
+        loaded = load_checkpoint(args.checkpoint, model, optimizer)
+        if loaded is not None:
+            start = loaded.step
+            if m.rank == 0:
+                for w in loaded.warnings:
+                    print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
     per_rank = args.batch_size // args.dp
     bar = None
     if m.rank == 0 and not args.no_progress:
@@ -81,16 +90,18 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}")
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, model, optimizer, step + 1)
+            save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep)
     wall = time.perf_counter() - t_start
     if bar is not None:
         bar.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, model, optimizer, args.steps)
+        save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
     steps = args.steps - start
     times = dict(model.times)
     times["compute"] += t_opt
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "peak_stash": model.pipe.stats.peak_stash}
+            "peak_stash": model.pipe.stats.peak_stash,
+            "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
+                                                    "layout": loaded.layout, "warnings": loaded.warnings}}
