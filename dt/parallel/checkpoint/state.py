@@ -25,6 +25,7 @@ from dt.layout import shard_block
 from dt.parallel.checkpoint import sharded
 from dt.parallel.checkpoint.files import CheckpointError
 from dt.parallel.checkpoint.sharded import Checkpoint, Held, Place
+from dt.transport import resolve_group
 
 __all__ = ["Loaded", "Pieces", "load", "module_places", "optimizer_state", "save", "tensor_parallel_places"]
 
@@ -62,9 +63,10 @@ def tensor_parallel_places(module: nn.Module, prefix: str = "", replica: int = 0
 
 
 def module_places(module: nn.Module, group: Any = None) -> Pieces:
-    """A module replicated over `group` (DDP, a ZeroOptimizer's model): every rank holds all of it."""
-    from dt.transport import resolve_group
-
+    """A module replicated over `group` (DDP, a ZeroOptimizer's model): every rank holds all of it.
+    Without torch.distributed (one process), it is the only replica."""
+    if group is None and sharded.world()[1] == 1:
+        return tensor_parallel_places(module)
     g = resolve_group(group)
     return tensor_parallel_places(module, replica=g.rank, replicas=g.size)
 
