@@ -177,6 +177,7 @@ class ParallelGPT(nn.Module):
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
+        self.dp_sync = True  # all-reduce the gradients over dp in train_step
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
         # Bytes this rank sent over all steps, by kind of parallelism.
         self.bytes_sent = {"tensor": 0, "pipeline": 0, "data": 0, "tied embedding": 0}
@@ -229,7 +230,8 @@ class ParallelGPT(nn.Module):
         stats = self.pipe.stats
         t0 = time.perf_counter()
         with transport.traffic() as dp_traffic:
-            all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
+            if self.dp_sync:  # off under ZeRO: its optimizer reduce-scatters the gradients instead
+                all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
         with transport.traffic() as tied_traffic:
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)

@@ -27,7 +27,7 @@ after a worker died resumes the same way. One machine, or a shared filesystem.
 - cli.py         the command line: parse_args, main, the report rank 0 prints
 - loop.py        one rank's training loop (train_worker)
 - optim.py       Adam, written out
-- checkpoint.py  save_checkpoint / load_checkpoint / lock_directory (format: dt.parallel.checkpoint)
+- checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
 """
 
 from dt.train.checkpoint import load_checkpoint, save_checkpoint

@@ -20,45 +20,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
-
 from dt.models.gpt import ParallelGPT
-from dt.parallel.checkpoint import (
-    Checkpoint,
-    CheckpointError,
-    DirectoryLock,
-    Loaded,
-    agree,
-    check_directory,
-    load,
-    save,
-)
-from dt.parallel.checkpoint.files import clean_stale
+from dt.parallel.checkpoint import Checkpoint, CheckpointError, Loaded, load, lock_directory, save
 
 __all__ = ["load_checkpoint", "lock_directory", "save_checkpoint"]
-
-
-def lock_directory(path: str) -> DirectoryLock | None:
-    """Collective: rank 0 checks `path` is a writable directory, locks it for this job and
-    removes what writers that died mid-save left; every rank raises the same error if not.
-    Returns the lock on rank 0 (release it when the job ends), None elsewhere."""
-    lock, problem = None, None
-    if dist.get_rank() == 0:
-        try:
-            lock = DirectoryLock(check_directory(path))
-            lock.acquire()
-            clean_stale(path)
-        except CheckpointError as e:
-            lock, problem = None, str(e)
-    try:
-        problem = agree(problem)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    if problem:
-        raise CheckpointError(problem)
-    return lock
 
 
 def save_checkpoint(path: str, model: ParallelGPT, optimizer: Any, step: int, keep: int = 3) -> str:

@@ -45,6 +45,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n-head", type=int, default=4)
     p.add_argument("--n-embd", type=int, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="ZeRO stage over the data-parallel group: 1 shards Adam's state (stages 2 and 3 "
+                        "are dt.parallel.zero's, for models without a pipeline)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -90,9 +93,10 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines = []
     if r0.get("resumed"):
         lay = r0["resumed"]["layout"]
-        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "tp", "pp") if k in lay)
+        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "tp", "pp", "zero") if k in lay)
         lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
-    lines += [f"mesh dp={args.dp} tp={args.tp} pp={args.pp} ({args.dp * args.tp * args.pp} processes), "
+    zero = f", ZeRO-{args.zero}" if args.zero else ""
+    lines += [f"mesh dp={args.dp} tp={args.tp} pp={args.pp}{zero} ({args.dp * args.tp * args.pp} processes), "
              f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
              f"{args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "

@@ -22,20 +22,26 @@ from dt import transport
 from dt.models.data import CharData
 from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
+from dt.parallel.zero import ZeroOptimizer
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.optim import Adam
 
 __all__ = ["make_model", "train_worker"]
 
 
-def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Adam]:
+def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Any]:
     mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp)
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
                     dtype=args.dtype)
     model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
                         virtual=args.virtual)
-    optimizer = Adam(model.stage.parameters(), lr=args.lr)
+    if args.zero:  # Adam's state sharded over the dp group; gradients reduce-scattered in step()
+        model.dp_sync = False
+        optimizer: Any = ZeroOptimizer(model.stage.parameters(), Adam, stage=1, group=mesh.dp_group,
+                                       lr=args.lr)
+    else:
+        optimizer = Adam(model.stage.parameters(), lr=args.lr)
     return model, optimizer
 
 
@@ -83,8 +89,11 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer.zero_grad()
         loss = model.train_step(x[sl], y[sl])
         t0 = time.perf_counter()
-        optimizer.step()
-        t_opt += time.perf_counter() - t0
+        with transport.traffic() as zero_traffic:  # ZeRO's reduce-scatter and all-gather
+            optimizer.step()
+        model.bytes_sent["data"] += zero_traffic.bytes_sent
+        model.times["communication"] += zero_traffic.seconds
+        t_opt += time.perf_counter() - t0 - zero_traffic.seconds
         losses.append(loss)
         if bar is not None:
             bar.update(1)

@@ -26,7 +26,7 @@ from dt.parallel.checkpoint import files
 from dt.parallel.checkpoint.files import MANIFEST, CheckpointError
 from dt.transport import default_device, resolve_group
 
-__all__ = ["Checkpoint", "Held", "Place", "agree", "latest", "read_full", "save", "world"]
+__all__ = ["Checkpoint", "Held", "Place", "agree", "latest", "lock_directory", "read_full", "save", "world"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,32 @@ def agree(problem: str | None) -> str | None:
 def _raise_if(problem: str | None) -> None:
     if problem:
         raise CheckpointError(problem)
+
+
+def lock_directory(path: str) -> files.DirectoryLock | None:
+    """Collective: rank 0 checks `path` is a writable directory, locks it for this job and
+    removes what writers that died mid-save left; every rank raises the same error if not.
+    Returns the lock on rank 0 (release it when the job ends), None elsewhere."""
+    lock, problem = None, None
+    if world()[0] == 0:
+        try:
+            lock = files.DirectoryLock(files.check_directory(path))
+            lock.acquire()
+            files.clean_stale(path)
+        except CheckpointError as e:
+            problem = str(e)
+            if lock is not None:
+                lock.release()  # a no-op unless it was taken
+            lock = None
+    try:
+        problem = agree(problem)
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if problem:
+        raise CheckpointError(problem)
+    return lock
 
 
 # -- saving ---------------------------------------------------------------------------------------
