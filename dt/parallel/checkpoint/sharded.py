@@ -248,8 +248,10 @@ def save(directory: str, step: int, held: list[Held], *, layout: dict[str, Any] 
     rank, size = world()
     private, problem = "", None
     if rank == 0:
-        try:
-            private = files.make_private_dir(directory, step)
+        try:  # made here if it is missing and its parent is not
+            private = files.make_private_dir(files.check_directory(directory), step)
+        except CheckpointError as e:
+            problem = str(e)
         except OSError as e:
             problem = files.describe_os_error(f"checkpoint directory {directory}", e)
     _raise_if(agree(problem))
