@@ -431,7 +431,7 @@ def _torch_state_round_trips(k: int, m: int) -> dict:
 
 # float64; the only difference from torch's single-process run is the order in which the ranks'
 # gradient means are averaged (~1e-16), carried through a few Adam steps (measured: at most
-# 5.6e-17 on the parameters). A lost moment or a repeated step moves them by ~1e-3 (lr 1e-2).
+# 5.6e-17 on the parameters). One Adam step moves a parameter by about lr = 1e-2.
 PARAM_TOL = 1e-12
 
 
