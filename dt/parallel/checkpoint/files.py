@@ -21,8 +21,8 @@ import socket
 from typing import Any
 
 __all__ = ["FORMAT", "MANIFEST", "VERSION", "CheckpointError", "DirectoryLock", "check_directory",
-           "check_file", "clean_stale", "commit", "make_private_dir", "prune", "rank_file",
-           "read_manifest", "sha256", "step_dirs", "step_name", "write_new"]
+           "check_file", "clean_stale", "commit", "describe_os_error", "make_private_dir", "prune",
+           "rank_file", "read_manifest", "sha256", "step_dirs", "step_name", "write_new"]
 
 FORMAT = "dt-checkpoint"
 VERSION = 1

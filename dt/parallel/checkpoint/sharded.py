@@ -13,156 +13,17 @@ import json
 import math
 import os
 import shutil
-from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from dt.collectives import all_gather, all_reduce, broadcast, gather
-from dt.collectives.ops import ReduceOp
 from dt.layout import Block, edges, flat_blocks, intersect, split_sizes
 from dt.parallel.checkpoint import files
+from dt.parallel.checkpoint.agree import agree, broadcast_bytes, gather_bytes, raise_if, world
 from dt.parallel.checkpoint.files import MANIFEST, CheckpointError
-from dt.transport import default_device, resolve_group
+from dt.parallel.checkpoint.place import Held, Place
 
-__all__ = ["Checkpoint", "Held", "Place", "agree", "latest", "lock_directory", "read_full", "save", "world"]
-
-
-@dataclass(frozen=True)
-class Place:
-    """Where a tensor this rank holds sits in the full tensor `name` of shape `shape`.
-
-    The rank holds `block` of it (a tensor-parallel slice; None: all of it),
-    and of that block the elements [flat[0], flat[1]) in row-major order (a
-    ZeRO or FSDP shard; None: the whole block). `replicas` ranks hold the
-    same piece (data parallel); replica `replica` writes its share of it.
-    `saved` False: a copy that is only loaded (a tied weight's second home).
-    """
-
-    name: str
-    shape: tuple[int, ...]
-    block: Block | None = None
-    flat: tuple[int, int] | None = None
-    replica: int = 0
-    replicas: int = 1
-    saved: bool = True
-
-    @property
-    def box(self) -> Block:
-        return self.block if self.block is not None else ((0,) * len(self.shape), tuple(self.shape))
-
-    @property
-    def range(self) -> tuple[int, int]:
-        return self.flat if self.flat is not None else (0, math.prod(self.box[1]))
-
-    @property
-    def numel(self) -> int:
-        lo, hi = self.range
-        return hi - lo
-
-    def part(self, lo: int, hi: int) -> Place:
-        """Elements [lo, hi) of what this place holds, held by one rank alone (a ZeRO shard of it)."""
-        start = self.range[0]
-        return replace(self, flat=(start + lo, start + hi), replica=0, replicas=1)
-
-    def renamed(self, name: str) -> Place:
-        return replace(self, name=name)
-
-
-@dataclass
-class Held:
-    """A tensor and its place: `data` has place.numel elements and is contiguous (loads write into it)."""
-
-    place: Place
-    data: torch.Tensor
-
-
-# -- agreeing across ranks ------------------------------------------------------------------------
-def world() -> tuple[int, int]:
-    """(rank, world size); (0, 1) without torch.distributed (one process saves and loads alone)."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def _device() -> torch.device:
-    return default_device(resolve_group(None))
-
-
-def _broadcast_bytes(data: bytes, src: int) -> bytes:
-    """Cost: two broadcasts from `src`, 8 bytes then len(data)."""
-    dev = _device()
-    n = torch.tensor([len(data)], dtype=torch.int64, device=dev)
-    broadcast(n, src)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if data else \
-        torch.empty(int(n), dtype=torch.uint8, device=dev)
-    if int(n):
-        broadcast(buf, src)
-    return bytes(buf.cpu().numpy())
-
-
-def _gather_bytes(data: bytes) -> list[bytes]:
-    """Every rank's bytes on rank 0 (others get []). Cost: an all-gather of 8 bytes per rank,
-    then a gather of the longest length from every rank."""
-    rank, size = world()
-    dev = _device()
-    lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
-    all_gather(lengths, torch.tensor([len(data)], dtype=torch.int64, device=dev))
-    longest = max(int(n) for n in lengths)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
-    parts = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(size)] if rank == 0 else None
-    gather(mine.to(dev), parts, 0)
-    return [bytes(p[:int(n)].cpu().numpy()) for p, n in zip(parts, lengths)] if parts else []
-
-
-def agree(problem: str | None) -> str | None:
-    """The problem of the lowest rank that has one, on every rank; None when no rank has one.
-
-    Collective: one all-reduce (MIN) of 8 bytes, plus a broadcast of the message when there is
-    one. Every rank then raises the same text, and no rank is left waiting on one that gave up.
-    """
-    rank, size = world()
-    if size == 1:
-        return problem
-    first = torch.tensor([rank if problem else size], dtype=torch.int64, device=_device())
-    all_reduce(first, ReduceOp.MIN)
-    src = int(first)
-    if src == size:
-        return None
-    return _broadcast_bytes(problem.encode() if rank == src else b"", src).decode()
-
-
-def _raise_if(problem: str | None) -> None:
-    if problem:
-        raise CheckpointError(problem)
-
-
-def lock_directory(path: str) -> files.DirectoryLock | None:
-    """Collective: rank 0 checks `path` is a writable directory, locks it for this job and
-    removes what writers that died mid-save left; every rank raises the same error if not.
-    Returns the lock on rank 0 (release it when the job ends), None elsewhere."""
-    lock, problem = None, None
-    if world()[0] == 0:
-        try:
-            lock = files.DirectoryLock(files.check_directory(path))
-            lock.acquire()
-            files.clean_stale(path)
-        except CheckpointError as e:
-            problem = str(e)
-            if lock is not None:
-                lock.release()  # a no-op unless it was taken
-            lock = None
-    try:
-        problem = agree(problem)
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    if problem:
-        raise CheckpointError(problem)
-    return lock
+__all__ = ["Checkpoint", "latest", "read_full", "save"]
 
 
 # -- saving ---------------------------------------------------------------------------------------
@@ -254,8 +115,8 @@ def save(directory: str, step: int, held: list[Held], *, layout: dict[str, Any] 
             problem = str(e)
         except OSError as e:
             problem = files.describe_os_error(f"checkpoint directory {directory}", e)
-    _raise_if(agree(problem))
-    private = os.path.join(directory, _broadcast_bytes(os.path.basename(private).encode(), 0).decode()
+    raise_if(agree(problem))
+    private = os.path.join(directory, broadcast_bytes(os.path.basename(private).encode(), 0).decode()
                            if size > 1 else os.path.basename(private))
     done = False
     try:
@@ -265,8 +126,8 @@ def save(directory: str, step: int, held: list[Held], *, layout: dict[str, Any] 
         except OSError as e:
             path = os.path.join(private, files.rank_file(rank))
             problem = files.describe_os_error(f"checkpoint file {path}", e)
-        _raise_if(agree(problem))
-        entries = _gather_bytes(json.dumps(entry).encode()) if size > 1 else [json.dumps(entry).encode()]
+        raise_if(agree(problem))
+        entries = gather_bytes(json.dumps(entry).encode()) if size > 1 else [json.dumps(entry).encode()]
         final = os.path.join(directory, files.step_name(step))
         if rank == 0:
             try:
@@ -283,7 +144,7 @@ def save(directory: str, step: int, held: list[Held], *, layout: dict[str, Any] 
                 problem = files.describe_os_error(f"checkpoint {final}", e)
             except CheckpointError as e:
                 problem = str(e)
-        _raise_if(agree(problem))
+        raise_if(agree(problem))
         done = True
         return final
     finally:
@@ -368,7 +229,7 @@ class Checkpoint:
             problem = str(e)
         finally:
             self._open.clear()  # drop the maps
-        _raise_if(agree(problem))
+        raise_if(agree(problem))
 
 
 def _check(path: str, step: int, rank: int, size: int) -> dict[str, Any]:
@@ -393,7 +254,7 @@ def latest(directory: str) -> tuple[Checkpoint | None, list[str]]:
     """
     rank, size = world()
     listing = json.dumps([[s, p] for s, p in files.step_dirs(directory)]).encode() if rank == 0 else b""
-    candidates = json.loads(_broadcast_bytes(listing, 0) if size > 1 else listing)
+    candidates = json.loads(broadcast_bytes(listing, 0) if size > 1 else listing)
     warnings: list[str] = []
     problems: list[str] = []
     for i, (step, path) in enumerate(candidates):

@@ -23,8 +23,10 @@ from torch import nn
 
 from dt.layout import shard_block
 from dt.parallel.checkpoint import sharded
+from dt.parallel.checkpoint.agree import world
 from dt.parallel.checkpoint.files import CheckpointError
-from dt.parallel.checkpoint.sharded import Checkpoint, Held, Place
+from dt.parallel.checkpoint.place import Held, Place
+from dt.parallel.checkpoint.sharded import Checkpoint
 from dt.transport import resolve_group
 
 __all__ = ["Loaded", "Pieces", "load", "module_places", "optimizer_state", "save", "tensor_parallel_places"]
@@ -65,7 +67,7 @@ def tensor_parallel_places(module: nn.Module, prefix: str = "", replica: int = 0
 def module_places(module: nn.Module, group: Any = None) -> Pieces:
     """A module replicated over `group` (DDP, a ZeroOptimizer's model): every rank holds all of it.
     Without torch.distributed (one process), it is the only replica."""
-    if group is None and sharded.world()[1] == 1:
+    if group is None and world()[1] == 1:
         return tensor_parallel_places(module)
     g = resolve_group(group)
     return tensor_parallel_places(module, replica=g.rank, replicas=g.size)
@@ -152,7 +154,7 @@ def _hyperparameters(optimizer: Any) -> list[dict[str, Any]]:
 
 
 def _layout(model: Any, optimizer: Any) -> dict[str, Any]:
-    out: dict[str, Any] = {"world": sharded.world()[1]}
+    out: dict[str, Any] = {"world": world()[1]}
     for obj in (model, optimizer):
         out.update(getattr(obj, "checkpoint_layout", lambda: {})())
     return out

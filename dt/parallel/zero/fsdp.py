@@ -16,7 +16,7 @@ from torch import nn
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
 from dt.layout import edges, split_sizes
-from dt.parallel.checkpoint.sharded import Place
+from dt.parallel.checkpoint.place import Place
 from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state, gather_flat
 from dt.transport import resolve_group
