@@ -71,7 +71,7 @@ def _resolve_backend(backend: str | None) -> str:
     return backend_for("auto") if backend in (None, "auto") else backend
 
 
-def _init_process_group(backend: str, timeout: float, **kwargs: Any) -> None:
+def _init_process_group(backend: str, timeout: float | None, **kwargs: Any) -> None:
     """init_process_group with this rank's device bound under NCCL.
 
     Binding the device (device_id=) makes NCCL create its communicator now,
@@ -87,7 +87,9 @@ def _init_process_group(backend: str, timeout: float, **kwargs: Any) -> None:
         device = local_device(backend, local, local_world)
         torch.cuda.set_device(device)
         extra["device_id"] = device
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout), **kwargs, **extra)
+    if timeout is not None:
+        extra["timeout"] = datetime.timedelta(seconds=timeout)
+    dist.init_process_group(backend, **kwargs, **extra)
 
 
 def _attempt_store(timeout: float) -> Any:
@@ -178,9 +180,10 @@ def _worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any,
                           timeout=datetime.timedelta(seconds=60))
     os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
-    # On gloo the process group's own timeout is a backstop and dt's per-wait timeout fires
-    # first; on NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
-    group_timeout = transport.get_timeout() if backend == "nccl" else 3600.0
+    # No timeout on gloo: a group given one makes dt wait that long (torch's rule,
+    # dt.transport.timeout_for); without one, each run's own wait_timeout applies. On
+    # NCCL dt's waits only order streams, and NCCL's watchdog needs the timeout.
+    group_timeout = transport.get_timeout() if backend == "nccl" else None
     _init_process_group(backend, group_timeout, store=store, rank=rank, world_size=world_size)
     defaults = (transport.get_timeout(), transport.validation_enabled())
     conn.send_bytes(pickle.dumps(("ready", None)))

@@ -35,6 +35,7 @@ __all__ = [
     "halving_doubling",
     "intersect",
     "lowest_bit",
+    "ring_received",
     "segment_count",
     "shard_block",
     "split_sizes",
@@ -67,6 +68,16 @@ def segment_count(numel: int, segment_elems: int | None) -> int:
     if not segment_elems or segment_elems >= numel:
         return 1
     return math.ceil(numel / segment_elems)
+
+
+def ring_received(rank: int, p: int, step: int, first: int) -> int:
+    """The chunk rank r receives at `step` of a ring lap that starts it on chunk r + first.
+
+    At step s rank r sends chunk (r - s + first) mod p to the right and receives
+    (r - s - 1 + first) mod p from the left. first=0: all-gather (start on your
+    own chunk); first=-1: reduce-scatter (finish the lap on your own chunk).
+    """
+    return (rank - step - 1 + first) % p
 
 
 def ceil_log2(p: int) -> int:

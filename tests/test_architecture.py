@@ -27,10 +27,12 @@ LAYERS = [
     ("dt.transport",),  # the wire
     ("dt.launcher",),  # processes and process groups
     ("dt.collectives",),  # every collective, from the wire
+    ("dt.backend",),  # dt as a torch.distributed backend ("dt"), on the collectives
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
     ("dt.models",),
     ("dt.train",),
     ("dt.bench",),
+    ("dt.learn",),  # exercises, the judge, the quiz: on top of everything they teach
     ("dt.tools", "dt.__main__"),
 ]
 

@@ -79,7 +79,7 @@ def validate(
     ]
     row += list(send[:p]) + [0] * (p - len(send)) + list(recv[:p]) + [0] * (p - len(recv))
     table = torch.empty((p, len(row)), dtype=torch.int64, device=device)
-    table[0] = torch.tensor(row, dtype=torch.int64)
+    table[0] = torch.tensor(row, dtype=torch.int64, device=device)
     with transport.charged_to("validate", "bruck"):
         # Named after the call it guards: a rank that never makes that call
         # leaves its peers waiting here, and the timeout should say on what.

@@ -3,6 +3,7 @@
 - traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
+- memory.py     memory communication holds (the ring's scratch buffers)
 - machine.py    this machine's alpha, beta, gamma and measured winners (`dt tune` saves them)
 
 Everything is importable from here: `from dt import cost; cost.ring_all_reduce(...)`.

@@ -45,7 +45,7 @@ from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.checkpoint import Place, tensor_parallel_places
 from dt.parallel.mesh import Mesh
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["GPTConfig", "ParallelGPT", "gpt_layers"]
 
@@ -172,7 +172,7 @@ class ParallelGPT(nn.Module):
         layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
         self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
-        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group)
+        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         self.tp_group = resolve_group(mesh.tp_group)
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
@@ -236,7 +236,8 @@ class ParallelGPT(nn.Module):
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
-        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype)
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype,
+                              device=default_device(self.tp_group))
         if m.is_last_stage and m.dp > 1:
             all_reduce(loss_t, op=ReduceOp.AVG, group=m.dp_group)
         if m.pp > 1:
@@ -248,7 +249,7 @@ class ParallelGPT(nn.Module):
         self.times["compute"] += stats.compute_s - tp_s
         self.times["bubble"] += stats.idle_s
         self.times["communication"] += comm + tp_s
-        p2p = pipe_traffic.by_collective["send_recv"].bytes_sent
+        p2p = pipe_traffic.by_collective["pipeline"].bytes_sent
         self.bytes_sent["pipeline"] += p2p
         self.bytes_sent["tensor"] += pipe_traffic.bytes_sent - p2p
         self.bytes_sent["data"] += dp_traffic.bytes_sent

@@ -48,7 +48,7 @@ from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.parallel.buckets import MB, Bucket, make_buckets
 from dt.parallel.checkpoint.state import module_places
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
 
@@ -140,10 +140,11 @@ class DistributedDataParallel(nn.Module):
         """All-gather every rank's list of (name, shape, dtype); fail on all ranks alike."""
         state = list(self.module.named_parameters()) + list(self.module.named_buffers())
         mine = [f"{n} {tuple(t.shape)} {t.dtype}" for n, t in state]
-        sig = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8)
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.group.size)]
-        all_gather(lengths, torch.tensor([sig.numel()]), group=self.group)
-        sigs = [torch.empty(int(n), dtype=torch.uint8) for n in lengths]
+        device = default_device(self.group)  # NCCL moves only GPU tensors
+        sig = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8, device=device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.group.size)]
+        all_gather(lengths, torch.tensor([sig.numel()], device=device), group=self.group)
+        sigs = [torch.empty(int(n), dtype=torch.uint8, device=device) for n in lengths]
         all_gather(sigs, sig, group=self.group)
         first = bytes(sigs[0].tolist()).decode().split("\n")
         for r, s in enumerate(sigs[1:], start=1):
@@ -275,12 +276,14 @@ class DistributedDataParallel(nn.Module):
             broadcast(ref, self.group.ranks[0], group=self.group)
             if first_bad == len(state) and not torch.equal(ref, t):
                 first_bad = k
-        verdict = torch.tensor([first_bad], dtype=torch.int64)
+        device = default_device(self.group)
+        verdict = torch.tensor([first_bad], dtype=torch.int64, device=device)
         all_reduce(verdict, ReduceOp.MIN, self.group)
         k = int(verdict)
         if k == len(state):
             return
-        who = torch.tensor([self.group.rank if first_bad == k else self.group.size], dtype=torch.int64)
+        who = torch.tensor([self.group.rank if first_bad == k else self.group.size], dtype=torch.int64,
+                           device=device)
         all_reduce(who, ReduceOp.MIN, self.group)
         raise RuntimeError(f"replicas disagree: '{state[k][0]}' on rank "
                            f"{self.group.ranks[int(who)]} differs from rank {self.group.ranks[0]}")

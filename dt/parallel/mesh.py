@@ -28,6 +28,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dt.parallel.pipeline.p2p import header_groups
+
 __all__ = ["Mesh", "mesh"]
 
 
@@ -52,6 +54,9 @@ class Mesh:
     # embedding lives on both, and their gradients are summed over this group.
     embed_group: Any = None
     embed_ranks: tuple[int, ...] = ()
+    # The pipeline's shape headers travel on groups of their own (see
+    # dt.parallel.pipeline.p2p): this rank's, by pipeline boundary.
+    pp_headers: dict[int, Any] = field(default_factory=dict, repr=False)
     all_groups: dict[str, list[tuple[int, ...]]] = field(default_factory=dict, repr=False)
 
     @property
@@ -116,10 +121,12 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1) -> Mesh:
             pg = dist.new_group(list(ranks))  # every rank, every group, same order
             if me in ranks:
                 mine[kind] = (pg, ranks)
+    pp_headers = header_groups(groups["pp"])
     pp_rank, rest = divmod(me, dp * tp)
     dp_rank, tp_rank = divmod(rest, tp)
     return Mesh(dp=dp, tp=tp, pp=pp, rank=me, dp_rank=dp_rank, tp_rank=tp_rank, pp_rank=pp_rank,
                 dp_group=mine["dp"][0], tp_group=mine["tp"][0], pp_group=mine["pp"][0],
                 dp_ranks=mine["dp"][1], tp_ranks=mine["tp"][1], pp_ranks=mine["pp"][1],
                 embed_group=mine.get("embed", (None, ()))[0],
-                embed_ranks=mine.get("embed", (None, ()))[1], all_groups=groups)
+                embed_ranks=mine.get("embed", (None, ()))[1], all_groups=groups,
+                pp_headers=pp_headers)

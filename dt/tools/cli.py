@@ -6,6 +6,9 @@
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
     dt selftest [--gpu]       smoke test of every layer on this machine's devices
+    dt judge FILE [...]       judge a collective you wrote from send/recv (dt/learn/judge)
+    dt exercises [...]        list / start / hint / solution: the exercises (dt/learn/exercises)
+    dt quiz [...]             the self-test (dt/learn/quiz.py)
 
 Each command's module has `main(argv) -> int`; this file only routes.
 """
@@ -21,6 +24,9 @@ COMMANDS = {
     "model": "dt.tools.whatif",
     "train": "dt.train",
     "selftest": "dt.tools.selftest",
+    "judge": "dt.learn.judge",
+    "exercises": "dt.learn.exercises.command",
+    "quiz": "dt.learn.quiz",
 }
 
 BENCHES = {

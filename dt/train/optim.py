@@ -42,7 +42,8 @@ class Adam:
                     continue
                 st = self.state[p]
                 if not st:
-                    st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                    st.update(step=torch.tensor(0.0),  # host: a counter, as torch.optim keeps it
+                              exp_avg=torch.zeros_like(p),
                               exp_avg_sq=torch.zeros_like(p))
                 st["step"] += 1
                 t, m, v = float(st["step"]), st["exp_avg"], st["exp_avg_sq"]

@@ -13,20 +13,29 @@ group seen from one rank, bound to one collective call) and use its
   thread per group (`submit`, asynchronous.py), which is what data parallel
   overlaps with backward.
 
-Files: errors.py, settings.py (timeout, validation), wire.py (what carries
-bytes: torch.distributed), group.py (a group from one rank's view),
-accounting.py, comm.py (point-to-point with context), rules.py (NCCL's
-rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
-isend/irecv for users).
+Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
+validation), wire.py (what carries bytes: torch.distributed), group.py (a
+group from one rank's view), accounting.py, comm.py (point-to-point with
+context), rules.py (NCCL's rules, checked on the CPU), asynchronous.py,
+p2p.py (torch-shaped isend/irecv/batch_isend_irecv for users).
 """
 
-from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
+from dt.transport.accounting import Counts, TrafficRecord, account, charge_target, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group, default_device, resolve_group
-from dt.transport.p2p import irecv, isend, recv, send
-from dt.transport.settings import get_timeout, set_timeout, set_validation, validation_enabled
+from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
+from dt.transport.settings import (
+    Timeout,
+    call_timeout,
+    get_timeout,
+    group_timeout,
+    set_timeout,
+    set_validation,
+    timeout_for,
+    validation_enabled,
+)
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
 __all__ = [
@@ -38,14 +47,21 @@ __all__ = [
     "Counts",
     "Group",
     "Handle",
+    "P2POp",
+    "P2PWork",
+    "Timeout",
     "TorchWire",
     "TrafficRecord",
     "Wire",
     "Work",
     "account",
+    "batch_isend_irecv",
+    "call_timeout",
+    "charge_target",
     "charged_to",
     "default_device",
     "get_timeout",
+    "group_timeout",
     "irecv",
     "isend",
     "recv",
@@ -54,6 +70,7 @@ __all__ = [
     "set_timeout",
     "set_validation",
     "submit",
+    "timeout_for",
     "traffic",
     "validation_enabled",
 ]

@@ -50,7 +50,7 @@ class Handle:
         """
         if self.work is None:
             return
-        timeout = settings.get_timeout()
+        timeout = settings.timeout_for(self.comm.group if self.comm is not None else None)
         try:
             if self.comm is not None and self.comm.group.backend == "nccl":
                 self.work.wait()
@@ -106,7 +106,15 @@ class Comm:
             by_wire.setdefault(id(wire), (wire, []))[1].append(i)
         handles: list[Handle | None] = [None] * len(ops)
         for wire, idx in by_wire.values():
-            works = wire.post([(ops[i][0], ops[i][1], self.group.ranks[ops[i][2]]) for i in idx])
+            try:
+                works = wire.post([(ops[i][0], ops[i][1], self.group.ranks[ops[i][2]]) for i in idx])
+            except RuntimeError as exc:
+                # A peer that gave up (its timeout) closed the connection: posting fails
+                # at once, and says so with the same context as a failed wait.
+                kind, tensor, peer = ops[idx[0]]
+                failed = Handle(None, self, "send" if kind == SEND else "receive", peer,
+                                _nbytes(tensor), self.step)
+                self.fail(failed, exc, settings.timeout_for(self.group))
             for i, work in zip(idx, works):
                 kind, tensor, peer = ops[i]
                 nbytes = _nbytes(tensor)
@@ -176,7 +184,8 @@ class Comm:
         text = str(exc)
         if "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
             raise CollectiveTimeout(
-                f"{msg}: waited {timeout:g}s (dt.transport timeout) with nothing from the "
+                f"{msg}: waited {timeout:g}s ({getattr(timeout, 'source', 'dt.transport timeout')}) "
+                f"with nothing from the "
                 f"peer; it is stuck elsewhere or never called {self.collective}"
             ) from exc
         first_line = text.splitlines()[0] if text else type(exc).__name__

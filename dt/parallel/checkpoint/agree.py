@@ -31,13 +31,17 @@ def _device() -> torch.device:
     return default_device(resolve_group(None))
 
 
+def _on(device: torch.device, data: bytes) -> torch.Tensor:
+    """`data` as a uint8 tensor on `device` (NCCL moves only GPU tensors)."""
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8).to(device)  # host: moved at once
+
+
 def broadcast_bytes(data: bytes, src: int) -> bytes:
     """Cost: two broadcasts from `src`, 8 bytes then len(data)."""
     dev = _device()
     n = torch.tensor([len(data)], dtype=torch.int64, device=dev)
     broadcast(n, src)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(dev) if data else \
-        torch.empty(int(n), dtype=torch.uint8, device=dev)
+    buf = _on(dev, data) if data else torch.empty(int(n), dtype=torch.uint8, device=dev)
     if int(n):
         broadcast(buf, src)
     return bytes(buf.cpu().numpy())
@@ -51,10 +55,9 @@ def gather_bytes(data: bytes) -> list[bytes]:
     lengths = [torch.zeros(1, dtype=torch.int64, device=dev) for _ in range(size)]
     all_gather(lengths, torch.tensor([len(data)], dtype=torch.int64, device=dev))
     longest = max(int(n) for n in lengths)
-    mine = torch.zeros(longest, dtype=torch.uint8)
-    mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else mine[:0]
+    mine = _on(dev, data.ljust(longest, b"\0"))
     parts = [torch.empty(longest, dtype=torch.uint8, device=dev) for _ in range(size)] if rank == 0 else None
-    gather(mine.to(dev), parts, 0)
+    gather(mine, parts, 0)
     return [bytes(p[:int(n)].cpu().numpy()) for p, n in zip(parts, lengths)] if parts else []
 
 

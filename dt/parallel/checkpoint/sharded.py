@@ -282,7 +282,7 @@ def read_full(path: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
     ckpt = Checkpoint(path, manifest)
     out = {}
     for name, t in ckpt.tensors.items():
-        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]))
+        full = torch.empty(t["shape"], dtype=getattr(torch, t["dtype"]))  # host: never sent
         ckpt._fill(Held(Place(name, tuple(t["shape"])), full))
         out[name] = full
     return manifest, out
