@@ -9,6 +9,7 @@ train_worker (loop.py) and rank 0 prints `report`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
@@ -129,8 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.checkpoint:
             check_directory(args.checkpoint)  # before any process starts
         results = launch(train_worker, world, args)
-    except CheckpointError as e:  # this process's own (the check above, or rank 0 under torchrun)
-        print(f"dt train: error: {e}", file=sys.stderr)
+    except CheckpointError as e:  # this process's own: the check above, or this rank's under torchrun
+        if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
+            print(f"dt train: error: {e}", file=sys.stderr)
         return 2
     except WorkerError as e:  # a worker's: one line if it was the checkpoint's
         if e.errors[e.rank].kind != "CheckpointError":
