@@ -53,12 +53,13 @@ import torch
 import torch.distributed as dist
 
 import dt
+from dt import args as args_
 from dt import cost, transport
 from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls, wire_group
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
+from dt.device import DEVICES, backend_for
 from dt.launcher import run_workers
-from dt.units import parse_size
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
@@ -206,10 +207,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     transports = ["shm", "torch"] if args.transport == "both" else [args.transport]
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
-    for a in algos:
-        if a != "auto" and a not in dt.ALGORITHMS[registry_name(coll)]:
-            raise SystemExit(f"dt bench collectives: {coll} has no algorithm {a!r}; "
-                             f"choose from {sorted(dt.ALGORITHMS[registry_name(coll)])} or auto")
     deepspeed = "deepspeed" in (args.compare or "").split(",")
     if deepspeed and (coll != "all_reduce" or args.d not in ("float", "float32", "bfloat16", "half",
                                                              "float16") or args.o.lower() != "sum"):
@@ -220,14 +217,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         except ImportError:
             print("# deepspeed is not installed: --compare deepspeed skipped", file=sys.stderr)
             deepspeed = False
-    sizes = sizes_between(parse_size(args.b), parse_size(args.e), args.f)
+    sizes = sizes_between(args.b, args.e, args.f)
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
            "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only,
            "transports": transports, "shared": args.shared, "deepspeed": deepspeed,
            "token": str(os.getpid() % 50000 + 10000)}
+    backend = backend_for(args.device)
+    if backend == "nccl":
+        cfg["transports"] = transports = ["torch"]  # GPU tensors stay on NCCL
     try:
-        per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+        per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
     finally:
         if deepspeed:
             forget_deepspeed(cfg["token"])
@@ -269,9 +269,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["vs_torch_of_medians"] = row[mode]["median"] / ref[mode]["median"]
     import platform
 
-    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo",
+    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": backend,
                "world": p, "python": platform.python_version(), "host": platform.node(),
-               "validation": False, "figures": auto.machine(p, "gloo").__dict__,
+               "validation": False, "figures": auto.machine(p, backend).__dict__,
                "shm_figures": auto.machine(p, "shm").__dict__, "transports": transports,
                "shared": args.shared, "load": os.getloadavg(),
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
@@ -378,23 +378,29 @@ def plot(data: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt bench collectives", description=__doc__.splitlines()[0])
-    parser.add_argument("-b", default="1KB", help="smallest size (default 1KB)")
-    parser.add_argument("-e", default="16MB", help="largest size (default 16MB)")
-    parser.add_argument("-f", type=float, default=4, help="size step factor (default 4)")
-    parser.add_argument("-n", type=int, default=20, help="timed calls per size (default 20)")
-    parser.add_argument("-w", type=int, default=3, help="warm-up calls per size (default 3)")
-    parser.add_argument("-c", type=int, default=1, help="check results against torch (default 1)")
-    parser.add_argument("-o", default="sum", help="reduction op: sum, prod, min, max")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, every one checked (dt.args) before any process starts."""
+    parser = args_.Parser(prog="dt bench collectives", description=__doc__.splitlines()[0])
+    parser.add_argument("-b", type=args_.size, default="1KB", help="smallest size (default 1KB)")
+    parser.add_argument("-e", type=args_.size, default="16MB", help="largest size (default 16MB)")
+    parser.add_argument("-f", type=args_.positive, default=4, help="size step factor, > 1 (default 4)")
+    parser.add_argument("-n", type=args_.at_least(1), default=20, help="timed calls per size (default 20)")
+    parser.add_argument("-w", type=args_.at_least(0), default=3, help="warm-up calls per size (default 3)")
+    parser.add_argument("-c", type=int, choices=(0, 1), default=1,
+                        help="check results against torch (default 1)")
+    parser.add_argument("-o", default="sum", type=str.lower, choices=("sum", "prod", "product", "min",
+                                                                      "max", "avg"),
+                        help="reduction op: sum, prod, min, max, avg")
     parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
-    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--world", type=args_.world, default=2)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     parser.add_argument("--algorithms", default=None,
                         help="comma-separated dt algorithms, 'auto' allowed (default: all + auto)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--plot", default=None, help="PNG of busbw against size per algorithm")
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--timeout", type=args_.seconds, default=1800)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--in-place-only", action="store_true", help="skip the out-of-place column")
     parser.add_argument("--transport", default="shm", choices=("shm", "torch", "both"),
@@ -404,8 +410,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compare", default=None,
                         help="'deepspeed': add DeepSpeed's shared-memory all-reduce (if installed)")
     args = parser.parse_args(argv)
-    if args.o.lower() == "prod":
+    if args.b > args.e:
+        parser.error(f"-b {args.b:,} B is larger than -e {args.e:,} B: nothing to measure")
+    if args.f <= 1 and args.b != args.e:
+        parser.error(f"-f {args.f:g} must be above 1 to step from -b to -e")
+    if args.o == "prod":
         args.o = "product"
+    if args.o == "avg" and not DTYPES[args.d].is_floating_point:
+        parser.error(f"-o avg needs a floating -d, not {args.d}")
+    known = dt.ALGORITHMS[registry_name(args.collective)]
+    names = [a for a in (args.algorithms or "").split(",") if a]
+    unknown = [a for a in names if a != "auto" and a not in known]
+    if args.algorithms is not None and (unknown or not names):
+        parser.error(f"--algorithms {args.algorithms!r}: {args.collective} has {sorted(known)} "
+                     "(and auto)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     data = run(args)
     print_report(data)
     summary(data)

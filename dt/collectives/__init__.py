@@ -12,8 +12,13 @@ One file per family of algorithms:
               (a group on one host): one-shot all-reduce / reduce / reduce-scatter /
               barrier / all-gather / broadcast / all-to-all / gather / scatter, two-shot all-reduce
 
-api.py holds the torch.distributed-shaped dispatchers, auto.py the choice of
-algorithm, validate.py the cross-rank argument check, ops.py the reductions.
+api.py holds the torch.distributed-shaped dispatchers, arguments.py what their
+arguments mean, auto.py the choice of algorithm, validate.py the cross-rank
+argument check, ops.py the reductions.
+Built on api.py, with torch.distributed's signatures too: sparse.py (sparse
+COO all-reduce), coalesced.py (many tensors, one collective), objects.py
+(picklable objects), monitored.py (the barrier that names missing ranks);
+point-to-point (isend ... batch_isend_irecv) comes from dt.transport.
 """
 
 from dt.collectives import (  # noqa: F401  (registers algorithms)
@@ -30,6 +35,7 @@ from dt.collectives import (  # noqa: F401  (registers algorithms)
 from dt.collectives.api import (
     all_gather,
     all_gather_into_tensor,
+    all_gather_single,
     all_reduce,
     all_to_all,
     all_to_all_single,
@@ -38,11 +44,13 @@ from dt.collectives.api import (
     gather,
     reduce,
     reduce_scatter,
+    reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
     shm_empty,
 )
 from dt.collectives.bruck import bruck_all_gather, bruck_all_gather_into_tensor, dissemination_barrier
+from dt.collectives.coalesced import all_gather_coalesced, all_reduce_coalesced
 from dt.collectives.doubling import (
     rabenseifner_all_reduce,
     recursive_doubling_all_gather,
@@ -50,6 +58,15 @@ from dt.collectives.doubling import (
     recursive_doubling_all_reduce,
 )
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
+from dt.collectives.monitored import monitored_barrier
+from dt.collectives.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from dt.collectives.one_shot import one_shot_all_reduce, one_shot_reduce_scatter
 from dt.collectives.one_shot_copy import one_shot_all_gather, one_shot_all_to_all, one_shot_broadcast
 from dt.collectives.ops import ReduceOp
@@ -64,21 +81,29 @@ from dt.collectives.ring import (
 )
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
 from dt.collectives.two_shot import two_shot_all_reduce
+from dt.transport import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 register_aliases()
 
 __all__ = [
     "ALGORITHMS",
+    "P2POp",
     "ReduceOp",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "binomial_broadcast",
     "binomial_reduce",
     "broadcast",
+    "broadcast_object_list",
     "bruck_all_gather",
     "bruck_all_gather_into_tensor",
     "dissemination_barrier",
@@ -87,6 +112,10 @@ __all__ = [
     "flat_reduce",
     "flat_scatter",
     "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
     "naive_all_reduce",
     "one_shot_all_gather",
     "one_shot_all_reduce",
@@ -98,8 +127,11 @@ __all__ = [
     "recursive_doubling_all_gather",
     "recursive_doubling_all_gather_into_tensor",
     "recursive_doubling_all_reduce",
+    "recv",
+    "recv_object_list",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
     "ring_all_gather",
     "ring_all_reduce",
@@ -110,4 +142,7 @@ __all__ = [
     "scatter_allgather_broadcast",
     "shm_empty",
     "two_shot_all_reduce",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
 ]

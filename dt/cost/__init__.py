@@ -4,6 +4,7 @@
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
 - loadstore.py  the shared-memory (load/store) algorithms' reads, syncs and copies
+- memory.py     memory communication holds (the ring's scratch buffers)
 - machine.py    this machine's alpha, beta, gamma (sync, mem for shared memory) and measured
                 winners (`dt tune` saves them)
 

@@ -27,9 +27,8 @@ vocab shard) over the 2-rank group {first stage, last stage}.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -39,9 +38,12 @@ from torch import nn
 from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.device import clock
+from dt.layout import split_sizes
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
+from dt.parallel.checkpoint import Place, tensor_parallel_places
 from dt.parallel.mesh import Mesh
 from dt.transport import default_device, resolve_group
 
@@ -120,6 +122,8 @@ class Head(nn.Module):
             # The embedding's own weight when on this stage; else a copy built
             # from the embedding's seed, its gradient summed with the original's.
             self.weight = wte if wte is not None else _word_embedding(cfg, tp_group, 0).weight
+            self.sizes = split_sizes(cfg.vocab_size, self.group.size)
+            self.shard_dims = {"weight": 0}  # the embedding's vocabulary rows (checkpoints)
         else:
             _seed(cfg, layer, 0)
             self.lm_head = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
@@ -164,14 +168,17 @@ class ParallelGPT(nn.Module):
         self.micro_batches, self.schedule = micro_batches, schedule
         # This rank's chunks: parts c*pp + pp_rank of the model cut into pp*virtual.
         ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
+        self.layer_ranges = ranges
         layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
-        self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
-        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         self.tp_group = resolve_group(mesh.tp_group)
+        self.device = default_device(self.tp_group)  # the rank's GPU under NCCL, else the CPU
+        self.stage = (chunks[0] if virtual == 1 else nn.ModuleList(chunks)).to(self.device)
+        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
+        self.dp_sync = True  # all-reduce the gradients over dp in train_step
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
         # Bytes this rank sent over all steps, by kind of parallelism.
         self.bytes_sent = {"tensor": 0, "pipeline": 0, "data": 0, "tied embedding": 0}
@@ -186,6 +193,30 @@ class ParallelGPT(nn.Module):
         chunks = self.pipe.chunks
         return chunks[0][0].wte.weight if self.mesh.is_first_stage else chunks[-1][-1].weight
 
+    def checkpoint_layout(self) -> dict[str, Any]:
+        m = self.mesh
+        return {"dp": m.dp, "tp": m.tp, "pp": m.pp, "virtual": len(self.layer_ranges), "zero": 0}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[tuple[Place, int]]]]:
+        """Where this rank's tensors sit in the unsharded model (dt.parallel.checkpoint).
+
+        Layer i's tensors are named layers.{i}.<name in the layer>, whatever the mesh: a
+        tensor-parallel layer holds its slice, data-parallel replicas split the writing. The
+        tied head's copy of the word embedding on the last stage is the embedding itself:
+        loaded from layers.0.wte.weight, never saved twice.
+        """
+        m, seen, out = self.mesh, set(), []
+        chunks = list(self.stage) if isinstance(self.stage, nn.ModuleList) else [self.stage]
+        head = f"layers.{self.cfg.n_layer + 1}.weight"
+        for layers, chunk in zip(self.layer_ranges, chunks):
+            for i, layer in zip(layers, chunk):
+                for t, pieces in tensor_parallel_places(layer, f"layers.{i}", m.dp_rank, m.dp, seen):
+                    if pieces[0][0].name == head:
+                        pieces = [(replace(p, name="layers.0.wte.weight", saved=False), at)
+                                  for p, at in pieces]
+                    out.append((t, pieces))
+        return out
+
     def train_step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
         """Forward and backward of this dp rank's batch, gradients synchronised.
 
@@ -193,25 +224,27 @@ class ParallelGPT(nn.Module):
         averages it over dp and broadcasts it along the pipeline).
         """
         m = self.mesh
+        tokens = tokens.to(self.device) if tokens is not None else None
+        targets = targets.to(self.device) if targets is not None else None
         with transport.traffic() as pipe_traffic:  # tensor-parallel collectives, pipeline p2p
             loss = self.pipe.train_step(tokens if m.is_first_stage else None,
                                         targets if m.is_last_stage else None, self.loss_fn,
                                         self.micro_batches, self.schedule)
         stats = self.pipe.stats
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         with transport.traffic() as dp_traffic:
-            all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
+            if self.dp_sync:  # off under ZeRO: its optimizer reduce-scatters the gradients instead
+                all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
         with transport.traffic() as tied_traffic:
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
-        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype,
-                              device=default_device(self.tp_group))
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype, device=self.device)
         if m.is_last_stage and m.dp > 1:
             all_reduce(loss_t, op=ReduceOp.AVG, group=m.dp_group)
         if m.pp > 1:
             broadcast(loss_t, src=m.pp_ranks[-1], group=m.pp_group)
-        comm = time.perf_counter() - t0
+        comm = clock(self.device) - t0
         # The tensor-parallel all-reduces run inside the stage's forward and
         # backward: their blocking time is moved from compute to communication.
         tp_s = pipe_traffic.seconds

@@ -34,7 +34,6 @@ and how much of its communication was hidden behind compute.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,7 +45,9 @@ from torch.utils._pytree import tree_leaves
 from dt import transport
 from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.device import clock
 from dt.parallel.buckets import MB, Bucket, make_buckets
+from dt.parallel.checkpoint.state import module_places
 from dt.transport import default_device, resolve_group
 
 __all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
@@ -77,8 +78,9 @@ class _Step:
     a backward that raised before that callback ran is abandoned by the next forward.
     """
 
-    def __init__(self, n_buckets: int):
-        self.t_start = time.perf_counter()
+    def __init__(self, n_buckets: int, device: torch.device):
+        self.device = device
+        self.t_start = clock(device)
         self._counting = transport.traffic()
         self._record = self._counting.__enter__()
         self.arrived: list[set[int]] = [set() for _ in range(n_buckets)]  # grads in, per bucket
@@ -190,7 +192,7 @@ class DistributedDataParallel(nn.Module):
     def _begin_step(self) -> _Step:
         """The step in flight; the first hook of a synchronised backward opens it."""
         if self._step is None:
-            self._step = _Step(len(self.buckets))
+            self._step = _Step(len(self.buckets), default_device(self.group))
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
         return self._step
 
@@ -222,22 +224,22 @@ class DistributedDataParallel(nn.Module):
             step.works[k] = all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm,
                                        async_op=True)
         else:
-            t0 = time.perf_counter()
+            t0 = clock(step.device)
             all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm)
-            step.comm_s += time.perf_counter() - t0
+            step.comm_s += clock(step.device) - t0
 
     def _finish_step(self) -> None:
         """Runs once backward's compute is done: launch the rest, wait, publish the averages."""
         step, self._step = self._step, None  # the next backward opens a fresh step
-        t_compute = time.perf_counter()
+        t_compute = clock(step.device)
         try:
             self._launch_rest(step)
             for work in step.works:
                 if work is not None:
                     work.wait()
-                    step.comm_s += work.finished_at - work.started_at
+                    step.comm_s += work.seconds()
         finally:  # a failed collective must not leave the step's accounting open
-            stats = step.close(t_compute, time.perf_counter())
+            stats = step.close(t_compute, clock(step.device))
         for b in self.buckets:
             for i, p in enumerate(b.tensors):
                 p.grad = b.slot(i)  # the averaged gradient, in place in the bucket
@@ -256,6 +258,14 @@ class DistributedDataParallel(nn.Module):
                         slot.copy_(p.grad)
             self._launch(step, k)
         step.launched = len(self.buckets)
+
+    # -- sharded checkpoints (dt.parallel.checkpoint) ------------------------
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"zero": 0, "dp": self.group.size}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[Any]]]:
+        """Every tensor of the module, whole on every replica: each writes 1/N of it."""
+        return module_places(self.module, self.group)
 
     # -- checks --------------------------------------------------------------
     @torch.no_grad()

@@ -27,13 +27,14 @@ us, ms, s.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from typing import Any
 
+from dt import args as args_
 from dt import cost
-from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time
+from dt.device import DEVICES, backend_for
+from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time  # noqa: F401 (dt model's units)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
                "gather", "scatter", "barrier")
@@ -103,62 +104,73 @@ def _measure_worker(collective: str, algorithms: dict[str, list[str]], sizes: li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt model", description=__doc__.splitlines()[0])
+    parser = args_.Parser(prog="dt model", description=__doc__.splitlines()[0])
     parser.add_argument("collective", choices=COLLECTIVES)
-    parser.add_argument("--size", default="1MB", help="message size(s), comma-separated: 1GB,1MB")
-    parser.add_argument("--world", type=int, default=8)
-    parser.add_argument("--bandwidth", default="100GB/s", help="per-rank link rate (1/beta)")
-    parser.add_argument("--latency", default="5us", help="per-step latency (alpha)")
-    parser.add_argument("--reduce", default=None, help="reduction rate (1/gamma), e.g. 50GB/s")
+    parser.add_argument("--size", type=args_.listed(args_.size), default="1MB",
+                        help="message size(s), comma-separated: 1GB,1MB")
+    parser.add_argument("--world", type=args_.world, default=8)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    parser.add_argument("--bandwidth", type=args_.rate, default="100GB/s",
+                        help="per-rank link rate (1/beta)")
+    parser.add_argument("--latency", type=args_.duration, default="5us", help="per-step latency (alpha)")
+    parser.add_argument("--reduce", type=args_.rate, default=None,
+                        help="reduction rate (1/gamma), e.g. 50GB/s")
     parser.add_argument("--measured", action="store_true",
                         help="use dt tune's figures for this machine and time each algorithm here")
-    parser.add_argument("--reps", type=int, default=10, help="repetitions per size (--measured)")
-    parser.add_argument("--algorithms", default=None, help="comma-separated subset")
+    parser.add_argument("--reps", type=args_.at_least(1), default=10,
+                        help="repetitions per size (--measured)")
+    parser.add_argument("--algorithms", type=args_.listed(str), default=None,
+                        help="comma-separated subset")
     parser.add_argument("--transport", default="both", choices=("shm", "torch", "both"),
                         help="--measured: which wire(s) to price and time (default both)")
-    parser.add_argument("--sync", default=None, help="a shared-memory synchronisation, e.g. 15us")
-    parser.add_argument("--memcpy", default=None, help="memcpy rate of a shared-memory wire, e.g. 5GB/s")
+    parser.add_argument("--sync", type=args_.duration, default=None,
+                        help="a shared-memory synchronisation, e.g. 15us (adds the load/store algorithms)")
+    parser.add_argument("--memcpy", type=args_.rate, default=None,
+                        help="memcpy rate of a shared-memory wire, e.g. 5GB/s")
     args = parser.parse_args(argv)
+    sizes = list(args.size)
+    if args.measured and args.collective not in MEASURABLE:
+        parser.error(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
+    backend = backend_for(args.device)
     wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
+    if backend == "nccl":
+        wires = ["torch"]  # GPU tensors stay on NCCL
     figures: dict[str, tuple] = {}
-    try:
-        sizes = [parse_size(s) for s in args.size.split(",")]
-        if args.measured and args.collective not in MEASURABLE:
-            raise ValueError(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
-        if args.measured:
-            from dt.cost import machine
+    if args.measured:
+        from dt.cost import machine
 
-            for wire in wires:
-                saved = machine.figures("shm" if wire == "shm" else "gloo", args.world)
-                if saved is None:
-                    print(f"dt model --measured: no figures saved for the {wire} wire; run `dt tune "
-                          f"--world {args.world}` first", file=sys.stderr)
-                    return 2
-                figures[wire] = (saved["alpha"], saved["beta"], saved["gamma"], saved.get("sync"),
-                                 saved.get("mem"))
-                extra = (f", sync {fmt_time(saved['sync'], 3)}, memcpy {saved['mem'] * 1e9:.3f} ns/B"
-                         if "sync" in saved else "")
-                print(f"{wire} wire: figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
-                      f"alpha {fmt_time(saved['alpha'], 3)}, beta {saved['beta'] * 1e9:.3f} ns/B, "
-                      f"gamma {saved['gamma'] * 1e9:.3f} ns/B{extra}")
-        else:
-            alpha, beta = parse_time(args.latency), 1 / parse_rate(args.bandwidth)
-            gamma = 1 / parse_rate(args.reduce) if args.reduce else 0.0
-            sync = parse_time(args.sync) if args.sync else None
-            mem = 1 / parse_rate(args.memcpy) if args.memcpy else None
-            figures["model"] = (alpha, beta, gamma, sync, mem)
-            print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
-                  + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free")
-                  + (f"; shared memory: sync {fmt_time(sync, 3)}, memcpy {fmt_bytes(1 / mem, 3)}/s"
-                     if sync and mem else ""))
-    except ValueError as exc:
-        print(f"dt model: {exc}", file=sys.stderr)
-        return 2
+        for wire in wires:
+            saved = machine.figures("shm" if wire == "shm" else backend, args.world)
+            if saved is None:
+                print(f"dt model --measured: no figures saved for the {wire} wire; run `dt tune "
+                      f"--world {args.world}` first", file=sys.stderr)
+                return 2
+            figures[wire] = (saved["alpha"], saved["beta"], saved["gamma"], saved.get("sync"),
+                             saved.get("mem"))
+            extra = (f", sync {fmt_time(saved['sync'], 3)}, memcpy {saved['mem'] * 1e9:.3f} ns/B"
+                     if "sync" in saved else "")
+            print(f"{wire} wire: figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
+                  f"alpha {fmt_time(saved['alpha'], 3)}, beta {saved['beta'] * 1e9:.3f} ns/B, "
+                  f"gamma {saved['gamma'] * 1e9:.3f} ns/B{extra}")
+    else:
+        alpha, beta = args.latency, 1 / args.bandwidth
+        gamma = 1 / args.reduce if args.reduce else 0.0
+        sync, mem = args.sync, (1 / args.memcpy if args.memcpy else None)
+        figures["model"] = (alpha, beta, gamma, sync, mem)
+        print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
+              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free")
+              + (f"; shared memory: sync {fmt_time(sync, 3)}, memcpy {fmt_bytes(1 / mem, 3)}/s"
+                 if sync and mem else ""))
     tables = {w: {n: table(args.collective, n, args.world, *fig) for n in sizes}
               for w, fig in figures.items()}
     if args.algorithms:
-        keep = set(args.algorithms.split(","))
-        tables = {w: {n: [row for row in rows if row[0] in keep] for n, rows in t.items()}
+        known = {name for t in tables.values() for rows in t.values() for name, _ in rows}
+        unknown = sorted(set(args.algorithms) - known)
+        if unknown:
+            parser.error(f"--algorithms: {args.collective} has no {', '.join(unknown)}; it has "
+                         f"{', '.join(sorted(known))}")
+        tables = {w: {n: [row for row in rows if row[0] in args.algorithms] for n, rows in t.items()}
                   for w, t in tables.items()}
     measured: dict[str, dict[str, dict[str, float]]] | None = None
     if args.measured:
@@ -168,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timing {', '.join(f'{w}: ' + ','.join(a) for w, a in algos.items())} on {args.world} "
               f"local processes (median of {args.reps}, validation off)...", flush=True)
         measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
-                               args.reps, timeout=1800)[0]
+                               args.reps, timeout=1800, backend=backend)[0]
     for w, t in tables.items():
         for n, rows in t.items():
             if w != "model":

@@ -9,10 +9,14 @@ train_worker (loop.py) and rank 0 prints `report`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
-from dt.launcher import launch
+from dt import args as args_
+from dt.device import DEVICES, backend_for
+from dt.launcher import WorkerError, launch
+from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.loop import train_worker
 
@@ -20,43 +24,59 @@ __all__ = ["main", "parse_args", "report"]
 
 _USAGE = """examples:
     dt train --dp 2 --tp 2 --pp 2 --steps 100
-    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt.pt   # resumes if it exists
+    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
 """
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dt train", description=__doc__.split("\n\n")[0],
-                                epilog=_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=16, help="global batch (sequences)")
-    p.add_argument("--block-size", type=int, default=32, help="sequence length")
-    p.add_argument("--micro-batches", type=int, default=None,
+    """The options, every one checked (dt.args) before any process starts: bad input is one
+    line and exit status 2."""
+    p = args_.Parser(prog="dt train", description=__doc__.split("\n\n")[0], epilog=_USAGE,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    one = args_.at_least(1)
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    p.add_argument("--dp", type=args_.world, default=1, help="data-parallel size")
+    p.add_argument("--tp", type=args_.world, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=args_.world, default=1, help="pipeline stages")
+    p.add_argument("--steps", type=one, default=50)
+    p.add_argument("--batch-size", type=one, default=16, help="global batch (sequences)")
+    p.add_argument("--block-size", type=one, default=32, help="sequence length")
+    p.add_argument("--micro-batches", type=one, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
-    p.add_argument("--virtual", type=int, default=1,
+    p.add_argument("--virtual", type=one, default=1,
                    help="model chunks per pipeline stage (with --schedule interleaved)")
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--n-layer", type=one, default=4)
+    p.add_argument("--n-head", type=one, default=4)
+    p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="ZeRO stage over the data-parallel group: 1 shards Adam's state (stages 2 and 3 "
+                        "are dt.parallel.zero's, for models without a pipeline)")
+    p.add_argument("--lr", type=args_.positive, default=3e-3)
+    p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--checkpoint", default=None, metavar="PATH", help="save here; resume if it exists")
-    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="checkpoint directory: save into it; resume from its newest good checkpoint, "
+                        "on any mesh")
+    p.add_argument("--save-every", type=args_.at_least(0), default=0,
+                   help="also checkpoint every N steps")
+    p.add_argument("--keep", type=args_.at_least(1), default=3,
+                   help="checkpoints kept in DIR (the newest; older ones are the fallback if it is corrupt)")
     p.add_argument("--validate", action="store_true",
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=args_.at_least(0), default=0,
                    help="torch threads per process (default: the launcher's cores // processes; "
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.dp * args.tp * args.pp > args_.MAX_WORLD:
+        p.error(f"--dp x --tp x --pp = {args.dp * args.tp * args.pp} processes; at most "
+                f"{args_.MAX_WORLD}")
     per_rank = args.batch_size // args.dp
     if args.batch_size % args.dp or per_rank < 1:
         p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
@@ -69,8 +89,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.n_layer + 2 < args.pp * args.virtual:
         p.error(f"{args.n_layer} blocks + embedding + head cannot fill {args.pp} stages "
                 f"x {args.virtual} chunks")
+    if args.keep < 1 or args.save_every < 0:
+        p.error(f"--keep must be at least 1 (got {args.keep}) and --save-every at least 0 "
+                f"(got {args.save_every})")
     if args.n_head % args.tp:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
     return args
 
 
@@ -79,7 +104,13 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     if not r0["losses"]:
         return f"nothing to do: the checkpoint is already at step {r0['start']}"
     chunks = f" x {args.virtual} chunks" if args.virtual > 1 else ""
-    lines = [f"mesh dp={args.dp} tp={args.tp} pp={args.pp} ({args.dp * args.tp * args.pp} processes), "
+    lines = []
+    if r0.get("resumed"):
+        lay = r0["resumed"]["layout"]
+        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "tp", "pp", "zero") if k in lay)
+        lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
+    zero = f", ZeRO-{args.zero}" if args.zero else ""
+    lines += [f"mesh dp={args.dp} tp={args.tp} pp={args.pp}{zero} ({args.dp * args.tp * args.pp} processes), "
              f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
              f"{args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
@@ -108,7 +139,19 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
     world = args.dp * args.tp * args.pp
-    results = launch(train_worker, world, args)
+    try:
+        if args.checkpoint:
+            check_directory(args.checkpoint)  # before any process starts
+        results = launch(train_worker, world, args, backend=backend_for(args.device))
+    except CheckpointError as e:  # this process's own: the check above, or this rank's under torchrun
+        if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
+            print(f"dt train: error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:  # a worker's: one line if it was the checkpoint's
+        if e.errors[e.rank].kind != "CheckpointError":
+            raise
+        print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
+        return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
     return 0

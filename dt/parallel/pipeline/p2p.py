@@ -28,13 +28,13 @@ posted is what makes the pipeline correct on NCCL as well as on gloo:
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from dt.device import clock
 from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group
 
 __all__ = ["StageLink", "header_groups"]
@@ -144,7 +144,7 @@ class StageLink:
         """The next tensor from `src`: an activation (shape from its header) or, given `like`, a gradient."""
         if src == self.me:
             return self._loopback.popleft()
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         comm = self._comm()
         if like is None:
             if self._shared:
@@ -161,7 +161,7 @@ class StageLink:
         handles = comm.batch([(SEND, buf, q) for buf, q in pending] + [(RECV, t, self.group.group_rank(src))])
         self._sends += [(hd, buf) for hd, (buf, _) in zip(handles, pending)]
         handles[-1].wait()
-        self.wait_s += time.perf_counter() - t0
+        self.wait_s += clock(self.device) - t0
         return t
 
     def _flush(self, comm: Comm) -> None:
@@ -173,9 +173,9 @@ class StageLink:
 
     def drain(self) -> None:
         """Post what is still pending, then wait for every send since the last drain."""
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         self._flush(self._comm())
         for handle, _ in self._sends:
             handle.wait()
         self._sends.clear()
-        self.wait_s += time.perf_counter() - t0
+        self.wait_s += clock(self.device) - t0

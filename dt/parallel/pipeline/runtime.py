@@ -11,7 +11,6 @@ sat idle waiting on its neighbours (the bubble).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dt import transport
+from dt.device import clock
 from dt.parallel.pipeline.p2p import StageLink
 from dt.parallel.pipeline.p2p import header_groups as make_header_groups
 from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
@@ -88,12 +88,12 @@ class Pipeline:
         incoming = sum(1 for kind, c, _ in actions
                        if kind == "F" and self._peer(c, -1) not in (None, me))
         self.wire.begin(incoming)
-        self._t_step = time.perf_counter()
+        self._t_step = clock(self.wire.device)
 
     def _end_step(self) -> None:
         """Wait for the step's last sends; the step's time, bytes and idle time into `stats`."""
         self.wire.drain()
-        self.stats.step_s = time.perf_counter() - self._t_step
+        self.stats.step_s = clock(self.wire.device) - self._t_step
         self.stats.idle_s = self.wire.wait_s
         self.stats.bytes_sent = self.wire.bytes_sent
 
@@ -128,12 +128,12 @@ class Pipeline:
                 x = xs[i] if prev is None else self.wire.recv(prev)
                 if prev is not None and x.is_floating_point():
                     x.requires_grad_(True)
-                t0 = time.perf_counter()
+                t0 = clock(self.wire.device)
                 out = self.chunks[c](x)
                 if nxt is None:  # the stash holds the weighted loss to backward from
                     out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
                     total_loss += out.item()
-                self.stats.compute_s += time.perf_counter() - t0
+                self.stats.compute_s += clock(self.wire.device) - t0
                 if nxt is not None:
                     self.wire.send(out, nxt, activation=True)
                 stash[c, i] = (None if prev is None else x, out)
@@ -141,9 +141,9 @@ class Pipeline:
             else:
                 x, out = stash.pop((c, i))
                 grad = None if nxt is None else self.wire.recv(nxt, like=out)
-                t0 = time.perf_counter()
+                t0 = clock(self.wire.device)
                 torch.autograd.backward(out, grad)
-                self.stats.compute_s += time.perf_counter() - t0
+                self.stats.compute_s += clock(self.wire.device) - t0
                 if x is not None and x.is_floating_point():
                     self.wire.send(x.grad, prev, activation=False)
         self._end_step()
@@ -159,9 +159,9 @@ class Pipeline:
         for _, c, i in actions:
             prev, nxt = self._peer(c, -1), self._peer(c, +1)
             x = xs[i] if prev is None else self.wire.recv(prev)
-            t0 = time.perf_counter()
+            t0 = clock(self.wire.device)
             out = self.chunks[c](x)
-            self.stats.compute_s += time.perf_counter() - t0
+            self.stats.compute_s += clock(self.wire.device) - t0
             if nxt is None:
                 outs.append((i, out))
             else:

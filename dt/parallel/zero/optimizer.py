@@ -8,7 +8,6 @@ exactly the bytes of DDP's ring all-reduce (zero_traffic_formula).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,10 +16,17 @@ from torch import nn
 
 from dt.collectives import all_gather, broadcast, reduce_scatter, shm_empty
 from dt.collectives.ops import ReduceOp
+from dt.collectives.scratch import held_bytes
+from dt.device import clock
 from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
-from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
-from dt.parallel.zero.shards import full_optimizer_state
+from dt.parallel.zero.memory import (
+    comm_scratch_formula,
+    memory_held,
+    zero_memory_formula,
+    zero_traffic_formula,
+)
+from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state
 from dt.transport import default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
@@ -121,9 +127,7 @@ class ZeroOptimizer:
         lo, hi = self._range(b)
         buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype,
                                                       device=self.flat.device))
-        bounds = edges(self.shard_sizes)
-        pieces = [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
-                  for j in range(self.group.size)]
+        pieces = self._pieces(b, buf)
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
         out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
         work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
@@ -135,7 +139,7 @@ class ZeroOptimizer:
             self._launch(b)
         for work, out, at in self._works:
             work.wait()
-            self.last_step["comm_s"] += work.finished_at - work.started_at
+            self.last_step["comm_s"] += work.seconds()
             self.shard_grad[at:at + out.numel()] += out  # accumulate, like .grad
         self._buffers.clear()
         self._in_backward = False
@@ -143,7 +147,7 @@ class ZeroOptimizer:
     # -- the step --------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0 = clock(self.flat.device)
         if self.stage == 1:
             for p, o in zip(self.params, self.offsets):
                 slot = self.flat_grad[o:o + p.numel()].view_as(p)
@@ -161,7 +165,7 @@ class ZeroOptimizer:
         self.optimizer.step()
         all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
                    algorithm=self.algorithm)
-        self.last_step["step_comm_s"] = time.perf_counter() - t0
+        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
@@ -179,22 +183,69 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     def memory(self) -> dict[str, int]:
+        """Bytes held: parameters, gradients, optimizer state, and the collectives' scratch."""
         grads = [self.flat_grad] if self.stage == 1 else [self.shard_grad]
         grads += [p.grad for p in self.params]
-        return memory_held(self.params, grads, self.optimizer)
+        return {**memory_held(self.params, grads, self.optimizer), "comm_scratch": held_bytes()}
+
+    def _scattered(self) -> list[list[int]]:
+        """Element counts of the pieces of every reduce-scatter one step runs."""
+        return [self.shard_sizes] if self.stage == 1 else \
+            [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))]
+
+    def _pieces(self, b: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
+        """Bucket b's buffer cut where the shards' boundaries fall (empty pieces included)."""
+        lo, hi = self._range(b)
+        if buf is None:
+            buf = torch.empty(hi - lo, device="meta")
+        bounds = edges(self.shard_sizes)
+        return [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
+                for j in range(self.group.size)]
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        return zero_memory_formula(self.psi, self.group.size, self.stage, k,
-                                   shard=self.end - self.start)
+        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start)
+        out["comm_scratch"] = comm_scratch_formula(self._scattered(), self.flat.element_size(),
+                                                   self.group.rank, self.algorithm)
+        return out
 
     def expected_bytes_sent(self) -> int:
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
                                     self.flat.element_size())
 
     def state_dict(self) -> dict[str, Any]:
-        """The full (unsharded) optimizer state, as torch's optimizer over `params` has it."""
+        """The full (unsharded) optimizer state, as torch's optimizer over `params` has it.
+
+        Collective: an all-gather of each state tensor's shards (ring: (N-1)/N of it sent per rank).
+        """
         state = full_optimizer_state(self.optimizer, [self.shard], [self.shard_sizes],
                                       [[p.shape for p in self.params]], self.group)
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": list(range(len(self.params)))} for g in self.optimizer.param_groups]
         return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full optimizer state in torch's format (what state_dict() returns, or what torch's
+        optimizer over the same parameters saved): each rank keeps its shard. No communication."""
+        saved, groups = state_dict["state"], state_dict["param_groups"]
+        if len(groups) != len(self.optimizer.param_groups):
+            raise ValueError(f"the state has {len(groups)} parameter groups, ZeroOptimizer has "
+                             f"{len(self.optimizer.param_groups)}")
+        self.optimizer.state[self.shard] = cut_optimizer_state(
+            [saved.get(i, {}) for i in range(len(self.params))], self.numels, self.start, self.end)
+        for mine, theirs in zip(self.optimizer.param_groups, groups):
+            mine.update({k: v for k, v in theirs.items() if k != "params"})
+
+    # -- sharded checkpoints (dt.parallel.checkpoint) ----------------------------
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"zero": self.stage, "dp": self.group.size}
+
+    def checkpoint_pieces(self, pieces_of: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
+        """The inner optimizer and, for its one parameter (this rank's flat shard), the piece of
+        each model parameter the shard covers, with where in the shard that piece starts."""
+        pieces = []
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            lo, hi = max(self.start, off), min(self.end, off + n)
+            if lo < hi:
+                (place, _), = pieces_of(p)  # a ZeroOptimizer's model holds each parameter whole
+                pieces.append((place.part(lo - off, hi - off), lo - self.start))
+        return self.optimizer, [(self.shard, pieces)]

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dt.transport import accounting
+from dt.transport import accounting, liveness, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.shm.sync import DESC, WORDS, PeerFailed, PeerTimeout, Sync
 
@@ -57,8 +57,8 @@ class Board:
     """A single-host group's staging areas, descriptors and syncs, from one rank's view."""
 
     def __init__(self, seg: torch.Tensor, sync: Sync, stage_offset: int, capacity: int,
-                 names: list[int]):
-        self.seg, self.sync = seg, sync
+                 names: list[int], group: object = None):
+        self.seg, self.sync, self.group = seg, sync, group
         self.p, self.me = sync.n, sync.me
         self.stage_offset, self.capacity = stage_offset, capacity
         self.names = names
@@ -124,16 +124,28 @@ class Call:
                 f"{self.collective}[{self.algorithm}] at sync {self.syncs}")
 
     def _guard(self, fn: Callable[[], None]) -> None:
+        """Run a wait; turn its failure into the CollectiveError every rank's peers hear of."""
         self.syncs += 1
+        b = self.board
+        me = b.names[b.me]
         try:
             fn()
         except PeerTimeout as exc:
             self._break(exc)
+            behind = [q for q in b.names if q != me]
+            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} timed out in "
+                                               f"{self.collective}[{self.algorithm}] ({exc})",
+                                               behind[0] if len(behind) == 1 else liveness.EVERYONE))
             raise CollectiveTimeout(f"{self.where()}: {exc} (dt.transport timeout); a peer is "
-                                    f"stuck elsewhere or never called {self.collective}") from exc
-        except PeerFailed as exc:
+                                    f"stuck elsewhere or never called {self.collective}") from None
+        except (PeerFailed, liveness.PeerFailed) as exc:
             self._break(exc)
-            raise CollectiveError(f"{self.where()}: {exc}") from exc
+            failure = exc.failure if isinstance(exc, liveness.PeerFailed) else None
+            text = failure.text if failure is not None else str(exc)
+            liveness.announce(liveness.Failure(
+                me, "gave up", f"rank {me} gave up in {self.collective}[{self.algorithm}] because "
+                f"{text}", failure.rank if failure is not None else liveness.EVERYONE))
+            raise CollectiveError(f"{self.where()}: {text}") from None
 
     def _break(self, exc: BaseException) -> None:
         b = self.board
@@ -142,8 +154,9 @@ class Call:
             b.sync.fail()
 
     def sync(self) -> None:
-        """Arrive and wait for every rank of the group."""
-        self._guard(lambda: self.board.sync.sync(self.where))
+        """Arrive and wait for every rank of the group (its timeout: settings.timeout_for)."""
+        timeout = settings.timeout_for(self.board.group)
+        self._guard(lambda: self.board.sync.sync(self.where, timeout))
 
     def arrive(self) -> None:
         """Arrive without waiting (a rank that needs nothing more from this sync)."""

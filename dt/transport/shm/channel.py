@@ -200,7 +200,7 @@ class Engine:
                 self.sync.wait(lambda: op.done or op.error is not None, self.blockers,
                                lambda: f"a {work.kind} of {op.nbytes} bytes with rank {name}",
                                progress=self.progress, timeout=timeout)
-            except (PeerFailed, RuntimeError) as exc:
+            except Exception as exc:  # dead or failed peer, timeout: peers waiting on us stop too
                 self.break_(str(exc))
                 raise
         if op.error is not None:

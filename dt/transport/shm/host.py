@@ -158,5 +158,5 @@ def attach_host(g: Group, topo: Topology) -> HostLink:
            for j in range(len(local)) if j != me}
     engine = Engine(sync, out, inn, words)
     wire = ShmWire(engine, {g.ranks[q]: i for i, q in enumerate(local)})
-    board = Board(seg.tensor, sync, layout.staging, layout.capacity, names)
+    board = Board(seg.tensor, sync, layout.staging, layout.capacity, names, g)
     return HostLink(seg, layout, sync, engine, wire, board)

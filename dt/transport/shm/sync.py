@@ -26,9 +26,10 @@ sleeping, checks once more, and calls FUTEX_WAIT on its bell; a peer that
 changes anything this rank may wait for rings the bell of every sleeping
 rank with FUTEX_WAKE_OP (an atomic increment and a wake in one system
 call). Sleeps are bounded (1 ms growing to 50 ms) so that a peer that died
-(its pid gone, or its state 1) is named, and the transport's timeout
-enforced, within a fraction of a second, at a cost of a few wake-ups per
-second while idle.
+(its pid gone, or its state 1, or its failure announced by
+dt.transport.liveness) is named, and the transport's timeout enforced,
+within a fraction of a second, at a cost of a few wake-ups per second
+while idle.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from dt.transport import settings
+from dt.transport import liveness, settings
 from dt.transport.shm.segment import alive
 
 __all__ = ["RANK_BYTES", "PeerFailed", "PeerTimeout", "Sync", "futex_wait", "futex_wake"]
@@ -176,11 +177,11 @@ class Sync:
         words = self.words
         return [j for j in range(self.n) if words[j * WORDS + ARRIVE] < v]
 
-    def sync(self, what: Callable[[], str]) -> None:
+    def sync(self, what: Callable[[], str], timeout: float | None = None) -> None:
         """Arrive, then wait until every local rank has arrived as often."""
         v = self.arrive()
         if not self.reached(v):
-            self.wait(lambda: self.reached(v), lambda: self.behind(v), what)
+            self.wait(lambda: self.reached(v), lambda: self.behind(v), what, timeout=timeout)
 
     def fail(self) -> None:
         """Mark this rank as gone: peers waiting on it stop at once, naming it."""
@@ -203,7 +204,9 @@ class Sync:
                 self.words[me * WORDS + SLEEPING] -= 1
 
     def check(self, peers: Sequence[int]) -> None:
-        """Raise PeerFailed if one of `peers` (local indices) died or gave up."""
+        """Raise PeerFailed if one of `peers` (local indices) died or gave up; or
+        liveness.PeerFailed if a failure of one of them was announced (dt.transport.liveness)."""
+        liveness.check(tuple(self.names[j] for j in peers if j != self.me))
         for j in peers:
             if j == self.me:
                 continue
