@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dt.transport import settings
+from dt.transport import liveness, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group, default_device
 from dt.transport.wire import RECV, SEND
@@ -111,23 +111,36 @@ def _digest(key: str) -> list[int]:
 def post_and_wait(g: Group, ops: list[tuple[str, torch.Tensor, int]], what: str) -> None:
     """Post [(SEND|RECV, tensor, group peer)] on the group's torch wire, wait for all.
 
-    Uncounted (connection setup); the transport's timeout applies and an
+    Uncounted (connection setup); the group's timeout applies, a failure of a
+    member announced meanwhile (dt.transport.liveness) ends the wait, and an
     error names this rank, the peer and what was being set up.
     """
     if not ops:
         return
-    works = g.wire.post([(kind, t, g.ranks[peer]) for kind, t, peer in ops])
-    timeout = settings.get_timeout()
-    for (kind, _, peer), work in zip(ops, works):
-        try:
-            work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as exc:
-            where = (f"rank {g.ranks[g.rank]} {what} (group {list(g.ranks)}): "
-                     f"{kind} {'from' if kind == RECV else 'to'} rank {g.ranks[peer]}")
-            text = str(exc)
-            if "imed out" in text or "timeout" in text.lower():
-                raise CollectiveTimeout(f"{where}: waited {timeout:g}s") from exc
-            raise CollectiveError(f"{where} failed: {text.splitlines()[0] if text else exc}") from exc
+    me = g.ranks[g.rank]
+    timeout = settings.timeout_for(g)
+    current = ops[0]  # the operation being waited on, for the error
+    try:
+        with liveness.watching(g.ranks, g.pg, g.backend):
+            works = g.wire.post([(k, t, g.ranks[q]) for k, t, q in ops])
+            for op, work in zip(ops, works):
+                current = op
+                work.wait(datetime.timedelta(seconds=timeout))
+    except (RuntimeError, liveness.PeerFailed) as exc:
+        kind, _, peer = current
+        where = (f"rank {me} {what} (group {list(g.ranks)}): {kind} "
+                 f"{'from' if kind == RECV else 'to'} rank {g.ranks[peer]}")
+        if isinstance(exc, liveness.PeerFailed):
+            raise CollectiveError(f"{where} failed: {exc.failure.text}") from None
+        text = str(exc)
+        if "imed out" in text or "timeout" in text.lower():
+            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} waited {timeout:g}s on "
+                                               f"rank {g.ranks[peer]} {what}", g.ranks[peer]))
+            raise CollectiveTimeout(f"{where}: waited {timeout:g}s") from None
+        failure = liveness.cause(g.ranks)
+        if failure is not None:
+            raise CollectiveError(f"{where} failed: {failure.text}") from None
+        raise CollectiveError(f"{where} failed: {text.splitlines()[0] if text else exc}") from None
 
 
 def discover(g: Group, why: str = "the topology") -> Topology:

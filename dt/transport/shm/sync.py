@@ -214,6 +214,10 @@ class Sync:
                 raise PeerFailed(f"rank {self.names[j]} gave up (its own error says why)")
             pid = self.word(j, PID)
             if pid and not alive(pid):
+                # The launcher (or torchrun's store) says how it died, a moment later.
+                failure = liveness.cause((self.names[j],), grace=1.0)
+                if failure is not None:
+                    raise liveness.PeerFailed(failure)
                 raise PeerFailed(f"rank {self.names[j]} (pid {pid}) died")
 
     def wait(self, ready: Callable[[], bool], blockers: Callable[[], Sequence[int]],
