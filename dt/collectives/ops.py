@@ -110,7 +110,7 @@ def reduce_rows(out: torch.Tensor, rows: torch.Tensor | list[torch.Tensor], op: 
         if out.data_ptr() != rows[0].data_ptr():
             out.copy_(rows[0])
         return
-    if isinstance(rows, torch.Tensor) and p > 2:
+    if isinstance(rows, torch.Tensor) and p > 2 and op not in BITWISE:
         if op in ("SUM", "AVG"):
             torch.sum(rows, 0, out=out)
         elif op == "PRODUCT":
