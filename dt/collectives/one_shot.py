@@ -85,7 +85,8 @@ def one_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: 
         rnd = call.round()
         rnd.publish(flat[lo:hi], in_place=False)
         rnd.sync()
-        _reduce(flat[lo:hi], rnd.rows(flat.dtype, 0, hi - lo), name, p)
+        reduce_rows(flat[lo:hi], rnd.rows(flat.dtype, 0, hi - lo), name)  # staged: never `flat`
+        finish(flat[lo:hi], name, p)
         for j in range(p):
             if j != g.rank:
                 call.count(j, sent=(hi - lo) * isz, received=(hi - lo) * isz)

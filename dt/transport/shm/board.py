@@ -62,6 +62,9 @@ class Board:
         self.p, self.me = sync.n, sync.me
         self.stage_offset, self.capacity = stage_offset, capacity
         self.names = names
+        self._staging = [[seg[stage_offset + (2 * j + q) * capacity:
+                              stage_offset + (2 * j + q + 1) * capacity] for q in (0, 1)]
+                         for j in range(self.p)]  # views made once: a call slices, not builds
         self.rounds = 0
         self.allocations: list[Allocation] = []
         self._starts: list[int] = []  # this rank's part of each allocation, by address
@@ -70,8 +73,7 @@ class Board:
 
     # -- staging and allocations ------------------------------------------------
     def staging(self, rank: int, parity: int) -> torch.Tensor:
-        off = self.stage_offset + (2 * rank + parity) * self.capacity
-        return self.seg[off:off + self.capacity]
+        return self._staging[rank][parity]
 
     def add_allocation(self, base: torch.Tensor, part: int) -> Allocation:
         start = base.data_ptr() + self.me * part
@@ -154,9 +156,9 @@ class Call:
             b.sync.fail()
 
     def sync(self) -> None:
-        """Arrive and wait for every rank of the group (its timeout: settings.timeout_for)."""
-        timeout = settings.timeout_for(self.board.group)
-        self._guard(lambda: self.board.sync.sync(self.where, timeout))
+        """Arrive and wait for every rank of the group (its timeout: settings.timeout_for,
+        asked only if the wait comes to sleeping)."""
+        self._guard(lambda: self.board.sync.sync(self.where, lambda: settings.timeout_for(self.board.group)))
 
     def arrive(self) -> None:
         """Arrive without waiting (a rank that needs nothing more from this sync)."""

@@ -177,7 +177,7 @@ class Sync:
         words = self.words
         return [j for j in range(self.n) if words[j * WORDS + ARRIVE] < v]
 
-    def sync(self, what: Callable[[], str], timeout: float | None = None) -> None:
+    def sync(self, what: Callable[[], str], timeout: float | Callable[[], float] | None = None) -> None:
         """Arrive, then wait until every local rank has arrived as often."""
         v = self.arrive()
         if not self.reached(v):
@@ -237,7 +237,7 @@ class Sync:
                     progress()
                 if ready():
                     return
-        limit = settings.get_timeout() if timeout is None else timeout
+        limit = settings.get_timeout() if timeout is None else timeout() if callable(timeout) else timeout
         deadline = start + limit
         chunk = 1e-3
         me = self.me
