@@ -1,0 +1,209 @@
+"""The expert-parallel MoE layer against an unsharded dense twin, at ep 1 to 4.
+
+The twin (MoETwin) is written independently and plainly: it runs every
+expert on every token and picks the outputs with masks, and places each
+assignment in its sequence's priority order with Python loops. Both are
+built right after the same seed; each rank of the group holds some of the
+batch's sequences (uneven: ranks alternate 1 and 2 sequences), and the twin
+holds them all. Checked on every rank, in float64: the output, the balance
+loss of every sequence, the dropped-assignment count, the input gradient, the
+router gradient (summed over ranks, as data parallel would) and every local
+expert's gradient; and the all-to-all bytes and messages, forward and
+backward, equal dt.cost.moe_layer_traffic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+import dt
+from dt import cost
+from dt.layout import SequenceLayout
+from dt.parallel.expert import MoE
+
+F64 = torch.float64
+H, FFN = 6, 10
+
+
+class MoETwin(nn.Module):
+    """The unsharded reference: dense experts, masks, and per-sequence loops."""
+
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, capacity_factor: float | None):
+        super().__init__()
+        self.router = nn.Linear(hidden, experts, bias=False, dtype=F64)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, ffn, dtype=F64), nn.GELU(), nn.Linear(ffn, hidden, dtype=F64))
+            for _ in range(experts))
+        self.k, self.cf, self.E = top_k, capacity_factor, experts
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        B, S, _ = x.shape
+        probs = self.router(x).softmax(-1)
+        top, idx = probs.topk(self.k, dim=-1)
+        gates = top if self.k == 1 else top / top.sum(-1, keepdim=True)
+        keep = torch.ones_like(idx, dtype=torch.bool)
+        if self.cf is not None:
+            cap = math.ceil(self.cf * self.k * S / self.E)
+            for b in range(B):
+                taken = [0] * self.E
+                for j in range(self.k):  # first choices claim places before second choices
+                    for t in range(S):
+                        e = int(idx[b, t, j])
+                        if taken[e] >= cap:
+                            keep[b, t, j] = False
+                        else:
+                            taken[e] += 1
+        every = torch.stack([expert(x) for expert in self.experts])  # [E, B, S, h]
+        y = torch.zeros_like(x)
+        for j in range(self.k):
+            chosen = every.gather(0, idx[..., j][None, ..., None].expand(1, B, S, x.shape[-1]))[0]
+            y = y + chosen * (gates[..., j] * keep[..., j])[..., None]
+        f = F.one_hot(idx, self.E).sum(dim=(1, 2)).to(F64) / (S * self.k)
+        aux = self.E * (f * probs.mean(dim=1)).sum(-1)
+        return y, aux, int((~keep).sum())
+
+
+def _randn(*shape: int, seed: int) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
+
+
+def _counts(t) -> tuple[int, int, int, int]:
+    return (t.bytes_sent, t.bytes_received, t.messages_sent, t.messages_received)
+
+
+def _model(m) -> tuple[int, int, int, int]:
+    return (m.bytes_sent, m.bytes_received, m.messages_sent, m.messages_received)
+
+
+CASES = [  # (experts, top_k, capacity_factor)
+    (5, 1, None), (5, 2, 1.0), (3, 2, 0.75), (4, 1, 0.5), (7, 2, None),
+]
+
+
+def _check_moe(cases: list[tuple[int, int, float | None]]) -> list[str]:
+    """Every case on this rank; the group is the world (ep = world size)."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    seqs = [1 + q % 2 for q in range(p)]  # uneven: 1, 2, 1, 2 sequences per rank
+    lo, B, S = sum(seqs[:r]), sum(seqs), 7
+    bad: list[str] = []
+
+    def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
+        if got.shape != want.shape or not torch.allclose(got, want, atol=1e-10, rtol=1e-9):
+            err = (got - want).abs().max().item() if got.shape == want.shape else "shape"
+            bad.append(f"rank {r} {name}: {err}")
+
+    for n, (E, k, cf) in enumerate(cases):
+        tag = f"E={E} k={k} cf={cf} ep={p}"
+        torch.manual_seed(n)
+        layer = MoE(H, FFN, E, k, cf, dtype=F64)
+        torch.manual_seed(n)
+        twin = MoETwin(H, FFN, E, k, cf)
+        x, gy = _randn(B, S, H, seed=10 + n), _randn(B, S, H, seed=20 + n)
+        c = 0.37  # weight of the balance loss
+        xr = x[lo:lo + seqs[r]].clone().requires_grad_(True)
+        with dt.traffic() as fwd:
+            y = layer(xr)
+        routing = layer.routing
+        with dt.traffic() as bwd:
+            ((y * gy[lo:lo + seqs[r]]).sum() + c * routing.aux_per_sequence.sum()).backward()
+        xt = x.clone().requires_grad_(True)
+        yt, aux_t, dropped_t = twin(xt)
+        ((yt * gy).sum() + c * aux_t.sum()).backward()
+
+        close(f"{tag} output", y, yt[lo:lo + seqs[r]])
+        close(f"{tag} aux", routing.aux_per_sequence, aux_t[lo:lo + seqs[r]])
+        close(f"{tag} input grad", xr.grad, xt.grad[lo:lo + seqs[r]])
+        router_grad = layer.router.weight.grad.clone()
+        dt.all_reduce(router_grad)  # the router is replicated: data parallel sums its gradient
+        close(f"{tag} router grad", router_grad, twin.router.weight.grad)
+        for i, expert in enumerate(layer.experts):
+            ref = twin.experts[layer.first + i]
+            for mine, want in ((expert.fc_in, ref[0]), (expert.fc_out, ref[2])):
+                close(f"{tag} expert {layer.first + i} weight grad", mine.weight.grad, want.weight.grad)
+                close(f"{tag} expert {layer.first + i} bias grad", mine.bias.grad, want.bias.grad)
+        dropped = torch.tensor([routing.stats["dropped"]])
+        dt.all_reduce(dropped)
+        if int(dropped) != dropped_t or (cf is None) != (dropped_t == 0):
+            bad.append(f"{tag}: {int(dropped)} assignments dropped over the group, twin {dropped_t}")
+        plan = layer.plan
+        model_f, model_b = cost.moe_layer_traffic(plan.send_rows, plan.recv_rows, plan.experts, H, 8, r)
+        for name, t, m in (("forward", fwd, model_f), ("backward", bwd, model_b)):
+            if _counts(t.by_collective["all_to_all"]) != _model(m):
+                bad.append(f"{tag} {name} traffic {_counts(t.by_collective['all_to_all'])} != model "
+                           f"{_model(m)}")
+    return bad
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_moe_matches_its_unsharded_twin(run, world):
+    failures = [f for res in run(world, _check_moe, CASES) for f in res]
+    assert not failures, "\n".join(failures[:20])
+
+
+def _check_moe_context_parallel(cp: int, E: int, k: int, cf: float | None, S: int) -> list[str]:
+    """ep = the world, tokens of each sequence spread (zig-zag) over cp ranks."""
+    r, p = dist.get_rank(), dist.get_world_size()
+    groups = [dist.new_group(list(range(i, i + cp))) for i in range(0, p, cp)]
+    cp_group, c_rank, pair = groups[r // cp], r % cp, r // cp
+    layout = SequenceLayout(S, cp, zigzag=True)
+    pos = torch.tensor(layout.positions(c_rank), dtype=torch.int64)
+    B = 2 * (p // cp)  # two sequences per cp group
+    seq = slice(2 * pair, 2 * pair + 2)
+    bad: list[str] = []
+    torch.manual_seed(5)
+    layer = MoE(H, FFN, E, k, cf, dtype=F64)
+    torch.manual_seed(5)
+    twin = MoETwin(H, FFN, E, k, cf)
+    x, gy = _randn(B, S, H, seed=1), _randn(B, S, H, seed=2)
+    xr = x[seq][:, pos].clone().requires_grad_(True)
+    y = layer(xr, cp_group, layout)
+    routing = layer.routing
+    ((y * gy[seq][:, pos]).sum() + routing.aux_per_sequence.sum()).backward()
+    xt = x.clone().requires_grad_(True)
+    yt, aux_t, dropped_t = twin(xt)
+    ((yt * gy).sum() + cp * aux_t.sum()).backward()  # every cp rank adds its sequences' loss
+    checks = [("output", y, yt[seq][:, pos]), ("aux", routing.aux_per_sequence, aux_t[seq]),
+              ("input grad", xr.grad, xt.grad[seq][:, pos])]
+    router_grad = layer.router.weight.grad.clone()
+    dt.all_reduce(router_grad)
+    checks.append(("router grad", router_grad, twin.router.weight.grad))
+    for i, expert in enumerate(layer.experts):
+        checks.append((f"expert {layer.first + i}", expert.fc_in.weight.grad,
+                       twin.experts[layer.first + i][0].weight.grad))
+    for name, got, want in checks:
+        if not torch.allclose(got, want, atol=1e-10, rtol=1e-9):
+            bad.append(f"rank {r} cp={cp} E={E} k={k} cf={cf} S={S} {name}: "
+                       f"{(got - want).abs().max().item()}")
+    dropped = torch.tensor([routing.stats["dropped"]])
+    dt.all_reduce(dropped)
+    if int(dropped) != dropped_t:
+        bad.append(f"cp={cp}: {int(dropped)} dropped over the group, twin {dropped_t}")
+    return bad
+
+
+@pytest.mark.parametrize("cp, E, k, cf, S", [(2, 3, 2, 0.75, 9), (4, 5, 1, 1.0, 11), (2, 4, 2, None, 6)])
+def test_moe_with_sequences_split_over_a_context_parallel_group(run, cp, E, k, cf, S):
+    """Capacity and the balance loss follow each whole sequence, wherever its chunks are."""
+    failures = [f for res in run(4, _check_moe_context_parallel, cp, E, k, cf, S) for f in res]
+    assert not failures, "\n".join(failures[:20])
+
+
+def test_moe_cost_model_uniform_routing():
+    """The closed form is the exact count when routing is even and nothing is dropped."""
+    for ep, tokens, k, E in ((2, 8, 1, 4), (4, 12, 2, 8), (3, 9, 2, 6)):
+        per_expert = tokens * k // E  # each rank sends per_expert rows to every expert
+        held = [E // ep] * ep
+        rows = [per_expert * n for n in held]
+        for rank in range(ep):
+            fwd, bwd = cost.moe_layer_traffic(rows, rows, held, H, 4, rank)
+            token_a2a = cost.moe_all_to_all_bytes(tokens, H, k, ep, 4)
+            counts = (E - E // ep) * cost.COUNT_ITEMSIZE
+            assert fwd.bytes_sent == 2 * token_a2a + counts
+            assert bwd.bytes_sent == 2 * token_a2a
+            assert fwd.steps == 3 * (ep - 1) and bwd.steps == 2 * (ep - 1)
