@@ -7,6 +7,7 @@ Times: ns, us, ms, s.
 
 from __future__ import annotations
 
+import math
 import re
 
 __all__ = ["fmt_bytes", "fmt_time", "parse_rate", "parse_size", "parse_time"]
@@ -59,16 +60,40 @@ def parse_time(text: str) -> float:
         raise ValueError(f"unknown time unit {unit!r} in {text!r} (use ns, us, ms, s)") from None
 
 
-def fmt_time(seconds: float) -> str:
-    if seconds >= 1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.3f} ms"
-    return f"{seconds * 1e6:.1f} us"
+def _missing(x: float | None) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
 
 
-def fmt_bytes(n: float) -> str:
+def fmt_time(seconds: float | None, digits: int | None = None) -> str:
+    """'69.5 ms', '1.500 s', '42 us' (a table's compact form); '-' for a missing value.
+
+    digits=None: fixed decimals per unit (3 for s; 2 below 10 ms, else 1; none for us),
+    so a column of times lines up. digits=k: k significant digits ('3.89 us'), for a
+    calculator whose small terms matter (`dt model`).
+    """
+    if _missing(seconds):
+        return "-"
+    for unit, scale in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= scale or unit == "us":
+            v = seconds / scale
+            if digits is not None:
+                return f"{v:.{digits}g} {unit}"
+            places = {"s": 3, "ms": 2 if abs(v) < 10 else 1, "us": 0}[unit]
+            return f"{v:.{places}f} {unit}"
+    raise AssertionError("unreachable")
+
+
+def fmt_bytes(n: float | None, digits: int | None = None) -> str:
+    """Decimal units, as the original design's tables use: 33,554,432 B is '33.6 MB'.
+
+    digits=None: 2 decimals below 10 of the unit, else 1 ('8.39 MB', '262.1 KB');
+    digits=k: k significant digits ('262 KB'). Below 1 KB: whole bytes. '-' if missing.
+    """
+    if _missing(n):
+        return "-"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
+        if abs(n) >= scale:
+            v = n / scale
+            return f"{v:.{digits}g} {unit}" if digits is not None else \
+                f"{v:.{2 if abs(v) < 10 else 1}f} {unit}"
+    return f"{int(n)} B"

@@ -217,6 +217,39 @@ def test_replicas_no_sync_unused_and_errors(run, world: int) -> None:
         assert "0.weight" in r["shape_error"] and "(30, 5)" in r["shape_error"], r["shape_error"]
 
 
+def _failed_backward_worker() -> dict:
+    """A backward whose bucket all-reduce raises, then a good one on the same DDP."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    dt.set_validation(False)
+    x, y = _data()
+    xs, ys = _local(x, rank, world), _local(y, rank, world)
+    model = _model()
+    ddp = DistributedDataParallel(model, algorithm="no_such_algorithm", bucket_cap_mb=TINY_MB,
+                                  first_bucket_mb=TINY_MB)
+    try:
+        _loss(ddp(xs), ys).backward()
+        error = "no error"
+    except ValueError as exc:  # raised in a gradient hook: the end-of-backward callback never runs
+        error = str(exc)
+    model.zero_grad(set_to_none=True)
+    ddp.algorithm = "ring"
+    _loss(ddp(xs), ys).backward()
+    return {"error": error, "grads": [p.grad.clone() for p in model.parameters()],
+            "bytes": ddp.stats.bytes_sent, "expected": _expected_bytes(ddp, "ring", rank, world),
+            "collectives": ddp.stats.collectives, "buckets": len(ddp.buckets)}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_step_after_a_failed_backward_is_whole(run, world: int) -> None:
+    """The failed step's accounting is closed; the next one syncs and counts only its own bytes."""
+    ref = _reference_grads()
+    for r in run(world, _failed_backward_worker):
+        assert "no_such_algorithm" in r["error"], r["error"]
+        for g, e in zip(r["grads"], ref):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6)
+        assert r["bytes"] == r["expected"] and r["collectives"] == r["buckets"] > 1
+
+
 @pytest.mark.timeout(120)
 def test_bench_ddp_runs(pools, tmp_path) -> None:
     """bench/ddp.py on a tiny model: the reusable measurement and the printed report."""

@@ -111,3 +111,15 @@ def test_cli_trains_and_saves(tmp_path, capsys):
     assert "tokens/s" in out and "bubble" in out and os.path.exists(path)
     state = torch.load(path, weights_only=False)
     assert state["step"] == 3 and len(state["ranks"]) == 2
+
+
+def test_python_m_dt_train_is_the_cli():
+    """`python -m dt.train` (what torchrun -m runs) is `dt train`."""
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    done = subprocess.run([sys.executable, "-m", "dt.train", "--help"], capture_output=True, text=True,
+                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: dt train") and "torchrun" in done.stdout

@@ -7,7 +7,15 @@ import torch
 from torch import nn
 
 from dt.parallel import pipeline
-from dt.parallel.pipeline import Pipeline, bubble_fraction, partition, schedule, stage_module
+from dt.parallel.pipeline import (
+    Pipeline,
+    bubble_fraction,
+    neighbour,
+    partition,
+    schedule,
+    stage_layers,
+    stage_module,
+)
 
 BATCH = 8
 
@@ -122,3 +130,23 @@ def test_partition_and_schedule_shapes():
         pipeline.schedule("zigzag", 2, 0, 2)
     with pytest.raises(ValueError):
         pipeline.schedule("1f1b", 2, 0, 2, v=2)
+
+
+def test_stage_layers_and_neighbours():
+    # 10 layers, 2 stages x 2 chunks: parts [0,3) [3,6) [6,8) [8,10); stage 0 holds parts 0 and 2.
+    assert stage_layers(10, 2, 0, virtual=2) == [range(0, 3), range(6, 8)]
+    assert stage_layers(10, 2, 1, virtual=2) == [range(3, 6), range(8, 10)]
+    assert stage_layers(5, 3, 2, sizes=[1, 1, 3]) == [range(2, 5)]
+    for p, v, n in ((1, 1, 3), (1, 3, 3), (3, 1, 7), (4, 2, 8), (5, 3, 17)):
+        chunks = {(s, c): r for s in range(p) for c, r in enumerate(stage_layers(n, p, s, virtual=v))}
+        assert sorted(i for r in chunks.values() for i in r) == list(range(n))  # each layer once
+        for (s, c), r in chunks.items():
+            after, before = neighbour(p, v, s, c, +1), neighbour(p, v, s, c, -1)
+            if r.stop == n:
+                assert after is None
+            else:  # the stage after holds the chunk that starts where this one stops
+                assert any(q.start == r.stop for (t, _), q in chunks.items() if t == after)
+            if r.start == 0:
+                assert before is None
+            else:
+                assert any(q.stop == r.start for (t, _), q in chunks.items() if t == before)

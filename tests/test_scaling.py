@@ -16,6 +16,7 @@ import pytest
 from dt import cost
 from dt.bench import report as R
 from dt.bench import scaling as S
+from dt.bench.scaling.tables import t7_cost_model
 
 # --------------------------------------------------------------------------
 # breakdown: parts of a step that sum to 100%
@@ -188,7 +189,7 @@ def test_end_to_end_table_2(tmp_path, capsys):
     assert row["ring_time"]["n"] == 4 * 2 and row["ring_time"]["median"] > 0  # 4x reps up to 1 MB
     assert data["tables"]["2"]["machine"] == data["machine"]
     md = (tmp_path / "scaling.md").read_text()
-    assert "### Table 2." in md and "Produced by `python bench/scaling.py" in md
+    assert "### Table 2." in md and "Produced by `python -m dt.bench.scaling" in md
     assert (tmp_path / "allreduce_vs_world.png").stat().st_size > 1000
 
 
@@ -233,7 +234,7 @@ def _fake_study(tmp_path, tuned: bool, monkeypatch) -> S.Study:
                     for _ in range(s.pp_stages)]
         st.pp[(kind, sched, mb)] = S.aggregate_pipeline(per_rank)
     # dt tune figures for the first world only (tuned), or none at all, whatever this machine saved
-    monkeypatch.setattr(S, "load_tuned", lambda world, backend="gloo": {
+    monkeypatch.setattr(t7_cost_model, "load_tuned", lambda world, backend="gloo": {
         "world": world, "alpha": alpha, "beta": beta, "gamma": gamma,
         "measured_at": "now"} if tuned and world == s.coll_worlds[0] else None)
     return st

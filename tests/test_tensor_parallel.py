@@ -1,7 +1,7 @@
 """Tensor parallel layers against their unsharded twins, at group sizes 1 to 5.
 
 Each layer is built right after torch.manual_seed(s), as is its reference
-(torch.nn.Linear / nn.Embedding / dt's MLP and SelfAttention), so the shards
+(torch.nn.Linear / nn.Embedding / MLP and SelfAttention of tests/twins.py), so the shards
 must be exact slices of the reference's parameters. Forward outputs, input
 gradients and every parameter gradient are compared slice by slice on every
 rank. One worker call per group size runs all the checks (fast on 2 cores).
@@ -22,6 +22,7 @@ import dt
 from dt import cost
 from dt.parallel import tensor as tp
 from dt.transport import resolve_group
+from tests.twins import MLP, SelfAttention
 
 F64 = torch.float64
 TOL64 = 1e-9  # float64; the brief asks for 1e-5
@@ -142,7 +143,7 @@ def _check_mlp(err: _Errors, group=None, dtype: torch.dtype = F64) -> None:
     hidden, ffn = 8, 33
     tag = f"mlp {dtype}"
     torch.manual_seed(13)
-    ref = tp.MLP(hidden, ffn, dtype=dtype)
+    ref = MLP(hidden, ffn, dtype=dtype)
     torch.manual_seed(13)
     par = tp.ParallelMLP(hidden, ffn, group, dtype=dtype)
     x, grad_y = _randn(2, 5, hidden, seed=5, dtype=dtype), _randn(2, 5, hidden, seed=6, dtype=dtype)
@@ -161,7 +162,7 @@ def _check_attention(err: _Errors, group=None) -> None:
     for causal in (True, False):
         tag = f"attention causal={causal}"
         torch.manual_seed(14)
-        ref = tp.SelfAttention(hidden, heads, causal=causal, dtype=F64)
+        ref = SelfAttention(hidden, heads, causal=causal, dtype=F64)
         torch.manual_seed(14)
         par = tp.ParallelSelfAttention(hidden, heads, group, causal=causal, dtype=F64)
         x, grad_y = _randn(2, 5, hidden, seed=7), _randn(2, 5, hidden, seed=8)
@@ -235,8 +236,8 @@ def _check_sequence_parallel(err: _Errors, group=None) -> None:
     """LayerNorm -> MLP -> residual -> LayerNorm -> attention -> residual, sequence sharded."""
     heads, hidden, seq = 60, 120, 7  # 7 tokens: uneven over 2..5 ranks
     torch.manual_seed(16)
-    ln1, mlp = nn.LayerNorm(hidden, dtype=F64), tp.MLP(hidden, 33, dtype=F64)
-    ln2, attn = nn.LayerNorm(hidden, dtype=F64), tp.SelfAttention(hidden, heads, dtype=F64)
+    ln1, mlp = nn.LayerNorm(hidden, dtype=F64), MLP(hidden, 33, dtype=F64)
+    ln2, attn = nn.LayerNorm(hidden, dtype=F64), SelfAttention(hidden, heads, dtype=F64)
     torch.manual_seed(16)
     pln1 = tp.SequenceParallelLayerNorm(hidden, group=group, dtype=F64)
     pmlp = tp.ParallelMLP(hidden, 33, group, sequence_parallel=True, dtype=F64)
@@ -446,7 +447,11 @@ def _mlp_traffic(shape: tuple[int, int, int], sequence_parallel: bool, force: st
     return {"counted": {k: v.bytes_sent for k, v in t.by_collective.items()
                         if k not in ignore and v.bytes_sent},
             "want": {k: v for k, v in want.items() if v},
-            "calls": {k: v.calls for k, v in t.by_collective.items() if k not in ignore and v.calls}}
+            "calls": {k: v.calls for k, v in t.by_collective.items() if k not in ignore and v.calls},
+            # one int is every rank's shard: the same as the list of equal shards
+            "equal_shards": [tp.collective_bytes(c, 6, item, algorithm=force or "auto")
+                             == tp.collective_bytes(c, [6] * g.size, item, algorithm=force or "auto")
+                             for c in ("all_gather", "reduce_scatter")]}
 
 
 @pytest.mark.parametrize("world", [1, 3, 4])
@@ -457,6 +462,7 @@ def test_mlp_traffic_matches_cost_model(run, world):
         for sp in (False, True):
             for res in run(world, _mlp_traffic, shape, sp):
                 assert res["counted"] == res["want"], (shape, sp, res)
+                assert res["equal_shards"] == [True, True]
                 if world > 1:  # g forward, f backward; sequence parallel: their two halves each
                     want_calls = ({"all_gather": 2, "reduce_scatter": 2, "all_reduce": 1} if sp
                                   else {"all_reduce": 2})

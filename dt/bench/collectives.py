@@ -14,9 +14,10 @@ of (this call / torch's call of the same round), in-place where there is one.
 
 Timing: -w warm-up calls, then -n timed calls, every algorithm of a size
 interleaved call by call (the order rotated every round) so that they share
-whatever else the machine is doing; before each call a barrier lines the ranks up, and a call's time is
-the slowest rank's. The median is reported, the spread (interquartile range
-over the median) beside it. dt's cross-rank argument validation is OFF
+whatever else the machine is doing; before each call a barrier lines the ranks
+up, and a call's time is the slowest rank's (dt/bench/harness.py builds the
+buffers and runs that loop). The median is reported, the spread (interquartile
+range over the median) beside it. dt's cross-rank argument validation is OFF
 during timing (dt.transport.set_validation(False)), as torch runs without
 one; the #wrong check runs before timing.
 
@@ -40,21 +41,15 @@ import torch.distributed as dist
 
 import dt
 from dt import cost, transport
+from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls
 from dt.collectives import auto
 from dt.launcher import run_workers
 from dt.units import parse_size
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int32": torch.int32, "int": torch.int32,
           "int64": torch.int64}
-_DISPATCH = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-             "all_to_all": "all_to_all"}
-
-
-def _registry_name(collective: str) -> str:
-    return _DISPATCH.get(collective, collective)
 
 
 def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
@@ -65,70 +60,11 @@ def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
     return out
 
 
-# ---------------------------------------------------------------------------
-# One call of one collective, as dt or torch runs it.
-# ---------------------------------------------------------------------------
-
-
-class Case:
-    """Buffers for one (collective, size) and a way to run it with any algorithm."""
-
-    def __init__(self, collective: str, count: int, dtype: torch.dtype, op: str, p: int, r: int):
-        self.collective, self.dtype, self.op, self.p, self.r = collective, dtype, op, p, r
-        per = count // p if collective in ("all_gather", "reduce_scatter", "all_to_all") else count
-        self.per, self.count = per, per * p if per != count else count
-        n = self.count
-        self.input = ((torch.arange(n) + 3 * r) % 5 - 2).to(dtype)
-        self.output = torch.empty(per if collective == "reduce_scatter" else n, dtype=dtype)
-        self.redop = getattr(dist.ReduceOp, op)
-
-    def reset(self) -> None:
-        if self.collective in ("all_reduce", "broadcast", "reduce"):
-            self.output.copy_(self.input)
-
-    def call(self, algorithm: str, inplace: bool):
-        """A function running one call (None where the API has no such mode)."""
-        c, x, y, r = self.collective, self.input, self.output, self.r
-        torch_side = algorithm == "torch"
-        kw = {} if torch_side else {"algorithm": algorithm}
-        lib = dist if torch_side else dt
-        op = self.redop if torch_side else self.op
-        if c in ("all_reduce", "broadcast", "reduce"):
-            def run() -> None:
-                if not inplace:
-                    y.copy_(x)
-                if c == "all_reduce":
-                    lib.all_reduce(y, op, **kw)
-                elif c == "broadcast":
-                    lib.broadcast(y, 0, **kw)
-                else:
-                    lib.reduce(y, 0, op, **kw)
-            return run
-        if c == "all_gather":
-            src = y[r * self.per:(r + 1) * self.per] if inplace else x[: self.per]
-            if inplace:
-                src.copy_(x[: self.per])
-            return lambda: lib.all_gather_into_tensor(y, src, **kw)
-        if c == "reduce_scatter":
-            dst = x[r * self.per:(r + 1) * self.per] if inplace else y
-            return lambda: lib.reduce_scatter_tensor(dst, x, op, **kw)
-        if c == "all_to_all":
-            if inplace:
-                return None
-            return lambda: lib.all_to_all_single(y, x, **kw)
-        raise ValueError(c)
-
-    def result(self, inplace: bool) -> torch.Tensor:
-        if self.collective == "reduce_scatter" and inplace:
-            return self.input[self.r * self.per:(self.r + 1) * self.per]
-        return self.output
-
-
 def _wrong(case: Case, algorithm: str, inplace: bool) -> int:
     """Elements of this rank's result that differ from torch's on the same input."""
     ref_case = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
     ref_case.reset()
-    fn = ref_case.call("torch", inplace)
+    fn = ref_case.call(TORCH, inplace)
     if fn is None:
         return 0
     fn()
@@ -143,19 +79,19 @@ def _wrong(case: Case, algorithm: str, inplace: bool) -> int:
 
 
 def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
+    """Every size of the sweep on this rank: the #wrong check, then the timed calls."""
     p, r = dist.get_world_size(), dist.get_rank()
     transport.set_validation(False)
     dtype = DTYPES[cfg["dtype"]]
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    algos = list(cfg["algorithms"]) + ["torch"]
-    out: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}}
+    algos = list(cfg["algorithms"]) + [TORCH]
+    out: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": {}}
     sizes = cfg["sizes"]
     for i, nbytes in enumerate(sizes):
         if r == 0 and cfg["progress"]:
             print(f"[{i + 1}/{len(sizes)}] {nbytes:,} B ...", file=sys.stderr, flush=True)
         case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r)
-        out["picked"][str(nbytes)] = auto.choose(_registry_name(cfg["collective"]), "auto",
-                                                 case.count * itemsize, p)
+        out["picked"][str(nbytes)] = auto.choose(registry_name(cfg["collective"]), "auto", case.nbytes, p)
         calls = {}
         for a in algos:
             for inplace in (False, True) if not cfg.get("in_place_only") else (True,):
@@ -165,23 +101,9 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
                     if cfg["check"]:
                         out["wrong"][f"{nbytes}|{a}|{int(inplace)}"] = _wrong(case, a, inplace)
         case.reset()
-        for _ in range(cfg["warmup"]):
-            for fn in calls.values():
-                fn()
-        times: dict[tuple[str, bool], list[float]] = {k: [] for k in calls}
-        keys = list(calls)
-        for i in range(cfg["iters"]):
-            # Rotate the order every round: on a shared machine a call's time
-            # depends on what ran just before it, so no algorithm keeps one slot.
-            for key in keys[i % len(keys):] + keys[: i % len(keys)]:
-                fn = calls[key]
-                dist.barrier()
-                t0 = time.perf_counter()
-                fn()
-                times[key].append(time.perf_counter() - t0)
+        times = time_calls(calls, cfg["iters"], cfg["warmup"])
         for (a, inplace), ts in times.items():
             out["times"][f"{nbytes}|{a}|{int(inplace)}"] = ts
-        out["count"] = out.get("count", {})
         out["count"][str(nbytes)] = case.count
     return out
 
@@ -201,11 +123,11 @@ def _stats(samples: list[float]) -> dict[str, float]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     coll = args.collective
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
-        auto.candidates(_registry_name(coll)) + ["auto"]
+        auto.candidates(registry_name(coll)) + ["auto"]
     for a in algos:
-        if a != "auto" and a not in dt.ALGORITHMS[_registry_name(coll)]:
+        if a != "auto" and a not in dt.ALGORITHMS[registry_name(coll)]:
             raise SystemExit(f"dt bench collectives: {coll} has no algorithm {a!r}; "
-                             f"choose from {sorted(dt.ALGORITHMS[_registry_name(coll)])} or auto")
+                             f"choose from {sorted(dt.ALGORITHMS[registry_name(coll)])} or auto")
     sizes = sizes_between(parse_size(args.b), parse_size(args.e), args.f)
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
@@ -215,7 +137,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     p = args.world
     rows = []
     for nbytes in sizes:
-        for a in algos + ["torch"]:
+        for a in algos + [TORCH]:
             row: dict[str, Any] = {"size": per_rank[0]["count"][str(nbytes)] * itemsize,
                                    "count": per_rank[0]["count"][str(nbytes)],
                                    "type": args.d, "redop": args.o.lower()
@@ -238,7 +160,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 row["wrong"] += sum(rk["wrong"].get(key, 0) for rk in per_rank)
             rows.append(row)
     for row in rows:
-        ref = next(x for x in rows if x["size"] == row["size"] and x["algorithm"] == "torch")
+        ref = next(x for x in rows if x["size"] == row["size"] and x["algorithm"] == TORCH)
         mode = "in" if "in" in row else "out"
         # Median of per-call ratios: call i of each algorithm ran next to torch's
         # call i, under the same load, which a shared machine needs.

@@ -22,8 +22,9 @@ dt's cross-rank argument validation is OFF while timing (torch.distributed
 runs no such check). Times are the slowest rank's per step; median and
 spread over the timed steps.
 
-`measure_data_parallel(...)` is the reusable piece (bench/scaling.py can call it):
-one configuration, one dict of seconds per step and its breakdown.
+`measure_data_parallel(...)` is the reusable piece: one configuration, one dict
+of seconds per step and its breakdown; `step_worker` is the step itself, which
+the scaling study (dt/bench/scaling) times too.
 """
 
 from __future__ import annotations
@@ -43,9 +44,10 @@ from torch import nn
 
 from dt import transport
 from dt.bench import report as R
+from dt.bench.harness import barrier
 from dt.launcher import WorkerPool
 
-__all__ = ["main", "measure_data_parallel", "reference_model"]
+__all__ = ["main", "measure_data_parallel", "reference_model", "step_worker"]
 
 IMPLS = ("dt_on", "dt_off", "torch", "single")
 
@@ -60,20 +62,23 @@ def reference_model(hidden: int = 1024, layers: int = 6) -> nn.Sequential:
     return nn.Sequential(*mods)
 
 
-def _barrier() -> None:
-    from dt.collectives import barrier
-
-    barrier(algorithm="dissemination")
-
-
-def _step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
+def step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
                  warmup: int, bucket_cap_mb: float, first_bucket_mb: float,
                  algorithm: str) -> dict[str, list[dict[str, float]]]:
     """Train steps of each impl, interleaved; this rank's timings per timed step.
 
+    Runs on every rank of a process group (WorkerPool.run / run_workers): each
+    rank trains the reference model on global_batch // p samples of its own.
     impls: "dt_on" / "dt_off" (dt DDP, overlap on / off), "torch" (torch DDP on
     the same gloo group, same bucket cap), "single" (the model alone: no
-    communication at all).
+    communication at all). The impls take turns step by step (after a barrier),
+    so a change in the machine's load hits them alike; `warmup` steps of each
+    are not recorded.
+
+    Returns {impl: [one dict per timed step]}, seconds: step, forward, backward,
+    optimizer; for dt's DDP also its own timers (backward_compute, comm,
+    exposed, hidden) and bytes_sent. `dt bench ddp` and the scaling study
+    (dt/bench/scaling/workers.py) both time this same step.
     """
     from dt.parallel.data_parallel import DistributedDataParallel
 
@@ -103,7 +108,7 @@ def _step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[st
         for impl in impls:
             model, opt = setups[impl]
             if p > 1:
-                _barrier()
+                barrier()
             t0 = time.perf_counter()
             loss = loss_fn(model(x), y)
             t1 = time.perf_counter()
@@ -176,10 +181,10 @@ def measure_data_parallel(world_size: int, global_batch: int, impl: str = "dt",
     args = (global_batch, hidden, layers, [name], steps, warmup, bucket_cap_mb, first_bucket_mb,
             algorithm)
     if pool is not None:
-        per_rank = pool.run(_step_worker, *args, timeout=1800)
+        per_rank = pool.run(step_worker, *args, timeout=1800)
     else:
         with WorkerPool(world_size) as own:
-            per_rank = own.run(_step_worker, *args, timeout=1800)
+            per_rank = own.run(step_worker, *args, timeout=1800)
     stats = _summary([r[name] for r in per_rank])
     result = _as_result(impl, world_size, global_batch, hidden, layers, stats, bucket_cap_mb)
     result["overlap"] = overlap if impl == "dt" else None
@@ -230,7 +235,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
     rows, results, figures = [], [], []
     with contextlib.nullcontext(pool) if pool is not None else WorkerPool(a.world) as pool:
         for cap in caps:
-            per_rank = pool.run(_step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
+            per_rank = pool.run(step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
                                 a.warmup, cap, 1.0, a.algorithm, timeout=1800)
             by_impl = {}
             for impl in impls:

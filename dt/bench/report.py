@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dt.units import fmt_bytes, fmt_time  # noqa: F401  (the tables' formats live in dt.units)
+
 README_BEGIN = "<!-- scaling:begin -->"
 README_END = "<!-- scaling:end -->"
 
@@ -101,28 +103,9 @@ def per_rep_max(per_rank: Sequence[Sequence[float]]) -> list[float]:
 
 
 # --------------------------------------------------------------------------
-# Formatting.
+# Formatting. Bytes and times: dt.units.fmt_bytes / fmt_time, imported above, so the
+# benchmarks, `dt model` and the tables write sizes and times one way.
 # --------------------------------------------------------------------------
-
-
-def fmt_bytes(n: float) -> str:
-    """Decimal units, as the reference tables use (33.55 MB = 33,554,432 B)."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "-"
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.{2 if abs(n) < 10 * scale else 1}f} {unit}"
-    return f"{int(n)} B"
-
-
-def fmt_time(s: float) -> str:
-    if s is None or (isinstance(s, float) and math.isnan(s)):
-        return "-"
-    if s >= 1.0:
-        return f"{s:.3f} s"
-    if s >= 1e-3:
-        return f"{s * 1e3:.{2 if s < 1e-2 else 1}f} ms"
-    return f"{s * 1e6:.0f} us"
 
 
 def fmt_stat_time(st: Stat) -> str:

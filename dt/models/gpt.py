@@ -6,8 +6,8 @@
     optimizer.step()
 
 The model is a list of layers, [Embedding, Block x n_layer, Head], so the
-pipeline can cut it anywhere (dt.pipeline.partition). Every matrix is a
-dt.tensor_parallel layer on the mesh's tensor-parallel group: at tp=1 they
+pipeline can cut it anywhere (dt.parallel.pipeline.partition). Every matrix is a
+dt.parallel.tensor layer on the mesh's tensor-parallel group: at tp=1 they
 are plain layers (no communication), at tp>1 each block costs one all-reduce
 forward and one backward in attention and again in the MLP, Megatron-style.
 
@@ -16,10 +16,11 @@ and the tensor-parallel layers hold the slices of the full layer built after
 the same seed, so every mesh holds the same model as a single process: a run
 on 2 x 2 x 2 follows the 1 x 1 x 1 loss trajectory to rounding.
 
-Per step, on top of the pipeline's activations (dt.pipeline) and the tensor-
-parallel all-reduces (dt.tensor_parallel), data parallelism all-reduces every
-gradient of this rank's stage shard over the dp group: 2(dp-1)/dp of the shard's
-gradient bytes sent per rank with the ring. A tied head on another pipeline
+Per step, on top of the pipeline's activations (dt.parallel.pipeline) and the
+tensor-parallel all-reduces (dt.parallel.tensor), data parallelism all-reduces
+every gradient of this rank's stage shard over the dp group, in buckets
+(dt.parallel.buckets): 2(dp-1)/dp of the shard's gradient bytes sent per rank
+with the ring. A tied head on another pipeline
 stage than the embedding adds one all-reduce of the embedding gradient (the
 vocab shard) over the 2-rank group {first stage, last stage}.
 """
@@ -27,7 +28,7 @@ vocab shard) over the 2-rank group {first stage, last stage}.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -40,10 +41,11 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
+from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.mesh import Mesh
 from dt.transport import resolve_group
 
-__all__ = ["GPTConfig", "ParallelGPT", "gpt_layers", "sync_gradients"]
+__all__ = ["GPTConfig", "ParallelGPT", "gpt_layers"]
 
 
 @dataclass
@@ -148,35 +150,8 @@ def gpt_layers(cfg: GPTConfig, tp_group: Any, layers: Sequence[int] | None = Non
     return [out[i].to(dtype) for i in layers]
 
 
-def sync_gradients(params: list[nn.Parameter], group: Any, op: Any = ReduceOp.AVG,
-                   bucket_bytes: int = 25 * 2**20) -> None:
-    """All-reduce the gradients of `params` over `group`, packed into buckets.
-
-    One flat buffer per bucket (25 MiB, torch DDP's cap): fewer, larger
-    messages than one all-reduce per tensor, so the per-message cost alpha is
-    paid per bucket. Cost per rank: ring all-reduce of every gradient byte,
-    2(p-1)/p of them sent.
-    """
-    if resolve_group(group).size == 1:
-        return
-    grads = [p.grad for p in params if p.grad is not None]
-    buckets: list[list[torch.Tensor]] = [[]]
-    size = 0
-    for g in grads:
-        if size and size + g.numel() * g.element_size() > bucket_bytes:
-            buckets.append([])
-            size = 0
-        buckets[-1].append(g)
-        size += g.numel() * g.element_size()
-    for bucket in buckets:
-        if not bucket:
-            continue
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        all_reduce(flat, op=op, group=group)
-        offset = 0
-        for g in bucket:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+def _grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
+    return [p.grad for p in params if p.grad is not None]
 
 
 class ParallelGPT(nn.Module):
@@ -188,8 +163,7 @@ class ParallelGPT(nn.Module):
         self.cfg, self.mesh = cfg, mesh
         self.micro_batches, self.schedule = micro_batches, schedule
         # This rank's chunks: parts c*pp + pp_rank of the model cut into pp*virtual.
-        parts = pipeline.partition(cfg.n_layer + 2, mesh.pp * virtual, stage_sizes)
-        ranges = [parts[c * mesh.pp + mesh.pp_rank] for c in range(virtual)]
+        ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
         layers = iter(gpt_layers(cfg, mesh.tp_group, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
         self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
@@ -226,10 +200,10 @@ class ParallelGPT(nn.Module):
         stats = self.pipe.stats
         t0 = time.perf_counter()
         with transport.traffic() as dp_traffic:
-            sync_gradients(list(self.stage.parameters()), m.dp_group)
+            all_reduce_buckets(_grads(self.stage.parameters()), m.dp_group)
         with transport.traffic() as tied_traffic:
             if self.tied_split:
-                sync_gradients([self.tied_weight()], m.embed_group, op=ReduceOp.SUM)
+                all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
         loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype)
         if m.is_last_stage and m.dp > 1:

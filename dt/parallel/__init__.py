@@ -2,7 +2,7 @@
 
 - buckets.py        gradient buckets: the rule DDP, ZeRO and the mesh trainer share
 - data_parallel.py  DDP: one all-reduce of the gradients per step, overlapped with backward
-- zero.py           ZeRO 1-2 (sharded optimizer state and gradients), 3 (FSDP)
+- zero/             ZeRO 1-2 (sharded optimizer state and gradients), 3 (FSDP)
 - tensor/           Megatron's tensor parallelism: f/g mappings, parallel layers, vocab parallel
 - pipeline/         stages, micro-batches, GPipe / 1F1B / interleaved schedules
 - mesh.py           the dp x tp x pp process grid

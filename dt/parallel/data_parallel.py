@@ -12,8 +12,8 @@ sequential steps per bucket.
 
 How it hides that cost (as torch's DDP does):
 
-- Buckets. Gradients are packed into flat buffers, filled in reverse
-  registration order, the order backward produces them. One collective per
+- Buckets. Gradients are packed into flat buffers (dt.parallel.buckets),
+  filled in reverse registration order, the order backward produces them. One collective per
   bucket, not per tensor, so small tensors do not each pay a latency; the
   first bucket is small (1 MB) so communication starts early in backward.
 - Overlap. A hook fires when a parameter's gradient has been accumulated; when
@@ -26,6 +26,9 @@ How it hides that cost (as torch's DDP does):
   unused in this step are reduced as zeros, on every rank alike, so nothing
   hangs), waits for all of them, and points each `.grad` at its slot of the
   averaged bucket. Only the communication still running then is *exposed*.
+
+`model.stats` (DDPStepStats) says what the last synchronised backward moved
+and how much of its communication was hidden behind compute.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -43,58 +46,14 @@ from torch.utils._pytree import tree_leaves
 from dt import transport
 from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.parallel.buckets import MB, Bucket, make_buckets
 from dt.transport import resolve_group
 
-__all__ = ["Bucket", "DistributedDataParallel", "StepStats", "make_buckets"]
-
-MB = 1024 * 1024
+__all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
 
 
 @dataclass
-class Bucket:
-    """A flat buffer holding the gradients of a run of parameters, back to back."""
-
-    params: list[nn.Parameter]
-    offsets: list[int]
-    buffer: torch.Tensor
-    arrived: set[int] = field(default_factory=set)  # indices of params whose grad is in
-    work: Any = None
-
-    def slot(self, i: int) -> torch.Tensor:
-        p = self.params[i]
-        return self.buffer[self.offsets[i]:self.offsets[i] + p.numel()].view_as(p)
-
-    @property
-    def full(self) -> bool:
-        return len(self.arrived) == len(self.params)
-
-
-def make_buckets(params: list[nn.Parameter], first_bytes: int, cap_bytes: int) -> list[list[int]]:
-    """Group parameter indices (already in backward order) into buckets.
-
-    A bucket closes once it holds at least its limit (first bucket: first_bytes,
-    then cap_bytes), as torch's DDP does, or when the dtype changes (one flat
-    buffer has one dtype). A parameter larger than the cap gets a bucket alone.
-    """
-    buckets: list[list[int]] = []
-    current: list[int] = []
-    size = 0
-    for i, p in enumerate(params):
-        if current and p.dtype != params[current[0]].dtype:
-            buckets.append(current)
-            current, size = [], 0
-        current.append(i)
-        size += p.numel() * p.element_size()
-        if size >= (first_bytes if not buckets else cap_bytes):
-            buckets.append(current)
-            current, size = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
-
-
-@dataclass
-class StepStats:
+class DDPStepStats:
     """What the last synchronised backward cost on this rank (seconds, bytes)."""
 
     bytes_sent: int = 0
@@ -104,6 +63,49 @@ class StepStats:
     comm_s: float = 0.0  # time the collectives ran, summed
     exposed_s: float = 0.0  # time backward waited for communication after its compute
     hidden_s: float = 0.0  # comm_s - exposed_s: communication that overlapped compute
+
+
+class _Step:
+    """One synchronised backward: its buckets' progress, and its accounting, opened and closed here.
+
+    Backward has no frame of its own to put `with dt.traffic():` around: it
+    begins in the first gradient hook and ends in the callback the autograd
+    engine runs after the last one. So a step is an object. Creating it opens
+    the traffic record and starts the clock; `close` closes the record and
+    turns what it counted into the step's DDPStepStats. DDP creates one in the
+    first hook and closes it, failure or not, in its end-of-backward callback;
+    a backward that raised before that callback ran is abandoned by the next forward.
+    """
+
+    def __init__(self, n_buckets: int):
+        self.t_start = time.perf_counter()
+        self._counting = transport.traffic()
+        self._record = self._counting.__enter__()
+        self.arrived: list[set[int]] = [set() for _ in range(n_buckets)]  # grads in, per bucket
+        self.works: list[Any] = [None] * n_buckets  # each launched bucket's async all-reduce
+        self.launched = 0  # buckets launched so far, strictly in order
+        self.comm_s = 0.0  # collectives' running time, summed
+
+    def close(self, t_compute: float, t_end: float) -> DDPStepStats:
+        """Stop counting; the step's bytes and times (compute ended at t_compute, waits at t_end)."""
+        self._counting.__exit__(None, None, None)
+        rec, exposed = self._record, t_end - t_compute
+        return DDPStepStats(rec.bytes_sent, rec.bytes_received, len(self.works),
+                            t_compute - self.t_start, self.comm_s, exposed,
+                            max(0.0, self.comm_s - exposed))
+
+    def abandon(self) -> None:
+        """Throw away a step whose backward raised: let its launched all-reduces land, stop counting.
+
+        They write into the buckets the next step fills, so they are waited for;
+        their errors are dropped with the step (the group's next collective reports
+        a broken peer again).
+        """
+        for work in self.works:
+            if work is not None:
+                with contextlib.suppress(Exception):
+                    work.wait()
+        self._counting.__exit__(None, None, None)
 
 
 class DistributedDataParallel(nn.Module):
@@ -121,20 +123,16 @@ class DistributedDataParallel(nn.Module):
 
         params = [p for p in module.parameters() if p.requires_grad]
         params.reverse()  # backward produces the last layer's gradients first
-        self.buckets: list[Bucket] = []
-        for idx in make_buckets(params, int(first_bucket_mb * MB), int(bucket_cap_mb * MB)):
-            ps = [params[i] for i in idx]
-            offsets = [sum(q.numel() for q in ps[:k]) for k in range(len(ps))]
-            buffer = torch.zeros(sum(q.numel() for q in ps), dtype=ps[0].dtype, device=ps[0].device)
-            self.buckets.append(Bucket(ps, offsets, buffer))
-        self._where = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        self.buckets = [Bucket.over([params[i] for i in idx]) for idx in
+                        make_buckets(params, int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
+        self._where = {p: (k, i) for k, b in enumerate(self.buckets) for i, p in enumerate(b.tensors)}
         for p in params:
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
         self._sync_next_backward = True  # False inside no_sync()
         self._sync_this_backward = True
-        self._in_step = False
-        self.stats = StepStats()
+        self._step: _Step | None = None  # the synchronised backward in flight
+        self.stats = DDPStepStats()
 
     # -- construction: every replica starts from rank 0's weights -----------
     def _check_same_shapes(self) -> None:
@@ -166,12 +164,15 @@ class DistributedDataParallel(nn.Module):
 
     # -- forward: remember whether the coming backward synchronises ---------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._step is not None:  # the last backward raised before its end-of-backward callback
+            self._step.abandon()
+            self._step = None
         out = self.module(*args, **kwargs)
         self._sync_this_backward = self._sync_next_backward
         if torch.is_grad_enabled() and self._sync_this_backward:
             for t in tree_leaves(out):  # the output's gradient is where our backward starts
                 if isinstance(t, torch.Tensor) and t.requires_grad:
-                    t.register_hook(lambda grad: self._begin_step())
+                    t.register_hook(self._output_grad_ready)
         return out
 
     @contextlib.contextmanager
@@ -184,79 +185,75 @@ class DistributedDataParallel(nn.Module):
             self._sync_next_backward = before
 
     # -- backward: hooks, buckets, one wait at the end ----------------------
-    def _begin_step(self) -> None:
-        if self._in_step or not self._sync_this_backward:
-            return
-        self._in_step = True
-        self._t_start = time.perf_counter()
-        self._traffic = transport.traffic()
-        self._record = self._traffic.__enter__()
-        self._next_bucket = 0
-        self._comm_s = 0.0
-        for b in self.buckets:
-            b.arrived.clear()
-            b.work = None
-        torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
+    def _begin_step(self) -> _Step:
+        """The step in flight; the first hook of a synchronised backward opens it."""
+        if self._step is None:
+            self._step = _Step(len(self.buckets))
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
+        return self._step
+
+    def _output_grad_ready(self, grad: torch.Tensor) -> None:
+        self._begin_step()  # backward has started: the clock starts before the first bucket fills
 
     def _grad_ready(self, p: nn.Parameter) -> None:
         if not self._sync_this_backward:
             return  # no_sync(): the gradient stays in p.grad, accumulating
-        self._begin_step()
-        b, i = self._where[p]
-        slot = b.slot(i)
+        step = self._begin_step()
+        k, i = self._where[p]
+        slot = self.buckets[k].slot(i)
         if p.grad.data_ptr() != slot.data_ptr():  # not already accumulating in the bucket
             slot.copy_(p.grad)
-        b.arrived.add(i)
+        step.arrived[k].add(i)
         if self.overlap:
-            self._launch_full_buckets()
+            self._launch_full_buckets(step)
 
-    def _launch_full_buckets(self) -> None:
+    def _launch_full_buckets(self, step: _Step) -> None:
         # Strictly in bucket order, so every rank issues the same sequence.
-        while self._next_bucket < len(self.buckets) and self.buckets[self._next_bucket].full:
-            self._launch(self.buckets[self._next_bucket])
-            self._next_bucket += 1
+        while (step.launched < len(self.buckets)
+               and len(step.arrived[step.launched]) == len(self.buckets[step.launched].tensors)):
+            self._launch(step, step.launched)
+            step.launched += 1
 
-    def _launch(self, b: Bucket) -> None:
+    def _launch(self, step: _Step, k: int) -> None:
+        buffer = self.buckets[k].buffer
         if self.overlap:
-            b.work = all_reduce(b.buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm,
-                                async_op=True)
+            step.works[k] = all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm,
+                                       async_op=True)
         else:
             t0 = time.perf_counter()
-            all_reduce(b.buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm)
-            self._comm_s += time.perf_counter() - t0
+            all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm)
+            step.comm_s += time.perf_counter() - t0
 
     def _finish_step(self) -> None:
-        """Runs once backward's compute is done: launch the rest, wait, publish grads."""
-        try:
-            self._launch_rest_and_wait()
-        finally:  # a failed collective must not leave the next step half-open
-            self._traffic.__exit__(None, None, None)
-            self._in_step = False
-
-    def _launch_rest_and_wait(self) -> None:
+        """Runs once backward's compute is done: launch the rest, wait, publish the averages."""
+        step, self._step = self._step, None  # the next backward opens a fresh step
         t_compute = time.perf_counter()
-        for b in self.buckets[self._next_bucket:]:
-            for i, p in enumerate(b.params):
-                if i not in b.arrived:  # no gradient this step: contribute what .grad holds, or 0
+        try:
+            self._launch_rest(step)
+            for work in step.works:
+                if work is not None:
+                    work.wait()
+                    step.comm_s += work.finished_at - work.started_at
+        finally:  # a failed collective must not leave the step's accounting open
+            stats = step.close(t_compute, time.perf_counter())
+        for b in self.buckets:
+            for i, p in enumerate(b.tensors):
+                p.grad = b.slot(i)  # the averaged gradient, in place in the bucket
+        self.stats = stats
+
+    def _launch_rest(self, step: _Step) -> None:
+        """Launch the buckets still missing gradients, in order, on every rank alike."""
+        for k in range(step.launched, len(self.buckets)):
+            b = self.buckets[k]
+            for i, p in enumerate(b.tensors):
+                if i not in step.arrived[k]:  # no gradient this step: contribute .grad, or 0
                     slot = b.slot(i)
                     if p.grad is None:
                         slot.zero_()
                     elif p.grad.data_ptr() != slot.data_ptr():
                         slot.copy_(p.grad)
-            self._launch(b)
-        for b in self.buckets:
-            if b.work is not None:
-                b.work.wait()
-                self._comm_s += b.work.finished_at - b.work.started_at
-        t_end = time.perf_counter()
-        for b in self.buckets:
-            for i, p in enumerate(b.params):
-                p.grad = b.slot(i)  # the averaged gradient, in place in the bucket
-        rec = self._record
-        exposed = t_end - t_compute
-        self.stats = StepStats(rec.bytes_sent, rec.bytes_received, len(self.buckets),
-                               t_compute - self._t_start, self._comm_s, exposed,
-                               max(0.0, self._comm_s - exposed))
+            self._launch(step, k)
+        step.launched = len(self.buckets)
 
     # -- checks --------------------------------------------------------------
     @torch.no_grad()

@@ -5,6 +5,7 @@
     dt tune [...]             measure this machine's alpha, beta, gamma (dt/tools/tune.py)
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
+    dt selftest [--gpu]       smoke test of every layer on this machine's devices
 
 Each command's module has `main(argv) -> int`; this file only routes.
 """
@@ -19,6 +20,7 @@ COMMANDS = {
     "tune": "dt.tools.tune",
     "model": "dt.tools.whatif",
     "train": "dt.train",
+    "selftest": "dt.tools.selftest",
 }
 
 BENCHES = {

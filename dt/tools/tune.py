@@ -2,7 +2,7 @@
 
     dt tune --world 4
 
-The cost model (dt/cost.py) prices a collective as
+The cost model (dt/cost/time.py) prices a collective as
 steps * alpha + bytes * beta + reduced bytes * gamma. Three micro-benchmarks
 measure the three figures on `--world` processes, all ranks at once (on a
 shared machine the ranks compete for the same cores, and the figures should
@@ -14,7 +14,8 @@ say so):
   receiving n from its left, which is exactly one step of a ring, a doubling
   or a tree algorithm. A 1-element exchange gives alpha (the time of one
   step); the slope of the time over n = 256 KB .. 16 MB gives beta;
-- reduction: every rank adds two n-byte float32 buffers; the slope gives gamma;
+- reduction: every rank adds two n-byte float32 buffers; the slope gives gamma
+  (dt/bench/harness.py, which the scaling study calls too);
 - the algorithm sweep (unless --no-sweep): every algorithm of all_reduce,
   broadcast, all_gather_into_tensor and reduce_scatter_tensor timed from 1 KiB
   to 64 MiB. auto prefers this measured table to the model's prediction where
@@ -36,12 +37,19 @@ import statistics
 import time
 from typing import Any
 
+from dt.bench.harness import (
+    REDUCE_SIZES,
+    Case,
+    barrier,
+    reduction_seconds_per_byte,
+    slope,
+    time_calls,
+)
 from dt.cost import machine
 
 __all__ = ["main", "measure", "measure_winners"]
 
 EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
-REDUCE_SIZES = (1 << 20, 4 << 20, 16 << 20)
 
 
 def _size(nbytes: int) -> str:
@@ -57,25 +65,15 @@ def _size(nbytes: int) -> str:
 
 
 def _median_time(fn, reps: int, warmup: int = 2) -> float:
-    import dt
-
     for _ in range(warmup):
         fn()
     times = []
     for _ in range(reps):
-        dt.barrier()
+        barrier()
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _slope(points: dict[int, float]) -> float:
-    """Least-squares slope of time over bytes."""
-    xs, ys = list(points), list(points.values())
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    den = sum((x - mx) ** 2 for x in xs)
-    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den) if den else 0.0
 
 
 def measure(reps: int = 20) -> dict[str, Any]:
@@ -117,34 +115,18 @@ def measure(reps: int = 20) -> dict[str, Any]:
     out["exchange"] = {str(k): v for k, v in exchange.items()}
     small = min(exchange)
     out["alpha"] = exchange[small]
-    out["beta"] = _slope({k: v for k, v in exchange.items() if k >= 1 << 18})
+    out["beta"] = slope({k: v for k, v in exchange.items() if k >= 1 << 18})
 
-    # reduction: a + b into a
-    reduce: dict[int, float] = {}
-    for nbytes in REDUCE_SIZES:
-        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
-        reduce[nbytes] = _median_time(lambda a=a, b=b: torch.add(a, b, out=a), reps)
-    out["reduce"] = {str(k): v for k, v in reduce.items()}
-    out["gamma"] = _slope(reduce)
+    # reduction: a + b into a, the harness's gamma (the scaling study measures it the same way)
+    reduction = reduction_seconds_per_byte(REDUCE_SIZES, reps)
+    out["reduce"] = {str(k): v for k, v in reduction.times.items()}
+    out["gamma"] = reduction.gamma
     return out
 
 
 # The measured decision table: each candidate algorithm timed at each size.
 SWEEP_COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
 SWEEP_SIZES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
-
-
-def _call(collective: str, algorithm: str, buf: Any, out: Any) -> None:
-    import dt
-
-    if collective == "all_reduce":
-        dt.all_reduce(buf, algorithm=algorithm)
-    elif collective == "broadcast":
-        dt.broadcast(buf, src=0, algorithm=algorithm)
-    elif collective == "all_gather_into_tensor":
-        dt.all_gather_into_tensor(out, buf, algorithm=algorithm)
-    else:
-        dt.reduce_scatter_tensor(buf, out, algorithm=algorithm)
 
 
 def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
@@ -166,35 +148,18 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
     from dt.transport import set_validation
 
     set_validation(False)
-    p = dt.transport.resolve_group(None).size
     table: dict[str, Any] = {}
     for collective in collectives:
         algos = auto.candidates(collective)
         rows = []
         for nbytes in sizes:
-            n = max(1, nbytes // 4)
-            if collective == "all_gather_into_tensor":
-                n = max(1, n // p)
-                buf, out = torch.ones(n), torch.empty(n * p)
-            elif collective == "reduce_scatter_tensor":
-                n = max(1, n // p)
-                buf, out = torch.empty(n), torch.ones(n * p)
-            else:
-                buf, out = torch.ones(n), None
-            times: dict[str, list[float]] = {a: [] for a in algos}
-            for rep in range(reps + 1):  # the first round warms up
-                order = algos[rep % len(algos):] + algos[:rep % len(algos)]
-                for a in order:
-                    dt.barrier()
-                    t0 = time.perf_counter()
-                    _call(collective, a, buf, out)
-                    slowest = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                    dt.all_reduce(slowest, op=dt.ReduceOp.MAX, algorithm="naive")
-                    if rep:
-                        times[a].append(float(slowest))
-                if collective == "all_reduce":
-                    buf.fill_(1.0)  # keep the values bounded
-            medians = {a: statistics.median(t) for a, t in times.items()}
+            case = Case(collective, max(1, nbytes // 4))
+            calls = {a: case.call(a) for a in algos}
+            # the first round warms up; every rank then takes each call's slowest rank
+            mine = time_calls(calls, reps, warmup=1, reset=case.reset)
+            slowest = torch.tensor([mine[a] for a in algos], dtype=torch.float64)
+            dt.all_reduce(slowest, op=dt.ReduceOp.MAX, algorithm="naive")
+            medians = {a: statistics.median(t) for a, t in zip(algos, slowest.tolist())}
             rows.append([nbytes, min(sorted(medians), key=medians.get), medians])
         table[collective] = rows
     return table

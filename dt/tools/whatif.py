@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from typing import Any
 
 from dt import cost
@@ -34,6 +33,7 @@ from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
                "gather", "scatter", "barrier")
+MEASURABLE = COLLECTIVES[:6]  # what dt/bench/harness.py builds buffers for (--measured)
 
 
 def _algorithms(collective: str) -> list[str]:
@@ -54,19 +54,19 @@ def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
 
 def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
                 out: Any = sys.stdout) -> None:
-    print(f"\n{collective}, {fmt_bytes(nbytes)} ({nbytes:,} B), {world} ranks", file=out)
+    print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {world} ranks", file=out)
     head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
             f"{'bandwidth':>11} {'reduction':>11} {'total':>11}")
     if measured is not None:
         head += f" {'measured':>11} {'meas/pred':>9}"
     print(head, file=out)
     for i, (name, e) in enumerate(rows):
-        line = (f"  {name + (' *' if i == 0 else ''):<19} {e.steps:>5} {fmt_bytes(e.bytes):>11} "
-                f"{fmt_time(e.latency):>11} {fmt_time(e.bandwidth):>11} "
-                f"{fmt_time(e.reduction):>11} {fmt_time(e.total):>11}")
+        line = (f"  {name + (' *' if i == 0 else ''):<19} {e.steps:>5} {fmt_bytes(e.bytes, 3):>11} "
+                f"{fmt_time(e.latency, 3):>11} {fmt_time(e.bandwidth, 3):>11} "
+                f"{fmt_time(e.reduction, 3):>11} {fmt_time(e.total, 3):>11}")
         if measured is not None and name in measured:
             m = measured[name]
-            line += f" {fmt_time(m):>11} {m / e.total if e.total else float('nan'):>9.2f}"
+            line += f" {fmt_time(m, 3):>11} {m / e.total if e.total else float('nan'):>9.2f}"
         print(line, file=out)
 
 
@@ -75,56 +75,17 @@ def print_table(collective: str, nbytes: int, world: int, rows: list, measured: 
 # ---------------------------------------------------------------------------
 
 
-def _call(collective: str, algorithm: str, nbytes: int, p: int, r: int):
-    import torch
-
-    import dt
-
-    n = max(1, nbytes // 4)
-    if collective == "all_reduce":
-        x = torch.ones(n)
-        return lambda: dt.all_reduce(x, algorithm=algorithm)
-    if collective == "broadcast":
-        x = torch.ones(n)
-        return lambda: dt.broadcast(x, 0, algorithm=algorithm)
-    if collective == "reduce":
-        x = torch.ones(n)
-        return lambda: dt.reduce(x, 0, algorithm=algorithm)
-    if collective == "all_gather":
-        x = torch.ones(max(1, n // p))
-        out = [torch.empty_like(x) for _ in range(p)]
-        return lambda: dt.all_gather(out, x, algorithm=algorithm)
-    if collective == "reduce_scatter":
-        x = [torch.ones(max(1, n // p)) for _ in range(p)]
-        y = torch.empty_like(x[0])
-        return lambda: dt.reduce_scatter(y, x, algorithm=algorithm)
-    if collective == "all_to_all":
-        x = [torch.ones(max(1, n // p)) for _ in range(p)]
-        y = [torch.empty_like(t) for t in x]
-        return lambda: dt.all_to_all(y, x, algorithm=algorithm)
-    raise ValueError(f"--measured does not time {collective}")
-
-
 def _measure_worker(collective: str, algorithms: list[str], sizes: list[int],
                     reps: int) -> dict[str, dict[str, float]]:
-    import torch.distributed as dist
-
+    """Median seconds of each algorithm at each size on this rank (the harness's buffers and loop)."""
     import dt
+    from dt.bench.harness import Case, time_calls
 
     dt.set_validation(False)  # time the algorithm, not dt's argument check
-    p, r = dist.get_world_size(), dist.get_rank()
     out: dict[str, dict[str, float]] = {}
     for nbytes in sizes:
-        calls = {a: _call(collective, a, nbytes, p, r) for a in algorithms}
-        times: dict[str, list[float]] = {a: [] for a in algorithms}
-        for a in algorithms:  # warm-up
-            calls[a]()
-        for _ in range(reps):  # interleaved, so every algorithm sees the same load
-            for a in algorithms:
-                dt.barrier()
-                t0 = time.perf_counter()
-                calls[a]()
-                times[a].append(time.perf_counter() - t0)
+        case = Case(collective, max(1, nbytes // 4))
+        times = time_calls({a: case.call(a) for a in algorithms}, reps, warmup=1, reset=case.reset)
         out[str(nbytes)] = {a: statistics.median(t) for a, t in times.items()}
     return out
 
@@ -144,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         sizes = [parse_size(s) for s in args.size.split(",")]
+        if args.measured and args.collective not in MEASURABLE:
+            raise ValueError(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
         if args.measured:
             from dt.cost import machine
 
@@ -154,12 +117,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 2
             alpha, beta, gamma = saved["alpha"], saved["beta"], saved["gamma"]
             print(f"figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
-                  f"alpha {fmt_time(alpha)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
+                  f"alpha {fmt_time(alpha, 3)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
         else:
             alpha, beta = parse_time(args.latency), 1 / parse_rate(args.bandwidth)
             gamma = 1 / parse_rate(args.reduce) if args.reduce else 0.0
-            print(f"alpha {fmt_time(alpha)} per step, 1/beta {fmt_bytes(1 / beta)}/s per rank"
-                  + (f", 1/gamma {fmt_bytes(1 / gamma)}/s" if gamma else ", reduction free"))
+            print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
+                  + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free"))
     except ValueError as exc:
         print(f"dt model: {exc}", file=sys.stderr)
         return 2

@@ -3,7 +3,7 @@
 import sys
 
 # Import by name, not as __main__, so the workers' functions pickle by a name every
-# worker process can import.
-from dt.bench.scaling import main
+# worker process can import (they live in dt.bench.scaling.workers).
+from dt.bench.scaling.cli import main
 
 sys.exit(main())

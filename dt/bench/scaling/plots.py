@@ -1,7 +1,8 @@
 """PNG plots of the scaling study (matplotlib, Agg backend: no display needed).
 
 Each function takes the Study's tables and writes one figure next to the JSON;
-a table that was not run is simply not plotted.
+a table that was not run is simply not plotted. A new table needs no plot; to
+give it one, add a function here and to write_all.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import matplotlib
+
+from dt import cost
+from dt.bench.scaling.model import BREAKDOWN_LABELS, BREAKDOWN_PARTS
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -79,8 +83,6 @@ def allreduce(st: Any, out: Path) -> Path | None:
 
 def busbw(st: Any, out: Path) -> Path | None:
     """Bus bandwidth vs message size: color per algorithm (gloo = torch's own), style per world."""
-    from dt import cost
-
     t = st.tables.get(7)
     if t is None:
         return None
@@ -153,8 +155,6 @@ def efficiency(st: Any, out: Path) -> Path | None:
 
 def breakdown(st: Any, out: Path) -> Path | None:
     """Table 5 as stacked horizontal bars, each summing to 100%."""
-    from dt.bench.scaling import BREAKDOWN_LABELS, BREAKDOWN_PARTS
-
     t = st.tables.get(5)
     if t is None or not t.data:
         return None

@@ -1,0 +1,213 @@
+"""One call of any collective by name, on buffers built for it, and the loop that times it.
+
+Four places time collectives: `dt bench collectives` (nccl-tests' columns), the
+scaling study's all-reduce tables, `dt tune`'s algorithm sweep and `dt model
+--measured`. They share this file, so a size means the same buffers and a time
+the same measurement in all four:
+
+- `Case(collective, count)` builds this rank's buffers for one (collective,
+  size) and `case.call(algorithm, inplace)` returns a function that runs one
+  call, by any of dt's algorithms or by torch.distributed's own ("torch"),
+  out of place or in place;
+- `time_calls(calls, reps)` times several such calls interleaved, each after a
+  barrier, in an order that rotates every round (on a shared machine a call's
+  time depends on what ran just before it, so none keeps one slot);
+- `reduction_seconds_per_byte()` measures gamma, the cost model's seconds per
+  reduced byte, for `dt tune` and the study alike.
+
+Sizes follow nccl-tests: `count` is the elements of the whole buffer, which for
+all-gather, reduce-scatter and all-to-all is p blocks of count // p.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+
+import dt
+from dt.collectives import barrier as dt_barrier
+
+__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "reduction_seconds_per_byte",
+           "registry_name", "rotated", "slope", "time_calls"]
+
+TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+IN_PLACE_ONLY = ("all_reduce", "broadcast", "reduce")  # torch's APIs for these have no output buffer
+BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")  # p blocks of count // p
+# The tensor API each collective is timed through, as dt's registry names it.
+_REGISTRY = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
+_BASE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+         "all_to_all_single": "all_to_all"}
+
+K = TypeVar("K", bound=Hashable)
+
+
+def base_name(collective: str) -> str:
+    """'all_gather_into_tensor' -> 'all_gather': the collective whatever API names it."""
+    return _BASE.get(collective, collective)
+
+
+def registry_name(collective: str) -> str:
+    """The name dt's registry and `auto` know the timed API by ('all_gather' -> ..._into_tensor)."""
+    base = base_name(collective)
+    return _REGISTRY.get(base, base)
+
+
+def barrier() -> None:
+    """dt's dissemination barrier: named, so `auto` (and its tuning) never runs while timing."""
+    dt_barrier(algorithm="dissemination")
+
+
+class Case:
+    """This rank's buffers for one (collective, size), and one call of it by any algorithm.
+
+    The input holds a small pattern that differs by rank ((i + 3r) mod 5 - 2), so
+    a result can be checked element by element against torch's.
+    """
+
+    def __init__(self, collective: str, count: int, dtype: torch.dtype = torch.float32,
+                 op: str = "SUM", p: int | None = None, r: int | None = None):
+        c = base_name(collective)
+        if c not in COLLECTIVES:
+            raise ValueError(f"no harness for {collective!r}; one of {COLLECTIVES}")
+        self.p = dist.get_world_size() if p is None else p
+        self.r = dist.get_rank() if r is None else r
+        self.collective, self.dtype, self.op = c, dtype, op.upper()
+        per = max(1, count // self.p) if c in BLOCKED else count
+        self.per, self.count = per, per * self.p if c in BLOCKED else count
+        self.input = ((torch.arange(self.count) + 3 * self.r) % 5 - 2).to(dtype)
+        self.output = torch.empty(per if c == "reduce_scatter" else self.count, dtype=dtype)
+        self.redop = getattr(dist.ReduceOp, self.op)
+
+    @property
+    def nbytes(self) -> int:
+        return self.count * self.input.element_size()
+
+    def reset(self) -> None:
+        """Put the input back where the in-place calls work (they overwrite it every call)."""
+        if self.collective in IN_PLACE_ONLY:
+            self.output.copy_(self.input)
+
+    def call(self, algorithm: str, inplace: bool | None = None) -> Callable[[], Any] | None:
+        """A function that runs one call; None where the API has no such mode (in-place all-to-all).
+
+        inplace=None: as the API is usually called (in place where it has no output
+        buffer, else out of place). Out of place for all_reduce, broadcast and reduce
+        copies the input into the output first: what such a call costs through torch's
+        in-place API.
+        """
+        c, x, y, r = self.collective, self.input, self.output, self.r
+        if inplace is None:
+            inplace = c in IN_PLACE_ONLY
+        lib: Any = dist if algorithm == TORCH else dt
+        kw = {} if algorithm == TORCH else {"algorithm": algorithm}
+        op = self.redop if algorithm == TORCH else self.op
+        if c in IN_PLACE_ONLY:
+            def run() -> None:
+                if not inplace:
+                    y.copy_(x)
+                if c == "all_reduce":
+                    lib.all_reduce(y, op, **kw)
+                elif c == "broadcast":
+                    lib.broadcast(y, 0, **kw)
+                else:
+                    lib.reduce(y, 0, op, **kw)
+            return run
+        if c == "all_gather":
+            src = y[r * self.per:(r + 1) * self.per] if inplace else x[: self.per]
+            if inplace:
+                src.copy_(x[: self.per])
+            return lambda: lib.all_gather_into_tensor(y, src, **kw)
+        if c == "reduce_scatter":
+            dst = x[r * self.per:(r + 1) * self.per] if inplace else y
+            return lambda: lib.reduce_scatter_tensor(dst, x, op, **kw)
+        if inplace:  # all_to_all
+            return None
+        return lambda: lib.all_to_all_single(y, x, **kw)
+
+    def result(self, inplace: bool) -> torch.Tensor:
+        """The buffer that holds this rank's result after call(..., inplace)."""
+        if self.collective == "reduce_scatter" and inplace:
+            return self.input[self.r * self.per:(self.r + 1) * self.per]
+        return self.output
+
+
+def rotated(keys: Sequence[K], round_: int) -> list[K]:
+    """keys started at position round_ (mod len): round k's order when calls take turns."""
+    k = round_ % len(keys) if keys else 0
+    return list(keys[k:]) + list(keys[:k])
+
+
+def time_calls(calls: dict[K, Callable[[], Any]], reps: int, warmup: int = 1,
+               reset: Callable[[], None] | None = None) -> dict[K, list[float]]:
+    """Seconds of each call on this rank, `reps` rounds after `warmup` untimed ones.
+
+    Every round runs each call once, in an order rotated by one each round, so
+    drifting load hits them alike. Before each call, `reset` (untimed) restores
+    the buffers, then a barrier lines the ranks up: a call's time on the slowest
+    rank is the collective's time, which the caller takes (max over ranks).
+    """
+    keys = list(calls)
+    times: dict[K, list[float]] = {k: [] for k in keys}
+    for round_ in range(warmup + reps):
+        for key in rotated(keys, round_):
+            if reset is not None:
+                reset()
+            barrier()
+            t0 = time.perf_counter()
+            calls[key]()
+            elapsed = time.perf_counter() - t0
+            if round_ >= warmup:
+                times[key].append(elapsed)
+    return times
+
+
+def slope(points: dict[int, float]) -> float:
+    """Least-squares slope of time over bytes (never negative: noise cannot make bytes free)."""
+    xs, ys = list(points), list(points.values())
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return max(0.0, sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den) if den else 0.0
+
+
+REDUCE_SIZES = (1 << 20, 4 << 20, 16 << 20)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """gamma (seconds per reduced byte) and the median time of each size it was fitted to."""
+
+    gamma: float
+    times: dict[int, float]
+
+
+def reduction_seconds_per_byte(sizes: Sequence[int] = REDUCE_SIZES, reps: int = 7,
+                               sync: bool = True) -> Reduction:
+    """gamma: the slope of the time to add one float32 buffer into another, over its bytes.
+
+    What a reduction step of a collective does to each received chunk (a += b),
+    on this rank's threads. Every rank measures at once (sync: a barrier before
+    each repetition), so on a shared machine gamma includes their contention;
+    up to 16 MB, larger than the caches, as the chunks of a big all-reduce are.
+    The slope, not time / bytes, so a fixed cost per call is not charged per byte.
+    """
+    times: dict[int, float] = {}
+    for nbytes in sizes:
+        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        torch.add(a, b, out=a)  # warm-up: first touch of the pages
+        samples = []
+        for _ in range(reps):
+            if sync:
+                barrier()
+            t0 = time.perf_counter()
+            torch.add(a, b, out=a)
+            samples.append(time.perf_counter() - t0)
+        times[nbytes] = statistics.median(samples)
+    gamma = slope(times) if len(times) > 1 else times[sizes[0]] / sizes[0]
+    return Reduction(gamma, times)

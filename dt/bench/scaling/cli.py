@@ -1,0 +1,156 @@
+"""`dt bench scaling` / `python -m dt.bench.scaling`: the command line of the study.
+
+parse_args turns options into Settings (settings.py); main measures (study.py),
+builds the selected tables (tables/), writes results/scaling.{md,json} and the
+plots, and with --update-readme the README's scaling section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from dt.bench import report as R
+from dt.bench.scaling import plots
+from dt.bench.scaling.report import command_line, fmt_duration, report_markdown, write_outputs
+from dt.bench.scaling.settings import Settings, quick_settings
+from dt.bench.scaling.study import Study
+from dt.bench.scaling.tables import ALL_TABLES, TABLES
+
+__all__ = ["main", "parse_args"]
+
+DESCRIPTION = """The scaling study: what distributed training costs on this machine, table by table.
+
+    dt bench scaling                  # the full study, the original design's sizes (~10 min, 2 cores)
+    dt bench scaling --quick          # smoke test, under 2 minutes (CI runs it)
+    dt bench scaling --tables 1,2,7   # only some tables
+    dt bench scaling --update-readme  # also rewrite the README's scaling section
+
+The tables (dt/bench/scaling/tables/, one file each):
+""" + "\n".join(f"  {i}. {t.title}" for i, t in TABLES.items()) + """
+
+The original design's figures, which these regenerate: docs/original_design.md.
+"""
+
+
+def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
+    ap = argparse.ArgumentParser(prog="dt bench scaling", description=DESCRIPTION,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, few repetitions (< 2 min)")
+    ap.add_argument("--tables", default=None,
+                    help=f"comma-separated table numbers (default all: {','.join(map(str, ALL_TABLES))})")
+    ap.add_argument("--worlds", default=None, help="world sizes for the collectives, e.g. 2,4,8")
+    ap.add_argument("--dp-worlds", default=None, help="world sizes for data parallel, e.g. 1,2,4,8")
+    ap.add_argument("--dp-batch", type=int, default=None, help="global batch of table 3")
+    ap.add_argument("--batches", default=None, help="global batches of table 4, e.g. 256,1024,4096")
+    ap.add_argument("--hidden", type=int, default=None, help="width of the reference model")
+    ap.add_argument("--layers", type=int, default=None, help="linear layers of the reference model")
+    ap.add_argument("--micro", default=None, help="pipeline micro-batch counts, e.g. 1,4,16")
+    ap.add_argument("--stages", type=int, default=None, help="pipeline stages (default 4)")
+    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per collective")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per DP / pipeline config")
+    ap.add_argument("--big", type=int, default=None, help="bytes of table 1's all-reduce")
+    ap.add_argument("--small", type=int, default=None, help="bytes of table 2's all-reduce")
+    ap.add_argument("--algorithm", default=None, help="all-reduce algorithm inside dt's DDP")
+    ap.add_argument("--no-torch-ddp", action="store_true", help="skip torch's DDP in table 3")
+    ap.add_argument("--out", default=None, help="output directory (default results/)")
+    ap.add_argument("--no-plots", action="store_true")
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--update-readme", action="store_true",
+                    help="write the tables between the README's scaling markers")
+    a = ap.parse_args(list(argv))
+
+    def ints(text: str) -> tuple[int, ...]:
+        return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+
+    s = Settings()
+    if a.quick:
+        quick_settings(s)
+    if a.tables:
+        s.tables = tuple(t for t in ints(a.tables) if t in ALL_TABLES)
+    if a.worlds:
+        s.coll_worlds = ints(a.worlds)
+    if a.dp_worlds:
+        s.dp_worlds = ints(a.dp_worlds)
+    if a.dp_batch:
+        s.dp_batch = a.dp_batch
+    if a.batches:
+        s.sweep_batches = ints(a.batches)
+    if a.hidden:
+        s.hidden = a.hidden
+    if a.layers:
+        s.layers = a.layers
+    if a.micro:
+        s.pp_micro = ints(a.micro)
+    if a.stages:
+        s.pp_stages = a.stages
+    if a.reps:
+        s.coll_reps = a.reps
+    if a.steps:
+        s.dp_steps = s.pp_steps = a.steps
+    if a.big:
+        s.big_bytes = a.big
+    if a.small:
+        s.small_bytes = a.small
+    if a.algorithm:
+        s.dp_algorithm = a.algorithm
+    if a.no_torch_ddp:
+        s.torch_ddp = False
+    if a.out:
+        s.out_dir = Path(a.out)
+    s.plots = not a.no_plots
+    s.update_readme = a.update_readme
+    if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
+        s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline
+    return s, a
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    s, a = parse_args(argv)
+    command = command_line(argv)
+    st = Study(s, progress=not a.no_progress)
+    print(f"dt scaling study: tables {', '.join(map(str, s.tables))} on {R.machine_line(st.machine)}")
+    for n in s.shrinkage():
+        print(f"  - {n}")
+    print("  - cross-rank validation is off while timing (dt.transport.set_validation(False))")
+    for w in s.worlds_used():
+        note = R.oversubscription_note(w, st.cores)
+        if note:
+            print(f"  - {note}")
+    t0 = time.time()
+    try:
+        st.measure()
+    finally:
+        st.close()
+    elapsed = time.time() - t0
+    for i in s.tables:
+        try:
+            st.tables[i] = TABLES[i].build(st)
+        except Exception as exc:  # noqa: BLE001 - a table missing its data is reported, not fatal
+            st.failures.append(f"table {i} could not be built: {type(exc).__name__}: {exc}")
+            continue
+        print("\n" + st.tables[i].markdown(), flush=True)
+    out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
+    paths = write_outputs(st, out_dir, command, elapsed)
+    if s.plots:
+        try:
+            paths += plots.write_all(st, out_dir)
+        except Exception as exc:  # noqa: BLE001 - the tables and JSON are already on disk
+            st.failures.append(f"plots: {type(exc).__name__}: {exc}")
+    print(f"\nwrote {', '.join(str(p) for p in paths)}")
+    if s.update_readme:
+        body = report_markdown(st, command, elapsed, for_readme=True)
+        readme = Path.cwd() / "README.md"  # --update-readme runs from the checkout
+        if R.update_readme(readme, body):
+            print(f"updated {readme} between {R.README_BEGIN} and {R.README_END}")
+        else:
+            print(f"README.md has no {R.README_BEGIN} ... {R.README_END} markers: not updated")
+    print(f"done: {fmt_duration(elapsed)} of measurement")
+    if st.failures:
+        print(f"{len(st.failures)} measurement(s) failed:\n  " + "\n  ".join(st.failures))
+        return 1
+    return 0

@@ -1,0 +1,94 @@
+"""Table 3: data-parallel scaling of the reference model at world 1, 2, 4, 8.
+
+s/step, speedup over one process, efficiency and the communication fraction,
+for dt's DDP with overlap off and on, torch's DDP beside it, and the same ranks
+computing with no communication at all (the bound any data parallel could reach).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from dt.bench import report as R
+from dt.bench.ddp import reference_model
+from dt.bench.scaling.model import scaling_row
+from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
+from dt.bench.scaling.tables.baseline import dp_t1, superlinear_note, t1_notes
+
+TITLE = "Data-parallel scaling of the reference model"
+LABELS = {"compute": "single process", "dt_off": "dt DDP, overlap off",
+          "dt_on": "dt DDP, overlap on", "torch": "torch DDP (gloo)"}
+
+
+def needs(s: Any) -> Needs:
+    dp = {(w, s.dp_batch): {"compute"} if w == 1 else
+          {"compute", "dt_off", "dt_on"} | ({"torch"} if s.torch_ddp else set())
+          for w in s.dp_worlds}
+    return Needs(dp=dp)
+
+
+def build(st: Results) -> Table:
+    s, rows, data = st.s, [], []
+    batch = s.dp_batch
+    for world in s.dp_worlds:
+        m = st.dp.get((world, batch))
+        if not m:
+            continue
+        t1 = dp_t1(st, batch)
+        for impl in (("compute",) if world == 1 else ("compute", "dt_off", "dt_on", "torch")):
+            if impl not in m:
+                continue
+            a = m[impl]
+            step = t1 if world == 1 else a["step"].median
+            label = LABELS[impl] if world == 1 or impl != "compute" else "no communication (bound)"
+            sc = scaling_row(t1, step, world)
+            if impl.startswith("dt"):
+                exposed = a["exposed"].median
+                comm = a["comm"].median
+                hidden = a["hidden"].median
+            elif impl == "torch":
+                # torch's DDP exposes no timers: exposed = its step minus the same ranks' step
+                # with no communication (measured in the same run); hidden is not observable.
+                exposed = max(0.0, step - m["compute"]["step"].median)
+                comm, hidden = math.nan, math.nan
+            else:
+                exposed, comm, hidden = 0.0, math.nan, math.nan
+            frac = exposed / step if step else math.nan
+            mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
+            shown = R.fmt_time(t1) if world == 1 and batch in st.t1_single_thread else \
+                R.fmt_stat_time(a["step"])
+            rows.append([world, label, batch // world, shown, R.fmt_time(t1),
+                         R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
+                         R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
+            data.append({"world": world, "impl": impl, "global_batch": batch,
+                         "per_worker": batch // world, "step": a["step"], **sc,
+                         "comm_fraction": frac, "exposed": exposed, "comm": comm, "hidden": hidden,
+                         "bytes_sent_max": mb, "t1": t1})
+    params = sum(p.numel() for p in reference_model(s.hidden, s.layers).parameters())
+    notes = [f"Model: {s.layers} Linear({s.hidden}, {s.hidden}) layers, GELU between: {params:,} "
+             f"parameters, {R.fmt_bytes(4 * params)} of float32 gradients all-reduced per step "
+             f"(buckets of 25 MB, first 1 MB, algorithm={s.dp_algorithm!r}). Global batch {batch}, "
+             f"split evenly; MSE loss, SGD step.",
+             "speedup = T1 / s/step, T1 = the fastest single-process step (the whole batch, all cores "
+             "as threads) this study measured at the same global batch: in the world-1 run and by "
+             "rank 0 alone before and after each world's data-parallel steps, so a speedup is never "
+             "flattered by a slow baseline; efficiency = speedup / world. "
+             "'no communication (bound)': the same ranks' step with the gradient "
+             "exchange left out, all computing at once: the best any data parallel could do here. "
+             "comm fraction = exposed communication / step (what the step waited "
+             "for); comm = time the all-reduces ran; hidden = comm - exposed (ran under backward).",
+             f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
+             "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
+             "the core count: efficiency at world > cores is bounded by cores/world."]
+    notes += t1_notes(st, [batch])
+    notes += superlinear_note([d["efficiency"] for d in data], st.cores)
+    notes += contention_notes(s.dp_worlds, st.cores)
+    return Table(3, f"{TITLE} (global batch {batch})",
+                 ["world", "implementation", "per worker", "s/step", "T1", "speedup", "efficiency",
+                  "comm fraction", "comm", "hidden", "bytes sent/rank"],
+                 rows, notes, data, align=["r", "l"] + ["r"] * 9)
+
+
+SPEC = TableSpec(3, TITLE, needs, build)

@@ -1,0 +1,161 @@
+"""One pipeline stage at run time: its chunks of the model, playing its schedule out.
+
+Pipeline.train_step walks this stage's actions (schedules.py) in order: a
+forward receives its input from the stage before (or takes the micro-batch),
+runs the chunk and sends the output on; a backward receives the output's
+gradient from the stage after (or starts from the loss), runs autograd and
+sends the input's gradient back. Activations stay stashed from their forward
+to their backward; the stats say how many at most, and how long the stage
+sat idle waiting on its neighbours (the bubble).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from dt import transport
+from dt.parallel.pipeline.p2p import Wire
+from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
+
+__all__ = ["Pipeline", "PipelineStepStats", "stage_module"]
+
+
+def stage_module(layers: nn.Sequential | Sequence[nn.Module], group: Any = None,
+                 sizes: Sequence[int] | None = None, virtual: int = 1) -> nn.Module:
+    """This rank's stage: its slice of `layers` as an nn.Sequential.
+
+    virtual=v cuts the model into p*v chunks (`sizes` then has p*v entries) and
+    gives rank s the chunks s, s+p, s+2p, ... as an nn.ModuleList (stage_layers).
+    """
+    g = transport.resolve_group(group)
+    layers = list(layers)
+    chunks = [nn.Sequential(*[layers[i] for i in r])
+              for r in stage_layers(len(layers), g.size, g.rank, sizes, virtual)]
+    return chunks[0] if virtual == 1 else nn.ModuleList(chunks)
+
+
+@dataclass
+class PipelineStepStats:
+    """What one pipeline step (train_step or forward) cost this stage."""
+
+    step_s: float = 0.0      # wall time of the step
+    idle_s: float = 0.0      # blocked on a receive or on the last sends: the bubble (+ wire time)
+    compute_s: float = 0.0   # forward and backward of this stage's layers
+    peak_stash: int = 0      # most (chunk, micro-batch) activations held at once
+    bytes_sent: int = 0
+
+    @property
+    def bubble(self) -> float:
+        return self.idle_s / self.step_s if self.step_s else 0.0
+
+
+class Pipeline:
+    """One stage of a pipeline over `group` (the pipeline group; stage = group rank)."""
+
+    def __init__(self, module: nn.Module | Sequence[nn.Module], group: Any = None):
+        # A module is one stage; a list (or ModuleList) holds this rank's v virtual
+        # stages, chunk c being part c*p + stage of the model (stage_module(virtual=v)).
+        self.module = module
+        chunks = module if isinstance(module, (list, tuple, nn.ModuleList)) else [module]
+        self.chunks = list(chunks)
+        self.group = transport.resolve_group(group)
+        self.stage, self.stages = self.group.rank, self.group.size
+        self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
+        self.wire = Wire(self.group)
+        self.stats = PipelineStepStats()
+
+    def _peer(self, chunk: int, direction: int) -> int | None:
+        """Global rank of the chunk before (-1) or after (+1) this rank's `chunk`; None past the ends."""
+        s = neighbour(self.stages, len(self.chunks), self.stage, chunk, direction)
+        return None if s is None else self.group.global_rank(s)
+
+    # -- steps ------------------------------------------------------------
+    def _begin_step(self) -> None:
+        self.stats = PipelineStepStats()
+        self.wire.reset()
+        self._t_step = time.perf_counter()
+
+    def _end_step(self) -> None:
+        """Wait for the step's last sends; the step's time, bytes and idle time into `stats`."""
+        self.wire.drain()
+        self.stats.step_s = time.perf_counter() - self._t_step
+        self.stats.idle_s = self.wire.wait_s
+        self.stats.bytes_sent = self.wire.bytes_sent
+
+    def _micro(self, x: torch.Tensor | None, m: int) -> list[Any]:
+        return list(torch.tensor_split(x, m)) if x is not None else [None] * m
+
+    def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None,
+                   loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+                   micro_batches: int = 1, schedule_name: str = "1f1b") -> float | None:
+        """Forward and backward of one batch; gradients accumulate in the stage's parameters.
+
+        `inputs` is needed on the first stage, `targets` on the last (others may
+        pass None). The batch is cut into `micro_batches` pieces along dim 0
+        (uneven allowed); each piece's loss is weighted by its share of the
+        batch, so the gradients equal those of loss_fn on the whole batch when
+        loss_fn is a mean. Returns the batch loss on the last stage, else None.
+        """
+        m = micro_batches
+        batch = inputs if self.is_first else targets
+        if batch is not None and m > batch.shape[0]:
+            raise ValueError(f"{m} micro-batches of a batch of {batch.shape[0]}")
+        self._begin_step()
+        xs = self._micro(inputs if self.is_first else None, m)
+        ys = self._micro(targets if self.is_last else None, m)
+        n_total = targets.shape[0] if self.is_last else 0
+        stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
+        total_loss = 0.0
+        for kind, c, i in schedule(schedule_name, self.stages, self.stage, m, len(self.chunks)):
+            prev, nxt = self._peer(c, -1), self._peer(c, +1)
+            if kind == "F":
+                x = xs[i] if prev is None else self.wire.recv(prev)
+                if prev is not None and x.is_floating_point():
+                    x.requires_grad_(True)
+                t0 = time.perf_counter()
+                out = self.chunks[c](x)
+                if nxt is None:  # the stash holds the weighted loss to backward from
+                    out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
+                    total_loss += out.item()
+                self.stats.compute_s += time.perf_counter() - t0
+                if nxt is not None:
+                    self.wire.send(out, nxt)
+                stash[c, i] = (None if prev is None else x, out)
+                self.stats.peak_stash = max(self.stats.peak_stash, len(stash))
+            else:
+                x, out = stash.pop((c, i))
+                grad = None if nxt is None else self.wire.recv(nxt)
+                t0 = time.perf_counter()
+                torch.autograd.backward(out, grad)
+                self.stats.compute_s += time.perf_counter() - t0
+                if x is not None and x.is_floating_point():
+                    self.wire.send(x.grad, prev)
+        self._end_step()
+        return total_loss if self.is_last else None
+
+    @torch.no_grad()
+    def forward(self, inputs: torch.Tensor | None, micro_batches: int = 1) -> torch.Tensor | None:
+        """Inference: micro-batches flow forward only; the last stage returns the outputs."""
+        self._begin_step()
+        xs, outs = self._micro(inputs if self.is_first else None, micro_batches), []
+        for kind, c, i in schedule("interleaved", self.stages, self.stage, micro_batches,
+                                   len(self.chunks)):
+            if kind == "B":
+                continue
+            prev, nxt = self._peer(c, -1), self._peer(c, +1)
+            x = xs[i] if prev is None else self.wire.recv(prev)
+            t0 = time.perf_counter()
+            out = self.chunks[c](x)
+            self.stats.compute_s += time.perf_counter() - t0
+            if nxt is None:
+                outs.append((i, out))
+            else:
+                self.wire.send(out, nxt)
+        self._end_step()
+        return torch.cat([o for _, o in sorted(outs, key=lambda io: io[0])]) if self.is_last else None

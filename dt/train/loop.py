@@ -1,0 +1,96 @@
+"""One rank of `dt train`: build the mesh and the model, train, say where the time went.
+
+Every data-parallel rank draws the same global batch (dt.models.data is a
+pure function of the step) and keeps its slice, so the loss curve does not
+depend on the mesh. The time split rank 0 reports:
+
+    compute        forward and backward of this rank's layers (and the optimizer)
+    communication  tensor-parallel collectives + the data-parallel gradient all-reduce
+    bubble         waiting on the pipeline neighbours (idle slots, plus the wire)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Any
+
+import torch
+
+from dt import transport
+from dt.models.data import CharData
+from dt.models.gpt import GPTConfig, ParallelGPT
+from dt.parallel.mesh import mesh as build_mesh
+from dt.train.checkpoint import load_checkpoint, save_checkpoint
+from dt.train.optim import Adam
+
+__all__ = ["make_model", "train_worker"]
+
+
+def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Adam]:
+    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp)
+    cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
+                    n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
+                    dtype=args.dtype)
+    model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
+                        virtual=args.virtual)
+    optimizer = Adam(model.stage.parameters(), lr=args.lr)
+    return model, optimizer
+
+
+def train_worker(args: argparse.Namespace) -> dict[str, Any]:
+    """Train on this rank; returns the losses, throughput and time split."""
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    try:
+        return _train(args)
+    finally:
+        torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
+
+
+def _train(args: argparse.Namespace) -> dict[str, Any]:
+    transport.set_validation(args.validate)
+    data = CharData(seed=args.seed)
+    model, optimizer = make_model(args, data.vocab_size)
+    m = model.mesh
+    start = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        start = load_checkpoint(args.checkpoint, model, optimizer)
+    per_rank = args.batch_size // args.dp
+    bar = None
+    if m.rank == 0 and not args.no_progress:
+        from tqdm import tqdm
+        bar = tqdm(total=args.steps, initial=start, desc=f"dp{m.dp} tp{m.tp} pp{m.pp}",
+                   unit="step", file=sys.stdout)
+    losses: list[float] = []
+    t_opt = 0.0
+    t_start = time.perf_counter()
+    for step in range(start, args.steps):
+        x, y = data.batch(step, args.batch_size, args.block_size)
+        sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
+        optimizer.zero_grad()
+        loss = model.train_step(x[sl], y[sl])
+        t0 = time.perf_counter()
+        optimizer.step()
+        t_opt += time.perf_counter() - t0
+        losses.append(loss)
+        if bar is not None:
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+        if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
+            save_checkpoint(args.checkpoint, model, optimizer, step + 1)
+    wall = time.perf_counter() - t_start
+    if bar is not None:
+        bar.close()
+    if args.checkpoint and start < args.steps:
+        save_checkpoint(args.checkpoint, model, optimizer, args.steps)
+    steps = args.steps - start
+    times = dict(model.times)
+    times["compute"] += t_opt
+    return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
+            "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
+            "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
+            "peak_stash": model.pipe.stats.peak_stash}
