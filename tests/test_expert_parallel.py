@@ -8,8 +8,8 @@ batch's sequences (uneven: ranks alternate 1 and 2 sequences), and the twin
 holds them all. Checked on every rank, in float64: the output, the balance
 loss of every sequence, the dropped-assignment count, the input gradient, the
 router gradient (summed over ranks, as data parallel would) and every local
-expert's gradient; and the all-to-all bytes and messages, forward and
-backward, equal dt.cost.moe_layer_traffic.
+expert's gradient; and the bytes and messages the layer moves ("moe" in
+dt.traffic()), forward and backward, equal dt.cost.moe_layer_traffic.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import dt
 from dt import cost
 from dt.layout import SequenceLayout
 from dt.parallel.expert import MoE
+from dt.parallel.tensor import collective_bytes
+from dt.transport import set_validation, validation_enabled
 
 F64 = torch.float64
 H, FFN = 6, 10
@@ -92,6 +94,8 @@ def _check_moe(cases: list[tuple[int, int, float | None]]) -> list[str]:
     seqs = [1 + q % 2 for q in range(p)]  # uneven: 1, 2, 1, 2 sequences per rank
     lo, B, S = sum(seqs[:r]), sum(seqs), 7
     bad: list[str] = []
+    validating = validation_enabled()
+    set_validation(False)  # the layer's own traffic only (validation is checked elsewhere)
 
     def close(name: str, got: torch.Tensor, want: torch.Tensor) -> None:
         if got.shape != want.shape or not torch.allclose(got, want, atol=1e-10, rtol=1e-9):
@@ -134,9 +138,10 @@ def _check_moe(cases: list[tuple[int, int, float | None]]) -> list[str]:
         plan = layer.plan
         model_f, model_b = cost.moe_layer_traffic(plan.send_rows, plan.recv_rows, plan.experts, H, 8, r)
         for name, t, m in (("forward", fwd, model_f), ("backward", bwd, model_b)):
-            if _counts(t.by_collective["all_to_all"]) != _model(m):
-                bad.append(f"{tag} {name} traffic {_counts(t.by_collective['all_to_all'])} != model "
+            if _counts(t.by_collective["moe"]) != _model(m) or t.bytes_sent != m.bytes_sent:
+                bad.append(f"{tag} {name} traffic {_counts(t.by_collective['moe'])} != model "
                            f"{_model(m)}")
+    set_validation(validating)
     return bad
 
 
@@ -162,9 +167,26 @@ def _check_moe_context_parallel(cp: int, E: int, k: int, cf: float | None, S: in
     twin = MoETwin(H, FFN, E, k, cf)
     x, gy = _randn(B, S, H, seed=1), _randn(B, S, H, seed=2)
     xr = x[seq][:, pos].clone().requires_grad_(True)
-    y = layer(xr, cp_group, layout)
+    validating = validation_enabled()
+    set_validation(False)
+    with dt.traffic() as fwd:
+        y = layer(xr, cp_group, layout)
     routing = layer.routing
-    ((y * gy[seq][:, pos]).sum() + routing.aux_per_sequence.sum()).backward()
+    with dt.traffic() as bwd:
+        ((y * gy[seq][:, pos]).sum() + routing.aux_per_sequence.sum()).backward()
+    set_validation(validating)
+    # the all-to-alls, plus the router's per-sequence statistics over the cp group:
+    # an all-gather of the [2, E, k, 2 chunks] counts and an all-reduce of [2, E] probability sums
+    plan = layer.plan
+    model_f, model_b = cost.moe_layer_traffic(plan.send_rows, plan.recv_rows, plan.experts, H, 8, r)
+    stats_f = collective_bytes("all_gather", 2 * E * k * 2, 8, cp_group) + \
+        collective_bytes("all_reduce", 2 * E, 8, cp_group)
+    stats_b = collective_bytes("all_reduce", 2 * E, 8, cp_group)
+    if (fwd.by_collective["moe"].bytes_sent, bwd.by_collective["moe"].bytes_sent) != \
+            (model_f.bytes_sent + stats_f, model_b.bytes_sent + stats_b):
+        bad.append(f"rank {r} cp={cp}: moe bytes {fwd.by_collective['moe'].bytes_sent}, "
+                   f"{bwd.by_collective['moe'].bytes_sent} != model {model_f.bytes_sent + stats_f}, "
+                   f"{model_b.bytes_sent + stats_b}")
     xt = x.clone().requires_grad_(True)
     yt, aux_t, dropped_t = twin(xt)
     ((yt * gy).sum() + cp * aux_t.sum()).backward()  # every cp rank adds its sequences' loss

@@ -13,6 +13,9 @@ d/dx_r sum_q L_q(y) = sum_q dL_q/dy. (Megatron's f and g in
 dt.parallel.tensor are the two halves of this for replicated regions.)
 
 Every move is dt's own collective (dt.all_to_all_single, dt.all_reduce).
+`label` charges the traffic, forward and backward, to the layer that caused
+it in dt.traffic()'s by_collective ("moe", "ulysses"), so a trainer can say
+how many bytes each parallelism moved.
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ from typing import Any
 import torch
 
 from dt.collectives import all_reduce, all_to_all_single
-from dt.transport import Group, resolve_group
+from dt.transport import Group, charged_to, resolve_group
 
 __all__ = ["all_reduce_sum", "all_to_all"]
 
 
-def _exchange(flat: torch.Tensor, send: list[int], recv: list[int], g: Group) -> torch.Tensor:
+def _exchange(flat: torch.Tensor, send: list[int], recv: list[int], g: Group, label: str) -> torch.Tensor:
     out = flat.new_empty(sum(recv))
-    all_to_all_single(out, flat.contiguous(), recv, send, group=g)
+    with charged_to(label, "all_to_all"):
+        all_to_all_single(out, flat.contiguous(), recv, send, group=g)
     return out
 
 
@@ -39,17 +43,18 @@ class _AllToAll(torch.autograd.Function):
     """Flat buffers: send[j] numbers to rank j, recv[j] from it; backward swaps the two."""
 
     @staticmethod
-    def forward(ctx: Any, flat: torch.Tensor, send: list[int], recv: list[int], g: Group) -> torch.Tensor:
-        ctx.send, ctx.recv, ctx.g = send, recv, g
-        return _exchange(flat, send, recv, g)
+    def forward(ctx: Any, flat: torch.Tensor, send: list[int], recv: list[int], g: Group,
+                label: str) -> torch.Tensor:
+        ctx.send, ctx.recv, ctx.g, ctx.label = send, recv, g, label
+        return _exchange(flat, send, recv, g, label)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None, None]:
-        return _exchange(grad, ctx.recv, ctx.send, ctx.g), None, None, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        return _exchange(grad, ctx.recv, ctx.send, ctx.g, ctx.label), None, None, None, None
 
 
 def all_to_all(blocks: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]],
-               group: Any = None) -> list[torch.Tensor]:
+               group: Any = None, label: str = "all_to_all") -> list[torch.Tensor]:
     """Send blocks[j] to rank j; return the block of every rank j, shaped shapes[j].
 
     Blocks may differ in size (the receiver must know each size: the MoE layer
@@ -65,29 +70,31 @@ def all_to_all(blocks: Sequence[torch.Tensor], shapes: Sequence[Sequence[int]],
     if g.size == 1:
         return [blocks[0].reshape(tuple(shapes[0]))]
     flat = torch.cat([b.reshape(-1) for b in blocks])
-    out = _AllToAll.apply(flat, [b.numel() for b in blocks], recv, g)
+    out = _AllToAll.apply(flat, [b.numel() for b in blocks], recv, g, label)
     return [piece.view(tuple(s)) for piece, s in zip(out.split(recv), shapes)]
 
 
 class _AllReduceSum(torch.autograd.Function):
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, g: Group) -> torch.Tensor:
-        ctx.g = g
+    def forward(ctx: Any, x: torch.Tensor, g: Group, label: str) -> torch.Tensor:
+        ctx.g, ctx.label = g, label
         out = x.clone(memory_format=torch.contiguous_format)
-        all_reduce(out, group=g)
+        with charged_to(label, "all_reduce"):
+            all_reduce(out, group=g)
         return out
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         out = grad.clone(memory_format=torch.contiguous_format)
-        all_reduce(out, group=ctx.g)
-        return out, None
+        with charged_to(ctx.label, "all_reduce"):
+            all_reduce(out, group=ctx.g)
+        return out, None, None
 
 
-def all_reduce_sum(x: torch.Tensor, group: Any = None) -> torch.Tensor:
+def all_reduce_sum(x: torch.Tensor, group: Any = None, label: str = "all_reduce") -> torch.Tensor:
     """sum over the group of x, on every rank; backward all-reduces the gradients.
 
     Cost: one all-reduce of x forward and one of its gradient backward.
     """
     g = resolve_group(group)
-    return x if g.size == 1 else _AllReduceSum.apply(x, g)
+    return x if g.size == 1 else _AllReduceSum.apply(x, g, label)

@@ -33,7 +33,9 @@ from dt.parallel import exchange
 from dt.parallel.context.blocks import attention
 from dt.transport import resolve_group
 
-__all__ = ["ulysses_attention"]
+__all__ = ["LABEL", "ulysses_attention"]
+
+LABEL = "ulysses"  # dt.traffic() charges both all-to-alls, forward and backward, to this name
 
 
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any = None,
@@ -59,9 +61,9 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: 
     hp, sizes = heads // p, layout.sizes()
     qkv = torch.stack([q, k, v])  # [3, b, H, s_r, d]: one all-to-all for the three
     got = exchange.all_to_all([qkv[:, :, j * hp:(j + 1) * hp] for j in range(p)],
-                              [(3, b, hp, n, d) for n in sizes], g)
+                              [(3, b, hp, n, d) for n in sizes], g, LABEL)
     full = torch.cat(got, dim=3)  # [3, b, H/cp, S, d], tokens in layout order
     order = [c for rank in range(p) for c in layout.chunks(rank)]
     out = attention(full[0], full[1], full[2], order, order, causal)
-    back = exchange.all_to_all(list(out.split(sizes, dim=2)), [(b, hp, s, d)] * p, g)
+    back = exchange.all_to_all(list(out.split(sizes, dim=2)), [(b, hp, s, d)] * p, g, LABEL)
     return torch.cat(back, dim=1)  # [b, H, s_r, d]: heads back in rank order

@@ -13,7 +13,8 @@ by destination rank, and one all-to-all with uneven splits moves them all.
 
 Both token moves are dt.parallel.exchange.all_to_all, whose backward is the
 same all-to-all reversed: gradients flow back to the tokens' ranks and into
-the gates (hence the router). Cost per rank, exactly: dt.cost.moe_layer_traffic
+the gates (hence the router). dt.traffic() counts all of it under "moe".
+Cost per rank, exactly: dt.cost.moe_layer_traffic
 (send_rows, recv_rows, experts, hidden, itemsize, rank); with uniform
 routing and no drops each token all-to-all sends T k (ep-1)/ep rows of
 hidden (dt.cost.moe_all_to_all_bytes).
@@ -28,8 +29,8 @@ import torch
 from dt.collectives import all_to_all as raw_all_to_all
 from dt.layout import edges, split_sizes
 from dt.parallel import exchange
-from dt.parallel.expert.router import Routing
-from dt.transport import Group
+from dt.parallel.expert.router import LABEL, Routing
+from dt.transport import Group, charged_to
 
 __all__ = ["Plan", "combine", "dispatch"]
 
@@ -66,13 +67,14 @@ def dispatch(x: torch.Tensor, routing: Routing, g: Group) -> tuple[torch.Tensor,
         recv_counts = counts.unsqueeze(0)
     else:  # 1. the counts, so every receiver can size its buffer
         recv_list = [counts.new_empty(held[me]) for _ in range(p)]
-        raw_all_to_all(recv_list, [counts[e[q]:e[q + 1]].contiguous() for q in range(p)], group=g)
+        with charged_to(LABEL, "all_to_all"):
+            raw_all_to_all(recv_list, [counts[e[q]:e[q + 1]].contiguous() for q in range(p)], group=g)
         recv_counts = torch.stack(recv_list)
     recv_rows = [int(n) for n in recv_counts.sum(dim=1)]
     h = x.shape[-1]
     # 2. the rows themselves, uneven splits
     rows = x[token]
-    got = exchange.all_to_all(list(rows.split(send_rows)), [(n, h) for n in recv_rows], g)
+    got = exchange.all_to_all(list(rows.split(send_rows)), [(n, h) for n in recv_rows], g, LABEL)
     return torch.cat(got), Plan(assignment, token, send_rows, recv_rows, recv_counts, held)
 
 
@@ -83,7 +85,8 @@ def combine(out: torch.Tensor, plan: Plan, routing: Routing, tokens: int, g: Gro
     (the residual connection around the layer carries it).
     """
     h = out.shape[-1]
-    back = exchange.all_to_all(list(out.split(plan.recv_rows)), [(n, h) for n in plan.send_rows], g)
+    back = exchange.all_to_all(list(out.split(plan.recv_rows)), [(n, h) for n in plan.send_rows], g,
+                               LABEL)
     rows = torch.cat(back)  # in sending order: aligned with plan.assignment
     gates = routing.gates.reshape(-1)[plan.assignment].unsqueeze(1)
     return out.new_zeros(tokens, h).index_add(0, plan.token, rows * gates)

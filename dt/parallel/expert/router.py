@@ -41,9 +41,11 @@ from torch import nn
 from dt.collectives import all_gather
 from dt.layout import SequenceLayout, expert_capacity
 from dt.parallel.exchange import all_reduce_sum
-from dt.transport import Group, resolve_group
+from dt.transport import Group, charged_to, resolve_group
 
-__all__ = ["Router", "Routing"]
+__all__ = ["LABEL", "Router", "Routing"]
+
+LABEL = "moe"  # dt.traffic() charges every byte an MoE layer moves to this name
 
 
 @dataclass
@@ -121,7 +123,7 @@ class Router(nn.Module):
         f = every.sum(dim=(0, 3, 4)).to(probs.dtype) / max(S * k, 1)  # [b, E]
         prob_sum = probs.sum(dim=1)  # [b, E]
         if g is not None:
-            prob_sum = all_reduce_sum(prob_sum, g)
+            prob_sum = all_reduce_sum(prob_sum, g, label=LABEL)
         aux = E * (f * prob_sum / max(S, 1)).sum(dim=-1)
         dropped = int((~keep).sum())
         stats = {"assignments": b * s * k, "dropped": dropped,
@@ -159,6 +161,7 @@ def _gather(counts: torch.Tensor, g: Group | None) -> torch.Tensor:
     if g is None or g.size == 1:
         return counts.unsqueeze(0)
     parts = [torch.empty_like(counts) for _ in range(g.size)]
-    all_gather(parts, counts.contiguous(), group=g)
+    with charged_to(LABEL, "all_gather"):
+        all_gather(parts, counts.contiguous(), group=g)
     return torch.stack(parts)
 
