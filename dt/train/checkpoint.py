@@ -52,7 +52,7 @@ def save_checkpoint(path: str, model: ParallelGPT, optimizer: Adam,
             transport.recv(data, r)
             shards.append(bytes(data.numpy()))
         m = model.mesh
-        state = {"step": step, "mesh": {"dp": m.dp, "tp": m.tp, "pp": m.pp},
+        state = {"step": step, "mesh": m.sizes(),
                  "config": model.cfg.as_dict(), "ranks": shards}
         tmp = f"{path}.tmp"
         torch.save(state, tmp)
@@ -64,7 +64,7 @@ def load_checkpoint(path: str, model: ParallelGPT, optimizer: Adam) -> int:
     """Load this rank's shard; returns the step to continue from."""
     state = torch.load(path, weights_only=False)
     m = model.mesh
-    if state["mesh"] != {"dp": m.dp, "tp": m.tp, "pp": m.pp} or state["config"] != model.cfg.as_dict():
+    if state["mesh"] != m.sizes() or state["config"] != model.cfg.as_dict():
         raise ValueError(f"checkpoint {path} is for mesh {state['mesh']} and model "
                          f"{state['config']}, not this run's")
     mine = torch.load(io.BytesIO(state["ranks"][m.rank]), weights_only=False)

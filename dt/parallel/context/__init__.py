@@ -10,6 +10,7 @@ let each rank's queries see every key:
                      the pieces; bytes per rank stay flat in cp but hide behind compute
 - blocks.py          the block-wise attention arithmetic both use (online softmax, chunked
                      causal masks, flash-style backward)
+- layer.py           ContextParallelSelfAttention: the tensor-parallel projections around either
 
 How the tokens are placed: dt.layout.SequenceLayout (zig-zag balances the
 causal mask's work). What it costs: dt.cost.ulysses_traffic and
@@ -17,7 +18,8 @@ dt.cost.ring_attention_traffic.
 """
 
 from dt.parallel.context.blocks import attention
+from dt.parallel.context.layer import ContextParallelSelfAttention
 from dt.parallel.context.ring_attention import ring_attention
 from dt.parallel.context.ulysses import ulysses_attention
 
-__all__ = ["attention", "ring_attention", "ulysses_attention"]
+__all__ = ["ContextParallelSelfAttention", "attention", "ring_attention", "ulysses_attention"]
