@@ -32,8 +32,15 @@ import torch
 from dt.layout import SequenceLayout, ring_hop
 from dt.parallel.context.blocks import block_backward, block_forward, merge, plan
 from dt.transport import RECV, SEND, Comm, Group, Handle, resolve_group
+from dt.transport.accounting import blocking
 
 __all__ = ["ring_attention"]
+
+
+def _wait(handles: list[Handle]) -> None:
+    """Wait for a hop, its time charged to dt.traffic()'s `seconds` (communication not hidden)."""
+    if handles:
+        blocking(lambda: [h.wait() for h in handles])
 
 
 def _post(comm: Comm, hop: int, send: torch.Tensor, recv: torch.Tensor) -> list[Handle]:
@@ -64,8 +71,7 @@ class _RingAttention(torch.autograd.Function):
                 handles = _post(comm, hop, kv, nxt)
             part = block_forward(q, kv[0], kv[1], plan(mine, layout.chunks(held), causal, q.device))
             out, lse = part if out is None else merge(out, lse, *part)
-            for h in handles:
-                h.wait()
+            _wait(handles)
             if hop < p - 1:
                 kv = nxt
         ctx.save_for_backward(q, k, v, out, lse)
@@ -91,8 +97,7 @@ class _RingAttention(torch.autograd.Function):
                              + ([dkv.reshape(-1)] if carries_grad else []))
             one = 2 * b * heads * layout.size(incoming) * d
             recv = kv.new_empty(one * (int(carries_kv) + int(carries_grad)))
-            for h in _post(comm, hop, send, recv):
-                h.wait()
+            _wait(_post(comm, hop, send, recv))
             if carries_kv:  # the next block: its k/v and (hop >= 1) the others' dk/dv so far
                 kv = recv[:one].view(2, b, heads, layout.size(incoming), d)
                 dq_b, dk_b, dv_b = block_backward(q, kv[0], kv[1], dout, lse, delta,
