@@ -16,7 +16,6 @@ agree on shards: one definition, so a receive always matches its send.
 - ceil_log2               ceil(lg p), the step count of every lg-p algorithm
 - SequenceLayout          a sequence over p context-parallel ranks (contiguous or zig-zag)
 - ring_hop                which block a ring pass sends and receives at each hop
-- owner_of                which rank of an expert-parallel group holds an expert
 - expert_capacity         how many assignments an expert accepts (capacity factor)
 """
 
@@ -36,7 +35,6 @@ __all__ = [
     "expert_capacity",
     "halving_doubling",
     "lowest_bit",
-    "owner_of",
     "ring_hop",
     "segment_count",
     "split_sizes",
@@ -271,15 +269,6 @@ def ring_hop(rank: int, p: int, hop: int) -> tuple[int, int]:
     (hops 1..p-1, the last hop bringing each block's gradient home).
     """
     return (rank - hop) % p, (rank - hop - 1) % p
-
-
-def owner_of(expert: int, experts: int, ranks: int) -> int:
-    """The rank of an expert-parallel group holding `expert`: experts split by split_sizes."""
-    e = edges(split_sizes(experts, ranks))
-    for r in range(ranks):
-        if e[r] <= expert < e[r + 1]:
-            return r
-    raise ValueError(f"expert {expert} is not one of {experts}")
 
 
 def expert_capacity(capacity_factor: float | None, top_k: int, tokens: int, experts: int) -> int | None:

@@ -5,7 +5,7 @@ pure function of the step) and keeps its slice, so the loss curve does not
 depend on the mesh. The time split rank 0 reports:
 
     compute        forward and backward of this rank's layers (and the optimizer)
-    communication  tensor-parallel collectives + the data-parallel gradient all-reduce
+    communication  the layers' collectives (tensor, context, expert) + the gradient all-reduce
     bubble         waiting on the pipeline neighbours (idle slots, plus the wire)
 """
 
