@@ -18,7 +18,7 @@ from dt.bench.scaling.tables.t9_context_parallel import label as cp_label
 
 def _settings() -> Settings:
     return Settings(tables=(8, 9), moe_worlds=(1, 2), moe_tokens=48, moe_hidden=8, moe_experts=3,
-                    moe_top_ks=(1, 2), moe_capacity=1.0, moe_reps=1, cp_world=2, cp_seq_lens=(12, 31),
+                    moe_top_ks=(1, 2), moe_capacity=1.0, moe_reps=1, cp_worlds=(2,), cp_seq_lens=(12, 31),
                     cp_heads=2, cp_head_dim=4, cp_reps=1)
 
 

@@ -5,24 +5,38 @@ taking turns within each repetition (so a drift in the machine's load hits
 them alike), and returns this rank's raw figures: seconds per repetition, the
 seconds spent blocked in the layer's communication (dt.traffic().seconds), and
 the bytes and messages the transport counted next to what dt.cost predicts
-for this rank. Validation is off while timing.
+for this rank. Validation is off while timing, and every rank computes on one
+thread (one core per rank, whatever the world size: a world-1 process with
+the machine's threads would race a loaded machine's other work, not the
+algorithm).
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
 
 from dt import cost, transport
 from dt.bench.harness import barrier
-from dt.layout import SequenceLayout
+from dt.layout import SequenceLayout, edges, split_sizes
 from dt.parallel.context import attention, ring_attention, ulysses_attention
 from dt.parallel.expert import MoE
 
 __all__ = ["attention_worker", "moe_worker"]
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)  # a pool's worker is reused by the next measurement
 
 
 def moe_worker(tokens: int, hidden: int, experts: int, top_ks: Sequence[int],
@@ -35,6 +49,12 @@ def moe_worker(tokens: int, hidden: int, experts: int, top_ks: Sequence[int],
     and the assignments it dropped.
     """
     transport.set_validation(False)
+    with _one_thread():
+        return _moe(tokens, hidden, experts, top_ks, capacity_factor, reps, warmup)
+
+
+def _moe(tokens: int, hidden: int, experts: int, top_ks: Sequence[int], capacity_factor: float | None,
+         reps: int, warmup: int) -> dict[int, list[dict[str, float]]]:
     r = dist.get_rank()
     layers, inputs = {}, {}
     for k in top_ks:
@@ -73,17 +93,26 @@ def attention_worker(seq_lens: Sequence[int], batch: int, heads: int, head_dim: 
     """Causal attention forward + backward over sequences split (zig-zag) over the world.
 
     Methods: "ring", "ulysses" on every rank, and "none": the whole sequence
-    on rank 0 alone while the others wait (one process, the machine to itself).
-    Per repetition: seconds, seconds blocked communicating, bytes and
-    messages sent by this rank, and dt.cost's figure for them.
+    on rank 0 alone while the others wait (one process). The one process cuts
+    the sequence into the same 2p chunks and skips the masked chunk pairs as
+    the ranks do (flash attention's block skipping), so all three do the same
+    arithmetic. Per repetition: seconds, seconds blocked communicating, bytes
+    and messages sent by this rank, and dt.cost's figure for them.
     """
     transport.set_validation(False)
+    with _one_thread():
+        return _attention(seq_lens, batch, heads, head_dim, reps, warmup)
+
+
+def _attention(seq_lens: Sequence[int], batch: int, heads: int, head_dim: int, reps: int,
+               warmup: int) -> dict[tuple[str, int], list[dict[str, float]]]:
     r, p = dist.get_rank(), dist.get_world_size()
     methods = ("none", "ring", "ulysses") if p > 1 else ("none",)
     out: dict[tuple[str, int], list[dict[str, float]]] = {}
     for S in seq_lens:
         layout = SequenceLayout(S, p, zigzag=True)
-        whole = [(0, S)]
+        e = edges(split_sizes(S, 2 * p))
+        whole = [(e[i], e[i + 1]) for i in range(2 * p)]  # in order: one process, same blocks
         gen = torch.Generator().manual_seed(S)
         full = [torch.randn(batch, heads, S, head_dim, generator=gen) for _ in range(4)]
         pos = torch.tensor(layout.positions(r))

@@ -57,8 +57,8 @@ class Settings:
     moe_top_ks: tuple[int, ...] = (1, 2)
     moe_capacity: float = 1.0
     moe_reps: int = 3
-    # context parallel (table 9): causal attention, sequence split (zig-zag) over cp_world ranks
-    cp_world: int = 4
+    # context parallel (table 9): causal attention, sequence split (zig-zag) over cp ranks
+    cp_worlds: tuple[int, ...] = (2, 4)
     cp_seq_lens: tuple[int, ...] = (512, 1024, 2048)
     cp_heads: int = 4
     cp_head_dim: int = 32
@@ -154,5 +154,5 @@ def quick_settings(s: Settings) -> Settings:
     s.pp_timed_s = 0.01
     s.pp_steps, s.pp_warmup = 2, 1
     s.moe_tokens, s.moe_hidden, s.moe_reps = 512, 64, 2
-    s.cp_world, s.cp_seq_lens, s.cp_reps = 2, (256, 512), 2
+    s.cp_worlds, s.cp_seq_lens, s.cp_reps = (2,), (256, 512), 2
     return s

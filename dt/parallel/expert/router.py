@@ -127,7 +127,7 @@ class Router(nn.Module):
         aux = E * (f * prob_sum / max(S, 1)).sum(dim=-1)
         dropped = int((~keep).sum())
         stats = {"assignments": b * s * k, "dropped": dropped,
-                 "tokens_dropped": int((~keep).all(dim=-1).sum()) if k else 0}
+                 "tokens_dropped": int((~keep).all(dim=-1).sum())}
         return Routing(probs, experts, gates, keep, aux, capacity, stats)
 
     @staticmethod

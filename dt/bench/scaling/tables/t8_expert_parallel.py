@@ -62,8 +62,8 @@ def build(st: Results) -> Table:
                          "comm": comm, "step": step})
     notes = [f"one MoE layer: {s.moe_experts} experts (Linear {s.moe_hidden} -> {2 * s.moe_hidden} -> "
              f"{s.moe_hidden}, float32) over ep ranks, {s.moe_tokens} tokens per rank (each rank its "
-             f"own), capacity factor {s.moe_capacity}; forward + backward, median over repetitions "
-             "of the slowest rank.",
+             f"own), capacity factor {s.moe_capacity}; forward + backward, one thread per rank, "
+             "median over repetitions of the slowest rank.",
              "bytes/rank: the most any rank sent (counts + dispatch + combine forward, both token "
              "all-to-alls again backward); = dt.cost: every rank's count equals "
              "dt.cost.moe_layer_traffic for the routing the router made; uniform model: "

@@ -24,49 +24,58 @@ def label(cp: int) -> str:
 
 
 def needs(s: Any) -> Needs:
-    return Needs(runs={label(s.cp_world): Run(s.cp_world, attention_worker,
-                                              (s.cp_seq_lens, 1, s.cp_heads, s.cp_head_dim,
-                                               s.cp_reps, 1))})
+    return Needs(runs={label(cp): Run(cp, attention_worker, (s.cp_seq_lens, 1, s.cp_heads, s.cp_head_dim,
+                                                          s.cp_reps, 1))
+                       for cp in s.cp_worlds})
+
+
+def _row(per_rank: list[list[dict[str, float]]], S: int, method: str, cp: int,
+         base: float | None) -> tuple[list[Any], dict[str, Any]]:
+    step = R.Stat.of(R.per_rep_max([[x["step"] for x in r] for r in per_rank]))
+    comm = R.Stat.of(R.per_rep_max([[x["comm"] for x in r] for r in per_rank]))
+    sent = [r[0]["bytes_sent"] for r in per_rank]
+    model = [r[0]["model"] for r in per_rank]
+    row = [S, method, cp, R.fmt_bytes(max(sent)), R.fmt_bytes(max(model)),
+           max(r[0]["messages_sent"] for r in per_rank), R.fmt_stat_time(comm), R.fmt_stat_time(step),
+           R.fmt_ratio(base / step.median) if base else "-"]
+    return row, {"seq_len": S, "method": method, "cp": cp, "bytes_sent_per_rank": sent,
+                 "model_per_rank": model, "step": step, "comm": comm}
 
 
 def build(st: Results) -> Table:
     s, rows, data = st.s, [], []
-    cp = s.cp_world
-    res = st.runs.get(label(cp))
     for S in s.cp_seq_lens:
         base = None
-        for method in ("none", "ring", "ulysses"):
-            per_rank = [r[(method, S)] for r in res if (method, S) in r] if res is not None else []
-            if not per_rank:
-                rows.append([S, method] + ["not measured"] + ["-"] * 6)
-                continue
-            step = R.Stat.of(R.per_rep_max([[x["step"] for x in r] for r in per_rank]))
-            comm = R.Stat.of(R.per_rep_max([[x["comm"] for x in r] for r in per_rank]))
-            sent = [r[0]["bytes_sent"] for r in per_rank]
-            model = [r[0]["model"] for r in per_rank]
-            base = step.median if method == "none" else base
-            ranks = "1 (whole sequence)" if method == "none" else f"{cp}"
-            rows.append([S, method, ranks, R.fmt_bytes(max(sent)), R.fmt_bytes(max(model)),
-                         max(r[0]["messages_sent"] for r in per_rank), R.fmt_stat_time(comm),
-                         R.fmt_stat_time(step),
-                         R.fmt_ratio(base / step.median) if base and method != "none" else "1.00x"])
-            data.append({"seq_len": S, "method": method, "cp": 1 if method == "none" else cp,
-                         "bytes_sent_per_rank": sent, "model_per_rank": model, "step": step,
-                         "comm": comm})
+        for cp in s.cp_worlds:
+            res = st.runs.get(label(cp))
+            for method in ("none", "ring", "ulysses"):
+                if method == "none" and (base is not None or cp != s.cp_worlds[0]):
+                    continue  # one process's time, once per length (from the first world's run)
+                per_rank = [r[(method, S)] for r in res if (method, S) in r] if res is not None else []
+                if not per_rank:
+                    rows.append([S, method, 1 if method == "none" else cp, "not measured"] + ["-"] * 5)
+                    continue
+                row, entry = _row(per_rank, S, method, 1 if method == "none" else cp, base)
+                if method == "none":
+                    base = entry["step"].median
+                    row[-1] = "1.00x"
+                rows.append(row)
+                data.append(entry)
     notes = [f"causal attention, 1 sequence x {s.cp_heads} heads x head dim {s.cp_head_dim}, float32, "
-             f"forward + backward (dt.parallel.context's block arithmetic everywhere); ring and Ulysses "
-             f"on {cp} ranks holding zig-zag shares of the sequence, 'none' on one process (rank 0 "
-             "alone, the others idle). Median over repetitions of the slowest rank.",
+             "forward + backward (dt.parallel.context's block arithmetic everywhere); ring and Ulysses "
+             "on cp ranks holding zig-zag shares of the sequence (2 cp chunks), 'none' on one process "
+             "(rank 0 alone, the others idle) cutting the sequence into the same chunks and skipping "
+             "the masked chunk pairs, so all do the same arithmetic. One thread per rank. Median over "
+             "repetitions of the slowest rank.",
              "bytes/rank: the most any rank sent, forward and backward; dt.cost: "
              "ring_attention_traffic / ulysses_traffic for the same split. Even split, n = one of "
-             "q, k, v on a rank: ring 2(cp-1)n forward + 4(cp-1)n backward, flat in cp; Ulysses "
-             "4(cp-1)/cp n each way, falling as cp grows.",
+             "q, k, v on a rank (1/cp of the sequence): ring 2(cp-1)n forward + 4(cp-1)n backward, "
+             "about 6 b S H d itemsize whatever cp; Ulysses 4(cp-1)/cp n each way, falling as 1/cp.",
              "comm: seconds blocked on the ring's hops or Ulysses' all-to-alls (compute the ring "
              "overlaps with its hop is not counted). speedup: one process's time over this one's."]
-    notes += contention_notes([cp], st.cores)
-    return Table(9, f"{TITLE} (cp={cp})",
-                 ["sequence", "method", "ranks", "bytes/rank", "dt.cost", "messages/rank", "comm",
-                  "fwd+bwd", "speedup"], rows, notes, data)
+    notes += contention_notes(s.cp_worlds, st.cores)
+    return Table(9, TITLE, ["sequence", "method", "cp", "bytes/rank", "dt.cost", "messages/rank", "comm",
+                            "fwd+bwd", "speedup"], rows, notes, data)
 
 
 SPEC = TableSpec(9, TITLE, needs, build)
