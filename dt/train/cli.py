@@ -131,12 +131,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines.append(f"bytes sent per rank per step (mean over {len(results)} rank(s)): " + ", ".join(
         f"{k} {v / 1e3:.1f} kB" for k, v in per_step.items()))
     if args.experts:
-        routed = [r["moe"] for r in results if r["moe"]]
+        routed = [r["moe"] for r in results if r["moe"] and r["coords"][1] == 0]  # tp replicas once
         assigned = sum(r["assignments"] for r in routed)
         dropped = sum(r["dropped"] for r in routed)
         lines.append(f"mixture of experts: {args.experts} experts, top-{args.top_k}, capacity factor "
                      f"{args.capacity_factor}; {dropped} of {assigned} token assignments dropped "
-                     f"({100 * dropped / max(assigned, 1):.2f}%, all ranks and layers)")
+                     f"({100 * dropped / max(assigned, 1):.2f}%, all steps, ranks and layers)")
     if args.pp > 1:
         per_stage = []
         for s in range(args.pp):
