@@ -38,24 +38,23 @@ def _row(per_rank: list[list[dict[str, float]]], S: int, method: str, cp: int,
     row = [S, method, cp, R.fmt_bytes(max(sent)), R.fmt_bytes(max(model)),
            max(r[0]["messages_sent"] for r in per_rank), R.fmt_stat_time(comm), R.fmt_stat_time(step),
            R.fmt_ratio(base / step.median) if base else "-"]
-    return row, {"seq_len": S, "method": method, "cp": cp, "bytes_sent_per_rank": sent,
+    return row, {"seq_len": S, "method": method, "cp": cp, "ranks": 1 if method == "none" else cp,
+                 "bytes_sent_per_rank": sent,
                  "model_per_rank": model, "step": step, "comm": comm}
 
 
 def build(st: Results) -> Table:
     s, rows, data = st.s, [], []
     for S in s.cp_seq_lens:
-        base = None
         for cp in s.cp_worlds:
             res = st.runs.get(label(cp))
+            base = None  # each run times its own one-process baseline, minutes from its rows
             for method in ("none", "ring", "ulysses"):
-                if method == "none" and (base is not None or cp != s.cp_worlds[0]):
-                    continue  # one process's time, once per length (from the first world's run)
                 per_rank = [r[(method, S)] for r in res if (method, S) in r] if res is not None else []
                 if not per_rank:
-                    rows.append([S, method, 1 if method == "none" else cp, "not measured"] + ["-"] * 5)
+                    rows.append([S, method, cp, "not measured"] + ["-"] * 5)
                     continue
-                row, entry = _row(per_rank, S, method, 1 if method == "none" else cp, base)
+                row, entry = _row(per_rank, S, method, cp, base)
                 if method == "none":
                     base = entry["step"].median
                     row[-1] = "1.00x"
@@ -64,8 +63,9 @@ def build(st: Results) -> Table:
     notes = [f"causal attention, 1 sequence x {s.cp_heads} heads x head dim {s.cp_head_dim}, float32, "
              "forward + backward (dt.parallel.context's block arithmetic everywhere); ring and Ulysses "
              "on cp ranks holding zig-zag shares of the sequence (2 cp chunks), 'none' on one process "
-             "(rank 0 alone, the others idle) cutting the sequence into the same chunks and skipping "
-             "the masked chunk pairs, so all do the same arithmetic. One thread per rank. Median over "
+             "(rank 0 alone, the others idle, in the same run as the cp rows below it, with the "
+             "methods taking turns) cutting the sequence into the same chunks and skipping the "
+             "masked chunk pairs, so all do the same arithmetic. One thread per rank. Median over "
              "repetitions of the slowest rank.",
              "bytes/rank: the most any rank sent, forward and backward; dt.cost: "
              "ring_attention_traffic / ulysses_traffic for the same split. Even split, n = one of "
@@ -74,8 +74,9 @@ def build(st: Results) -> Table:
              "comm: seconds blocked on the ring's hops or Ulysses' all-to-alls (compute the ring "
              "overlaps with its hop is not counted). speedup: one process's time over this one's."]
     notes += contention_notes(s.cp_worlds, st.cores)
-    return Table(9, TITLE, ["sequence", "method", "cp", "bytes/rank", "dt.cost", "messages/rank", "comm",
-                            "fwd+bwd", "speedup"], rows, notes, data)
+    headers = ["sequence", "method", "run (cp)", "bytes/rank", "dt.cost", "messages/rank", "comm",
+               "fwd+bwd", "speedup"]
+    return Table(9, TITLE, headers, rows, notes, data)
 
 
 SPEC = TableSpec(9, TITLE, needs, build)
