@@ -14,8 +14,6 @@ replay without deadlock.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -26,6 +24,7 @@ from dt.layout import SequenceLayout
 from dt.parallel.context import attention, ring_attention, ulysses_attention
 from dt.parallel.expert import MoE
 from dt.transport import rules, set_validation, validation_enabled
+from tests.twins import whole_attention
 
 F64 = torch.float64
 B, HEADS, D = 2, 12, 3  # 12 heads divide by 1, 2, 3 and 4
@@ -33,14 +32,6 @@ B, HEADS, D = 2, 12, 3  # 12 heads divide by 1, 2, 3 and 4
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=F64)
-
-
-def _twin(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    if causal:
-        n = q.shape[-2]
-        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
-    return s.softmax(-1) @ v
 
 
 def _counts(t) -> tuple[int, int, int, int]:
@@ -64,7 +55,7 @@ def _check_attention(lengths: list[int]) -> list[str]:
         q, k, v, g = (_randn(B, HEADS, S, D, seed=4 * n + i) for i in range(4))
         for causal in (True, False):
             leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-            want = _twin(*leaves, causal)
+            want = whole_attention(*leaves, causal)
             (want * g).sum().backward()
             for zigzag in (True, False):
                 layout = SequenceLayout(S, p, zigzag)
@@ -112,12 +103,12 @@ def test_ulysses_refuses_heads_that_do_not_divide(run, world):
         assert f"rank {rank}" in msg and "5 heads do not divide" in msg and "ring attention" in msg
 
 
-def test_block_attention_on_one_rank_matches_the_twin():
+def test_block_attention_on_one_rank_matches_thewhole_attention():
     """The block arithmetic alone: chunked masks out of position order, online merge."""
     S = 9
     q, k, v, g = (_randn(B, 2, S, D, seed=i) for i in range(4))
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    want = _twin(*leaves, True)
+    want = whole_attention(*leaves, True)
     (want * g).sum().backward()
     chunks = [(6, 9), (0, 2), (2, 6)]  # any order of consecutive-position chunks
     pos = torch.tensor([i for a, z in chunks for i in range(a, z)])

@@ -14,13 +14,9 @@ dt.traffic()), forward and backward, equal dt.cost.moe_layer_traffic.
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
-from torch import nn
 
 import dt
 from dt import cost
@@ -28,47 +24,10 @@ from dt.layout import SequenceLayout
 from dt.parallel.expert import MoE
 from dt.parallel.tensor import collective_bytes
 from dt.transport import set_validation, validation_enabled
+from tests.twins import MoETwin
 
 F64 = torch.float64
 H, FFN = 6, 10
-
-
-class MoETwin(nn.Module):
-    """The unsharded reference: dense experts, masks, and per-sequence loops."""
-
-    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, capacity_factor: float | None):
-        super().__init__()
-        self.router = nn.Linear(hidden, experts, bias=False, dtype=F64)
-        self.experts = nn.ModuleList(
-            nn.Sequential(nn.Linear(hidden, ffn, dtype=F64), nn.GELU(), nn.Linear(ffn, hidden, dtype=F64))
-            for _ in range(experts))
-        self.k, self.cf, self.E = top_k, capacity_factor, experts
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
-        B, S, _ = x.shape
-        probs = self.router(x).softmax(-1)
-        top, idx = probs.topk(self.k, dim=-1)
-        gates = top if self.k == 1 else top / top.sum(-1, keepdim=True)
-        keep = torch.ones_like(idx, dtype=torch.bool)
-        if self.cf is not None:
-            cap = math.ceil(self.cf * self.k * S / self.E)
-            for b in range(B):
-                taken = [0] * self.E
-                for j in range(self.k):  # first choices claim places before second choices
-                    for t in range(S):
-                        e = int(idx[b, t, j])
-                        if taken[e] >= cap:
-                            keep[b, t, j] = False
-                        else:
-                            taken[e] += 1
-        every = torch.stack([expert(x) for expert in self.experts])  # [E, B, S, h]
-        y = torch.zeros_like(x)
-        for j in range(self.k):
-            chosen = every.gather(0, idx[..., j][None, ..., None].expand(1, B, S, x.shape[-1]))[0]
-            y = y + chosen * (gates[..., j] * keep[..., j])[..., None]
-        f = F.one_hot(idx, self.E).sum(dim=(1, 2)).to(F64) / (S * self.k)
-        aux = self.E * (f * probs.mean(dim=1)).sum(-1)
-        return y, aux, int((~keep).sum())
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
