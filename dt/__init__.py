@@ -8,8 +8,9 @@
 
 The layers, bottom up (each imports only from the ones above it in this list):
 dt.layout (index arithmetic), dt.cost (what things cost), dt.transport (the
-wire), dt.launcher, dt.collectives, dt.parallel, dt.models, dt.train, and the
-tools on top (dt.tools, dt.bench).
+wire), dt.launcher, dt.collectives, dt.backend (dt as torch.distributed's
+backend "dt"), dt.parallel, dt.models, dt.train, and the tools on top
+(dt.tools, dt.bench).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import importlib.util
 import sys
 from types import ModuleType
 
+from dt.backend import ProcessGroup  # registers the torch.distributed backend "dt"
 from dt.collectives import *  # noqa: F401,F403
 from dt.collectives import __all__ as _collectives_all
 from dt.parallel.mesh import Mesh, mesh
@@ -39,6 +41,7 @@ __all__ = [
     "CollectiveError",
     "CollectiveTimeout",
     "Mesh",
+    "ProcessGroup",
     "Work",
     "mesh",
     "set_timeout",

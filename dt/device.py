@@ -18,7 +18,9 @@ import time
 
 import torch
 
-__all__ = ["Stopwatch", "backend_for", "local_device", "synchronize"]
+__all__ = ["DEVICES", "Stopwatch", "backend_for", "clock", "local_device", "synchronize"]
+
+DEVICES = ("auto", "cpu", "cuda")  # what every command's --device accepts
 
 
 def backend_for(device: str) -> str:
@@ -50,6 +52,18 @@ def local_device(backend: str, local_rank: int | None = None, local_world: int |
         raise RuntimeError(f"{local_world} ranks on this host but only {have} GPU(s): NCCL needs one "
                            f"GPU per rank (rank with LOCAL_RANK {local_rank} has none of its own)")
     return torch.device("cuda", local_rank)
+
+
+def clock(device: torch.device | None = None) -> float:
+    """perf_counter once the work queued on this thread's stream is done (a plain read on the CPU).
+
+    For step-level timings (a step's start and end, a backward's end): on a GPU
+    it waits for the current stream only, so communication running on other
+    streams keeps overlapping and is not charged to compute.
+    """
+    if device is not None and device.type == "cuda":
+        torch.cuda.current_stream(device).synchronize()
+    return time.perf_counter()
 
 
 def synchronize(device: torch.device) -> None:

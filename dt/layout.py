@@ -36,6 +36,7 @@ __all__ = [
     "halving_doubling",
     "lowest_bit",
     "ring_hop",
+    "ring_received",
     "segment_count",
     "split_sizes",
 ]
@@ -67,6 +68,16 @@ def segment_count(numel: int, segment_elems: int | None) -> int:
     if not segment_elems or segment_elems >= numel:
         return 1
     return math.ceil(numel / segment_elems)
+
+
+def ring_received(rank: int, p: int, step: int, first: int) -> int:
+    """The chunk rank r receives at `step` of a ring lap that starts it on chunk r + first.
+
+    At step s rank r sends chunk (r - s + first) mod p to the right and receives
+    (r - s - 1 + first) mod p from the left. first=0: all-gather (start on your
+    own chunk); first=-1: reduce-scatter (finish the lap on your own chunk).
+    """
+    return (rank - step - 1 + first) % p
 
 
 def ceil_log2(p: int) -> int:
@@ -262,13 +273,14 @@ def ring_hop(rank: int, p: int, hop: int) -> tuple[int, int]:
     """(block rank sends to rank+1, block it receives from rank-1) at `hop` of a ring pass.
 
     Every rank starts holding its own block (block r on rank r) and forwards
-    what it holds: at hop h it sends block r-h and receives block r-h-1, so
-    after p-1 hops every block has visited every rank. Ring attention's
-    forward runs hops 0..p-2 with the key/value blocks; its backward sends
-    the key/value blocks the same way and their gradients one hop behind
-    (hops 1..p-1, the last hop bringing each block's gradient home).
+    what it holds: at hop h it sends block r-h and receives block r-h-1
+    (ring_received's lap that starts on one's own chunk), so after p-1 hops
+    every block has visited every rank. Ring attention's forward runs hops
+    0..p-2 with the key/value blocks; its backward sends the key/value blocks
+    the same way and their gradients one hop behind (hops 1..p-1, the last
+    hop bringing each block's gradient home).
     """
-    return (rank - hop) % p, (rank - hop - 1) % p
+    return ring_received(rank, p, hop - 1, 0), ring_received(rank, p, hop, 0)
 
 
 def expert_capacity(capacity_factor: float | None, top_k: int, tokens: int, experts: int) -> int | None:

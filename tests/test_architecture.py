@@ -21,16 +21,18 @@ PACKAGE = ROOT / "dt"
 
 # Bottom up. A module may import from any layer at or below its own.
 LAYERS = [
-    ("dt.layout", "dt.units"),  # index arithmetic and units: no torch, no I/O
+    ("dt.layout", "dt.units", "dt.args"),  # index arithmetic, units, what people type: no torch
     ("dt.cost",),  # what things cost, as arithmetic; the saved machine figures
     ("dt.device",),  # one device per rank; timing that is true on a GPU
     ("dt.transport",),  # the wire
     ("dt.launcher",),  # processes and process groups
     ("dt.collectives",),  # every collective, from the wire
+    ("dt.backend",),  # dt as a torch.distributed backend ("dt"), on the collectives
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
     ("dt.models",),
     ("dt.train",),
     ("dt.bench",),
+    ("dt.learn",),  # exercises, the judge, the quiz: on top of everything they teach
     ("dt.tools", "dt.__main__"),
 ]
 

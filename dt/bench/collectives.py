@@ -40,11 +40,12 @@ import torch
 import torch.distributed as dist
 
 import dt
+from dt import args as args_
 from dt import cost, transport
 from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls
 from dt.collectives import auto
+from dt.device import DEVICES, backend_for
 from dt.launcher import run_workers
-from dt.units import parse_size
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
@@ -124,15 +125,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     coll = args.collective
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         auto.candidates(registry_name(coll)) + ["auto"]
-    for a in algos:
-        if a != "auto" and a not in dt.ALGORITHMS[registry_name(coll)]:
-            raise SystemExit(f"dt bench collectives: {coll} has no algorithm {a!r}; "
-                             f"choose from {sorted(dt.ALGORITHMS[registry_name(coll)])} or auto")
-    sizes = sizes_between(parse_size(args.b), parse_size(args.e), args.f)
+    sizes = sizes_between(args.b, args.e, args.f)
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
            "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only}
-    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout)
+    backend = backend_for(args.device)
+    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
     itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
     p = args.world
     rows = []
@@ -169,9 +167,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         row["vs_torch_of_medians"] = row[mode]["median"] / ref[mode]["median"]
     import platform
 
-    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": "gloo",
+    machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": backend,
                "world": p, "python": platform.python_version(), "host": platform.node(),
-               "validation": False, "figures": auto.machine(p, "gloo").__dict__,
+               "validation": False, "figures": auto.machine(p, backend).__dict__,
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return {"collective": coll, "machine": machine, "config": cfg, "results": rows}
 
@@ -261,28 +259,51 @@ def plot(data: dict[str, Any], path: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt bench collectives", description=__doc__.splitlines()[0])
-    parser.add_argument("-b", default="1KB", help="smallest size (default 1KB)")
-    parser.add_argument("-e", default="16MB", help="largest size (default 16MB)")
-    parser.add_argument("-f", type=float, default=4, help="size step factor (default 4)")
-    parser.add_argument("-n", type=int, default=20, help="timed calls per size (default 20)")
-    parser.add_argument("-w", type=int, default=3, help="warm-up calls per size (default 3)")
-    parser.add_argument("-c", type=int, default=1, help="check results against torch (default 1)")
-    parser.add_argument("-o", default="sum", help="reduction op: sum, prod, min, max")
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The options, every one checked (dt.args) before any process starts."""
+    parser = args_.Parser(prog="dt bench collectives", description=__doc__.splitlines()[0])
+    parser.add_argument("-b", type=args_.size, default="1KB", help="smallest size (default 1KB)")
+    parser.add_argument("-e", type=args_.size, default="16MB", help="largest size (default 16MB)")
+    parser.add_argument("-f", type=args_.positive, default=4, help="size step factor, > 1 (default 4)")
+    parser.add_argument("-n", type=args_.at_least(1), default=20, help="timed calls per size (default 20)")
+    parser.add_argument("-w", type=args_.at_least(0), default=3, help="warm-up calls per size (default 3)")
+    parser.add_argument("-c", type=int, choices=(0, 1), default=1,
+                        help="check results against torch (default 1)")
+    parser.add_argument("-o", default="sum", type=str.lower, choices=("sum", "prod", "product", "min",
+                                                                      "max", "avg"),
+                        help="reduction op: sum, prod, min, max, avg")
     parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
-    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--world", type=args_.world, default=2)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
     parser.add_argument("--algorithms", default=None,
                         help="comma-separated dt algorithms, 'auto' allowed (default: all + auto)")
     parser.add_argument("--json", default=None, help="write the results here")
     parser.add_argument("--plot", default=None, help="PNG of busbw against size per algorithm")
-    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--timeout", type=args_.seconds, default=1800)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--in-place-only", action="store_true", help="skip the out-of-place column")
     args = parser.parse_args(argv)
-    if args.o.lower() == "prod":
+    if args.b > args.e:
+        parser.error(f"-b {args.b:,} B is larger than -e {args.e:,} B: nothing to measure")
+    if args.f <= 1 and args.b != args.e:
+        parser.error(f"-f {args.f:g} must be above 1 to step from -b to -e")
+    if args.o == "prod":
         args.o = "product"
+    if args.o == "avg" and not DTYPES[args.d].is_floating_point:
+        parser.error(f"-o avg needs a floating -d, not {args.d}")
+    known = dt.ALGORITHMS[registry_name(args.collective)]
+    names = [a for a in (args.algorithms or "").split(",") if a]
+    unknown = [a for a in names if a != "auto" and a not in known]
+    if args.algorithms is not None and (unknown or not names):
+        parser.error(f"--algorithms {args.algorithms!r}: {args.collective} has {sorted(known)} "
+                     "(and auto)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     data = run(args)
     print_report(data)
     summary(data)

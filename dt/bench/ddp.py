@@ -29,11 +29,9 @@ the scaling study (dt/bench/scaling) times too.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -42,9 +40,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dt import args as args_
 from dt import transport
 from dt.bench import report as R
 from dt.bench.harness import barrier
+from dt.collectives import ALGORITHMS
+from dt.device import DEVICES, backend_for, clock
 from dt.launcher import WorkerPool
 
 __all__ = ["main", "measure_data_parallel", "reference_model", "step_worker"]
@@ -84,13 +85,14 @@ def step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str
 
     transport.set_validation(False)  # timing: no cross-rank argument check
     rank, p = dist.get_rank(), dist.get_world_size()
+    device = transport.default_device(transport.resolve_group(None))  # the rank's GPU under NCCL
     gen = torch.Generator().manual_seed(1000 + rank)
-    x = torch.randn(global_batch // p, hidden, generator=gen)
-    y = torch.randn(global_batch // p, hidden, generator=gen)
+    x = torch.randn(global_batch // p, hidden, generator=gen).to(device)
+    y = torch.randn(global_batch // p, hidden, generator=gen).to(device)
     setups = {}
     for impl in impls:
         torch.manual_seed(0)
-        net = reference_model(hidden, layers)
+        net = reference_model(hidden, layers).to(device)
         if impl in ("dt_on", "dt_off"):
             model: nn.Module = DistributedDataParallel(
                 net, bucket_cap_mb=bucket_cap_mb, first_bucket_mb=first_bucket_mb,
@@ -109,14 +111,14 @@ def step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str
             model, opt = setups[impl]
             if p > 1:
                 barrier()
-            t0 = time.perf_counter()
+            t0 = clock(device)  # on a GPU: once the stream's queued work is done
             loss = loss_fn(model(x), y)
-            t1 = time.perf_counter()
+            t1 = clock(device)
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = clock(device)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            t3 = time.perf_counter()
+            t3 = clock(device)
             if it < warmup:
                 continue
             rec = {"step": t3 - t0, "forward": t1 - t0, "backward": t2 - t1, "optimizer": t3 - t2}
@@ -207,21 +209,28 @@ def _paired(per_rank: list[dict[str, list[dict[str, float]]]], a: str, b: str,
 
 def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
     """`dt bench ddp`; `pool`: reuse a WorkerPool of --world processes (tests do)."""
-    ap = argparse.ArgumentParser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=int, default=2)
-    ap.add_argument("--batch", type=int, default=1024, help="global batch (default 1024)")
-    ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--buckets", default="25,4",
+    ap = args_.Parser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=args_.world, default=2)
+    ap.add_argument("--device", choices=DEVICES, default="auto",
+                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    ap.add_argument("--batch", type=args_.at_least(1), default=1024, help="global batch (default 1024)")
+    ap.add_argument("--steps", type=args_.at_least(1), default=20)
+    ap.add_argument("--warmup", type=args_.at_least(0), default=3)
+    ap.add_argument("--hidden", type=args_.at_least(1), default=1024)
+    ap.add_argument("--layers", type=args_.at_least(1), default=6)
+    ap.add_argument("--buckets", type=args_.listed(args_.positive), default="25,4",
                     help="bucket caps in MB to compare, comma-separated (default 25,4: torch's "
                          "default, and one bucket per 4 MB layer)")
     ap.add_argument("--algorithm", default="auto")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     a = ap.parse_args(argv)
+    if a.batch < a.world:
+        ap.error(f"--batch {a.batch} gives some of the {a.world} ranks no sample")
+    known = ALGORITHMS["all_reduce"]
+    if a.algorithm != "auto" and a.algorithm not in known:
+        ap.error(f"--algorithm {a.algorithm!r}: all_reduce has {sorted(known)} (and auto)")
 
-    caps = [float(c) for c in a.buckets.split(",")]
+    caps = list(a.buckets)
     impls = ["dt_on", "dt_off", "torch"]
     m = R.machine()
     print(f"dt bench ddp: world {a.world}, reference model {a.layers} x Linear({a.hidden}), "
@@ -233,7 +242,8 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
     if note:
         print(f"note: {note}")
     rows, results, figures = [], [], []
-    with contextlib.nullcontext(pool) if pool is not None else WorkerPool(a.world) as pool:
+    backend = backend_for(a.device)
+    with contextlib.nullcontext(pool) if pool is not None else WorkerPool(a.world, backend) as pool:
         for cap in caps:
             per_rank = pool.run(step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
                                 a.warmup, cap, 1.0, a.algorithm, timeout=1800)

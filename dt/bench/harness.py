@@ -22,7 +22,6 @@ all-gather, reduce-scatter and all-to-all is p blocks of count // p.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,6 +31,8 @@ import torch.distributed as dist
 
 import dt
 from dt.collectives import barrier as dt_barrier
+from dt.device import Stopwatch
+from dt.transport import default_device, resolve_group
 
 __all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "reduction_seconds_per_byte",
            "registry_name", "rotated", "slope", "time_calls"]
@@ -59,6 +60,11 @@ def registry_name(collective: str) -> str:
     return _REGISTRY.get(base, base)
 
 
+def _device() -> torch.device:
+    """This rank's device: its GPU under NCCL, else the CPU (also before any group exists)."""
+    return default_device(resolve_group(None)) if dist.is_initialized() else torch.device("cpu")
+
+
 def barrier() -> None:
     """dt's dissemination barrier: named, so `auto` (and its tuning) never runs while timing."""
     dt_barrier(algorithm="dissemination")
@@ -81,8 +87,10 @@ class Case:
         self.collective, self.dtype, self.op = c, dtype, op.upper()
         per = max(1, count // self.p) if c in BLOCKED else count
         self.per, self.count = per, per * self.p if c in BLOCKED else count
-        self.input = ((torch.arange(self.count) + 3 * self.r) % 5 - 2).to(dtype)
-        self.output = torch.empty(per if c == "reduce_scatter" else self.count, dtype=dtype)
+        self.device = _device()  # the rank's GPU under NCCL, else the CPU
+        self.input = ((torch.arange(self.count, device=self.device) + 3 * self.r) % 5 - 2).to(dtype)
+        self.output = torch.empty(per if c == "reduce_scatter" else self.count, dtype=dtype,
+                                  device=self.device)
         self.redop = getattr(dist.ReduceOp, self.op)
 
     @property
@@ -151,8 +159,11 @@ def time_calls(calls: dict[K, Callable[[], Any]], reps: int, warmup: int = 1,
     Every round runs each call once, in an order rotated by one each round, so
     drifting load hits them alike. Before each call, `reset` (untimed) restores
     the buffers, then a barrier lines the ranks up: a call's time on the slowest
-    rank is the collective's time, which the caller takes (max over ranks).
+    rank is the collective's time, which the caller takes (max over ranks). On a
+    GPU each call is timed with CUDA events (dt.device.Stopwatch): the time the
+    device spent, not the time to launch it.
     """
+    device = _device()
     keys = list(calls)
     times: dict[K, list[float]] = {k: [] for k in keys}
     for round_ in range(warmup + reps):
@@ -160,9 +171,9 @@ def time_calls(calls: dict[K, Callable[[], Any]], reps: int, warmup: int = 1,
             if reset is not None:
                 reset()
             barrier()
-            t0 = time.perf_counter()
+            watch = Stopwatch(device).start()
             calls[key]()
-            elapsed = time.perf_counter() - t0
+            elapsed = watch.stop().seconds()
             if round_ >= warmup:
                 times[key].append(elapsed)
     return times
@@ -198,16 +209,18 @@ def reduction_seconds_per_byte(sizes: Sequence[int] = REDUCE_SIZES, reps: int = 
     The slope, not time / bytes, so a fixed cost per call is not charged per byte.
     """
     times: dict[int, float] = {}
+    device = _device()
     for nbytes in sizes:
-        a, b = torch.ones(nbytes // 4), torch.ones(nbytes // 4)
+        a = torch.ones(nbytes // 4, device=device)
+        b = torch.ones(nbytes // 4, device=device)
         torch.add(a, b, out=a)  # warm-up: first touch of the pages
         samples = []
         for _ in range(reps):
             if sync:
                 barrier()
-            t0 = time.perf_counter()
+            watch = Stopwatch(device).start()
             torch.add(a, b, out=a)
-            samples.append(time.perf_counter() - t0)
+            samples.append(watch.stop().seconds())
         times[nbytes] = statistics.median(samples)
     gamma = slope(times) if len(times) > 1 else times[sizes[0]] / sizes[0]
     return Reduction(gamma, times)

@@ -9,14 +9,20 @@ One file per family of algorithms:
 - doubling.py recursive doubling all-reduce / all-gather, Rabenseifner all-reduce
 - tree.py     binomial-tree broadcast and reduce, scatter + all-gather broadcast
 
-api.py holds the torch.distributed-shaped dispatchers, auto.py the choice of
-algorithm, validate.py the cross-rank argument check, ops.py the reductions.
+api.py holds the torch.distributed-shaped dispatchers, arguments.py what their
+arguments mean, auto.py the choice of algorithm, validate.py the cross-rank
+argument check, ops.py the reductions.
+Built on api.py, with torch.distributed's signatures too: sparse.py (sparse
+COO all-reduce), coalesced.py (many tensors, one collective), objects.py
+(picklable objects), monitored.py (the barrier that names missing ranks);
+point-to-point (isend ... batch_isend_irecv) comes from dt.transport.
 """
 
 from dt.collectives import bruck, doubling, flat, pairwise, ring, tree  # noqa: F401  (registers algorithms)
 from dt.collectives.api import (
     all_gather,
     all_gather_into_tensor,
+    all_gather_single,
     all_reduce,
     all_to_all,
     all_to_all_single,
@@ -25,10 +31,12 @@ from dt.collectives.api import (
     gather,
     reduce,
     reduce_scatter,
+    reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
 )
 from dt.collectives.bruck import bruck_all_gather, bruck_all_gather_into_tensor, dissemination_barrier
+from dt.collectives.coalesced import all_gather_coalesced, all_reduce_coalesced
 from dt.collectives.doubling import (
     rabenseifner_all_reduce,
     recursive_doubling_all_gather,
@@ -36,6 +44,15 @@ from dt.collectives.doubling import (
     recursive_doubling_all_reduce,
 )
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
+from dt.collectives.monitored import monitored_barrier
+from dt.collectives.objects import (
+    all_gather_object,
+    broadcast_object_list,
+    gather_object,
+    recv_object_list,
+    scatter_object_list,
+    send_object_list,
+)
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
 from dt.collectives.registry import ALGORITHMS, register_aliases
@@ -47,21 +64,29 @@ from dt.collectives.ring import (
     ring_reduce_scatter,
 )
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
+from dt.transport import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 register_aliases()
 
 __all__ = [
     "ALGORITHMS",
+    "P2POp",
     "ReduceOp",
     "all_gather",
+    "all_gather_coalesced",
     "all_gather_into_tensor",
+    "all_gather_object",
+    "all_gather_single",
     "all_reduce",
+    "all_reduce_coalesced",
     "all_to_all",
     "all_to_all_single",
     "barrier",
+    "batch_isend_irecv",
     "binomial_broadcast",
     "binomial_reduce",
     "broadcast",
+    "broadcast_object_list",
     "bruck_all_gather",
     "bruck_all_gather_into_tensor",
     "dissemination_barrier",
@@ -70,14 +95,21 @@ __all__ = [
     "flat_reduce",
     "flat_scatter",
     "gather",
+    "gather_object",
+    "irecv",
+    "isend",
+    "monitored_barrier",
     "naive_all_reduce",
     "pairwise_all_to_all",
     "rabenseifner_all_reduce",
     "recursive_doubling_all_gather",
     "recursive_doubling_all_gather_into_tensor",
     "recursive_doubling_all_reduce",
+    "recv",
+    "recv_object_list",
     "reduce",
     "reduce_scatter",
+    "reduce_scatter_single",
     "reduce_scatter_tensor",
     "ring_all_gather",
     "ring_all_reduce",
@@ -86,4 +118,7 @@ __all__ = [
     "ring_reduce_scatter",
     "scatter",
     "scatter_allgather_broadcast",
+    "scatter_object_list",
+    "send",
+    "send_object_list",
 ]

@@ -30,7 +30,7 @@ import torch
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch as scratch_buffer
-from dt.layout import split_sizes
+from dt.layout import ring_received, split_sizes
 from dt.transport import RECV, SEND, Comm, Handle, resolve_group
 
 # Segments no larger than this overlap reduction with transfer. Gloo uses at
@@ -100,7 +100,7 @@ def ring_pass(
     reducing = p - 1 if op is not None else 0  # the first lap reduces
 
     def received(step: int) -> int:
-        return (r - step - 1 + first) % p
+        return ring_received(r, p, step, first)
 
     if not comm.ahead:
         _ring_stepwise(comm, chunks, src, received, steps, reducing, op, seg)

@@ -18,20 +18,26 @@ import threading
 
 import torch
 
-MAX_CACHED_BYTES = 256 << 20
+from dt.cost.memory import MAX_CACHED_BYTES
+
+__all__ = ["MAX_CACHED_BYTES", "held_bytes", "release", "release_all", "scratch"]
 
 _local = threading.local()
+_caches: dict[int, dict] = {}  # every thread's cache, so memory reports can count them all
+_caches_lock = threading.Lock()
 
 
 def scratch(numel: int, dtype: torch.dtype, device: torch.device, slot: int = 0) -> torch.Tensor:
     """A 1-D tensor of `numel` elements whose contents are garbage; valid until the next call
     with the same slot on this thread."""
-    nbytes = numel * torch.empty(0, dtype=dtype).element_size()
+    nbytes = numel * dtype.itemsize
     if nbytes > MAX_CACHED_BYTES:
         return torch.empty(numel, dtype=dtype, device=device)
     cache = getattr(_local, "buffers", None)
     if cache is None:
         cache = _local.buffers = {}
+        with _caches_lock:
+            _caches[threading.get_ident()] = cache
     key = (slot, dtype, device)
     buf = cache.get(key)
     if buf is None or buf.numel() < numel:
@@ -41,4 +47,19 @@ def scratch(numel: int, dtype: torch.dtype, device: torch.device, slot: int = 0)
 
 def release() -> None:
     """Drop this thread's cached buffers."""
-    _local.buffers = {}
+    _local.buffers = None
+    with _caches_lock:
+        _caches.pop(threading.get_ident(), None)
+
+
+def release_all() -> None:
+    """Drop every thread's cached buffers (each thread makes new ones when it next needs them)."""
+    with _caches_lock:
+        for cache in _caches.values():
+            cache.clear()
+
+
+def held_bytes() -> int:
+    """Bytes the scratch buffers of every thread of this process hold right now."""
+    with _caches_lock:
+        return sum(b.untyped_storage().nbytes() for cache in _caches.values() for b in cache.values())

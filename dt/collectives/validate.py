@@ -7,12 +7,17 @@ traffic matrix row*: how many elements it will send to and expects to receive
 from each rank. One Bruck all-gather (ceil(lg p) messages of 8(8 + 2p) bytes)
 gives every rank every row, and every rank then runs the same checks:
 
-- everyone called the same collective, the same number of times, with the
-  same algorithm, dtype, op and root;
+- everyone called the same collective, the same number of times (counted
+  per group: two groups with the same members count apart);
+- nobody rejected their own arguments;
+- everyone passed the same dtype, op and root;
 - rank i sends rank j exactly what j expects from i (S_i[j] == R_j[i]);
   this one rule catches mismatched lengths, uneven lists that disagree, and
   all_to_all splits that do not line up;
-- nobody rejected their own arguments.
+- and only then the same algorithm, since "auto" picks it from the sizes.
+
+Every field travels as a number every rank can decode (names as CRC-32s of
+a vocabulary every rank holds), so every rank raises the same text.
 
 Without it, a length mismatch makes gloo abort the receiving process and a
 skipped call hangs until the timeout.
@@ -20,6 +25,7 @@ skipped call hangs until the timeout.
 
 from __future__ import annotations
 
+import threading
 import zlib
 from collections import defaultdict
 
@@ -27,29 +33,39 @@ import torch
 
 from dt import transport
 from dt.collectives.bruck import bruck_rounds
+from dt.collectives.ops import OP_NAMES
 from dt.transport import Comm, Group
 
-HEADER = ("collective", "algorithm", "call number", "dtype", "op", "root", "argument error", "spare")
+HEADER = ("collective", "call number", "argument error", "dtype", "op", "root", "algorithm", "spare")
+COLLECTIVE, CALL, ARG_ERROR, DTYPE, OP, ROOT, ALGORITHM = range(7)
 _names: dict[int, str] = {}
-_call_numbers: dict[tuple[int, ...], int] = defaultdict(int)
+# Calls so far, per group: keyed by the group's identity (its name and members), so two
+# groups with the same members, used from two threads, count their calls apart.
+_call_numbers: dict[tuple, int] = defaultdict(int)
+_count_lock = threading.Lock()
 
 
 def _code(name: str) -> int:
-    code = zlib.crc32(name.encode()) & 0x7FFFFFFF
-    _names[code] = name
-    return code
+    return zlib.crc32(name.encode()) & 0x7FFFFFFF
 
 
 def _name(code: int) -> str:
-    """Decode a peer's code, including names this rank never used itself."""
-    if code not in _names:
+    """Decode a peer's code: every name a rank can send is in the vocabulary, on every rank."""
+    if not _names:
         from dt.collectives.registry import ALGORITHMS
 
+        words = {"None", "auto", *OP_NAMES, *(str(d) for d in vars(torch).values()
+                                             if isinstance(d, torch.dtype))}
         for collective, algorithms in ALGORITHMS.items():
-            for word in (collective, *algorithms):
-                _code(word)
+            words.update((collective, *algorithms))
+        _names.update({_code(w): w for w in words})
     return _names.get(code, f"<unknown {code}>")
 
+
+def _next_call(g: Group) -> int:
+    with _count_lock:
+        _call_numbers[g.key] += 1
+        return _call_numbers[g.key]
 
 def validate(
     g: Group,
@@ -66,47 +82,38 @@ def validate(
 ) -> None:
     """Raise the same CollectiveError on every rank if the ranks disagree."""
     p = g.size
-    _call_numbers[g.key] += 1
-    row = [
-        _code(collective),
-        _code(algorithm),
-        _call_numbers[g.key],
-        _code(str(dtype)),
-        _code(str(op)),
-        -1 if root is None else root,
-        1 if local_error else 0,
-        0,
-    ]
+    call = _next_call(g)
+    row = [0] * len(HEADER)
+    row[COLLECTIVE], row[CALL], row[ARG_ERROR] = _code(collective), call, 1 if local_error else 0
+    row[DTYPE], row[OP], row[ROOT] = _code(str(dtype)), _code(str(op)), -1 if root is None else root
+    row[ALGORITHM] = _code(algorithm)
     row += list(send[:p]) + [0] * (p - len(send)) + list(recv[:p]) + [0] * (p - len(recv))
     table = torch.empty((p, len(row)), dtype=torch.int64, device=device)
-    table[0] = torch.tensor(row, dtype=torch.int64)
+    table[0] = torch.tensor(row, dtype=torch.int64, device=device)
     with transport.charged_to("validate", "bruck"):
         # Named after the call it guards: a rank that never makes that call
         # leaves its peers waiting here, and the timeout should say on what.
-        comm = Comm(g, f"validate({collective} call {_call_numbers[g.key]})", "bruck")
+        comm = Comm(g, f"validate({collective} call {call})", "bruck")
         bruck_rounds(comm, table)
     rows = torch.roll(table, shifts=g.rank, dims=0).tolist()  # row i = group rank i
     who = g.ranks
     me = g.ranks[g.rank]
 
+    # The checks, in an order that names the first thing a user got wrong: what was
+    # called, then the arguments, and the algorithm last, since "auto" chooses it from
+    # the sizes (a size mismatch is a size mismatch, not an algorithm disagreement).
+    _agree(rows, who, collective, COLLECTIVE, " (a rank called another collective)")
+    _agree(rows, who, collective, CALL, " (a rank skipped or added a collective)")
     if local_error:
-        raise ValueError(f"{collective}: rank {me}: {local_error}")
-    bad = [who[i] for i in range(p) if rows[i][6]]
+        raise transport.everywhere(ValueError(f"{collective}: rank {me}: {local_error}"))
+    bad = [who[i] for i in range(p) if rows[i][ARG_ERROR]]
     if bad:
         raise transport.CollectiveError(
             f"{collective}: rank(s) {bad} rejected their arguments (their own errors say "
             f"why); every rank of the group {list(who)} stops here instead of hanging"
         )
-    for f, field in enumerate(HEADER[:6]):
-        values = [rows[i][f] for i in range(p)]
-        if len(set(values)) > 1:
-            j = next(i for i in range(p) if values[i] != values[0])
-            shown = [v if f in (2, 5) else _name(v) for v in (values[0], values[j])]
-            raise transport.CollectiveError(
-                f"{collective}: ranks disagree on the {field}: rank {who[0]} has {shown[0]}, "
-                f"rank {who[j]} has {shown[1]}"
-                + (" (a rank skipped or added a collective)" if f == 2 else "")
-            )
+    for field in (DTYPE, OP, ROOT):
+        _agree(rows, who, collective, field)
     base = len(HEADER)
     for i in range(p):
         for j in range(p):
@@ -117,3 +124,18 @@ def validate(
                     f"{collective}: rank {who[i]} would send {sends} elements to rank {who[j]}, "
                     f"which expects {expects} from it: tensor sizes disagree across ranks"
                 )
+    _agree(rows, who, collective, ALGORITHM)
+
+
+def _agree(rows: list[list[int]], who: tuple[int, ...], collective: str, field: int,
+           hint: str = "") -> None:
+    """Raise, with the same text on every rank, if the ranks' rows differ in `field`."""
+    values = [row[field] for row in rows]
+    j = next((i for i, v in enumerate(values) if v != values[0]), None)
+    if j is None:
+        return
+    shown = [v if field in (CALL, ROOT) else _name(v) for v in (values[0], values[j])]
+    raise transport.CollectiveError(
+        f"{collective}: ranks disagree on the {HEADER[field]}: rank {who[0]} has {shown[0]}, "
+        f"rank {who[j]} has {shown[1]}{hint}"
+    )

@@ -3,6 +3,7 @@
 - traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
+- memory.py     memory communication holds (the ring's scratch buffers)
 - machine.py    this machine's alpha, beta, gamma and measured winners (`dt tune` saves them)
 - moe.py        a mixture-of-experts layer's two all-to-alls (expert parallel)
 - context.py    Ulysses' all-to-alls and ring attention's passes (context parallel)

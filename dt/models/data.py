@@ -52,7 +52,7 @@ class CharData:
         self.text = text if text is not None else generate_text(seed=seed)
         self.chars = sorted(set(self.text))
         self.stoi = {c: i for i, c in enumerate(self.chars)}
-        self.ids = torch.tensor([self.stoi[c] for c in self.text], dtype=torch.int64)
+        self.ids = torch.tensor([self.stoi[c] for c in self.text], dtype=torch.int64)  # host: data
         self.seed = seed
 
     @property
@@ -60,7 +60,7 @@ class CharData:
         return len(self.chars)
 
     def encode(self, s: str) -> torch.Tensor:
-        return torch.tensor([self.stoi[c] for c in s], dtype=torch.int64)
+        return torch.tensor([self.stoi[c] for c in s], dtype=torch.int64)  # host: data
 
     def decode(self, ids: torch.Tensor) -> str:
         return "".join(self.chars[i] for i in ids.tolist())
@@ -68,7 +68,7 @@ class CharData:
     def batch(self, step: int, batch_size: int, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The global batch of `step`: inputs and next-character targets, [batch, block]."""
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + step)
-        starts = torch.randint(0, len(self.ids) - block_size - 1, (batch_size,), generator=g)
+        starts = torch.randint(0, len(self.ids) - block_size - 1, (batch_size,), generator=g)  # host: data
         x = torch.stack([self.ids[s:s + block_size] for s in starts.tolist()])
         y = torch.stack([self.ids[s + 1:s + 1 + block_size] for s in starts.tolist()])
         return x, y

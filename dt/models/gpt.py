@@ -47,7 +47,6 @@ experts (mesh.edp_group) and divided by dp * cp (see dt.parallel.mesh).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -59,6 +58,7 @@ from torch import nn
 from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.device import clock
 from dt.layout import SequenceLayout
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
@@ -66,7 +66,7 @@ from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.context import ContextParallelSelfAttention
 from dt.parallel.expert import MoE, attach_loss
 from dt.parallel.mesh import Mesh
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["GPTConfig", "ParallelGPT", "Placement", "gpt_layers"]
 
@@ -232,9 +232,10 @@ class ParallelGPT(nn.Module):
         ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
         layers = iter(gpt_layers(cfg, self.place, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
-        self.stage = chunks[0] if virtual == 1 else nn.ModuleList(chunks)
-        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group)
         self.tp_group = resolve_group(mesh.tp_group)
+        self.device = default_device(self.tp_group)  # the rank's GPU under NCCL, else the CPU
+        self.stage = (chunks[0] if virtual == 1 else nn.ModuleList(chunks)).to(self.device)
+        self.pipe = pipeline.Pipeline(self.stage, mesh.pp_group, header_groups=mesh.pp_headers)
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
@@ -277,13 +278,15 @@ class ParallelGPT(nn.Module):
         averages it over dp and broadcasts it along the pipeline).
         """
         m = self.mesh
+        tokens = tokens.to(self.device) if tokens is not None else None
+        targets = targets.to(self.device) if targets is not None else None
         given = tokens if tokens is not None else targets
         if m.cp > 1:  # this rank's share of every sequence
             if given is None or given.shape[1] != self.cfg.block_size:
                 shape = None if given is None else tuple(given.shape)
                 raise ValueError(f"rank {m.rank}: context parallelism splits sequences of block_size "
                                  f"{self.cfg.block_size} tokens; got a batch of shape {shape}")
-            pos = torch.tensor(self.place.layout.positions(m.cp_rank), device=given.device)
+            pos = torch.tensor(self.place.layout.positions(m.cp_rank), device=self.device)
             tokens = tokens[:, pos] if tokens is not None else None
             targets = targets[:, pos] if targets is not None else None
         for b in self.moe_blocks:  # aux_loss_coef x the mean over this rank's sequences
@@ -293,7 +296,7 @@ class ParallelGPT(nn.Module):
                                         targets if m.is_last_stage else None, self.loss_fn,
                                         self.micro_batches, self.schedule)
         stats = self.pipe.stats
-        t0 = time.perf_counter()
+        t0 = clock(self.device)
         with transport.traffic() as dp_traffic:
             all_reduce_buckets(_grads(self.dense_params), m.dp_cp_group)
             experts = _grads(self.expert_params)
@@ -304,19 +307,19 @@ class ParallelGPT(nn.Module):
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)
         dtype = getattr(torch, self.cfg.dtype)
-        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype)
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype, device=self.device)
         if m.is_last_stage and m.dp * m.cp > 1:
             all_reduce(loss_t, op=ReduceOp.AVG, group=m.dp_cp_group)
         if m.pp > 1:
             broadcast(loss_t, src=m.pp_ranks[-1], group=m.pp_group)
-        comm = time.perf_counter() - t0
+        comm = clock(self.device) - t0
         # The tensor-parallel all-reduces run inside the stage's forward and
         # backward: their blocking time is moved from compute to communication.
         tp_s = pipe_traffic.seconds
         self.times["compute"] += stats.compute_s - tp_s
         self.times["bubble"] += stats.idle_s
         self.times["communication"] += comm + tp_s
-        kinds = {"pipeline": ("send_recv",), "context": ("ring_attention", "ulysses"), "expert": ("moe",)}
+        kinds = {"pipeline": ("pipeline",), "context": ("ring_attention", "ulysses"), "expert": ("moe",)}
         for kind, names in kinds.items():
             self.bytes_sent[kind] += sum(pipe_traffic.by_collective[n].bytes_sent for n in names)
         self.bytes_sent["tensor"] += pipe_traffic.bytes_sent - sum(

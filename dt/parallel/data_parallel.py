@@ -34,7 +34,6 @@ and how much of its communication was hidden behind compute.
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -46,8 +45,9 @@ from torch.utils._pytree import tree_leaves
 from dt import transport
 from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.device import clock
 from dt.parallel.buckets import MB, Bucket, make_buckets
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
 
@@ -77,8 +77,9 @@ class _Step:
     a backward that raised before that callback ran is abandoned by the next forward.
     """
 
-    def __init__(self, n_buckets: int):
-        self.t_start = time.perf_counter()
+    def __init__(self, n_buckets: int, device: torch.device):
+        self.device = device
+        self.t_start = clock(device)
         self._counting = transport.traffic()
         self._record = self._counting.__enter__()
         self.arrived: list[set[int]] = [set() for _ in range(n_buckets)]  # grads in, per bucket
@@ -139,10 +140,11 @@ class DistributedDataParallel(nn.Module):
         """All-gather every rank's list of (name, shape, dtype); fail on all ranks alike."""
         state = list(self.module.named_parameters()) + list(self.module.named_buffers())
         mine = [f"{n} {tuple(t.shape)} {t.dtype}" for n, t in state]
-        sig = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8)
-        lengths = [torch.zeros(1, dtype=torch.int64) for _ in range(self.group.size)]
-        all_gather(lengths, torch.tensor([sig.numel()]), group=self.group)
-        sigs = [torch.empty(int(n), dtype=torch.uint8) for n in lengths]
+        device = default_device(self.group)  # NCCL moves only GPU tensors
+        sig = torch.tensor(list("\n".join(mine).encode()), dtype=torch.uint8, device=device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.group.size)]
+        all_gather(lengths, torch.tensor([sig.numel()], device=device), group=self.group)
+        sigs = [torch.empty(int(n), dtype=torch.uint8, device=device) for n in lengths]
         all_gather(sigs, sig, group=self.group)
         first = bytes(sigs[0].tolist()).decode().split("\n")
         for r, s in enumerate(sigs[1:], start=1):
@@ -188,7 +190,7 @@ class DistributedDataParallel(nn.Module):
     def _begin_step(self) -> _Step:
         """The step in flight; the first hook of a synchronised backward opens it."""
         if self._step is None:
-            self._step = _Step(len(self.buckets))
+            self._step = _Step(len(self.buckets), default_device(self.group))
             torch.autograd.Variable._execution_engine.queue_callback(self._finish_step)
         return self._step
 
@@ -220,22 +222,22 @@ class DistributedDataParallel(nn.Module):
             step.works[k] = all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm,
                                        async_op=True)
         else:
-            t0 = time.perf_counter()
+            t0 = clock(step.device)
             all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm)
-            step.comm_s += time.perf_counter() - t0
+            step.comm_s += clock(step.device) - t0
 
     def _finish_step(self) -> None:
         """Runs once backward's compute is done: launch the rest, wait, publish the averages."""
         step, self._step = self._step, None  # the next backward opens a fresh step
-        t_compute = time.perf_counter()
+        t_compute = clock(step.device)
         try:
             self._launch_rest(step)
             for work in step.works:
                 if work is not None:
                     work.wait()
-                    step.comm_s += work.finished_at - work.started_at
+                    step.comm_s += work.seconds()
         finally:  # a failed collective must not leave the step's accounting open
-            stats = step.close(t_compute, time.perf_counter())
+            stats = step.close(t_compute, clock(step.device))
         for b in self.buckets:
             for i, p in enumerate(b.tensors):
                 p.grad = b.slot(i)  # the averaged gradient, in place in the bucket
@@ -266,12 +268,14 @@ class DistributedDataParallel(nn.Module):
             broadcast(ref, self.group.ranks[0], group=self.group)
             if first_bad == len(state) and not torch.equal(ref, t):
                 first_bad = k
-        verdict = torch.tensor([first_bad], dtype=torch.int64)
+        device = default_device(self.group)
+        verdict = torch.tensor([first_bad], dtype=torch.int64, device=device)
         all_reduce(verdict, ReduceOp.MIN, self.group)
         k = int(verdict)
         if k == len(state):
             return
-        who = torch.tensor([self.group.rank if first_bad == k else self.group.size], dtype=torch.int64)
+        who = torch.tensor([self.group.rank if first_bad == k else self.group.size], dtype=torch.int64,
+                           device=device)
         all_reduce(who, ReduceOp.MIN, self.group)
         raise RuntimeError(f"replicas disagree: '{state[k][0]}' on rank "
                            f"{self.group.ranks[int(who)]} differs from rank {self.group.ranks[0]}")

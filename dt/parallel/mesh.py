@@ -49,6 +49,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dt.parallel.pipeline.p2p import header_groups
+
 __all__ = ["Mesh", "layout", "mesh", "rank_of"]
 
 KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp", "embed")
@@ -80,6 +82,9 @@ class Mesh:
     cp_rank: int = 0
     ep_rank: int = 0
     groups: dict[str, tuple[Any, tuple[int, ...]]] = field(default_factory=dict, repr=False)
+    # The pipeline's shape headers travel on groups of their own (see
+    # dt.parallel.pipeline.p2p): this rank's, by pipeline boundary.
+    pp_headers: dict[int, Any] = field(default_factory=dict, repr=False)
     all_groups: dict[str, list[tuple[int, ...]]] = field(default_factory=dict, repr=False)
 
     def group(self, kind: str) -> Any:
@@ -175,6 +180,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mes
                 made[ranks] = dist.new_group(list(ranks))  # every rank, every group, same order
             if me in ranks:
                 mine[kind] = (made[ranks], ranks)
+    pp_headers = header_groups(groups["pp"])
     rest, tp_rank = divmod(me, tp)
     rest, cp_rank = divmod(rest, cp)
     pp_rank, dp_rank = divmod(rest, dp)
@@ -182,6 +188,5 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mes
                 dp_group=mine["dp"][0], tp_group=mine["tp"][0], pp_group=mine["pp"][0],
                 dp_ranks=mine["dp"][1], tp_ranks=mine["tp"][1], pp_ranks=mine["pp"][1],
                 embed_group=mine.get("embed", (None, ()))[0], embed_ranks=mine.get("embed", (None, ()))[1],
-                cp=cp, ep=ep,
-                cp_rank=cp_rank, ep_rank=(dp_rank * cp + cp_rank) % ep, groups=mine,
-                all_groups=groups)
+                cp=cp, ep=ep, cp_rank=cp_rank, ep_rank=(dp_rank * cp + cp_rank) % ep, groups=mine,
+                pp_headers=pp_headers, all_groups=groups)

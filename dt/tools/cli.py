@@ -6,8 +6,15 @@
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
     dt selftest [--gpu]       smoke test of every layer on this machine's devices
+    dt judge FILE [...]       judge a collective you wrote from send/recv (dt/learn/judge)
+    dt exercises [...]        list / start / hint / solution: the exercises (dt/learn/exercises)
+    dt quiz [...]             the self-test (dt/learn/quiz.py)
 
-Each command's module has `main(argv) -> int`; this file only routes.
+Each command's module has `main(argv) -> int`; this file only routes, and
+ends every command the same way when a run fails or is stopped
+(dt.launcher.run_command: the launcher's report, or one line; never a
+traceback). Bad options and bad DT_TIMEOUT / DT_VALIDATE values are refused by
+each command's parser (dt.args), in one line, with exit status 2.
 """
 
 from __future__ import annotations
@@ -15,12 +22,17 @@ from __future__ import annotations
 import importlib
 import sys
 
+from dt.launcher import run_command
+
 COMMANDS = {
     "demo": "dt.tools.demo",
     "tune": "dt.tools.tune",
     "model": "dt.tools.whatif",
     "train": "dt.train",
     "selftest": "dt.tools.selftest",
+    "judge": "dt.learn.judge",
+    "exercises": "dt.learn.exercises.command",
+    "quiz": "dt.learn.quiz",
 }
 
 BENCHES = {
@@ -35,7 +47,7 @@ def _run_bench(argv: list[str]) -> int:
         print(f"usage: dt bench {{{','.join(BENCHES)}}} [options]")
         return 0 if argv and argv[0] in ("-h", "--help") else 2
     module = importlib.import_module(BENCHES[argv[0]])
-    return int(module.main(argv[1:]) or 0)
+    return run_command(f"dt bench {argv[0]}", module.main, argv[1:])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dt: unknown command {command!r}; one of: bench, {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[command])
-    return int(module.main(rest) or 0)
+    return run_command(f"dt {command}", module.main, rest)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,10 @@ import argparse
 import torch
 import torch.distributed as dist
 
+from dt import args as args_
 from dt import collectives as C
 from dt import cost, transport
+from dt.device import DEVICES, backend_for
 from dt.launcher import launch
 
 
@@ -56,14 +58,16 @@ def _primitives(payload_bytes: int) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = args_.Parser(prog="dt demo", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("what", choices=["primitives"])
-    parser.add_argument("--world", type=int, default=4)
-    parser.add_argument("--bytes", type=int, default=1 << 20, help="ring all-reduce payload")
+    parser.add_argument("--world", type=args_.world, default=4)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    parser.add_argument("--bytes", type=args_.size, default=1 << 20, help="ring all-reduce payload")
     args = parser.parse_args(argv)
 
-    results = launch(_primitives, args.world, args.bytes, timeout=120)
+    results = launch(_primitives, args.world, args.bytes, timeout=120, backend=backend_for(args.device))
     if dist.is_initialized():  # under torchrun: this process is one rank; rank 0 prints its view
         if dist.get_rank() != 0:
             return 0

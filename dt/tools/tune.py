@@ -30,13 +30,13 @@ keyed by backend and world size, where algorithm="auto" and `dt model
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import time
 from typing import Any
 
+from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
     Case,
@@ -46,6 +46,7 @@ from dt.bench.harness import (
     time_calls,
 )
 from dt.cost import machine
+from dt.device import DEVICES, backend_for
 
 __all__ = ["main", "measure", "measure_winners"]
 
@@ -174,15 +175,17 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt tune", description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2, help="processes in the group (default 2)")
-    parser.add_argument("--backend", default="gloo")
-    parser.add_argument("--reps", type=int, default=20, help="repetitions per point (median)")
+    parser = args_.Parser(prog="dt tune", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=args_.world, default=2, help="processes in the group (default 2)")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    parser.add_argument("--reps", type=args_.at_least(1), default=20,
+                        help="repetitions per point (median)")
     parser.add_argument("--no-save", action="store_true", help="print only")
     parser.add_argument("--no-sweep", action="store_true",
                         help="skip timing every algorithm at every size (auto then uses the model only)")
-    parser.add_argument("--sweep-reps", type=int, default=5)
-    parser.add_argument("--max-bytes", type=int, default=SWEEP_SIZES[-1],
+    parser.add_argument("--sweep-reps", type=args_.at_least(1), default=5)
+    parser.add_argument("--max-bytes", type=args_.size, default=SWEEP_SIZES[-1],
                         help="largest size of the algorithm sweep (default 64 MiB)")
     args = parser.parse_args(argv)
 
@@ -194,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
               f"{args.max_bytes:,} B on {args.world} ranks (a minute or two)...", flush=True)
     results = run_workers(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
-                          args.max_bytes, backend=args.backend, timeout=1800)
+                          args.max_bytes, backend=backend_for(args.device), timeout=1800)
     # Every rank measured; the group's figures are the slowest rank's (a step
     # waits for the last one), taken the same way on every run.
     fig: dict[str, Any] = dict(results[0])

@@ -23,13 +23,14 @@ us, ms, s.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 from typing import Any
 
+from dt import args as args_
 from dt import cost
-from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time
+from dt.device import DEVICES, backend_for
+from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time  # noqa: F401 (dt model's units)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
                "gather", "scatter", "barrier")
@@ -91,45 +92,52 @@ def _measure_worker(collective: str, algorithms: list[str], sizes: list[int],
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt model", description=__doc__.splitlines()[0])
+    parser = args_.Parser(prog="dt model", description=__doc__.splitlines()[0])
     parser.add_argument("collective", choices=COLLECTIVES)
-    parser.add_argument("--size", default="1MB", help="message size(s), comma-separated: 1GB,1MB")
-    parser.add_argument("--world", type=int, default=8)
-    parser.add_argument("--bandwidth", default="100GB/s", help="per-rank link rate (1/beta)")
-    parser.add_argument("--latency", default="5us", help="per-step latency (alpha)")
-    parser.add_argument("--reduce", default=None, help="reduction rate (1/gamma), e.g. 50GB/s")
+    parser.add_argument("--size", type=args_.listed(args_.size), default="1MB",
+                        help="message size(s), comma-separated: 1GB,1MB")
+    parser.add_argument("--world", type=args_.world, default=8)
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    parser.add_argument("--bandwidth", type=args_.rate, default="100GB/s",
+                        help="per-rank link rate (1/beta)")
+    parser.add_argument("--latency", type=args_.duration, default="5us", help="per-step latency (alpha)")
+    parser.add_argument("--reduce", type=args_.rate, default=None,
+                        help="reduction rate (1/gamma), e.g. 50GB/s")
     parser.add_argument("--measured", action="store_true",
                         help="use dt tune's figures for this machine and time each algorithm here")
-    parser.add_argument("--reps", type=int, default=10, help="repetitions per size (--measured)")
-    parser.add_argument("--algorithms", default=None, help="comma-separated subset")
+    parser.add_argument("--reps", type=args_.at_least(1), default=10,
+                        help="repetitions per size (--measured)")
+    parser.add_argument("--algorithms", type=args_.listed(str), default=None,
+                        help="comma-separated subset")
     args = parser.parse_args(argv)
-    try:
-        sizes = [parse_size(s) for s in args.size.split(",")]
-        if args.measured and args.collective not in MEASURABLE:
-            raise ValueError(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
-        if args.measured:
-            from dt.cost import machine
+    sizes = list(args.size)
+    if args.measured and args.collective not in MEASURABLE:
+        parser.error(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
+    if args.measured:
+        from dt.cost import machine
 
-            saved = machine.figures("gloo", args.world)
-            if saved is None:
-                print("dt model --measured: no figures saved; run `dt tune --world "
-                      f"{args.world}` first", file=sys.stderr)
-                return 2
-            alpha, beta, gamma = saved["alpha"], saved["beta"], saved["gamma"]
-            print(f"figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
-                  f"alpha {fmt_time(alpha, 3)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
-        else:
-            alpha, beta = parse_time(args.latency), 1 / parse_rate(args.bandwidth)
-            gamma = 1 / parse_rate(args.reduce) if args.reduce else 0.0
-            print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
-                  + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free"))
-    except ValueError as exc:
-        print(f"dt model: {exc}", file=sys.stderr)
-        return 2
+        saved = machine.figures(backend_for(args.device), args.world)
+        if saved is None:
+            print("dt model --measured: no figures saved; run `dt tune --world "
+                  f"{args.world}` first", file=sys.stderr)
+            return 2
+        alpha, beta, gamma = saved["alpha"], saved["beta"], saved["gamma"]
+        print(f"figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
+              f"alpha {fmt_time(alpha, 3)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
+    else:
+        alpha, beta = args.latency, 1 / args.bandwidth
+        gamma = 1 / args.reduce if args.reduce else 0.0
+        print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
+              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free"))
     tables = {n: table(args.collective, n, args.world, alpha, beta, gamma) for n in sizes}
     if args.algorithms:
-        keep = set(args.algorithms.split(","))
-        tables = {n: [row for row in rows if row[0] in keep] for n, rows in tables.items()}
+        known = {name for rows in tables.values() for name, _ in rows}
+        unknown = sorted(set(args.algorithms) - known)
+        if unknown:
+            parser.error(f"--algorithms: {args.collective} has no {', '.join(unknown)}; it has "
+                         f"{', '.join(sorted(known))}")
+        tables = {n: [row for row in rows if row[0] in args.algorithms] for n, rows in tables.items()}
     measured: dict[str, dict[str, float]] | None = None
     if args.measured:
         from dt.launcher import run_workers
@@ -138,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"timing {', '.join(algos)} on {args.world} local processes "
               f"(median of {args.reps}, validation off)...", flush=True)
         measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
-                               args.reps, timeout=600)[0]
+                               args.reps, timeout=600, backend=backend_for(args.device))[0]
     for n, rows in tables.items():
         print_table(args.collective, n, args.world, rows,
                     measured[str(n)] if measured is not None else None)

@@ -2,6 +2,7 @@
 
 import sys
 
+from dt.launcher import run_command
 from dt.train.cli import main
 
-sys.exit(main())
+sys.exit(run_command("dt train", main, sys.argv[1:]))

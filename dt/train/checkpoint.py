@@ -27,7 +27,7 @@ __all__ = ["load_checkpoint", "save_checkpoint"]
 def _to_bytes(obj: Any) -> torch.Tensor:
     buf = io.BytesIO()
     torch.save(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)  # host: moved by the caller
 
 
 def save_checkpoint(path: str, model: ParallelGPT, optimizer: Adam,
@@ -40,17 +40,19 @@ def save_checkpoint(path: str, model: ParallelGPT, optimizer: Adam,
     me, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     mine = _to_bytes({"model": model.stage.state_dict(), "optimizer": optimizer.state_dict(),
                       "step": step, "coords": model.mesh.coords()})
+    device = transport.default_device(transport.resolve_group(None))
+    mine = mine.to(device)  # NCCL moves only GPU tensors
     if me != 0:
-        transport.send(torch.tensor([mine.numel()], dtype=torch.int64), 0)
+        transport.send(torch.tensor([mine.numel()], dtype=torch.int64, device=device), 0)
         transport.send(mine, 0)
     else:
-        shards = [bytes(mine.numpy())]
+        shards = [bytes(mine.cpu().numpy())]
         for r in range(1, world):
-            n = torch.empty(1, dtype=torch.int64)
+            n = torch.empty(1, dtype=torch.int64, device=device)
             transport.recv(n, r)
-            data = torch.empty(int(n), dtype=torch.uint8)
+            data = torch.empty(int(n), dtype=torch.uint8, device=device)
             transport.recv(data, r)
-            shards.append(bytes(data.numpy()))
+            shards.append(bytes(data.cpu().numpy()))
         m = model.mesh
         state = {"step": step, "mesh": m.sizes(),
                  "config": model.cfg.as_dict(), "ranks": shards}

@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import Any
 
+from dt import args as args_
+from dt.device import DEVICES, backend_for
 from dt.launcher import launch
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.loop import train_worker
@@ -31,47 +33,54 @@ LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's default
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="dt train", description=__doc__.split("\n\n")[0],
-                                epilog=_USAGE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dp", type=int, default=1, help="data-parallel size")
-    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=int, default=1, help="pipeline stages")
-    p.add_argument("--cp", type=int, default=1,
+    """The options, every one checked (dt.args) before any process starts: bad input is one
+    line and exit status 2."""
+    p = args_.Parser(prog="dt train", description=__doc__.split("\n\n")[0], epilog=_USAGE,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    one = args_.at_least(1)
+    p.add_argument("--device", choices=DEVICES, default="auto",
+                   help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
+    p.add_argument("--dp", type=args_.world, default=1, help="data-parallel size")
+    p.add_argument("--tp", type=args_.world, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=args_.world, default=1, help="pipeline stages")
+    p.add_argument("--cp", type=args_.world, default=1,
                    help="context-parallel size (each sequence split over cp ranks)")
-    p.add_argument("--ep", type=int, default=1,
+    p.add_argument("--ep", type=args_.world, default=1,
                    help="expert-parallel size: experts spread over ep ranks of the dp x cp plane")
     p.add_argument("--cp-attention", choices=["ring", "ulysses"], default="ring",
                    help="how attention crosses the cp ranks")
-    p.add_argument("--experts", type=int, default=0, help="experts per MoE block (0: dense MLP)")
-    p.add_argument("--top-k", type=int, default=1, help="experts per token (1: Switch, 2: GShard)")
-    p.add_argument("--capacity-factor", type=float, default=None,
+    p.add_argument("--experts", type=args_.at_least(0), default=0,
+                   help="experts per MoE block (0: dense MLP)")
+    p.add_argument("--top-k", type=one, default=1, help="experts per token (1: Switch, 2: GShard)")
+    p.add_argument("--capacity-factor", type=args_.positive, default=None,
                    help="expert capacity = factor * top_k * tokens / experts per sequence "
                         "(default: no drops)")
-    p.add_argument("--aux-loss-coef", type=float, default=0.01, help="weight of the balance loss")
+    p.add_argument("--aux-loss-coef", type=args_.finite, default=0.01, help="weight of the balance loss")
     p.add_argument("--long-context", action="store_true",
                    help=f"sequences of {LONG_CONTEXT['block_size']} tokens, global batch "
                         f"{LONG_CONTEXT['batch_size']} (unless given): a setting for --cp")
-    p.add_argument("--steps", type=int, default=50)
-    p.add_argument("--batch-size", type=int, default=None, help="global batch (sequences; default 16)")
-    p.add_argument("--block-size", type=int, default=None, help="sequence length (default 32)")
-    p.add_argument("--micro-batches", type=int, default=None,
+    p.add_argument("--steps", type=one, default=50)
+    p.add_argument("--batch-size", type=one, default=None, help="global batch (sequences; default 16)")
+    p.add_argument("--block-size", type=one, default=None, help="sequence length (default 32)")
+    p.add_argument("--micro-batches", type=one, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
-    p.add_argument("--virtual", type=int, default=1,
+    p.add_argument("--virtual", type=one, default=1,
                    help="model chunks per pipeline stage (with --schedule interleaved)")
-    p.add_argument("--n-layer", type=int, default=4)
-    p.add_argument("--n-head", type=int, default=4)
-    p.add_argument("--n-embd", type=int, default=64)
+    p.add_argument("--n-layer", type=one, default=4)
+    p.add_argument("--n-head", type=one, default=4)
+    p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=args_.positive, default=3e-3)
+    p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     p.add_argument("--checkpoint", default=None, metavar="PATH", help="save here; resume if it exists")
-    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps")
+    p.add_argument("--save-every", type=args_.at_least(0), default=0,
+                   help="also checkpoint every N steps")
     p.add_argument("--validate", action="store_true",
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
-    p.add_argument("--threads", type=int, default=0,
+    p.add_argument("--threads", type=args_.at_least(0), default=0,
                    help="torch threads per process (default: the launcher's cores // processes; "
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
@@ -80,6 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for key, value in defaults.items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if world(args) > args_.MAX_WORLD:
+        p.error(f"--dp x --cp x --tp x --pp = {world(args)} processes; at most {args_.MAX_WORLD}")
     per_rank = args.batch_size // args.dp
     if args.batch_size % args.dp or per_rank < 1:
         p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
@@ -94,13 +105,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 f"x {args.virtual} chunks")
     if args.n_head % args.tp:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
-    if min(args.cp, args.ep) < 1 or (args.dp * args.cp) % args.ep:
+    if args.n_embd % args.n_head:
+        p.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
+    if (args.dp * args.cp) % args.ep:
         p.error(f"--ep {args.ep} must divide dp * cp = {args.dp * args.cp}: the experts are spread "
                 "over ranks of the data x context plane")
     if args.ep > 1 and not args.experts:
         p.error("--ep > 1 needs --experts (an MoE model)")
-    if args.experts and not 1 <= args.top_k <= args.experts:
+    if args.experts and not args.top_k <= args.experts:
         p.error(f"--top-k must be between 1 and --experts {args.experts}")
+    if args.aux_loss_coef < 0:
+        p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
     if args.cp > 1 and args.block_size < 2 * args.cp:
         p.error(f"--block-size {args.block_size} is too short for --cp {args.cp}: zig-zag gives each "
                 "rank two chunks of every sequence (at least 2 * cp tokens)")
@@ -156,7 +171,7 @@ def world(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    results = launch(train_worker, world(args), args)
+    results = launch(train_worker, world(args), args, backend=backend_for(args.device))
     if results and results[0]["rank"] == 0:
         print(report(args, results))
     return 0

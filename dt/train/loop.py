@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from typing import Any
 
 import torch
 
 from dt import transport
+from dt.device import clock
 from dt.models.data import CharData
 from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
@@ -68,22 +68,22 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                    unit="step", file=sys.stdout)
     losses: list[float] = []
     t_opt = 0.0
-    t_start = time.perf_counter()
+    t_start = clock(model.device)
     for step in range(start, args.steps):
         x, y = data.batch(step, args.batch_size, args.block_size)
         sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
         optimizer.zero_grad()
         loss = model.train_step(x[sl], y[sl])
-        t0 = time.perf_counter()
+        t0 = clock(model.device)
         optimizer.step()
-        t_opt += time.perf_counter() - t0
+        t_opt += clock(model.device) - t0
         losses.append(loss)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}")
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
             save_checkpoint(args.checkpoint, model, optimizer, step + 1)
-    wall = time.perf_counter() - t_start
+    wall = clock(model.device) - t_start
     if bar is not None:
         bar.close()
     if args.checkpoint and start < args.steps:

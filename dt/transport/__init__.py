@@ -6,27 +6,40 @@ group seen from one rank, bound to one collective call) and use its
 
 - count bytes and messages per rank and per collective (`traffic()`, accounting.py),
 - turn a deadlock into an error that names the collective, the step and the
-  peer it was waiting on (`set_timeout`, comm.py),
+  peer it was waiting on (`set_timeout`, comm.py; how long: settings.timeout_for),
+- hear of a failed rank within a second and stop waiting on it, naming the
+  rank where the failure started (liveness.py),
 - check, before a collective moves any data, that every rank of the group
   called the same collective with compatible arguments (`set_validation`),
 - run collectives asynchronously, in issue order, on one communication
   thread per group (`submit`, asynchronous.py), which is what data parallel
   overlaps with backward.
 
-Files: errors.py, settings.py (timeout, validation), wire.py (what carries
-bytes: torch.distributed), group.py (a group from one rank's view),
-accounting.py, comm.py (point-to-point with context), rules.py (NCCL's
-rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
-isend/irecv for users).
+Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
+validation), liveness.py (failed ranks, announced so waits end at once),
+wire.py (what carries bytes: torch.distributed), group.py (a group from one
+rank's view), accounting.py, comm.py (point-to-point with context), rules.py
+(NCCL's rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
+isend/irecv/batch_isend_irecv for users).
 """
 
-from dt.transport.accounting import Counts, TrafficRecord, account, charged_to, traffic
+from dt.transport import liveness
+from dt.transport.accounting import Counts, TrafficRecord, account, charge_target, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
-from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
 from dt.transport.group import Group, default_device, resolve_group
-from dt.transport.p2p import irecv, isend, recv, send
-from dt.transport.settings import get_timeout, set_timeout, set_validation, validation_enabled
+from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
+from dt.transport.settings import (
+    Timeout,
+    call_timeout,
+    get_timeout,
+    group_timeout,
+    set_timeout,
+    set_validation,
+    timeout_for,
+    validation_enabled,
+)
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
 __all__ = [
@@ -38,15 +51,25 @@ __all__ = [
     "Counts",
     "Group",
     "Handle",
+    "P2POp",
+    "P2PWork",
+    "Timeout",
     "TorchWire",
     "TrafficRecord",
     "Wire",
     "Work",
     "account",
+    "batch_isend_irecv",
+    "call_timeout",
+    "charge_target",
     "charged_to",
     "default_device",
+    "everywhere",
     "get_timeout",
+    "group_timeout",
     "irecv",
+    "is_everywhere",
+    "liveness",
     "isend",
     "recv",
     "resolve_group",
@@ -54,6 +77,7 @@ __all__ = [
     "set_timeout",
     "set_validation",
     "submit",
+    "timeout_for",
     "traffic",
     "validation_enabled",
 ]

@@ -15,6 +15,7 @@ after it, without blocking the host on the GPU.
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 import time
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dt.transport import accounting
 from dt.transport.errors import CollectiveError, CollectiveTimeout
@@ -30,23 +32,41 @@ from dt.transport.group import Group, default_device
 __all__ = ["Work", "submit"]
 
 
-class Work:
-    """Handle of an asynchronous dt collective, like torch.distributed's Work."""
+class Work(dist.Work):
+    """Handle of an asynchronous dt collective: a torch.distributed Work.
+
+    `wait()`, `is_completed()`, `is_success()`, `exception()`, `result()` and
+    `get_future()` behave as torch's: the future's value is what torch's gloo
+    work carries (e.g. `[tensor]` for all_reduce), or the collective's error.
+    """
 
     def __init__(self, name: str):
+        super().__init__()
         self.name = name
         self._done = threading.Event()
+        self._lock = threading.Lock()
         self._exc: BaseException | None = None
         self._result: Any = None
+        self._future: torch.futures.Future | None = None
         self.started_at: float | None = None
         self.finished_at: float | None = None
-        self.cuda_done: Any = None  # a CUDA event the caller's stream must wait on
+        self.cuda_start: Any = None  # CUDA events around the collective on the comm stream
+        self.cuda_done: Any = None  # (the caller's stream waits on this one)
 
     def is_completed(self) -> bool:
         return self._done.is_set()
 
-    def wait(self, timeout: float | None = None) -> bool:
-        if not self._done.wait(timeout if timeout is not None else None):
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._exc is None
+
+    def exception(self) -> BaseException | None:
+        return self._exc
+
+    def wait(self, timeout: float | datetime.timedelta | None = None) -> bool:
+        """Block until done (timeout: seconds or a timedelta; None or 0 waits without limit, as torch)."""
+        if isinstance(timeout, datetime.timedelta):
+            timeout = timeout.total_seconds()
+        if not self._done.wait(timeout or None):
             raise CollectiveTimeout(f"{self.name}: not completed within {timeout}s")
         if self._exc is not None:
             raise CollectiveError(f"async {self.name} failed: {self._exc}") from self._exc
@@ -54,21 +74,51 @@ class Work:
             torch.cuda.current_stream().wait_event(self.cuda_done)
         return True
 
+    def synchronize(self) -> None:
+        self.wait()
+
+    def seconds(self) -> float:
+        """How long the collective ran: on a GPU between its CUDA events, else on the host clock."""
+        self.wait()
+        if self.cuda_start is not None:
+            self.cuda_done.synchronize()
+            return self.cuda_start.elapsed_time(self.cuda_done) / 1e3
+        return (self.finished_at or 0.0) - (self.started_at or 0.0)
+
     def result(self) -> Any:
         self.wait()
         return self._result
 
+    def get_future(self) -> torch.futures.Future:
+        """A torch.futures.Future completed with the result (or the error) when the work is."""
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done.is_set():
+                    self._settle(self._future)
+            return self._future
+
+    def _settle(self, future: torch.futures.Future) -> None:
+        if self._exc is not None:
+            future.set_exception(CollectiveError(f"async {self.name} failed: {self._exc}"))
+        else:
+            future.set_result(self._result)
+
     def finish(self, result: Any = None, exc: BaseException | None = None) -> None:
         """Mark the collective done (by the thread that ran it), with its result or error."""
-        self._result, self._exc = result, exc
-        self.finished_at = time.perf_counter()
-        self._done.set()
+        with self._lock:
+            self._result, self._exc = result, exc
+            self.finished_at = time.perf_counter()
+            self._done.set()
+            future = self._future
+        if future is not None:
+            self._settle(future)  # outside the lock: the future's callbacks may run here
 
 
 class _CommThread:
     """Runs a group's collectives one after another, in the order issued."""
 
-    def __init__(self, key: tuple[int, ...], device: torch.device | None):
+    def __init__(self, key: tuple, device: torch.device | None):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.pending = 0
         self.lock = threading.Lock()
@@ -89,9 +139,11 @@ class _CommThread:
                     result = fn()
                 else:
                     stream.wait_event(ready)
+                    work.cuda_start = torch.cuda.Event(enable_timing=True)
+                    work.cuda_start.record(stream)
                     with torch.cuda.stream(stream):
                         result = fn()
-                    work.cuda_done = torch.cuda.Event()
+                    work.cuda_done = torch.cuda.Event(enable_timing=True)
                     work.cuda_done.record(stream)
                 work.finish(result=result)
             except BaseException as exc:  # surfaces at wait()
@@ -100,7 +152,7 @@ class _CommThread:
                 self.pending -= 1
 
 
-_comm_threads: dict[tuple[int, ...], _CommThread] = {}
+_comm_threads: dict[tuple, _CommThread] = {}
 _comm_threads_lock = threading.Lock()
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from dt.transport import accounting, rules, settings
+from dt.transport import accounting, liveness, rules, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group
 from dt.transport.wire import RECV, SEND, Wire
@@ -46,19 +46,22 @@ class Handle:
 
         A timeout makes torch's NCCL wait poll the host until the GPU is done;
         without one it only makes the caller's stream wait, and NCCL's own
-        watchdog (armed with the group's timeout at init) catches a hang.
+        watchdog (armed with the group's timeout at init) catches a hang. A
+        peer's failure announced meanwhile (dt.transport.liveness) ends the wait.
         """
         if self.work is None:
             return
-        timeout = settings.get_timeout()
+        assert self.comm is not None
+        group = self.comm.group
+        timeout = settings.timeout_for(group)
         try:
-            if self.comm is not None and self.comm.group.backend == "nccl":
-                self.work.wait()
-            else:
-                self.work.wait(datetime.timedelta(seconds=timeout))
-        except RuntimeError as exc:
-            assert self.comm is not None
-            self.comm.fail(self, exc, timeout)
+            with liveness.watching(group.ranks, group.pg, group.backend):
+                if group.backend == "nccl":
+                    self.work.wait()
+                else:
+                    self.work.wait(datetime.timedelta(seconds=timeout))
+        except (RuntimeError, liveness.PeerFailed) as exc:
+            self.comm.fail(self.what, self.peer, self.nbytes, exc, timeout)
         self.work = None
 
 
@@ -100,13 +103,23 @@ class Comm:
                 raise ValueError(f"batch op must be {SEND!r} or {RECV!r}, got {kind!r}")
         if self._rules is not None:
             self._record(ops)
+        try:
+            liveness.check(self.group.ranks)
+        except liveness.PeerFailed as exc:
+            kind, tensor, peer = ops[0] if ops else (SEND, torch.empty(0), self.rank)  # host: named only
+            self.fail("send" if kind == SEND else "receive", peer, _nbytes(tensor), exc, 0.0)
         by_wire: dict[int, tuple[Wire, list[int]]] = {}
         for i, (_, _, peer) in enumerate(ops):
             wire = self.group.wire_for(peer)
             by_wire.setdefault(id(wire), (wire, []))[1].append(i)
         handles: list[Handle | None] = [None] * len(ops)
         for wire, idx in by_wire.values():
-            works = wire.post([(ops[i][0], ops[i][1], self.group.ranks[ops[i][2]]) for i in idx])
+            try:
+                works = wire.post([(ops[i][0], ops[i][1], self.group.ranks[ops[i][2]]) for i in idx])
+            except RuntimeError as exc:  # a connection already closed fails at posting
+                kind, tensor, peer = ops[idx[0]]
+                self.fail("send" if kind == SEND else "receive", peer, _nbytes(tensor), exc,
+                          settings.timeout_for(self.group))
             for i, work in zip(idx, works):
                 kind, tensor, peer = ops[i]
                 nbytes = _nbytes(tensor)
@@ -165,20 +178,46 @@ class Comm:
             f"in {self.collective}[{self.algorithm}] at step {self.step}"
         )
 
-    def fail(self, handle: Handle, exc: BaseException, timeout: float) -> None:
-        """Raise the CollectiveError (or CollectiveTimeout) for a failed wait on `handle`."""
-        peer_global = self.group.ranks[handle.peer]
-        direction = "from" if handle.what == "receive" else "to"
-        msg = (
-            f"{self.where()}: {handle.what} of {handle.nbytes} bytes {direction} "
-            f"rank {peer_global} failed"
-        )
+    def fail(self, what: str, peer: int, nbytes: int, exc: BaseException, timeout: float) -> None:
+        """Raise the CollectiveError (or CollectiveTimeout) for a failed post or wait.
+
+        Three ways a wait fails, told apart here and announced to every rank
+        (dt.transport.liveness), so that nobody else waits on this rank:
+        it timed out (this rank waited `timeout` on `peer`); a known failure
+        ended it (a peer died, raised, or timed out: name the rank it started
+        from, never the messenger); or gloo closed the connection for a reason
+        nobody announced. gloo's own error never escapes raw.
+        """
+        me = self.group.ranks[self.rank]
+        peer_global = self.group.ranks[peer]
+        direction = "from" if what == "receive" else "to"
+        msg = f"{self.where()}: {what} of {nbytes} bytes {direction} rank {peer_global} failed"
+        step = f"{self.collective}[{self.algorithm}] at step {self.step}"
         text = str(exc)
-        if "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
+        if isinstance(exc, liveness.PeerFailed):
+            failure: liveness.Failure | None = exc.failure
+        elif "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
+            liveness.announce(liveness.Failure(
+                me, "timeout", f"rank {me} waited {timeout:g}s on rank {peer_global} in {step}, "
+                f"which never answered", peer_global))
             raise CollectiveTimeout(
-                f"{msg}: waited {timeout:g}s (dt.transport timeout) with nothing from the "
-                f"peer; it is stuck elsewhere or never called {self.collective}"
-            ) from exc
-        first_line = text.splitlines()[0] if text else type(exc).__name__
-        first_line = first_line.split(" This is typically")[0]  # gloo's boilerplate
-        raise CollectiveError(f"{msg}: {first_line}") from exc
+                f"{msg}: waited {timeout:g}s ({getattr(timeout, 'source', 'dt.transport timeout')}) "
+                f"with nothing from the peer; it is stuck elsewhere or never called {self.collective}"
+            ) from None
+        else:
+            failure = liveness.cause(self.group.ranks)
+        if failure is None:
+            gloo = (text.splitlines()[0] if text else type(exc).__name__).split(" This is typically")[0]
+            gloo = gloo.split("] ", 1)[-1]  # gloo's source location
+            liveness.announce(liveness.Failure(
+                me, "lost", f"rank {me} lost its connection to rank {peer_global} in {step}",
+                peer_global))
+            if "closed" in gloo.lower() or "reset" in gloo.lower():
+                raise CollectiveError(f"{msg}: the connection closed ({gloo}) and no rank reported "
+                                      f"a failure: rank {peer_global} or the network went away") from None
+            raise CollectiveError(f"{msg}: the transport failed ({gloo})") from None
+        if failure.rank not in (me, liveness.EVERYONE):
+            liveness.announce(liveness.Failure(
+                me, "gave up", f"rank {me} gave up in {step} because {failure.text}", failure.rank))
+        error = CollectiveTimeout if failure.is_timeout else CollectiveError
+        raise error(f"{msg}: {failure.text}") from None

@@ -50,8 +50,9 @@ class Group:
             ) from None
 
     @property
-    def key(self) -> tuple[int, ...]:
-        return self.ranks
+    def key(self) -> tuple[str, tuple[int, ...]]:
+        """This group's identity on every rank: two groups with the same members differ by name."""
+        return (self.name, self.ranks)
 
     def __deepcopy__(self, memo: dict) -> Group:
         # A handle on shared communicators: copying a module that holds one

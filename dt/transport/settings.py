@@ -1,32 +1,174 @@
 """Settings every collective reads: how long to wait on a peer, and whether to validate.
 
 One place for both, so a collective never reads the environment itself.
+
+How long one wait on a peer may last is decided by ONE function,
+`timeout_for(group)`, which every wait in dt.transport asks. The first of
+these that is set wins:
+
+1. a timeout given to the call itself (`barrier(timeout=...)`,
+   `monitored_barrier(timeout=...)`, `batch_isend_irecv`), while it runs;
+2. the group's own timeout: `timeout=` given to `dist.new_group` or
+   `dist.init_process_group` (torch's rule; a group created with torch's
+   default for its backend, or by dt's launcher, has none of its own);
+3. `dt.set_timeout(seconds)`, in this process;
+4. the environment variable `DT_TIMEOUT` (seconds);
+5. the launcher's: run_workers / WorkerPool / `dt train` give each run's
+   ranks a wait a little shorter than the run's own timeout, so a deadlock
+   is reported by the stuck ranks before the run is killed;
+6. else 300 s.
+
+A timeout is a positive, finite number of seconds, wherever it comes from:
+0, negative, nan, inf and text are refused with the same message (the rule
+is dt.args.seconds; `DT_TIMEOUT=abc` is refused when a wait first asks, or
+up front by every `dt` command line, never at import). The number
+`timeout_for` returns remembers which rule chose it (`.source`), for error
+messages.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+import datetime
 import os
+from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["get_timeout", "set_timeout", "set_validation", "validation_enabled"]
+import torch.distributed as dist
 
-_timeout_s: float = float(os.environ.get("DT_TIMEOUT", "300"))
-_validate: bool = os.environ.get("DT_VALIDATE", "1") not in ("0", "false", "False", "")
+from dt import args
+
+__all__ = ["DEFAULT_TIMEOUT", "Timeout", "call_timeout", "check_environment", "get_timeout",
+           "group_timeout", "launcher_owns", "parse_timeout", "set_launcher_timeout", "set_timeout",
+           "set_validation", "timeout_for", "validation_enabled"]
+
+DEFAULT_TIMEOUT = 300.0
+
+_user_timeout: float | None = None  # dt.set_timeout
+_launcher_timeout: float | None = None  # set by dt.launcher for each run
+_validate: bool | None = None  # dt.set_validation; None: DT_VALIDATE, else on
+# id(process group) -> (group, its own timeout in seconds or None): read once per group.
+_declared: dict[int, tuple[Any, float | None]] = {}
+_env_seen: tuple[str | None, float | None] = (None, None)
 
 
-def set_timeout(seconds: float) -> None:
-    """Longest dt waits on one message before declaring the peer stuck."""
-    global _timeout_s
-    if seconds <= 0:
-        raise ValueError(f"timeout must be positive, got {seconds}")
-    _timeout_s = float(seconds)
+def parse_timeout(value: Any, what: str = "timeout") -> float:
+    """A timeout in seconds, or ValueError saying what a timeout must be (dt.args.seconds)."""
+    try:
+        return args.seconds(value.total_seconds() if hasattr(value, "total_seconds") else value)
+    except args.InputError as exc:
+        raise args.InputError(f"{what} {exc}") from None
+
+
+def _env_timeout() -> float | None:
+    global _env_seen
+    text = os.environ.get("DT_TIMEOUT", "").strip()
+    if _env_seen[0] != text:  # every wait asks: parse each new value once
+        _env_seen = (text, parse_timeout(text, "DT_TIMEOUT") if text else None)
+    return _env_seen[1]
+
+
+def set_timeout(seconds: float | None) -> None:
+    """Longest dt waits on one message (rule 2 of `timeout_for`); None forgets it."""
+    global _user_timeout
+    _user_timeout = None if seconds is None else parse_timeout(seconds)
+
+
+def set_launcher_timeout(seconds: float | None) -> None:
+    """The launcher's wait for this run (rule 4): below everything the user sets."""
+    global _launcher_timeout
+    _launcher_timeout = None if seconds is None else parse_timeout(seconds)
 
 
 def get_timeout() -> float:
-    return _timeout_s
+    """The timeout of a wait on a group with no timeout of its own (rules 3 to 6)."""
+    return _fallback()
 
 
-def set_validation(enabled: bool) -> None:
-    """Check arguments across ranks before each collective (on by default).
+def _fallback() -> Timeout:
+    for seconds, source in ((_user_timeout, "dt.set_timeout"), (_env_timeout(), "DT_TIMEOUT"),
+                            (_launcher_timeout, "the launcher's")):
+        if seconds is not None:
+            return Timeout(seconds, source)
+    return Timeout(DEFAULT_TIMEOUT, "dt's default")
+
+
+class Timeout(float):
+    """A number of seconds that remembers which rule chose it (for error messages)."""
+
+    source: str
+
+    def __new__(cls, seconds: float, source: str) -> Timeout:
+        obj = super().__new__(cls, seconds)
+        obj.source = source
+        return obj
+
+
+_call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar("dt_call_timeout",
+                                                                             default=None)
+
+
+@contextlib.contextmanager
+def call_timeout(timeout: float | datetime.timedelta | None) -> Iterator[None]:
+    """Inside the block, waits use `timeout` (rule 1: the call's own; None: the other rules)."""
+    if timeout is not None:
+        timeout = parse_timeout(timeout)
+    token = _call_timeout.set(timeout)
+    try:
+        yield
+    finally:
+        _call_timeout.reset(token)
+
+
+def launcher_owns(pg: Any) -> None:
+    """The launcher created `pg` with a timeout of its own choosing: not the user's (rule 1)."""
+    _declared[id(pg)] = (pg, None)
+
+
+def group_timeout(pg: Any = None) -> float | None:
+    """Seconds of the timeout `pg` (None: the default group) was created with; None if not given."""
+    if pg is None:
+        if not dist.is_initialized():
+            return None
+        pg = dist.group.WORLD
+    hit = _declared.get(id(pg))
+    if hit is not None and hit[0] is pg:
+        return hit[1]
+    seconds = _read_group_timeout(pg)
+    _declared[id(pg)] = (pg, seconds)
+    return seconds
+
+
+def _read_group_timeout(pg: Any) -> float | None:
+    # torch keeps a group's timeout in its backend's options (dt.ProcessGroup keeps its
+    # own the same way, on itself); torch does not record whether the caller gave it,
+    # so torch's default for the backend counts as "not given".
+    try:
+        options = getattr(pg, "options", None) or pg._get_backend(pg._device_types[0]).options
+        timeout = options._timeout
+        default = dist.distributed_c10d._get_default_timeout(dist.get_backend(pg))
+    except (AttributeError, IndexError, RuntimeError, ValueError):
+        return None
+    return None if timeout == default else timeout.total_seconds()
+
+
+def timeout_for(group: Any = None) -> Timeout:
+    """How long a wait on `group` (a dt Group, a ProcessGroup, or None: the world) may last.
+
+    THE rule (module docstring): the call's timeout, else the group's, else
+    dt.set_timeout, else DT_TIMEOUT, else the launcher's, else 300 s.
+    """
+    call = _call_timeout.get()
+    if call is not None:
+        return Timeout(call, "this call's timeout=")
+    pg = getattr(group, "pg", group)
+    declared = group_timeout(pg) if pg is not None or dist.is_initialized() else None
+    return Timeout(declared, "the group's timeout") if declared is not None else _fallback()
+
+
+def set_validation(enabled: bool | None) -> None:
+    """Check arguments across ranks before each collective (on by default; None: DT_VALIDATE).
 
     The check is one Bruck all-gather of an 8(8+2p)-byte signature per collective:
     ceil(lg p) tiny messages. It turns a mismatch (different lengths, dtypes,
@@ -35,8 +177,20 @@ def set_validation(enabled: bool) -> None:
     off, as torch.distributed runs without such a check by default.
     """
     global _validate
-    _validate = bool(enabled)
+    _validate = None if enabled is None else bool(enabled)
+
+
+def _env_validation() -> bool:
+    try:
+        return args.boolean(os.environ.get("DT_VALIDATE", "1"))
+    except args.InputError as exc:
+        raise args.InputError(f"DT_VALIDATE {exc}") from None
 
 
 def validation_enabled() -> bool:
-    return _validate
+    return _env_validation() if _validate is None else _validate
+
+
+def check_environment() -> None:
+    """Read DT_TIMEOUT and DT_VALIDATE now: ValueError naming the bad one (for command lines)."""
+    args.check_environment()

@@ -13,12 +13,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from dt import args as args_
 from dt.bench import report as R
 from dt.bench.scaling import plots
 from dt.bench.scaling.report import command_line, fmt_duration, report_markdown, write_outputs
 from dt.bench.scaling.settings import Settings, quick_settings
 from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import ALL_TABLES, TABLES
+from dt.collectives import ALGORITHMS
+from dt.device import DEVICES, backend_for
 
 __all__ = ["main", "parse_args"]
 
@@ -37,54 +40,64 @@ The original design's figures, which these regenerate: docs/original_design.md.
 
 
 def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
-    ap = argparse.ArgumentParser(prog="dt bench scaling", description=DESCRIPTION,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = args_.Parser(prog="dt bench scaling", description=DESCRIPTION,
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    one, worlds = args_.at_least(1), args_.listed(args_.world)
     ap.add_argument("--quick", action="store_true", help="small sizes, few repetitions (< 2 min)")
-    ap.add_argument("--tables", default=None,
+    ap.add_argument("--tables", type=args_.listed(one), default=None,
                     help=f"comma-separated table numbers (default all: {','.join(map(str, ALL_TABLES))})")
-    ap.add_argument("--worlds", default=None, help="world sizes for the collectives, e.g. 2,4,8")
-    ap.add_argument("--dp-worlds", default=None, help="world sizes for data parallel, e.g. 1,2,4,8")
-    ap.add_argument("--dp-batch", type=int, default=None, help="global batch of table 3")
-    ap.add_argument("--batches", default=None, help="global batches of table 4, e.g. 256,1024,4096")
-    ap.add_argument("--hidden", type=int, default=None, help="width of the reference model")
-    ap.add_argument("--layers", type=int, default=None, help="linear layers of the reference model")
-    ap.add_argument("--micro", default=None, help="pipeline micro-batch counts, e.g. 1,4,16")
-    ap.add_argument("--stages", type=int, default=None, help="pipeline stages (default 4)")
-    ap.add_argument("--reps", type=int, default=None, help="timed repetitions per collective")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per DP / pipeline config")
-    ap.add_argument("--big", type=int, default=None, help="bytes of table 1's all-reduce")
-    ap.add_argument("--small", type=int, default=None, help="bytes of table 2's all-reduce")
+    ap.add_argument("--worlds", type=worlds, default=None, help="world sizes for the collectives, e.g. 2,4,8")
+    ap.add_argument("--dp-worlds", type=worlds, default=None,
+                    help="world sizes for data parallel, e.g. 1,2,4,8")
+    ap.add_argument("--dp-batch", type=one, default=None, help="global batch of table 3")
+    ap.add_argument("--batches", type=args_.listed(one), default=None,
+                    help="global batches of table 4, e.g. 256,1024,4096")
+    ap.add_argument("--hidden", type=one, default=None, help="width of the reference model")
+    ap.add_argument("--layers", type=one, default=None, help="linear layers of the reference model")
+    ap.add_argument("--micro", type=args_.listed(one), default=None,
+                    help="pipeline micro-batch counts, e.g. 1,4,16")
+    ap.add_argument("--stages", type=args_.world, default=None, help="pipeline stages (default 4)")
+    ap.add_argument("--reps", type=one, default=None, help="timed repetitions per collective")
+    ap.add_argument("--steps", type=one, default=None, help="timed steps per DP / pipeline config")
+    ap.add_argument("--big", type=args_.size, default=None, help="bytes of table 1's all-reduce")
+    ap.add_argument("--small", type=args_.size, default=None, help="bytes of table 2's all-reduce")
     ap.add_argument("--algorithm", default=None, help="all-reduce algorithm inside dt's DDP")
     ap.add_argument("--no-torch-ddp", action="store_true", help="skip torch's DDP in table 3")
     ap.add_argument("--out", default=None, help="output directory (default results/)")
     ap.add_argument("--no-plots", action="store_true")
     ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--device", choices=DEVICES, default="auto",
+                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     ap.add_argument("--update-readme", action="store_true",
                     help="write the tables between the README's scaling markers")
     a = ap.parse_args(list(argv))
-
-    def ints(text: str) -> tuple[int, ...]:
-        return tuple(int(v) for v in text.replace(" ", "").split(",") if v)
+    unknown = [t for t in a.tables or () if t not in ALL_TABLES]
+    if unknown:
+        ap.error(f"--tables: no table {', '.join(map(str, unknown))}; the tables are "
+                 f"{', '.join(map(str, ALL_TABLES))}")
+    if a.algorithm and a.algorithm != "auto" and a.algorithm not in ALGORITHMS["all_reduce"]:
+        ap.error(f"--algorithm {a.algorithm!r}: all_reduce has {sorted(ALGORITHMS['all_reduce'])} "
+                 "(and auto)")
 
     s = Settings()
     if a.quick:
         quick_settings(s)
     if a.tables:
-        s.tables = tuple(t for t in ints(a.tables) if t in ALL_TABLES)
+        s.tables = a.tables
     if a.worlds:
-        s.coll_worlds = ints(a.worlds)
+        s.coll_worlds = a.worlds
     if a.dp_worlds:
-        s.dp_worlds = ints(a.dp_worlds)
+        s.dp_worlds = a.dp_worlds
     if a.dp_batch:
         s.dp_batch = a.dp_batch
     if a.batches:
-        s.sweep_batches = ints(a.batches)
+        s.sweep_batches = a.batches
     if a.hidden:
         s.hidden = a.hidden
     if a.layers:
         s.layers = a.layers
     if a.micro:
-        s.pp_micro = ints(a.micro)
+        s.pp_micro = a.micro
     if a.stages:
         s.pp_stages = a.stages
     if a.reps:
@@ -102,6 +115,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     if a.out:
         s.out_dir = Path(a.out)
     s.plots = not a.no_plots
+    s.backend = backend_for(a.device)
     s.update_readme = a.update_readme
     if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
         s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline

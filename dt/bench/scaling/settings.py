@@ -68,6 +68,7 @@ class Settings:
     plots: bool = True
     update_readme: bool = False
     timeout: float = 600.0
+    backend: str = "gloo"  # the process groups' backend: gloo on the CPU, nccl on GPUs
 
     def coll_reps_for(self, nbytes: int) -> int:
         """Small messages are cheap and noisy: four times the repetitions up to 1 MB."""

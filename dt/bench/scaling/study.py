@@ -39,7 +39,7 @@ class Study:
 
     def __init__(self, settings: Settings, progress: bool = True):
         self.s = settings
-        self.machine = R.machine("gloo")
+        self.machine = R.machine(settings.backend)
         self.cores = self.machine["cores"]
         self.pools: dict[int, WorkerPool] = {}
         self.progress = progress
@@ -58,7 +58,7 @@ class Study:
     # -- pools and progress ---------------------------------------------------
     def pool(self, world: int) -> WorkerPool:
         if world not in self.pools:
-            self.pools[world] = WorkerPool(world)
+            self.pools[world] = WorkerPool(world, self.s.backend)
         return self.pools[world]
 
     def run(self, world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -20,6 +20,7 @@ from torch import nn
 from dt import transport
 from dt.bench.ddp import reference_model, step_worker
 from dt.bench.harness import TORCH, Case, barrier, reduction_seconds_per_byte, time_calls
+from dt.device import clock
 
 __all__ = ["TimedStage", "collectives_worker", "dp_worker", "pipeline_worker", "single_process_step"]
 
@@ -56,11 +57,11 @@ def collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int
 def single_process_step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor,
                         y: torch.Tensor) -> float:
     """Seconds of one training step of one process on the whole batch (the T1 of a speedup)."""
-    t0 = time.perf_counter()
+    t0 = clock(x.device)
     nn.functional.mse_loss(model(x), y).backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-    return time.perf_counter() - t0
+    return clock(x.device) - t0
 
 
 def dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
@@ -87,13 +88,15 @@ def dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str],
     single: tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor] | None = None
     t1: list[dict[str, float]] = []
 
+    device = transport.default_device(transport.resolve_group(None))  # the rank's GPU under NCCL
+
     def whole_batch() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
         torch.manual_seed(0)
-        net = reference_model(hidden, layers)
+        net = reference_model(hidden, layers).to(device)
         gen = torch.Generator().manual_seed(1000)
         return (net, torch.optim.SGD(net.parameters(), lr=1e-6),
-                torch.randn(global_batch, hidden, generator=gen),
-                torch.randn(global_batch, hidden, generator=gen))
+                torch.randn(global_batch, hidden, generator=gen).to(device),
+                torch.randn(global_batch, hidden, generator=gen).to(device))
 
     def baseline_steps(n: int, warm: int, threads_now: int | None = None,
                        out: list[dict[str, float]] = t1) -> None:
@@ -192,10 +195,12 @@ def pipeline_worker(schedule_name: str, micro_batches: int, batch: int, hidden: 
         blocks = [nn.Sequential(nn.Linear(hidden, hidden), nn.GELU())
                   for _ in range(p * blocks_per_stage)]
         stage = stage_module(blocks, virtual=virtual) if virtual > 1 else stage_module(blocks)
+    device = transport.default_device(transport.resolve_group(None))  # the rank's GPU under NCCL
+    stage.to(device)
     pipe = Pipeline(stage)
     gen = torch.Generator().manual_seed(7)
-    x = torch.randn(batch, hidden, generator=gen) if rank == 0 else None
-    y = torch.randn(batch, hidden, generator=gen) if rank == p - 1 else None
+    x = torch.randn(batch, hidden, generator=gen).to(device) if rank == 0 else None
+    y = torch.randn(batch, hidden, generator=gen).to(device) if rank == p - 1 else None
     out = []
     for it in range(warmup + steps):
         barrier()

@@ -140,7 +140,8 @@ class Router(nn.Module):
         the sequence) + (same choice, same expert, in chunks that start before
         this one: on any rank) + (same choice, same expert, earlier in this chunk).
         """
-        starts = torch.tensor([[a for a, _ in layout.chunks(r)] for r in range(layout.parts)])
+        starts = torch.tensor([[a for a, _ in layout.chunks(r)] for r in range(layout.parts)],
+                              device=every.device)
         by_chunk = every.permute(0, 4, 1, 2, 3)  # [cp, chunks, b, E, k]
         total = by_chunk.sum(dim=(0, 1))  # [b, E, k]
         earlier_choices = total.cumsum(dim=-1) - total  # [b, E, k]

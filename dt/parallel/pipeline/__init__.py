@@ -26,18 +26,22 @@ stashed on any stage. Interleaving (Megatron) gives each rank v chunks of
 1/v the layers (chunks s, s+p, ...): the fill and drain slots shrink to 1/v,
 for v times more messages.
 
-Why no schedule can deadlock here: every send is an isend that nobody waits
-on until the end of the step, so sends never block; only receives block, and
-a receive waits on a forward of the stage before or a backward of the stage
-after, which those stages reach without waiting on this one (the wait-for
-graph of each schedule is acyclic). Messages between two ranks arrive in the
-order sent, and both ends walk the micro-batches in the same order.
+Why no schedule can deadlock here: on gloo every send is an isend that nobody
+waits on until the end of the step, so sends never block; only receives
+block, and a receive waits on a forward of the stage before or a backward of
+the stage after, which those stages reach without waiting on this one (the
+wait-for graph of each schedule is acyclic). Messages between two ranks
+arrive in the order sent, and both ends walk the micro-batches in the same
+order. On NCCL sends do block (every operation between two ranks runs in
+order on one stream): p2p.py batches each send with the receive after it,
+and puts the shape headers on groups of their own (see there).
 
 - schedules.py  the arithmetic of who does what when: partition, schedule, bubble_fraction
 - runtime.py    Pipeline (one stage running its schedule) and stage_module
 - p2p.py        the point-to-point of activations and gradients, with a shape header
 """
 
+from dt.parallel.pipeline.p2p import header_groups
 from dt.parallel.pipeline.runtime import Pipeline, PipelineStepStats, stage_module
 from dt.parallel.pipeline.schedules import (
     bubble_fraction,
@@ -47,5 +51,5 @@ from dt.parallel.pipeline.schedules import (
     stage_layers,
 )
 
-__all__ = ["Pipeline", "PipelineStepStats", "bubble_fraction", "neighbour", "partition", "schedule",
-           "stage_layers", "stage_module"]
+__all__ = ["Pipeline", "PipelineStepStats", "bubble_fraction", "header_groups", "neighbour",
+           "partition", "schedule", "stage_layers", "stage_module"]

@@ -1,28 +1,43 @@
-"""The pipeline's wire: activations forward, their gradients back, each with a shape header.
+"""The pipeline's link to its neighbours: activations forward, their gradients back.
 
-Stages agree on nothing in advance: every tensor is preceded by a header of
-8 int64 words (dtype code, ndim, up to 6 dims), so a stage learns what it is
-about to receive from the message itself. Per tensor: one 64-byte header
-message and one data message.
+Stages agree on nothing in advance: an activation is preceded by a header of
+8 int64 words (dtype code, ndim, up to 6 dims), so the next stage learns
+what it is about to receive from the message itself. A gradient needs none:
+it has the shape of the activation it belongs to, which the stage that sent
+that activation still holds. Per micro-batch and boundary: a 64-byte header
+and the activation forward, the gradient back.
 
-Sends are isends that nobody waits on until the end of the step (`drain`),
-so a send never blocks; only receives block (see the package docstring for
-why no schedule deadlocks). Every message the pipeline moves goes through
-this one class, so a change of how they are posted is a change here only.
+Every message the pipeline moves goes through this one class. How they are
+posted is what makes the pipeline correct on NCCL as well as on gloo:
+
+- Headers travel on groups of their own, one per boundary and direction of
+  travel (stage s to s+1): on such a group one rank only sends and the other
+  only receives, so the receiver may post every header receive of the step
+  at its start and no header ever waits behind other traffic.
+- Data travels on the pipeline group. On gloo (receives may go ahead) a send
+  is posted at once and waited for at the end of the step (`drain`), so only
+  receives block. On NCCL every operation between two ranks runs in order on
+  one stream, and 1F1B queues send(activation) then recv(gradient) on stage
+  s and send(gradient) then recv(activation) on s+1: as separate calls that
+  deadlocks. So a send waits (`pending`) and goes out in one batch with the
+  receive that follows it, which is Megatron's send_forward_recv_backward
+  on one side and send_backward_recv_forward on the other. At most one send
+  waits: a second send posts the first alone. dt.transport.rules replays
+  every schedule this way in the tests (tests/test_nccl_rules_parallel.py).
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from dt import transport
-from dt.transport import Group
+from dt.device import clock
+from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group
 
-__all__ = ["Wire"]
+__all__ = ["StageLink", "header_groups"]
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.bool, torch.uint8]
@@ -32,14 +47,35 @@ _HEADER = 8  # int64 words: dtype code, ndim, up to 6 dims
 def _header(t: torch.Tensor) -> torch.Tensor:
     if t.dim() > _HEADER - 2:
         raise ValueError(f"pipeline activations have at most {_HEADER - 2} dims, got {t.dim()}")
-    h = torch.zeros(_HEADER, dtype=torch.int64)
-    h[0], h[1] = _DTYPES.index(t.dtype), t.dim()
-    h[2:2 + t.dim()] = torch.tensor(t.shape, dtype=torch.int64)
-    return h
+    words = [_DTYPES.index(t.dtype), t.dim(), *t.shape] + [0] * (_HEADER - 2 - t.dim())
+    return torch.tensor(words, dtype=torch.int64, device=t.device)
 
 
-class Wire:
-    """One stage's point-to-point traffic over the pipeline group, and what it cost this step.
+def header_groups(pipelines: list[tuple[int, ...]]) -> dict[int, Group]:
+    """The header groups of every pipeline, created on every rank; this rank's {boundary: group}.
+
+    `pipelines` lists every pipeline group's global ranks in stage order (all
+    of them: torch.distributed.new_group is collective over the world, so
+    every rank creates every group, in the same order). Boundary s carries
+    the headers stage s sends to stage s+1 (mod p: the last stage hands on to
+    the first when chunks are interleaved). With two stages both boundaries
+    join the same two ranks; creating them in boundary order on every rank
+    keeps them apart.
+    """
+    me = dist.get_rank()
+    mine: dict[int, Group] = {}
+    for ranks in pipelines:
+        p = len(ranks)
+        for s in range(p if p > 1 else 0):
+            pair = (ranks[s], ranks[(s + 1) % p])
+            pg = dist.new_group(sorted(pair))
+            if me in pair:
+                mine[s] = resolve_group(pg)
+    return mine
+
+
+class StageLink:
+    """One stage's point-to-point traffic, and what it cost this step.
 
     Peers are global ranks. A message to this rank itself (one stage holding
     consecutive chunks) never touches the wire: it is queued and popped.
@@ -47,48 +83,99 @@ class Wire:
     from the last `reset`.
     """
 
-    def __init__(self, group: Group):
+    def __init__(self, group: Group, headers: dict[int, Group] | None):
         self.group = group
         self.me = group.global_rank(group.rank)
-        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self.device = default_device(group)
+        s, p = group.rank, group.size
+        # Without header groups (a pipeline on a sub-group built by hand) headers
+        # share the data's group: fine on gloo, where sends never block.
+        self._shared = headers is None
+        headers = headers or {}
+        self._hdr_out = headers.get(s)  # headers this stage sends to stage s+1
+        self._hdr_in = headers.get((s - 1) % p) if p > 1 else None  # from stage s-1
+        self._headers: deque[tuple[Any, torch.Tensor]] = deque()  # header receives posted ahead
+        self._sends: list[tuple[Any, torch.Tensor]] = []  # posted, kept alive until drain
+        self._pending: list[tuple[torch.Tensor, int]] = []  # a data send waiting for a receive
         self._loopback: deque[torch.Tensor] = deque()
         self.bytes_sent = 0
         self.wait_s = 0.0
 
-    def reset(self) -> None:
-        """Start counting a new step."""
-        self.bytes_sent, self.wait_s = 0, 0.0
+    def _comm(self, group: Group | None = None) -> Comm:
+        return Comm(group or self.group, "pipeline", "p2p")
 
-    def send(self, t: torch.Tensor, dst: int) -> None:
-        """Post header and data to `dst`; returns at once (the buffers are kept until `drain`)."""
+    def begin(self, headers_in: int) -> None:
+        """Start a step that will receive `headers_in` activations from the stage before."""
+        self.bytes_sent, self.wait_s = 0, 0.0
+        if self._shared and headers_in and not self._comm().ahead:
+            raise ValueError("on NCCL a pipeline needs its header groups: build the pipeline on the "
+                             "world group, or pass header_groups=dt.parallel.pipeline.header_groups("
+                             "every pipeline's ranks) (dt.mesh makes them as mesh.pp_headers)")
+        if headers_in and self._hdr_in is not None:
+            comm = self._comm(self._hdr_in)
+            peer = 1 - self._hdr_in.rank  # the other member of a two-rank group
+            for _ in range(headers_in):
+                h = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+                self._headers.append((comm.irecv(h, peer), h))
+
+    def send(self, t: torch.Tensor, dst: int, activation: bool) -> None:
+        """Send `t` to global rank `dst` (an activation with its header, or a gradient)."""
         t = t.detach().contiguous()
         if dst == self.me:
             self._loopback.append(t)
             return
-        h = _header(t)
-        # Kept alive (with their handles) until drain(): isend reads the buffer
-        # while the transfer is in flight.
-        for buf in (h, t):
-            self._sends.append((transport.isend(buf, dst, self.group), buf))
-        self.bytes_sent += t.numel() * t.element_size() + h.numel() * h.element_size()
+        self.bytes_sent += t.numel() * t.element_size()
+        comm = self._comm()
+        peer = self.group.group_rank(dst)
+        if activation:
+            h = _header(t)
+            self.bytes_sent += h.numel() * h.element_size()
+            if self._shared:
+                self._sends.append((comm.isend(h, peer), h))
+            else:
+                self._sends.append((self._comm(self._hdr_out).isend(h, 1 - self._hdr_out.rank), h))
+        if comm.ahead:
+            self._sends.append((comm.isend(t, peer), t))
+        else:
+            self._flush(comm)
+            self._pending.append((t, peer))
 
-    def recv(self, src: int) -> torch.Tensor:
-        """The next tensor from `src`: its header, then a buffer of that shape and dtype."""
+    def recv(self, src: int, like: torch.Tensor | None = None) -> torch.Tensor:
+        """The next tensor from `src`: an activation (shape from its header) or, given `like`, a gradient."""
         if src == self.me:
             return self._loopback.popleft()
-        t0 = time.perf_counter()
-        h = torch.empty(_HEADER, dtype=torch.int64)
-        transport.irecv(h, src, self.group).wait()
-        dtype, ndim = _DTYPES[int(h[0])], int(h[1])
-        t = torch.empty(h[2:2 + ndim].tolist(), dtype=dtype)
-        transport.irecv(t, src, self.group).wait()
-        self.wait_s += time.perf_counter() - t0
+        t0 = clock(self.device)
+        comm = self._comm()
+        if like is None:
+            if self._shared:
+                h = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
+                comm.irecv(h, self.group.group_rank(src)).wait()
+            else:
+                handle, h = self._headers.popleft()
+                handle.wait()
+            words = h.tolist()
+            t = torch.empty(words[2:2 + int(words[1])], dtype=_DTYPES[int(words[0])], device=self.device)
+        else:
+            t = torch.empty_like(like, memory_format=torch.contiguous_format)
+        pending, self._pending = self._pending, []
+        handles = comm.batch([(SEND, buf, q) for buf, q in pending] + [(RECV, t, self.group.group_rank(src))])
+        self._sends += [(hd, buf) for hd, (buf, _) in zip(handles, pending)]
+        handles[-1].wait()
+        self.wait_s += clock(self.device) - t0
         return t
 
+    def _flush(self, comm: Comm) -> None:
+        """Post the waiting send on its own."""
+        if self._pending:
+            (t, peer), = self._pending
+            self._pending = []
+            self._sends.append((comm.isend(t, peer), t))
+
     def drain(self) -> None:
-        """Wait for every send posted since the last drain (the end of a step)."""
-        t0 = time.perf_counter()
+        """Post what is still pending, then wait for every send since the last drain."""
+        t0 = clock(self.device)
+        self._flush(self._comm())
         for handle, _ in self._sends:
             handle.wait()
         self._sends.clear()
-        self.wait_s += time.perf_counter() - t0
+        self.wait_s += clock(self.device) - t0

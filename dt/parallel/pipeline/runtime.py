@@ -11,16 +11,18 @@ sat idle waiting on its neighbours (the bubble).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from dt import transport
-from dt.parallel.pipeline.p2p import Wire
+from dt.device import clock
+from dt.parallel.pipeline.p2p import StageLink
+from dt.parallel.pipeline.p2p import header_groups as make_header_groups
 from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
 
 __all__ = ["Pipeline", "PipelineStepStats", "stage_module"]
@@ -58,7 +60,8 @@ class PipelineStepStats:
 class Pipeline:
     """One stage of a pipeline over `group` (the pipeline group; stage = group rank)."""
 
-    def __init__(self, module: nn.Module | Sequence[nn.Module], group: Any = None):
+    def __init__(self, module: nn.Module | Sequence[nn.Module], group: Any = None,
+                 header_groups: dict[int, Any] | None = None):
         # A module is one stage; a list (or ModuleList) holds this rank's v virtual
         # stages, chunk c being part c*p + stage of the model (stage_module(virtual=v)).
         self.module = module
@@ -67,7 +70,10 @@ class Pipeline:
         self.group = transport.resolve_group(group)
         self.stage, self.stages = self.group.rank, self.group.size
         self.is_first, self.is_last = self.stage == 0, self.stage == self.stages - 1
-        self.wire = Wire(self.group)
+        if header_groups is None and self.group.size == dist.get_world_size():
+            # Every rank is building this pipeline: its header groups can be made here.
+            header_groups = make_header_groups([self.group.ranks])
+        self.wire = StageLink(self.group, header_groups)
         self.stats = PipelineStepStats()
 
     def _peer(self, chunk: int, direction: int) -> int | None:
@@ -76,15 +82,18 @@ class Pipeline:
         return None if s is None else self.group.global_rank(s)
 
     # -- steps ------------------------------------------------------------
-    def _begin_step(self) -> None:
+    def _begin_step(self, actions: list[tuple[str, int, int]]) -> None:
         self.stats = PipelineStepStats()
-        self.wire.reset()
-        self._t_step = time.perf_counter()
+        me = self.group.global_rank(self.stage)
+        incoming = sum(1 for kind, c, _ in actions
+                       if kind == "F" and self._peer(c, -1) not in (None, me))
+        self.wire.begin(incoming)
+        self._t_step = clock(self.wire.device)
 
     def _end_step(self) -> None:
         """Wait for the step's last sends; the step's time, bytes and idle time into `stats`."""
         self.wire.drain()
-        self.stats.step_s = time.perf_counter() - self._t_step
+        self.stats.step_s = clock(self.wire.device) - self._t_step
         self.stats.idle_s = self.wire.wait_s
         self.stats.bytes_sent = self.wire.bytes_sent
 
@@ -106,56 +115,56 @@ class Pipeline:
         batch = inputs if self.is_first else targets
         if batch is not None and m > batch.shape[0]:
             raise ValueError(f"{m} micro-batches of a batch of {batch.shape[0]}")
-        self._begin_step()
+        actions = schedule(schedule_name, self.stages, self.stage, m, len(self.chunks))
+        self._begin_step(actions)
         xs = self._micro(inputs if self.is_first else None, m)
         ys = self._micro(targets if self.is_last else None, m)
         n_total = targets.shape[0] if self.is_last else 0
         stash: dict[tuple[int, int], tuple[torch.Tensor | None, torch.Tensor]] = {}
         total_loss = 0.0
-        for kind, c, i in schedule(schedule_name, self.stages, self.stage, m, len(self.chunks)):
+        for kind, c, i in actions:
             prev, nxt = self._peer(c, -1), self._peer(c, +1)
             if kind == "F":
                 x = xs[i] if prev is None else self.wire.recv(prev)
                 if prev is not None and x.is_floating_point():
                     x.requires_grad_(True)
-                t0 = time.perf_counter()
+                t0 = clock(self.wire.device)
                 out = self.chunks[c](x)
                 if nxt is None:  # the stash holds the weighted loss to backward from
                     out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
                     total_loss += out.item()
-                self.stats.compute_s += time.perf_counter() - t0
+                self.stats.compute_s += clock(self.wire.device) - t0
                 if nxt is not None:
-                    self.wire.send(out, nxt)
+                    self.wire.send(out, nxt, activation=True)
                 stash[c, i] = (None if prev is None else x, out)
                 self.stats.peak_stash = max(self.stats.peak_stash, len(stash))
             else:
                 x, out = stash.pop((c, i))
-                grad = None if nxt is None else self.wire.recv(nxt)
-                t0 = time.perf_counter()
+                grad = None if nxt is None else self.wire.recv(nxt, like=out)
+                t0 = clock(self.wire.device)
                 torch.autograd.backward(out, grad)
-                self.stats.compute_s += time.perf_counter() - t0
+                self.stats.compute_s += clock(self.wire.device) - t0
                 if x is not None and x.is_floating_point():
-                    self.wire.send(x.grad, prev)
+                    self.wire.send(x.grad, prev, activation=False)
         self._end_step()
         return total_loss if self.is_last else None
 
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor | None, micro_batches: int = 1) -> torch.Tensor | None:
         """Inference: micro-batches flow forward only; the last stage returns the outputs."""
-        self._begin_step()
+        actions = [a for a in schedule("interleaved", self.stages, self.stage, micro_batches,
+                                       len(self.chunks)) if a[0] == "F"]
+        self._begin_step(actions)
         xs, outs = self._micro(inputs if self.is_first else None, micro_batches), []
-        for kind, c, i in schedule("interleaved", self.stages, self.stage, micro_batches,
-                                   len(self.chunks)):
-            if kind == "B":
-                continue
+        for _, c, i in actions:
             prev, nxt = self._peer(c, -1), self._peer(c, +1)
             x = xs[i] if prev is None else self.wire.recv(prev)
-            t0 = time.perf_counter()
+            t0 = clock(self.wire.device)
             out = self.chunks[c](x)
-            self.stats.compute_s += time.perf_counter() - t0
+            self.stats.compute_s += clock(self.wire.device) - t0
             if nxt is None:
                 outs.append((i, out))
             else:
-                self.wire.send(out, nxt)
+                self.wire.send(out, nxt, activation=True)
         self._end_step()
         return torch.cat([o for _, o in sorted(outs, key=lambda io: io[0])]) if self.is_last else None

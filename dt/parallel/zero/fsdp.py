@@ -15,8 +15,14 @@ from torch import nn
 
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
+from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
-from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
+from dt.parallel.zero.memory import (
+    comm_scratch_formula,
+    memory_held,
+    zero_memory_formula,
+    zero_traffic_formula,
+)
 from dt.parallel.zero.shards import full_optimizer_state, gather_flat
 from dt.transport import resolve_group
 
@@ -138,11 +144,17 @@ class FullyShardedDataParallel(nn.Module):
         return sum(u.shard.numel() for u in self.units)
 
     def memory(self, optimizer: torch.optim.Optimizer) -> dict[str, int]:
+        """Bytes held: parameters, gradients, optimizer state, and the collectives' scratch."""
         params = [u.shard for u in self.units] + [u.full for u in self.units if u.full is not None]
-        return memory_held(params, [u.shard.grad for u in self.units], optimizer)
+        return {**memory_held(params, [u.shard.grad for u in self.units], optimizer),
+                "comm_scratch": held_bytes()}
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        return zero_memory_formula(self.psi, self.group.size, 3, k, shard=self.shard_numel)
+        out = zero_memory_formula(self.psi, self.group.size, 3, k, shard=self.shard_numel)
+        itemsize = self.units[0].shard.element_size() if self.units else 4
+        out["comm_scratch"] = comm_scratch_formula([u.sizes for u in self.units], itemsize,
+                                                   self.group.rank, self.algorithm)
+        return out
 
     def expected_bytes_sent(self) -> int:
         return zero_traffic_formula([u.sizes for u in self.units], self.group.rank, 3,

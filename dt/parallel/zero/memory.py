@@ -12,8 +12,9 @@ from collections.abc import Iterable
 import torch
 
 from dt.cost import ring_all_gather, ring_reduce_scatter
+from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
 
-__all__ = ["memory_held", "zero_memory_formula", "zero_traffic_formula"]
+__all__ = ["comm_scratch_formula", "memory_held", "zero_memory_formula", "zero_traffic_formula"]
 
 
 def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float | None = None,
@@ -43,6 +44,19 @@ def zero_traffic_formula(shard_lists: list[list[int]], rank: int, stage: int,
         total += ring_reduce_scatter(sizes, itemsize, rank).bytes_sent
         total += ring_all_gather(sizes, itemsize, rank).bytes_sent * (2 if stage == 3 else 1)
     return total
+
+
+def comm_scratch_formula(chunk_lists: list[list[int]], itemsize: int, rank: int,
+                         algorithm: str = "ring") -> int:
+    """Bytes the ring reduce-scatters of `chunk_lists` leave in scratch on this rank.
+
+    The ring keeps its landing buffers and its reduce-scatter pool (dt.cost.memory):
+    about a full input's size of the largest reduce-scatter, on top of what ZeRO
+    shards. Other algorithms hold none.
+    """
+    if algorithm != "ring":
+        return 0
+    return scratch_held([ring_reduce_scatter_scratch(c, itemsize, rank) for c in chunk_lists])
 
 
 def memory_held(params: Iterable[torch.Tensor], grads: Iterable[torch.Tensor | None],

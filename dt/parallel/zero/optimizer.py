@@ -8,7 +8,6 @@ exactly the bytes of DDP's ring all-reduce (zero_traffic_formula).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,11 +16,18 @@ from torch import nn
 
 from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
+from dt.collectives.scratch import held_bytes
+from dt.device import clock
 from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
-from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
+from dt.parallel.zero.memory import (
+    comm_scratch_formula,
+    memory_held,
+    zero_memory_formula,
+    zero_traffic_formula,
+)
 from dt.parallel.zero.shards import full_optimizer_state
-from dt.transport import resolve_group
+from dt.transport import default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
 
@@ -54,7 +60,7 @@ class ZeroOptimizer:
         self.psi = sum(self.numels)
         # One flat buffer; every parameter becomes a view into it.
         self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]) if self.params \
-            else torch.zeros(0)
+            else torch.zeros(0, device=default_device(self.group))
         broadcast(self.flat, self.group.ranks[0], group=self.group)
         for p, o in zip(self.params, self.offsets):
             p.data = self.flat[o:o + p.numel()].view_as(p)
@@ -69,7 +75,8 @@ class ZeroOptimizer:
             for p, o in zip(self.params, self.offsets):
                 p.grad = self.flat_grad[o:o + p.numel()].view_as(p)
         else:
-            self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype)
+            self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype,
+                                          device=self.flat.device)
             order = list(range(len(self.params)))[::-1]  # backward order
             self.buckets = [[order[i] for i in b] for b in make_buckets(
                 [self.params[i] for i in order], int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
@@ -95,7 +102,7 @@ class ZeroOptimizer:
         b = self._bucket_of[i]
         lo, hi = self._range(b)
         if b not in self._buffers:
-            self._buffers[b] = torch.zeros(hi - lo, dtype=self.flat.dtype)
+            self._buffers[b] = torch.zeros(hi - lo, dtype=self.flat.dtype, device=self.flat.device)
         self._buffers[b][self.offsets[i] - lo:self.offsets[i] - lo + p.numel()].copy_(p.grad.view(-1))
         p.grad = None  # the full gradient is not kept: that is stage 2
         self._arrived.setdefault(b, set()).add(i)
@@ -106,12 +113,11 @@ class ZeroOptimizer:
 
     def _launch(self, b: int) -> None:
         lo, hi = self._range(b)
-        buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype))
-        bounds = edges(self.shard_sizes)
-        pieces = [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
-                  for j in range(self.group.size)]
+        buf = self._buffers.setdefault(b, torch.zeros(hi - lo, dtype=self.flat.dtype,
+                                                      device=self.flat.device))
+        pieces = self._pieces(b, buf)
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
-        out = torch.empty(z - a, dtype=self.flat.dtype)
+        out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
         work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
                               async_op=True)
         self._works.append((work, out, a - self.start))
@@ -121,7 +127,7 @@ class ZeroOptimizer:
             self._launch(b)
         for work, out, at in self._works:
             work.wait()
-            self.last_step["comm_s"] += work.finished_at - work.started_at
+            self.last_step["comm_s"] += work.seconds()
             self.shard_grad[at:at + out.numel()] += out  # accumulate, like .grad
         self._buffers.clear()
         self._in_backward = False
@@ -129,7 +135,7 @@ class ZeroOptimizer:
     # -- the step --------------------------------------------------------------
     @torch.no_grad()
     def step(self) -> None:
-        t0 = time.perf_counter()
+        t0 = clock(self.flat.device)
         if self.stage == 1:
             for p, o in zip(self.params, self.offsets):
                 slot = self.flat_grad[o:o + p.numel()].view_as(p)
@@ -147,7 +153,7 @@ class ZeroOptimizer:
         self.optimizer.step()
         all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
                    algorithm=self.algorithm)
-        self.last_step["step_comm_s"] = time.perf_counter() - t0
+        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
@@ -165,13 +171,30 @@ class ZeroOptimizer:
         return self.optimizer.param_groups
 
     def memory(self) -> dict[str, int]:
+        """Bytes held: parameters, gradients, optimizer state, and the collectives' scratch."""
         grads = [self.flat_grad] if self.stage == 1 else [self.shard_grad]
         grads += [p.grad for p in self.params]
-        return memory_held(self.params, grads, self.optimizer)
+        return {**memory_held(self.params, grads, self.optimizer), "comm_scratch": held_bytes()}
+
+    def _scattered(self) -> list[list[int]]:
+        """Element counts of the pieces of every reduce-scatter one step runs."""
+        return [self.shard_sizes] if self.stage == 1 else \
+            [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))]
+
+    def _pieces(self, b: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
+        """Bucket b's buffer cut where the shards' boundaries fall (empty pieces included)."""
+        lo, hi = self._range(b)
+        if buf is None:
+            buf = torch.empty(hi - lo, device="meta")
+        bounds = edges(self.shard_sizes)
+        return [buf[min(max(bounds[j], lo), hi) - lo:min(max(bounds[j + 1], lo), hi) - lo]
+                for j in range(self.group.size)]
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        return zero_memory_formula(self.psi, self.group.size, self.stage, k,
-                                   shard=self.end - self.start)
+        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start)
+        out["comm_scratch"] = comm_scratch_formula(self._scattered(), self.flat.element_size(),
+                                                   self.group.rank, self.algorithm)
+        return out
 
     def expected_bytes_sent(self) -> int:
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,

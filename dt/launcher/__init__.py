@@ -1,0 +1,45 @@
+"""Start N processes on this machine, run a function on each, never hang.
+
+    results = run_workers(fn, 4, x, timeout=60)   # fn(x) on ranks 0..3
+
+- The parent owns the rendezvous: it opens a TCPStore on a port the kernel
+  picks (port 0) and hands the port to the workers, so two runs at once can
+  never race for the same "free" port.
+- Results travel back pickled by plain `pickle` over a pipe, never through a
+  multiprocessing queue, whose tensor pickler passes a shared-memory handle
+  that blocks the parent forever once the worker that made it has exited.
+- The first worker exception comes back to the caller with its rank and
+  traceback, together with what every other rank raised; workers still
+  running after a short grace are killed. A run that outlives `timeout` is
+  killed, and the transport's own timeout (a fraction of it) has by then made
+  each stuck rank say in which collective, at which step, waiting on whom.
+- `WorkerPool` keeps the processes and their process group alive between
+  runs (the test suite pays the start-up once per world size); a pool whose
+  run failed is restarted before its next run.
+- Nothing is orphaned: every worker dies with its launcher, however the
+  launcher dies (SIGKILL included): each worker reads a pipe whose other end
+  only the launcher holds, and ends itself at its end of file (worker.py).
+  SIGTERM, SIGHUP and Ctrl-C stop the launcher, which stops its workers
+  before it exits (exit status 128 + the signal).
+- Nothing waits on the dead: the launcher announces each worker that dies or
+  raises, and relays what the workers announce (dt.transport.liveness), so the
+  survivors' pending waits end within a second and name that rank; the
+  headline names the first rank that died or raised, and how, never a
+  survivor that only lost its peer. When a run outlives its timeout the
+  launcher announces that too, and the stuck ranks say where they are.
+- Under torchrun (RANK and WORLD_SIZE in the environment) `launch` runs the
+  same function in the current process instead: the same worker code runs
+  single-node or multi-node, unchanged.
+
+Files: pool.py (WorkerPool, run_workers: starting, collecting, blaming),
+worker.py (one worker: dies with its launcher, serves jobs), group.py (the
+process group and its backend), torchrun.py (init, launch), command.py
+(how a `dt` command ends when a run fails or is stopped).
+"""
+
+from dt.launcher.command import run_command
+from dt.launcher.pool import DEFAULT_TIMEOUT, RemoteError, Terminated, WorkerError, WorkerPool, run_workers
+from dt.launcher.torchrun import init, launch
+
+__all__ = ["DEFAULT_TIMEOUT", "RemoteError", "Terminated", "WorkerError", "WorkerPool", "init", "launch",
+           "run_command", "run_workers"]

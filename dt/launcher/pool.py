@@ -1,0 +1,316 @@
+"""WorkerPool and run_workers: N local processes, a function on each, every failure reported.
+
+See the package docstring (dt/launcher/__init__.py) for what the pool promises.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import pickle
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch.distributed as dist
+
+from dt.args import ENVIRONMENT
+from dt.launcher import worker
+from dt.launcher.group import resolve_backend
+from dt.launcher.worker import worker_main
+from dt.transport import liveness, settings
+
+__all__ = ["RemoteError", "Terminated", "WorkerError", "WorkerPool", "run_workers"]
+
+DEFAULT_TIMEOUT = settings.DEFAULT_TIMEOUT
+_GRACE_S = 5.0  # after the first error, how long the other ranks get to report theirs
+_DEADLINE_GRACE_S = 3.0  # after a run's timeout, how long stuck ranks get to say where they are
+_COLLECTIVE_ERRORS = ("CollectiveError", "CollectiveTimeout")  # the transport announced those
+
+
+class Terminated(SystemExit):
+    """The launcher got SIGTERM or SIGHUP: its workers were stopped; exit status 128 + signal."""
+
+    def __init__(self, signum: int):
+        super().__init__(128 + signum)
+        self.signal = signal.Signals(signum).name
+
+
+class WorkerError(RuntimeError):
+    """A worker raised or died; `.rank` is the one blamed, `.errors` all of them."""
+
+    def __init__(self, message: str, rank: int, errors: dict[int, RemoteError]):
+        super().__init__(message)
+        self.rank = rank
+        self.errors = errors
+
+
+@dataclass
+class RemoteError:
+    kind: str  # exception class name, "died" or "stopped"
+    message: str
+    traceback: str = ""
+
+    def line(self) -> str:
+        return f"{self.kind}: {self.message.splitlines()[0] if self.message else ''}"
+
+
+def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
+                timeout: float = DEFAULT_TIMEOUT, backend: str = "gloo", **kwargs: Any) -> list[Any]:
+    """Run fn(*args, **kwargs) on `world_size` fresh processes; return each rank's result.
+
+    `fn` must be importable by name (a module-level function), as with any
+    multiprocessing start method that does not fork the caller.
+    """
+    with WorkerPool(world_size, backend=backend) as pool:
+        return pool.run(fn, *args, timeout=timeout, **kwargs)
+
+
+def _context() -> Any:
+    # forkserver: workers fork from a clean server that has already imported
+    # torch, so a start costs a fork, not an import, and never inherits the
+    # caller's OpenMP threads (fork after OpenMP start-up can hang).
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    ctx = mp.get_context(method)
+    if method == "forkserver":
+        ctx.set_forkserver_preload(["torch", "torch.distributed", "dt"])
+    return ctx
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run() -> Iterator[None]:
+    """While a run is on: SIGTERM and SIGHUP raise Terminated (not a silent death), so the
+    pool stops its workers before the launcher exits. Only from the main thread, and only
+    where nobody installed a handler of their own."""
+    def stop(signum: int, frame: Any) -> None:
+        raise Terminated(signum)
+
+    old: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            if signal.getsignal(sig) == signal.SIG_DFL:
+                old[sig] = signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
+
+
+class WorkerPool:
+    """`world_size` processes with a live process group, reused across runs."""
+
+    def __init__(self, world_size: int, backend: str = "gloo", threads_per_worker: int | None = None):
+        if world_size < 1:
+            raise ValueError(f"world_size must be at least 1, got {world_size}")
+        self.world_size = world_size
+        self.backend = resolve_backend(backend)
+        self.threads = threads_per_worker or worker.threads_per_worker(world_size)
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []  # jobs down, results up
+        self._news: list[Any] = []  # failures both ways (dt.transport.liveness); end of file: gone
+        self._heard: list[liveness.Failure] = []  # every failure told since the last start
+        self._store: Any = None
+        self.starts = 0
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, kind: Any, *exc: Any) -> None:
+        if kind is None:
+            self.close()
+        else:  # interrupted or failed: nobody waits on the workers any longer
+            self._kill()
+
+    @property
+    def pids(self) -> list[int]:
+        """The workers' process ids (empty before the first run)."""
+        return [p.pid for p in self._procs]
+
+    # -- life cycle ---------------------------------------------------------
+    def _start(self) -> None:
+        ctx = _context()
+        self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
+                                    timeout=datetime.timedelta(seconds=60))
+        port = self._store.port
+        self._heard = []
+        for rank in range(self.world_size):
+            parent_end, child_end = ctx.Pipe(duplex=True)
+            news_end, child_news = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=worker_main, name=f"dt-rank{rank}",
+                               args=(rank, self.world_size, port, self.backend, child_end, child_news,
+                                     list(sys.path), self.threads), daemon=True)
+            proc.start()
+            child_end.close()
+            child_news.close()  # the launcher holds the only other end: its death is our EOF
+            self._procs.append(proc)
+            self._conns.append(parent_end)
+            self._news.append(news_end)
+        self.starts += 1
+        self._collect(timeout=120.0, grace=0.0, what="start-up")
+
+    def close(self) -> None:
+        for c in self._conns:
+            try:
+                c.send_bytes(pickle.dumps(None))
+            except OSError:
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        self._kill()
+
+    def _kill(self) -> None:
+        for p in self._procs:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError, TypeError):
+                    os.kill(p.pid, signal.SIGKILL)
+        for p in self._procs:
+            p.join(5.0)
+        for c in self._conns + self._news:
+            c.close()
+        self._procs, self._conns, self._news, self._store = [], [], [], None
+
+    def _tell(self, failure: liveness.Failure) -> None:
+        """Relay a failure to every rank (the one it came from included)."""
+        self._heard.append(failure)
+        for c in self._news:
+            with contextlib.suppress(OSError):
+                c.send_bytes(liveness.encode(failure))
+
+    # -- running ------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT,
+            **kwargs: Any) -> list[Any]:
+        """fn(*args, **kwargs) on every rank; the list of results in rank order."""
+        timeout = settings.parse_timeout(timeout, "run_workers timeout")
+        with _signals_stop_the_run():
+            try:
+                if not self._procs:
+                    self._start()
+                # dt's per-wait timeout (the launcher's: DT_TIMEOUT and set_timeout come
+                # first) fires inside the run's, so a deadlock is reported by the stuck
+                # ranks themselves, with their collective and step.
+                wait_timeout = max(0.5, 0.8 * timeout)
+                # The caller's DT_TIMEOUT / DT_VALIDATE as they are now: a worker forked
+                # from a fork server started earlier would otherwise see the server's.
+                env = {name: os.environ.get(name) for name in ENVIRONMENT}
+                payload = pickle.dumps((fn, args, kwargs, wait_timeout, env))
+                for c in self._conns:
+                    c.send_bytes(payload)
+                results = self._collect(timeout=timeout, grace=_GRACE_S,
+                                        what=getattr(fn, "__name__", "fn"))
+            except BaseException:  # Ctrl-C, SIGTERM, or a failed start: stop every worker
+                self._kill()
+                raise
+        if self._heard:  # a rank failed and carried on: its group is broken, start afresh
+            self.close()
+        return results
+
+    def _collect(self, timeout: float, grace: float, what: str) -> list[Any]:
+        n = self.world_size
+        results: list[Any] = [None] * n
+        errors: dict[int, RemoteError] = {}
+        order: list[int] = []  # ranks in the order their error or death arrived
+        pending = set(range(n))
+        deadline = time.monotonic() + timeout
+        limit = deadline
+        timed_out = False
+        while pending:
+            now = time.monotonic()
+            if now >= limit:
+                if timed_out or order or not grace:
+                    break
+                # The run's time is up: tell every rank, so the stuck ones say where they
+                # are (their collective, step and peer) before they are killed.
+                timed_out = True
+                limit = now + _DEADLINE_GRACE_S
+                self._tell(liveness.Failure(
+                    liveness.EVERYONE, "deadline", f"the run passed its {timeout:g}s timeout"))
+                continue
+            waitables = {self._conns[r]: r for r in pending}
+            waitables.update({self._procs[r].sentinel: r for r in pending})
+            news = {c: r for r, c in enumerate(self._news) if not c.closed}
+            for obj in mp.connection.wait([*waitables, *news], timeout=limit - now):
+                if obj in news:  # a rank announced a failure of its own: everyone hears it
+                    try:
+                        self._tell(liveness.decode(obj.recv_bytes()))
+                    except (EOFError, OSError):
+                        obj.close()  # that rank has exited; its sentinel says how
+                    continue
+                r = waitables[obj]
+                if r not in pending:
+                    continue
+                reply = self._reply(r, obj, what)
+                if reply is None:
+                    continue  # end of pipe seen before the exit: the sentinel follows
+                pending.discard(r)
+                if isinstance(reply, RemoteError):
+                    errors[r] = reply
+                    order.append(r)
+                    if len(order) == 1 and not timed_out:
+                        limit = min(deadline, time.monotonic() + grace)
+                else:
+                    results[r] = reply[1]
+        if not errors and not pending:
+            return results
+        for r in pending:
+            errors[r] = RemoteError(
+                "stopped",
+                f"still running {what} after {timeout:g}s" if timed_out
+                else f"still running {what} {grace:g}s after rank {order[0]} failed; killed")
+        self._kill()
+        raise self._error(errors, order, what, timeout, timed_out)
+
+    def _reply(self, r: int, obj: Any, what: str) -> Any:
+        """Rank r's reply ("ok"/"ready", value), a RemoteError, or None for "not yet".
+
+        A death or an exception is announced at once (dt.transport.liveness), so
+        the other ranks stop waiting on rank r and say that it failed.
+        """
+        conn, proc = self._conns[r], self._procs[r]
+        msg = None
+        if conn.poll():
+            with contextlib.suppress(EOFError, OSError):
+                msg = pickle.loads(conn.recv_bytes())
+        if msg is None:
+            if obj is conn and proc.is_alive():
+                return None
+            proc.join(1.0)
+            code = proc.exitcode
+            how = (f"died (signal {signal.Signals(-code).name})" if code is not None and code < 0
+                   else f"exited with code {code}")
+            self._tell(liveness.Failure(r, "died", f"rank {r} {how}"))
+            return RemoteError("died", f"rank {r} {how} during {what}")
+        if msg[0] in ("ok", "ready"):
+            return msg
+        if msg[1] not in _COLLECTIVE_ERRORS and not msg[4]:  # [4]: every rank raises it too
+            first = msg[2].splitlines()[0] if msg[2] else ""
+            self._tell(liveness.Failure(r, "raised", f"rank {r} raised {msg[1]}: {first}"))
+        return RemoteError(msg[1], msg[2], msg[3])
+
+    def _error(self, errors: dict[int, RemoteError], order: list[int], what: str, timeout: float,
+               timed_out: bool) -> WorkerError:
+        # Blame where it started: the first rank that died or raised something of its own,
+        # before its consequences (peers that lost it, timeouts, kills).
+        secondary = (*_COLLECTIVE_ERRORS, "stopped")
+        causes = [r for r in order if errors[r].kind not in secondary]
+        blamed = causes[0] if causes else (order[0] if order else min(errors))
+        e = errors[blamed]
+        if timed_out and not causes:
+            head = f"{what}: no result from ranks {sorted(errors)} within {timeout:g}s"
+        elif e.kind == "died":
+            head = f"{what}: {e.message}"
+        else:
+            head = f"{what}: rank {blamed} raised {e.line()}"
+        lines = [head, "", "what every rank reported:"]
+        lines += [f"  rank {r}: {errors[r].line()}" for r in sorted(errors)]
+        if e.traceback:
+            lines += ["", f"traceback of rank {blamed}:", e.traceback.rstrip()]
+        return WorkerError("\n".join(lines), blamed, errors)
