@@ -14,7 +14,6 @@ algorithm).
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator, Sequence
 
 import torch
@@ -22,6 +21,7 @@ import torch.distributed as dist
 
 from dt import cost, transport
 from dt.bench.harness import barrier
+from dt.device import clock
 from dt.layout import SequenceLayout, edges, split_sizes
 from dt.parallel.context import attention, ring_attention, ulysses_attention
 from dt.parallel.expert import MoE
@@ -56,23 +56,24 @@ def moe_worker(tokens: int, hidden: int, experts: int, top_ks: Sequence[int],
 def _moe(tokens: int, hidden: int, experts: int, top_ks: Sequence[int], capacity_factor: float | None,
          reps: int, warmup: int) -> dict[int, list[dict[str, float]]]:
     r = dist.get_rank()
+    device = transport.default_device(transport.resolve_group(None))  # the rank's GPU under NCCL
     layers, inputs = {}, {}
     for k in top_ks:
         torch.manual_seed(0)
-        layers[k] = MoE(hidden, 2 * hidden, experts, k, capacity_factor)
+        layers[k] = MoE(hidden, 2 * hidden, experts, k, capacity_factor).to(device)
         gen = torch.Generator().manual_seed(1 + r)  # each rank its own tokens
-        inputs[k] = torch.randn(1, tokens, hidden, generator=gen)
+        inputs[k] = torch.randn(1, tokens, hidden, generator=gen).to(device)
     out: dict[int, list[dict[str, float]]] = {k: [] for k in top_ks}
     for it in range(warmup + reps):
         order = list(top_ks)[it % len(top_ks):] + list(top_ks)[:it % len(top_ks)]
         for k in order:
             layer, x = layers[k], inputs[k].clone().requires_grad_(True)
             barrier()
-            t0 = time.perf_counter()
+            t0 = clock(device)
             with transport.traffic() as t:
                 y = layer(x)
                 y.sum().backward()
-            step = time.perf_counter() - t0
+            step = clock(device) - t0
             layer.zero_grad(set_to_none=True)
             if it < warmup:
                 continue
@@ -107,6 +108,7 @@ def attention_worker(seq_lens: Sequence[int], batch: int, heads: int, head_dim: 
 def _attention(seq_lens: Sequence[int], batch: int, heads: int, head_dim: int, reps: int,
                warmup: int) -> dict[tuple[str, int], list[dict[str, float]]]:
     r, p = dist.get_rank(), dist.get_world_size()
+    device = transport.default_device(transport.resolve_group(None))
     methods = ("none", "ring", "ulysses") if p > 1 else ("none",)
     out: dict[tuple[str, int], list[dict[str, float]]] = {}
     for S in seq_lens:
@@ -114,8 +116,8 @@ def _attention(seq_lens: Sequence[int], batch: int, heads: int, head_dim: int, r
         e = edges(split_sizes(S, 2 * p))
         whole = [(e[i], e[i + 1]) for i in range(2 * p)]  # in order: one process, same blocks
         gen = torch.Generator().manual_seed(S)
-        full = [torch.randn(batch, heads, S, head_dim, generator=gen) for _ in range(4)]
-        pos = torch.tensor(layout.positions(r))
+        full = [torch.randn(batch, heads, S, head_dim, generator=gen).to(device) for _ in range(4)]
+        pos = torch.tensor(layout.positions(r), device=device)
         mine = [t[:, :, pos].contiguous() for t in full]
         model = {"ring": cost.ring_attention_traffic, "ulysses": cost.ulysses_traffic}
         for it in range(warmup + reps):
@@ -126,7 +128,7 @@ def _attention(seq_lens: Sequence[int], batch: int, heads: int, head_dim: int, r
                     continue
                 src = full if method == "none" else mine
                 q, k, v = (t.clone().requires_grad_(True) for t in src[:3])
-                t0 = time.perf_counter()
+                t0 = clock(device)
                 with transport.traffic() as t:
                     if method == "none":
                         o = attention(q, k, v, whole, whole, causal=True)
@@ -134,7 +136,7 @@ def _attention(seq_lens: Sequence[int], batch: int, heads: int, head_dim: int, r
                         fn = ring_attention if method == "ring" else ulysses_attention
                         o = fn(q, k, v, layout=layout, causal=True)
                     (o * src[3]).sum().backward()
-                step = time.perf_counter() - t0
+                step = clock(device) - t0
                 if method == "none":
                     barrier()
                 if it < warmup:
