@@ -104,6 +104,9 @@ class Timeout(float):
         obj.source = source
         return obj
 
+    def __reduce__(self) -> tuple:  # pickles (a worker's result) with its source
+        return (Timeout, (float(self), self.source))
+
 
 _call_timeout: contextvars.ContextVar[float | None] = contextvars.ContextVar("dt_call_timeout",
                                                                              default=None)
