@@ -17,6 +17,8 @@ agree on shards: one definition, so a receive always matches its send.
 - SequenceLayout          a sequence over p context-parallel ranks (contiguous or zig-zag)
 - ring_hop                which block a ring pass sends and receives at each hop
 - expert_capacity         how many assignments an expert accepts (capacity factor)
+- Block, shard_block      the box of a tensor a rank holds (tensor parallel: a slice along one dim)
+- flat_blocks, intersect  a flat range of a box as boxes; the overlap of two (checkpoint resharding)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = [
+    "Block",
     "Fold",
     "SequenceLayout",
     "Step",
@@ -33,11 +36,14 @@ __all__ = [
     "doubling_gather",
     "edges",
     "expert_capacity",
+    "flat_blocks",
     "halving_doubling",
+    "intersect",
     "lowest_bit",
     "ring_hop",
     "ring_received",
     "segment_count",
+    "shard_block",
     "split_sizes",
 ]
 
@@ -296,3 +302,66 @@ def expert_capacity(capacity_factor: float | None, top_k: int, tokens: int, expe
     if capacity_factor <= 0:
         raise ValueError(f"capacity_factor must be positive (or None for no drops), got {capacity_factor}")
     return math.ceil(capacity_factor * top_k * tokens / experts)
+
+
+# ---------------------------------------------------------------------------
+# Blocks of a tensor: what a sharded checkpoint records and reshards.
+# ---------------------------------------------------------------------------
+
+Block = tuple[tuple[int, ...], tuple[int, ...]]
+"""A box in an n-dimensional tensor: (offsets, lengths), one of each per dimension."""
+
+
+def shard_block(shape: tuple[int, ...], dim: int | None, sizes: list[int], rank: int) -> Block:
+    """The box `rank` holds when `shape` is cut along `dim` into `sizes` (dim None: the whole).
+
+    A column-parallel weight [out, in] over 4 ranks, out = 10: dim 0,
+    sizes split_sizes(10, 4) = [3, 3, 2, 2]; rank 2 holds ((6, 0), (2, in)).
+    """
+    offsets, lengths = [0] * len(shape), list(shape)
+    if dim is not None:
+        offsets[dim], lengths[dim] = edges(sizes)[rank], sizes[rank]
+    return tuple(offsets), tuple(lengths)
+
+
+def flat_blocks(lo: int, hi: int, lengths: tuple[int, ...]) -> list[Block]:
+    """Elements [lo, hi) of a row-major box of `lengths`, as boxes relative to it, in order.
+
+    Each box is a contiguous run of the flat range, so it is also a slice
+    of the flattened data: the boxes of [lo, hi) follow one another from lo.
+    A ZeRO shard is a flat range; this turns it into boxes that can be
+    intersected with another rank's boxes. In 2-D at most three: a partial
+    first row, whole rows, a partial last row (in n-D at most 2n - 1).
+    """
+    if lo >= hi:
+        return []
+    if not lengths:  # a scalar: one element, the empty box
+        return [((), ())]
+    inner = math.prod(lengths[1:])
+    rest = tuple(lengths[1:])
+    zeros = (0,) * len(rest)
+    first, r0 = divmod(lo, inner)
+    last, r1 = divmod(hi, inner)
+    if first == last:  # inside one slice along dim 0
+        return [((first, *o), (1, *n)) for o, n in flat_blocks(r0, r1, rest)]
+    out: list[Block] = []
+    if r0:
+        out += [((first, *o), (1, *n)) for o, n in flat_blocks(r0, inner, rest)]
+        first += 1
+    if last > first:
+        out.append(((first, *zeros), (last - first, *rest)))
+    if r1:
+        out += [((last, *o), (1, *n)) for o, n in flat_blocks(0, r1, rest)]
+    return out
+
+
+def intersect(a: Block, b: Block) -> Block | None:
+    """The box where a and b overlap (same tensor coordinates), or None if they do not."""
+    offsets, lengths = [], []
+    for ao, al, bo, bl in zip(a[0], a[1], b[0], b[1]):
+        lo, hi = max(ao, bo), min(ao + al, bo + bl)
+        if hi <= lo:
+            return None
+        offsets.append(lo)
+        lengths.append(hi - lo)
+    return tuple(offsets), tuple(lengths)

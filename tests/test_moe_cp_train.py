@@ -9,6 +9,9 @@ single-process loss trajectory, every rank reporting the same loss.
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -62,6 +65,34 @@ def test_moe_and_context_parallel_meshes_follow_the_single_process_trajectory(ru
         if extra.get("experts"):  # every token routed and dropped once per tensor-parallel rank
             dropped = sum(r[k][1]["dropped"] for r in results) // mesh[3]
             assert dropped == moe_stats["dropped"], f"{mesh}: {dropped} dropped, one process {moe_stats}"
+
+
+def _resumed(runs: list[tuple[tuple[int, ...], dict]]) -> list[tuple[int, list[float]]]:
+    out = []
+    for mesh, extra in runs:
+        res = train.train_worker(_args(*mesh, **extra))
+        out.append((res["start"], res["losses"]))
+    return out
+
+
+def _copy_step(src: Path, step: int, dst: Path) -> str:
+    dst.mkdir()
+    shutil.copytree(src / f"step-{step:08d}", dst / f"step-{step:08d}")
+    return str(dst)
+
+
+@pytest.mark.timeout(240)
+def test_a_checkpoint_of_experts_and_context_resumes_on_other_meshes(run, tmp_path):
+    """Experts are saved under their global index: ep 2 -> ep 4 (Ulysses, 2 stages) and -> 1 process."""
+    a = tmp_path / "a"
+    ((_, straight),) = run(8, _resumed, [((2, 2, 2, 2, 1), {**MOE, "checkpoint": a, "save_every": 4})],
+                           timeout=200)[0]
+    b, c = _copy_step(a, 4, tmp_path / "b"), _copy_step(a, 4, tmp_path / "c")
+    on8 = run(8, _resumed, [((1, 4, 4, 1, 2), {**MOE, "checkpoint": b, "cp_attention": "ulysses"})],
+              timeout=200)[0]
+    on1 = run(1, _resumed, [((1, 1, 1, 1, 1), {**MOE, "checkpoint": c})])[0]
+    for start, losses in on8 + on1:
+        assert start == 4 and max(abs(x - y) for x, y in zip(losses, straight[4:])) < 1e-8, losses
 
 
 def _mesh_checks(meshes: list[tuple[int, int, int, int, int]]) -> list[str]:

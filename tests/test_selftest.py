@@ -24,7 +24,8 @@ def _with_a_broken_ring() -> list:
 
     def off_by_one(tensor: torch.Tensor, op: object = None, group: object = None) -> None:
         good(tensor, op, group)
-        tensor.view(-1)[:1] += 1  # a wrong first element
+        first = tensor.view(-1)[:1]  # a wrong first element, in every dtype
+        first.copy_(first.logical_not() if first.dtype == torch.bool else first + 1)
 
     ALGORITHMS["all_reduce"]["ring"] = off_by_one
     try:
@@ -52,8 +53,10 @@ def test_selftest_reports_a_wrong_algorithm(run):
 
 
 def test_selftest_cli_refuses_what_it_cannot_do(capsys):
-    assert selftest.main(["--checks", "nonsense"]) == 2
-    assert "unknown check" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        selftest.main(["--checks", "nonsense"])
+    assert stop.value.code == 2 and "unknown check(s) nonsense" in capsys.readouterr().err
     if not torch.cuda.is_available():
-        assert selftest.main(["--gpu"]) == 2
-        assert "no GPU" in capsys.readouterr().err
+        with pytest.raises(SystemExit) as stop:
+            selftest.main(["--gpu"])
+        assert stop.value.code == 2 and "no GPU" in capsys.readouterr().err

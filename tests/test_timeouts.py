@@ -39,9 +39,9 @@ def _rule() -> list:
 def test_the_rule_call_then_group_then_dt_timeout(run):
     given, plain, default, world, call = run(2, _rule)[0]
     assert given == (7.0, "the group's timeout")
-    assert plain == (42.0, "DT_TIMEOUT / dt.set_timeout")
-    assert default == (42.0, "DT_TIMEOUT / dt.set_timeout")  # indistinguishable from "not given"
-    assert world == (42.0, "DT_TIMEOUT / dt.set_timeout")  # the pool's group was made without one
+    assert plain == (42.0, "dt.set_timeout")
+    assert default == (42.0, "dt.set_timeout")  # indistinguishable from "not given"
+    assert world == (42.0, "dt.set_timeout")  # the pool's group was made without one
     assert call == (3.0, "this call's timeout=")
 
 

@@ -17,6 +17,24 @@ from dt.transport import liveness, settings
 __all__ = ["init", "launch"]
 
 
+def _attempt_store(timeout: float) -> Any:
+    """Under torchrun on one node, a store private to this restart attempt (None: use env://).
+
+    torchrun's workers share the agent's TCPStore across restarts (the default
+    since torch 2.5), so a group restarted after a worker died would read the
+    dead group's addresses from it (gloo: "connectFullMesh failed ... Connection
+    refused"; torch issue #135712). The restart count, the same for every worker
+    of one node's agent, names a fresh key space. Across nodes the agents' counts
+    can differ: set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 there instead.
+    """
+    env = os.environ
+    if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True" or env.get("LOCAL_WORLD_SIZE") != env["WORLD_SIZE"]:
+        return None
+    store = dist.TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), int(env["WORLD_SIZE"]), False,
+                          timeout=datetime.timedelta(seconds=timeout))
+    return dist.PrefixStore(f"dt/attempt-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+
+
 def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None:
     """Initialise torch.distributed from torchrun's environment (env://).
 
@@ -24,7 +42,12 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
     """
     if dist.is_initialized():
         return
-    init_process_group(resolve_backend(backend), timeout, init_method="env://")
+    store = _attempt_store(timeout)
+    if store is None:
+        init_process_group(resolve_backend(backend), timeout, init_method="env://")
+    else:
+        init_process_group(resolve_backend(backend), timeout, store=store,
+                           rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
     with contextlib.suppress(Exception):  # no store to share: waits end at their timeout
         store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False,
                               timeout=datetime.timedelta(seconds=60))

@@ -48,7 +48,7 @@ experts (mesh.edp_group) and divided by dp * cp (see dt.parallel.mesh).
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -59,10 +59,11 @@ from dt import transport
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
-from dt.layout import SequenceLayout
+from dt.layout import SequenceLayout, split_sizes
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
+from dt.parallel.checkpoint import Place, tensor_parallel_places
 from dt.parallel.context import ContextParallelSelfAttention
 from dt.parallel.expert import MoE, attach_loss
 from dt.parallel.mesh import Mesh
@@ -184,6 +185,8 @@ class Head(nn.Module):
             # The embedding's own weight when on this stage; else a copy built
             # from the embedding's seed, its gradient summed with the original's.
             self.weight = wte if wte is not None else _word_embedding(cfg, tp_group, 0).weight
+            self.sizes = split_sizes(cfg.vocab_size, self.group.size)
+            self.shard_dims = {"weight": 0}  # the embedding's vocabulary rows (checkpoints)
         else:
             _seed(cfg, layer, 0)
             self.lm_head = tp.ColumnParallelLinear(cfg.n_embd, cfg.vocab_size, bias=False,
@@ -230,6 +233,7 @@ class ParallelGPT(nn.Module):
         self.place = Placement.of(mesh, cfg, cp_attention)
         # This rank's chunks: parts c*pp + pp_rank of the model cut into pp*virtual.
         ranges = pipeline.stage_layers(cfg.n_layer + 2, mesh.pp, mesh.pp_rank, stage_sizes, virtual)
+        self.layer_ranges = ranges
         layers = iter(gpt_layers(cfg, self.place, [i for r in ranges for i in r]))
         chunks = [nn.Sequential(*[next(layers) for _ in r]) for r in ranges]
         self.tp_group = resolve_group(mesh.tp_group)
@@ -239,10 +243,14 @@ class ParallelGPT(nn.Module):
         # A tied word embedding split over two stages: the copies on the first and
         # last stage are one parameter, so their gradients are summed.
         self.tied_split = cfg.tied and mesh.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage)
+        self.dp_sync = True  # all-reduce the gradients over dp x cp (experts: edp) in train_step
         self.moe_blocks = [b for b in self.stage.modules() if isinstance(b, Block) and isinstance(b.mlp, MoE)]
-        expert_ids = {id(p) for b in self.moe_blocks for p in b.mlp.experts.parameters()}
-        self.expert_params = [p for p in self.stage.parameters() if id(p) in expert_ids]
-        self.dense_params = [p for p in self.stage.parameters() if id(p) not in expert_ids]
+        # An expert's name in the unsharded model: its global index (checkpoints span meshes).
+        self.expert_names = {id(p): (f"mlp.experts.{i}.", f"mlp.experts.{b.mlp.first + i}.")
+                             for b in self.moe_blocks for i, e in enumerate(b.mlp.experts)
+                             for p in e.parameters()}
+        self.expert_params = [p for p in self.stage.parameters() if id(p) in self.expert_names]
+        self.dense_params = [p for p in self.stage.parameters() if id(p) not in self.expert_names]
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
         # Bytes this rank sent over all steps, by kind of parallelism.
         self.bytes_sent = {"tensor": 0, "context": 0, "expert": 0, "pipeline": 0, "data": 0,
@@ -271,6 +279,38 @@ class ParallelGPT(nn.Module):
         chunks = self.pipe.chunks
         return chunks[0][0].wte.weight if self.mesh.is_first_stage else chunks[-1][-1].weight
 
+    def checkpoint_layout(self) -> dict[str, Any]:
+        m = self.mesh
+        extra = {k: v for k, v in (("cp", m.cp), ("ep", m.ep)) if v > 1}  # a 3-D mesh says what it did
+        return {"dp": m.dp, **extra, "tp": m.tp, "pp": m.pp, "virtual": len(self.layer_ranges), "zero": 0}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[tuple[Place, int]]]]:
+        """Where this rank's tensors sit in the unsharded model (dt.parallel.checkpoint).
+
+        Layer i's tensors are named layers.{i}.<name in the layer>, whatever the mesh: a
+        tensor-parallel layer holds its slice, data-parallel replicas split the writing. The
+        tied head's copy of the word embedding on the last stage is the embedding itself:
+        loaded from layers.0.wte.weight, never saved twice. Dense tensors are replicated
+        over the dp x cp plane; an expert is named by its global index and replicated over
+        the ranks holding the same experts (edp).
+        """
+        m, seen, out = self.mesh, set(), []
+        plane = m.dp_rank * m.cp + m.cp_rank  # this rank in the dp x cp plane
+        chunks = list(self.stage) if isinstance(self.stage, nn.ModuleList) else [self.stage]
+        head = f"layers.{self.cfg.n_layer + 1}.weight"
+        for layers, chunk in zip(self.layer_ranges, chunks):
+            for i, layer in zip(layers, chunk):
+                for t, pieces in tensor_parallel_places(layer, f"layers.{i}", plane, m.dp * m.cp, seen):
+                    if pieces[0][0].name == head:
+                        pieces = [(replace(p, name="layers.0.wte.weight", saved=False), at)
+                                  for p, at in pieces]
+                    if id(t) in self.expert_names:
+                        local, whole = self.expert_names[id(t)]
+                        pieces = [(replace(p, name=p.name.replace(local, whole, 1), replica=plane // m.ep,
+                                           replicas=m.dp * m.cp // m.ep), at) for p, at in pieces]
+                    out.append((t, pieces))
+        return out
+
     def train_step(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
         """Forward and backward of this dp rank's batch, gradients synchronised.
 
@@ -298,11 +338,12 @@ class ParallelGPT(nn.Module):
         stats = self.pipe.stats
         t0 = clock(self.device)
         with transport.traffic() as dp_traffic:
-            all_reduce_buckets(_grads(self.dense_params), m.dp_cp_group)
-            experts = _grads(self.expert_params)
-            all_reduce_buckets(experts, m.edp_group, op=ReduceOp.SUM)
-            for g in experts if m.dp * m.cp > 1 else ():
-                g.div_(m.dp * m.cp)
+            if self.dp_sync:  # off under ZeRO: its optimizer reduce-scatters the gradients instead
+                all_reduce_buckets(_grads(self.dense_params), m.dp_cp_group)
+                experts = _grads(self.expert_params)
+                all_reduce_buckets(experts, m.edp_group, op=ReduceOp.SUM)
+                for g in experts if m.dp * m.cp > 1 else ():
+                    g.div_(m.dp * m.cp)
         with transport.traffic() as tied_traffic:
             if self.tied_split:
                 all_reduce_buckets(_grads([self.tied_weight()]), m.embed_group, op=ReduceOp.SUM)

@@ -47,6 +47,7 @@ from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.parallel.buckets import MB, Bucket, make_buckets
+from dt.parallel.checkpoint.state import module_places
 from dt.transport import default_device, resolve_group
 
 __all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
@@ -256,6 +257,14 @@ class DistributedDataParallel(nn.Module):
                         slot.copy_(p.grad)
             self._launch(step, k)
         step.launched = len(self.buckets)
+
+    # -- sharded checkpoints (dt.parallel.checkpoint) ------------------------
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"zero": 0, "dp": self.group.size}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[Any]]]:
+        """Every tensor of the module, whole on every replica: each writes 1/N of it."""
+        return module_places(self.module, self.group)
 
     # -- checks --------------------------------------------------------------
     @torch.no_grad()

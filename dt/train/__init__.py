@@ -1,7 +1,7 @@
 """`dt train`: train the small GPT on a dp x cp x ep x tp x pp mesh of local processes.
 
     dt train --dp 2 --tp 2 --pp 2 --steps 100
-    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt.pt   # resumes if it exists
+    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
@@ -17,16 +17,18 @@ time went:
     communication  the layers' collectives (tensor, context, expert) + the gradient all-reduce
     bubble         waiting on the pipeline neighbours (idle slots, plus the wire)
 
---checkpoint PATH saves every rank's model and optimizer shards into one file
-at the end (and every --save-every steps), atomically: written to PATH.tmp and
-moved over PATH with os.replace, so a crash never leaves half a checkpoint. A
-run started with an existing PATH resumes from it (same mesh and model). Rank 0
-writes the file and every rank reads it: one machine, or a shared filesystem.
+--checkpoint DIR saves a sharded checkpoint at the end (and every --save-every
+steps) into DIR/step-NNNNNNNN/: each rank writes its own shard, rank 0 a
+manifest, and the folder appears complete or not at all; the newest --keep
+are kept. A run started on a DIR that holds checkpoints resumes from the
+newest good one, on any mesh (dp, tp, pp may change), falling back past a
+corrupt one with a warning. Under `torchrun --max-restarts N` a group restarted
+after a worker died resumes the same way. One machine, or a shared filesystem.
 
 - cli.py         the command line: parse_args, main, the report rank 0 prints
 - loop.py        one rank's training loop (train_worker)
 - optim.py       Adam, written out
-- checkpoint.py  save_checkpoint / load_checkpoint
+- checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
 """
 
 from dt.train.checkpoint import load_checkpoint, save_checkpoint

@@ -1,75 +1,52 @@
-"""Checkpoints of `dt train`: every rank's shard in one file, written atomically by rank 0.
+"""Checkpoints of `dt train`: sharded, atomic, checked, kept, and resharded on load.
 
-save_checkpoint gathers each rank's serialised model and optimizer state on
-rank 0 (point to point: a length, then the bytes), which writes them to
-PATH.tmp and moves that over PATH with os.replace, so a crash never leaves
-half a checkpoint. load_checkpoint has every rank read the file and take its
-own shard: one machine, or a shared filesystem. The mesh and the model
-config are stored with the shards and must match the run that loads them.
+    dt train --dp 2 --tp 2 --pp 2 --steps 100 --checkpoint ckpt --save-every 10 --keep 3
+    dt train --dp 1 --tp 2 --pp 4 --steps 200 --checkpoint ckpt     # resumes at 100, resharded
+
+--checkpoint DIR is a directory of step-NNNNNNNN/ folders (the format is
+dt.parallel.checkpoint's): every rank writes its own shard of the model and
+of Adam's state, rank 0 the manifest, and the folder appears complete or not
+at all. A run started on a directory that holds checkpoints resumes from
+the newest good one, on whatever mesh it is given: the tensors are named as
+in the unsharded model, so dp, tp and pp may all differ from the saving run.
+The model configuration may not (another model is refused in one line).
+
+Before the first step, rank 0 checks that DIR can be written and takes its
+lock (a second job on the same DIR is refused, not raced); a corrupt newest
+checkpoint is skipped with a one-line warning for the one before it.
 """
 
 from __future__ import annotations
 
-import io
-import os
 from typing import Any
 
-import torch
-
-from dt import transport
-from dt.collectives import barrier
 from dt.models.gpt import ParallelGPT
-from dt.train.optim import Adam
+from dt.parallel.checkpoint import Checkpoint, CheckpointError, Loaded, load, lock_directory, save
 
-__all__ = ["load_checkpoint", "save_checkpoint"]
-
-
-def _to_bytes(obj: Any) -> torch.Tensor:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)  # host: moved by the caller
+__all__ = ["load_checkpoint", "lock_directory", "save_checkpoint"]
 
 
-def save_checkpoint(path: str, model: ParallelGPT, optimizer: Adam,
-                    step: int) -> None:
-    """Collective: rank 0 receives each rank's serialised shard and writes one file.
+def save_checkpoint(path: str, model: ParallelGPT, optimizer: Any, step: int, keep: int = 3) -> str:
+    """Collective: save this rank's shards as PATH/step-NNNNNNNN; keep the newest `keep`."""
+    return save(path, step, model, optimizer, keep=keep,
+                meta={"trainer": "dt train", "model": model.cfg.as_dict()})
 
-    Cost: every rank sends its model + optimizer state to rank 0 (point to
-    point, a length first); rank 0 receives world-1 of them in rank order.
+
+def _same_model(model: ParallelGPT) -> Any:
+    def check(ckpt: Checkpoint) -> None:
+        where = f"checkpoint {ckpt.path}"
+        if ckpt.meta.get("trainer") != "dt train":
+            raise CheckpointError(f"{where}: not saved by dt train (trainer {ckpt.meta.get('trainer')!r})")
+        theirs, mine = ckpt.meta.get("model", {}), model.cfg.as_dict()
+        diff = [f"{k} {theirs.get(k)!r} there, {v!r} here" for k, v in mine.items() if theirs.get(k) != v]
+        if diff:
+            raise CheckpointError(f"{where}: saved for another model ({', '.join(diff)})")
+    return check
+
+
+def load_checkpoint(path: str, model: ParallelGPT, optimizer: Any) -> Loaded | None:
+    """Collective: load the newest good checkpoint under PATH, resharded to this mesh.
+
+    None when PATH holds none yet. The learning rate stays this run's (--lr).
     """
-    me, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    mine = _to_bytes({"model": model.stage.state_dict(), "optimizer": optimizer.state_dict(),
-                      "step": step, "coords": model.mesh.coords()})
-    device = transport.default_device(transport.resolve_group(None))
-    mine = mine.to(device)  # NCCL moves only GPU tensors
-    if me != 0:
-        transport.send(torch.tensor([mine.numel()], dtype=torch.int64, device=device), 0)
-        transport.send(mine, 0)
-    else:
-        shards = [bytes(mine.cpu().numpy())]
-        for r in range(1, world):
-            n = torch.empty(1, dtype=torch.int64, device=device)
-            transport.recv(n, r)
-            data = torch.empty(int(n), dtype=torch.uint8, device=device)
-            transport.recv(data, r)
-            shards.append(bytes(data.cpu().numpy()))
-        m = model.mesh
-        state = {"step": step, "mesh": m.sizes(),
-                 "config": model.cfg.as_dict(), "ranks": shards}
-        tmp = f"{path}.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: readers see the old file or the new one, never half
-    barrier()  # nobody returns before the file is complete
-
-
-def load_checkpoint(path: str, model: ParallelGPT, optimizer: Adam) -> int:
-    """Load this rank's shard; returns the step to continue from."""
-    state = torch.load(path, weights_only=False)
-    m = model.mesh
-    if state["mesh"] != m.sizes() or state["config"] != model.cfg.as_dict():
-        raise ValueError(f"checkpoint {path} is for mesh {state['mesh']} and model "
-                         f"{state['config']}, not this run's")
-    mine = torch.load(io.BytesIO(state["ranks"][m.rank]), weights_only=False)
-    model.stage.load_state_dict(mine["model"])
-    optimizer.load_state_dict(mine["optimizer"])
-    return int(state["step"])
+    return load(path, model, optimizer, hyperparameters=False, check=_same_model(model))

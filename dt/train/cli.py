@@ -9,12 +9,14 @@ train_worker (loop.py) and rank 0 prints `report`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from dt import args as args_
 from dt.device import DEVICES, backend_for
-from dt.launcher import launch
+from dt.launcher import WorkerError, launch
+from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.loop import train_worker
 
@@ -22,7 +24,7 @@ __all__ = ["main", "parse_args", "report"]
 
 _USAGE = """examples:
     dt train --dp 2 --tp 2 --pp 2 --steps 100
-    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt.pt   # resumes if it exists
+    dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
@@ -71,12 +73,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n-head", type=one, default=4)
     p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
+    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
+                   help="ZeRO stage over the data-parallel group: 1 shards Adam's state (stages 2 and 3 "
+                        "are dt.parallel.zero's, for models without a pipeline)")
     p.add_argument("--lr", type=args_.positive, default=3e-3)
     p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
-    p.add_argument("--checkpoint", default=None, metavar="PATH", help="save here; resume if it exists")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="checkpoint directory: save into it; resume from its newest good checkpoint, "
+                        "on any mesh")
     p.add_argument("--save-every", type=args_.at_least(0), default=0,
                    help="also checkpoint every N steps")
+    p.add_argument("--keep", type=args_.at_least(1), default=3,
+                   help="checkpoints kept in DIR (the newest; older ones are the fallback if it is corrupt)")
     p.add_argument("--validate", action="store_true",
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
@@ -103,6 +112,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if args.n_layer + 2 < args.pp * args.virtual:
         p.error(f"{args.n_layer} blocks + embedding + head cannot fill {args.pp} stages "
                 f"x {args.virtual} chunks")
+    if args.keep < 1 or args.save_every < 0:
+        p.error(f"--keep must be at least 1 (got {args.keep}) and --save-every at least 0 "
+                f"(got {args.save_every})")
     if args.n_head % args.tp:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
     if args.n_embd % args.n_head:
@@ -114,6 +126,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--ep > 1 needs --experts (an MoE model)")
     if args.experts and not args.top_k <= args.experts:
         p.error(f"--top-k must be between 1 and --experts {args.experts}")
+    if args.zero and (args.cp > 1 or args.experts):
+        p.error("--zero shards Adam over the dp group alone; with --cp or --experts the gradients are "
+                "synchronised over dp x cp and the experts' replicas (edp): use --zero 0")
     if args.aux_loss_coef < 0:
         p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
     if args.cp > 1 and args.block_size < 2 * args.cp:
@@ -129,9 +144,15 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     if not r0["losses"]:
         return f"nothing to do: the checkpoint is already at step {r0['start']}"
     chunks = f" x {args.virtual} chunks" if args.virtual > 1 else ""
+    lines = []
+    if r0.get("resumed"):
+        lay = r0["resumed"]["layout"]
+        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "cp", "ep", "tp", "pp", "zero") if k in lay)
+        lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
+    zero = f", ZeRO-{args.zero}" if args.zero else ""
     cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
     ep = f" ep={args.ep}" if args.experts else ""
-    lines = [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp} ({world(args)} processes), "
+    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({world(args)} processes), "
              f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
              f"{args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
@@ -171,7 +192,19 @@ def world(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    results = launch(train_worker, world(args), args, backend=backend_for(args.device))
+    try:
+        if args.checkpoint:
+            check_directory(args.checkpoint)  # before any process starts
+        results = launch(train_worker, world(args), args, backend=backend_for(args.device))
+    except CheckpointError as e:  # this process's own: the check above, or this rank's under torchrun
+        if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
+            print(f"dt train: error: {e}", file=sys.stderr)
+        return 2
+    except WorkerError as e:  # a worker's: one line if it was the checkpoint's
+        if e.errors[e.rank].kind != "CheckpointError":
+            raise
+        print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
+        return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
     return 0

@@ -12,7 +12,6 @@ depend on the mesh. The time split rank 0 reports:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
@@ -23,13 +22,14 @@ from dt.device import clock
 from dt.models.data import CharData
 from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
-from dt.train.checkpoint import load_checkpoint, save_checkpoint
+from dt.parallel.zero import ZeroOptimizer
+from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.optim import Adam
 
 __all__ = ["make_model", "train_worker"]
 
 
-def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Adam]:
+def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Any]:
     mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
@@ -37,7 +37,12 @@ def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, 
                     capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_loss_coef)
     model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
                         virtual=args.virtual, cp_attention=args.cp_attention)
-    optimizer = Adam(model.stage.parameters(), lr=args.lr)
+    if args.zero:  # Adam's state sharded over the dp group; gradients reduce-scattered in step()
+        model.dp_sync = False
+        optimizer: Any = ZeroOptimizer(model.stage.parameters(), Adam, stage=1, group=mesh.dp_group,
+                                       lr=args.lr)
+    else:
+        optimizer = Adam(model.stage.parameters(), lr=args.lr)
     return model, optimizer
 
 
@@ -46,20 +51,30 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
     threads = torch.get_num_threads()
     if args.threads:
         torch.set_num_threads(args.threads)
+    lock = None
     try:
+        transport.set_validation(args.validate)
+        if args.checkpoint:  # before any training: a directory we cannot use is an error now
+            lock = lock_directory(args.checkpoint)
         return _train(args)
     finally:
+        if lock is not None:
+            lock.release()
         torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    transport.set_validation(args.validate)
     data = CharData(seed=args.seed)
     model, optimizer = make_model(args, data.vocab_size)
     m = model.mesh
-    start = 0
-    if args.checkpoint and os.path.exists(args.checkpoint):
-        start = load_checkpoint(args.checkpoint, model, optimizer)
+    start, loaded = 0, None
+    if args.checkpoint:
+        loaded = load_checkpoint(args.checkpoint, model, optimizer)
+        if loaded is not None:
+            start = loaded.step
+            if m.rank == 0:
+                for w in loaded.warnings:
+                    print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
     per_rank = args.batch_size // args.dp
     bar = None
     if m.rank == 0 and not args.no_progress:
@@ -75,23 +90,28 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         optimizer.zero_grad()
         loss = model.train_step(x[sl], y[sl])
         t0 = clock(model.device)
-        optimizer.step()
-        t_opt += clock(model.device) - t0
+        with transport.traffic() as zero_traffic:  # ZeRO's reduce-scatter and all-gather
+            optimizer.step()
+        model.bytes_sent["data"] += zero_traffic.bytes_sent
+        model.times["communication"] += zero_traffic.seconds
+        t_opt += clock(model.device) - t0 - zero_traffic.seconds
         losses.append(loss)
         if bar is not None:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}")
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, model, optimizer, step + 1)
+            save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep)
     wall = clock(model.device) - t_start
     if bar is not None:
         bar.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, model, optimizer, args.steps)
+        save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
     steps = args.steps - start
     times = dict(model.times)
     times["compute"] += t_opt
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats()}
+            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(),
+            "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
+                                                    "layout": loaded.layout, "warnings": loaded.warnings}}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from typing import Any
 
 import torch
@@ -13,39 +14,40 @@ class Adam:
     """Adam (Kingma & Ba), written out: torch.optim's first use imports torch._dynamo,
     seconds per process, which every spawned rank would pay at once on a small box.
 
-    State per parameter: two moments of its shape (8 bytes per float32 parameter
-    on top of the parameter and its gradient). Each rank updates only its own
-    shard: after the gradient all-reduce every replica takes the same step.
+    State per parameter, laid out as torch.optim.Adam lays it out (so ZeroOptimizer
+    can shard it and checkpoints read it alike): `step`, and two moments of the
+    parameter's shape, `exp_avg` and `exp_avg_sq` (8 bytes per float32 parameter
+    on top of the parameter and its gradient), made at the parameter's first step.
+    Each rank updates only its own shard: after the gradient all-reduce every
+    replica takes the same step.
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8):
-        self.params = [p for p in params if p.requires_grad]
-        self.lr, self.betas, self.eps = lr, betas, eps
-        self.t = 0
-        self.m = [torch.zeros_like(p) for p in self.params]
-        self.v = [torch.zeros_like(p) for p in self.params]
+        self.param_groups = [{"params": [p for p in params if p.requires_grad], "lr": lr,
+                              "betas": betas, "eps": eps}]
+        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = defaultdict(dict)
 
     def zero_grad(self) -> None:
-        for p in self.params:
-            p.grad = None
+        for group in self.param_groups:
+            for p in group["params"]:
+                p.grad = None
 
     @torch.no_grad()
     def step(self) -> None:
-        self.t += 1
-        b1, b2 = self.betas
-        for p, m, v in zip(self.params, self.m, self.v):
-            if p.grad is None:
-                continue
-            m.mul_(b1).add_(p.grad, alpha=1 - b1)
-            v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-            m_hat, v_hat = m / (1 - b1 ** self.t), v / (1 - b2 ** self.t)
-            p.sub_(self.lr * m_hat / (v_hat.sqrt() + self.eps))
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"t": self.t, "m": self.m, "v": self.v}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.t = state["t"]
-        for mine, saved in zip(self.m + self.v, state["m"] + state["v"]):
-            mine.copy_(saved)
+        for group in self.param_groups:
+            lr, (b1, b2), eps = group["lr"], group["betas"], group["eps"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                st = self.state[p]
+                if not st:
+                    st.update(step=torch.tensor(0.0),  # host: a counter, as torch.optim keeps it
+                              exp_avg=torch.zeros_like(p),
+                              exp_avg_sq=torch.zeros_like(p))
+                st["step"] += 1
+                t, m, v = float(st["step"]), st["exp_avg"], st["exp_avg_sq"]
+                m.mul_(b1).add_(p.grad, alpha=1 - b1)
+                v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
+                m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
+                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))

@@ -85,6 +85,7 @@ class ColumnParallelLinear(nn.Module):
         self.sizes = split_sizes(out_features, self.group.size)
         start, stop = shard_range(out_features, self.group)
         self.output_size_per_partition = stop - start
+        self.shard_dims = {"weight": 0, "bias": 0}  # split along these dims, by self.sizes (checkpoints)
         full = _full_linear(in_features, out_features, bias, dtype, device)
         self.weight = nn.Parameter(full.weight.detach()[start:stop].clone())
         self.bias = nn.Parameter(full.bias.detach()[start:stop].clone()) if bias else None
@@ -143,6 +144,7 @@ class RowParallelLinear(nn.Module):
         self.sizes = split_sizes(in_features, self.group.size)
         start, stop = shard_range(in_features, self.group)
         self.input_size_per_partition = stop - start
+        self.shard_dims = {"weight": 1}  # the bias is whole on every rank
         full = _full_linear(in_features, out_features, bias, dtype, device)
         self.weight = nn.Parameter(full.weight.detach()[:, start:stop].clone())
         self.bias = nn.Parameter(full.bias.detach().clone()) if bias else None

@@ -46,6 +46,8 @@ class VocabParallelEmbedding(nn.Module):
         self.group = resolve_group(group)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.vocab_start, self.vocab_end = shard_range(num_embeddings, self.group)
+        self.sizes = split_sizes(num_embeddings, self.group.size)
+        self.shard_dims = {"weight": 0}  # rows split by self.sizes (checkpoints)
         full = nn.Embedding(num_embeddings, embedding_dim, dtype=dtype, device=device)
         self.weight = nn.Parameter(full.weight.detach()[self.vocab_start:self.vocab_end].clone())
 
@@ -59,8 +61,7 @@ class VocabParallelEmbedding(nn.Module):
         return reduce_from_region(out, self.group)
 
     def full_weight(self) -> torch.Tensor:
-        sizes = split_sizes(self.num_embeddings, self.group.size)
-        return gather_shards(self.weight.detach(), 0, sizes, self.group)
+        return gather_shards(self.weight.detach(), 0, self.sizes, self.group)
 
 
 def parallel_lm_logits(x: torch.Tensor, weight: torch.Tensor, group: Any = None, *,

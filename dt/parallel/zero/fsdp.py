@@ -17,13 +17,14 @@ from dt.collectives import all_gather, broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
 from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
+from dt.parallel.checkpoint.place import Place
 from dt.parallel.zero.memory import (
     comm_scratch_formula,
     memory_held,
     zero_memory_formula,
     zero_traffic_formula,
 )
-from dt.parallel.zero.shards import full_optimizer_state, gather_flat
+from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state, gather_flat
 from dt.transport import resolve_group
 
 __all__ = ["FullyShardedDataParallel"]
@@ -178,6 +179,73 @@ class FullyShardedDataParallel(nn.Module):
         state = full_optimizer_state(optimizer, [u.shard for u in self.units],
                                       [u.sizes for u in self.units],
                                       [u.shapes for u in self.units], self.group)
-        names = [f"{m}.{nm}" if m else nm for m, u in zip(self.unit_names, self.units)
-                 for nm in u.names]
-        return {"state": {names[i]: v for i, v in state.items()}}
+        names = self._names()
+        groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
+        return {"state": {names[i]: v for i, v in state.items()}, "param_groups": groups}
+
+    def _names(self) -> list[str]:
+        return [f"{m}.{nm}" if m else nm for m, u in zip(self.unit_names, self.units) for nm in u.names]
+
+    @torch.no_grad()
+    def load_state_dict(self, state_dict: dict[str, torch.Tensor],  # type: ignore[override]
+                        strict: bool = True) -> None:
+        """Load a full model state (names as in the unwrapped module): each rank keeps its shards.
+
+        No communication: every rank reads the full tensors and copies its slice.
+        """
+        names = self._names()
+        buffers = dict(self.module.named_buffers())
+        missing = [n for n in names + list(buffers) if n not in state_dict]
+        unexpected = [n for n in state_dict if n not in set(names) | set(buffers)]
+        if strict and (missing or unexpected):
+            raise RuntimeError(f"FullyShardedDataParallel.load_state_dict: missing keys {missing}, "
+                               f"unexpected keys {unexpected}")
+        it = iter(names)
+        for unit in self.units:
+            mine = [state_dict.get(n) for n in [next(it) for _ in unit.names]]
+            if any(t is None for t in mine):
+                continue
+            flat = torch.cat([t.reshape(-1) for t in mine])
+            start = edges(unit.sizes)[self.group.rank]
+            unit.shard.copy_(flat[start:start + unit.shard.numel()])
+        for n, b in buffers.items():
+            if n in state_dict:
+                b.copy_(state_dict[n])
+
+    def load_optim_state_dict(self, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+        """Load `optimizer`'s state from the full per-parameter form optim_state_dict returns
+        (keyed by parameter name, as torch's optimizer over the unwrapped module holds it once
+        its indices are replaced by names). Each rank keeps its shard; no communication."""
+        saved = state["state"]
+        it = iter(self._names())
+        for unit in self.units:
+            mine = [saved.get(next(it), {}) for _ in unit.names]
+            start = edges(unit.sizes)[self.group.rank]
+            optimizer.state[unit.shard] = cut_optimizer_state(
+                mine, [s.numel() for s in unit.shapes], start, start + unit.shard.numel())
+        for mine, theirs in zip(optimizer.param_groups, state.get("param_groups", [])):
+            mine.update({k: v for k, v in theirs.items() if k != "params"})
+
+    # -- sharded checkpoints (dt.parallel.checkpoint) ----------------------------
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"zero": 3, "dp": self.group.size}
+
+    def checkpoint_places(self) -> list[tuple[torch.Tensor, list[tuple[Place, int]]]]:
+        """Each unit's shard and the piece of each parameter it holds (where in the shard it
+        starts); buffers are replicated over the group."""
+        out: list[tuple[torch.Tensor, list[tuple[Place, int]]]] = []
+        names = iter(self._names())
+        for unit in self.units:
+            start = edges(unit.sizes)[self.group.rank]
+            end, off, pieces = start + unit.shard.numel(), 0, []
+            for shape in unit.shapes:
+                name, n = next(names), shape.numel()
+                lo, hi = max(start, off), min(end, off + n)
+                if lo < hi:
+                    pieces.append((Place(name, tuple(shape), flat=(lo - off, hi - off)), lo - start))
+                off += n
+            out.append((unit.shard, pieces))
+        for name, b in self.module.named_buffers():
+            out.append((b, [(Place(name, tuple(b.shape), replica=self.group.rank,
+                                   replicas=self.group.size), 0)]))
+        return out

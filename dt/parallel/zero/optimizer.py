@@ -26,7 +26,7 @@ from dt.parallel.zero.memory import (
     zero_memory_formula,
     zero_traffic_formula,
 )
-from dt.parallel.zero.shards import full_optimizer_state
+from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state
 from dt.transport import default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
@@ -201,9 +201,39 @@ class ZeroOptimizer:
                                     self.flat.element_size())
 
     def state_dict(self) -> dict[str, Any]:
-        """The full (unsharded) optimizer state, as torch's optimizer over `params` has it."""
+        """The full (unsharded) optimizer state, as torch's optimizer over `params` has it.
+
+        Collective: an all-gather of each state tensor's shards (ring: (N-1)/N of it sent per rank).
+        """
         state = full_optimizer_state(self.optimizer, [self.shard], [self.shard_sizes],
                                       [[p.shape for p in self.params]], self.group)
         groups = [{**{k: v for k, v in g.items() if k != "params"},
                    "params": list(range(len(self.params)))} for g in self.optimizer.param_groups]
         return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a full optimizer state in torch's format (what state_dict() returns, or what torch's
+        optimizer over the same parameters saved): each rank keeps its shard. No communication."""
+        saved, groups = state_dict["state"], state_dict["param_groups"]
+        if len(groups) != len(self.optimizer.param_groups):
+            raise ValueError(f"the state has {len(groups)} parameter groups, ZeroOptimizer has "
+                             f"{len(self.optimizer.param_groups)}")
+        self.optimizer.state[self.shard] = cut_optimizer_state(
+            [saved.get(i, {}) for i in range(len(self.params))], self.numels, self.start, self.end)
+        for mine, theirs in zip(self.optimizer.param_groups, groups):
+            mine.update({k: v for k, v in theirs.items() if k != "params"})
+
+    # -- sharded checkpoints (dt.parallel.checkpoint) ----------------------------
+    def checkpoint_layout(self) -> dict[str, Any]:
+        return {"zero": self.stage, "dp": self.group.size}
+
+    def checkpoint_pieces(self, pieces_of: Any) -> tuple[torch.optim.Optimizer, list[Any]]:
+        """The inner optimizer and, for its one parameter (this rank's flat shard), the piece of
+        each model parameter the shard covers, with where in the shard that piece starts."""
+        pieces = []
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            lo, hi = max(self.start, off), min(self.end, off + n)
+            if lo < hi:
+                (place, _), = pieces_of(p)  # a ZeroOptimizer's model holds each parameter whole
+                pieces.append((place.part(lo - off, hi - off), lo - self.start))
+        return self.optimizer, [(self.shard, pieces)]
