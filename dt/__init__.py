@@ -5,6 +5,7 @@
     buf = dt.shm_empty(n, group=g)        # a tensor peers on this host read in place
     with dt.traffic() as t: ...           # bytes and messages this rank moved
     m = dt.mesh(dp=2, tp=2, pp=2)         # the process grid (dt.parallel.mesh)
+    m = dt.mesh(dp=2, cp=2, ep=2, tp=2)   # + context and expert parallel
 
 The layers, bottom up (each imports only from the ones above it in this list):
 dt.layout (index arithmetic), dt.cost (what things cost), dt.transport (the

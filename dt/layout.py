@@ -15,6 +15,9 @@ agree on shards: one definition, so a receive always matches its send.
 - lowest_bit / children   the binomial tree
 - ceil_log2               ceil(lg p), the step count of every lg-p algorithm
 - rounds / shm_slot_bytes how shared-memory algorithms cut a buffer into rounds; channel slots
+- SequenceLayout          a sequence over p context-parallel ranks (contiguous or zig-zag)
+- ring_hop                which block a ring pass sends and receives at each hop
+- expert_capacity         how many assignments an expert accepts (capacity factor)
 - Block, shard_block      the box of a tensor a rank holds (tensor parallel: a slice along one dim)
 - flat_blocks, intersect  a flat range of a box as boxes; the overlap of two (checkpoint resharding)
 """
@@ -27,16 +30,19 @@ from dataclasses import dataclass
 __all__ = [
     "Block",
     "Fold",
+    "SequenceLayout",
     "Step",
     "ceil_log2",
     "children",
     "doubling_gather",
     "edges",
+    "expert_capacity",
     "flat_blocks",
     "halving_doubling",
     "intersect",
     "lowest_bit",
     "TABLE_BYTES",
+    "ring_hop",
     "ring_received",
     "rounds",
     "segment_count",
@@ -254,6 +260,88 @@ def table_elems(stage_bytes: int, p: int, itemsize: int) -> int:
     """Elements per peer per round of a shared-memory table exchange (all-to-all, gather,
     scatter): a staging half holds the table, then one piece for each of the p peers."""
     return max(1, (stage_bytes - TABLE_BYTES) // (p * max(1, itemsize)))
+# Context parallel: a sequence over p ranks, and the ring that passes its blocks.
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SequenceLayout:
+    """Which positions of a sequence of `seq_len` tokens each of `parts` ranks holds.
+
+    contiguous (zigzag=False): rank r holds chunk r of split_sizes(seq_len, parts).
+    zig-zag (zigzag=True): the sequence is cut into 2*parts chunks and rank r
+    holds chunks r and 2*parts-1-r. Under a causal mask a token attends to the
+    tokens before it, so early chunks have little work and late chunks much;
+    pairing the r-th chunk from the front with the r-th from the back gives
+    every rank the same amount (picotron's and Megatron's load balancing).
+
+    Lengths that do not divide evenly follow split_sizes (the first chunks
+    one longer); a rank may hold no tokens at all when seq_len < 2 * parts.
+    A rank's local tokens are its chunks concatenated, each in position order.
+    """
+
+    seq_len: int
+    parts: int
+    zigzag: bool = True
+
+    def __post_init__(self) -> None:
+        if self.parts < 1 or self.seq_len < 0:
+            raise ValueError(f"a sequence of {self.seq_len} tokens over {self.parts} ranks")
+
+    def chunks(self, rank: int) -> list[tuple[int, int]]:
+        """[start, stop) position ranges of rank's tokens, in local order."""
+        if not 0 <= rank < self.parts:
+            raise ValueError(f"rank {rank} is not one of {self.parts}")
+        if not self.zigzag:
+            e = edges(split_sizes(self.seq_len, self.parts))
+            return [(e[rank], e[rank + 1])]
+        e = edges(split_sizes(self.seq_len, 2 * self.parts))
+        back = 2 * self.parts - 1 - rank
+        return [(e[rank], e[rank + 1]), (e[back], e[back + 1])]
+
+    def size(self, rank: int) -> int:
+        """Tokens rank holds."""
+        return sum(b - a for a, b in self.chunks(rank))
+
+    def sizes(self) -> list[int]:
+        """Tokens every rank holds, in rank order."""
+        return [self.size(r) for r in range(self.parts)]
+
+    def positions(self, rank: int) -> list[int]:
+        """Positions of rank's tokens, in local order."""
+        return [i for a, b in self.chunks(rank) for i in range(a, b)]
+
+
+def ring_hop(rank: int, p: int, hop: int) -> tuple[int, int]:
+    """(block rank sends to rank+1, block it receives from rank-1) at `hop` of a ring pass.
+
+    Every rank starts holding its own block (block r on rank r) and forwards
+    what it holds: at hop h it sends block r-h and receives block r-h-1
+    (ring_received's lap that starts on one's own chunk), so after p-1 hops
+    every block has visited every rank. Ring attention's forward runs hops
+    0..p-2 with the key/value blocks; its backward sends the key/value blocks
+    the same way and their gradients one hop behind (hops 1..p-1, the last
+    hop bringing each block's gradient home).
+    """
+    return ring_received(rank, p, hop - 1, 0), ring_received(rank, p, hop, 0)
+
+
+def expert_capacity(capacity_factor: float | None, top_k: int, tokens: int, experts: int) -> int | None:
+    """Most assignments one expert accepts from one group of `tokens` tokens (GShard, Switch).
+
+    capacity = ceil(capacity_factor * top_k * tokens / experts): with perfectly
+    even routing every expert gets top_k * tokens / experts assignments, and
+    the factor is the headroom for uneven routing. None means no limit
+    (dropless, as Megatron's default MoE).
+    """
+    if capacity_factor is None:
+        return None
+    if capacity_factor <= 0:
+        raise ValueError(f"capacity_factor must be positive (or None for no drops), got {capacity_factor}")
+    return math.ceil(capacity_factor * top_k * tokens / experts)
+
+
+# ---------------------------------------------------------------------------
 # Blocks of a tensor: what a sharded checkpoint records and reshards.
 # ---------------------------------------------------------------------------
 

@@ -423,7 +423,7 @@ BAD_COMMAND_LINES = [
     (["bench", "ddp", "--world", "0"], "argument --world"),
     (["bench", "ddp", "--buckets", "0"], "argument --buckets"),
     (["bench", "scaling", "--worlds", "0,2"], "argument --worlds"),
-    (["bench", "scaling", "--tables", "9"], "no table 9"),
+    (["bench", "scaling", "--tables", "99"], "no table 99"),
     (["model", "all_reduce", "--world", "0"], "argument --world"),
     (["model", "all_reduce", "--world", "-1"], "argument --world"),
     (["model", "all_reduce", "--bandwidth", "0GB/s"], "must be a rate above 0"),

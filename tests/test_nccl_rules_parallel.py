@@ -84,16 +84,18 @@ def _pipeline_step(schedule: str, m: int, virtual: int) -> list[float]:
     return grads + ([loss] if loss is not None else [])
 
 
-def _gpt_step(dp: int, tp_: int, pp: int) -> list[float]:
-    """Two training steps of the small GPT on a dp x tp x pp mesh: the losses."""
+def _gpt_step(dp: int, tp_: int, pp: int, cp: int = 1, ep: int = 1, experts: int = 0,
+              cp_attention: str = "ring") -> list[float]:
+    """Two training steps of the small GPT on a dp x cp x ep x tp x pp mesh: the losses."""
     import dt
     from dt.models.data import CharData
     from dt.models.gpt import GPTConfig, ParallelGPT
 
-    mesh = dt.mesh(dp=dp, tp=tp_, pp=pp)
+    mesh = dt.mesh(dp=dp, tp=tp_, pp=pp, cp=cp, ep=ep)
     data = CharData(seed=0)
-    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=8, n_layer=2, n_head=2, n_embd=8)
-    model = ParallelGPT(cfg, mesh, micro_batches=2)
+    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=8, n_layer=2, n_head=2, n_embd=8,
+                    n_experts=experts, top_k=min(2, experts) or 1, capacity_factor=1.0 if experts else None)
+    model = ParallelGPT(cfg, mesh, micro_batches=2, cp_attention=cp_attention)
     opt = torch.optim.SGD(model.stage.parameters(), lr=0.1)
     losses = []
     for step in range(2):
@@ -118,6 +120,8 @@ CASES = {
     "interleaved m4 v2": lambda: _pipeline_step("interleaved", 4, 2),
     "gpt dp2 x pp2": lambda: _gpt_step(2, 1, 2),
     "gpt tp2 x pp2": lambda: _gpt_step(1, 2, 2),
+    "gpt cp2 ring x ep2 x pp2": lambda: _gpt_step(1, 1, 2, cp=2, ep=2, experts=3),
+    "gpt dp2 x cp2 ulysses x ep4": lambda: _gpt_step(2, 1, 1, cp=2, ep=4, experts=3, cp_attention="ulysses"),
 }
 
 

@@ -1,12 +1,16 @@
-"""Unsharded twins of dt's tensor-parallel layers, for the tests only.
+"""Unsharded twins of dt's parallel layers, for the tests only.
 
 Each is built from plain torch layers right after the same seed as its
 sharded twin, so the sharded layer must hold exact slices of its parameters
-and reproduce its outputs and gradients (tests/test_tensor_parallel.py).
+and reproduce its outputs and gradients (tests/test_tensor_parallel.py,
+test_expert_parallel.py, test_context_parallel.py). The MoE and attention
+twins are written plainly and independently of dt's code: dense experts and
+masks, Python loops for the capacity, a triangular mask on the whole sequence.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -15,7 +19,7 @@ from torch import nn
 
 from dt.parallel.tensor.attention import attention, split_heads
 
-__all__ = ["MLP", "SelfAttention"]
+__all__ = ["MLP", "MoETwin", "SelfAttention", "whole_attention"]
 
 
 class MLP(nn.Module):
@@ -53,3 +57,51 @@ class SelfAttention(nn.Module):
         context = attention(q, k, v, self.causal)  # [b, heads, s, d]
         b, _, s, _ = context.shape
         return self.dense(context.transpose(1, 2).reshape(b, s, -1))
+
+
+class MoETwin(nn.Module):
+    """The unsharded reference: dense experts, masks, and per-sequence loops."""
+
+    def __init__(self, hidden: int, ffn: int, experts: int, top_k: int, capacity_factor: float | None):
+        super().__init__()
+        f64 = torch.float64
+        self.router = nn.Linear(hidden, experts, bias=False, dtype=f64)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, ffn, dtype=f64), nn.GELU(), nn.Linear(ffn, hidden, dtype=f64))
+            for _ in range(experts))
+        self.k, self.cf, self.E = top_k, capacity_factor, experts
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        B, S, _ = x.shape
+        probs = self.router(x).softmax(-1)
+        top, idx = probs.topk(self.k, dim=-1)
+        gates = top if self.k == 1 else top / top.sum(-1, keepdim=True)
+        keep = torch.ones_like(idx, dtype=torch.bool)
+        if self.cf is not None:
+            cap = math.ceil(self.cf * self.k * S / self.E)
+            for b in range(B):
+                taken = [0] * self.E
+                for j in range(self.k):  # first choices claim places before second choices
+                    for t in range(S):
+                        e = int(idx[b, t, j])
+                        if taken[e] >= cap:
+                            keep[b, t, j] = False
+                        else:
+                            taken[e] += 1
+        every = torch.stack([expert(x) for expert in self.experts])  # [E, B, S, h]
+        y = torch.zeros_like(x)
+        for j in range(self.k):
+            chosen = every.gather(0, idx[..., j][None, ..., None].expand(1, B, S, x.shape[-1]))[0]
+            y = y + chosen * (gates[..., j] * keep[..., j])[..., None]
+        f = F.one_hot(idx, self.E).sum(dim=(1, 2)).to(torch.float64) / (S * self.k)
+        aux = self.E * (f * probs.mean(dim=1)).sum(-1)
+        return y, aux, int((~keep).sum())
+
+
+def whole_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) -> torch.Tensor:
+    """softmax(q k^T / sqrt(d)) v on the whole sequence, in position order, triangular mask if causal."""
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    if causal:
+        n = q.shape[-2]
+        s = s.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+    return s.softmax(-1) @ v

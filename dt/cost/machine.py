@@ -48,7 +48,7 @@ class Machine:
 # the switch points up; `dt tune` on the loaded machine records that.
 DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
 # The shared-memory wire on the same machine, world 2 (dt bench collectives and
-# the study's table 8, loaded): memcpy ~4.7 GB/s by every rank at once out of
+# the study's table 10, loaded): memcpy ~4.7 GB/s by every rank at once out of
 # cache (mem); a synchronisation ~20 us when the peer is running (sync); a
 # channel message ~50 us and ~1 GB/s through two copies and the slot handshake
 # (alpha, beta); gamma is the reduction's cost per reduced byte as the

@@ -84,6 +84,12 @@ class RankTraffic:
     messages_received: int
     steps: int  # sequential communication steps (latency terms)
 
+    def __add__(self, other: RankTraffic) -> RankTraffic:
+        """One call after the other: bytes, messages and steps add up."""
+        return RankTraffic(self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received,
+                           self.messages_sent + other.messages_sent,
+                           self.messages_received + other.messages_received, self.steps + other.steps)
+
 
 _NONE = RankTraffic(0, 0, 0, 0, 0)
 

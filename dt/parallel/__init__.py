@@ -5,5 +5,8 @@
 - zero/             ZeRO 1-2 (sharded optimizer state and gradients), 3 (FSDP)
 - tensor/           Megatron's tensor parallelism: f/g mappings, parallel layers, vocab parallel
 - pipeline/         stages, micro-batches, GPipe / 1F1B / interleaved schedules
-- mesh.py           the dp x tp x pp process grid
+- expert/           expert parallelism: a mixture-of-experts layer over an all-to-all
+- context/          context parallelism: ring attention and Ulysses over a split sequence
+- exchange.py       the all-to-all and all-reduce as autograd functions (expert/, context/)
+- mesh.py           the dp x cp x ep x tp x pp process grid (ep inside dp x cp)
 """

@@ -1,24 +1,45 @@
-"""The 3D mesh: which ranks talk for data, tensor and pipeline parallelism.
+"""The mesh: which ranks talk for data, context, expert, tensor and pipeline parallelism.
 
-    m = dt.mesh(dp=2, tp=2, pp=2)       # on a world of 8
-    m.tp_group, m.dp_group, m.pp_group  # this rank's three groups
-    m.dp_rank, m.tp_rank, m.pp_rank     # its coordinates
+    m = dt.mesh(dp=2, cp=2, tp=2)             # on a world of 8
+    m = dt.mesh(dp=2, cp=2, ep=4, pp=2)       # experts over 4 ranks of the dp x cp plane
+    m.tp_group, m.cp_group, m.dp_group, m.pp_group, m.ep_group
+    m.dp_rank, m.cp_rank, m.tp_rank, m.pp_rank, m.ep_rank
 
-Global rank r sits at coordinates (pp, dp, tp) with tp innermost, as in
-Megatron-LM:
+Global rank r sits at coordinates (pp, dp, cp, tp), tp innermost:
 
-    r = pp_rank * (dp * tp) + dp_rank * tp + tp_rank
+    r = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 
-Tensor parallelism talks the most (two all-reduces per layer, forward and
+so world = dp * cp * tp * pp. The order is by how much each talks. Tensor
+parallelism talks the most (all-reduces in every layer, forward and
 backward), so its ranks are neighbours: on a real cluster they share a node
-and its fast links. Data parallelism talks once per step (the gradient
-all-reduce), pipeline parallelism the least (one activation per micro-batch
-per stage boundary), so they go outermost.
+and its fast links. Context parallelism is next (ring attention passes
+keys and values around in every layer; Ulysses runs two all-to-alls per
+layer each way). Data parallelism talks once per step (the gradient
+all-reduce), pipeline parallelism least (one activation per micro-batch per
+stage boundary), so they go outermost. This is Megatron-LM's order.
+
+Expert parallelism is not a dimension of its own: its ranks are carved out
+of the dp x cp plane (ep must divide dp * cp), as in Megatron, DeepSpeed-MoE
+and GShard. Why: an MoE layer's all-to-all only makes sense between ranks
+holding *different* tokens. Ranks that differ only in an ep coordinate of
+their own would hold the same tokens and run every dense layer twice; ranks
+of the dp x cp plane already hold different tokens (other sequences, or
+other parts of them). So the experts are split over ep of them, each expert
+is replicated dp*cp/ep times instead of dp*cp times, and the dense layers are
+untouched. Within a (tp, pp) position, plane rank j = dp_rank * cp + cp_rank:
+
+    ep group:  ranks with the same j // ep   (consecutive: neighbours, like cp)
+    edp group: ranks with the same j % ep    (hold the same experts)
+
+Gradients: a dense parameter is replicated over the whole dp x cp plane and
+averaged over `dp_cp_group`; an expert already sums the contributions of
+every token of its ep group, so it is summed over `edp_group` (the replicas
+of the same experts) and divided by dp * cp like the dense ones.
 
 Every rank creates every group, in the same order, because
 torch.distributed.new_group is itself collective over the world: a rank that
-skipped one would leave the others waiting. Creating a group moves no dt
-traffic; it only gives the point-to-point layer a communicator to name peers in.
+skipped one would leave the others waiting. Identical rank lists (cp = 1
+makes dp_cp equal dp) are created once. Creating a group moves no dt traffic.
 """
 
 from __future__ import annotations
@@ -30,12 +51,14 @@ import torch.distributed as dist
 
 from dt.parallel.pipeline.p2p import header_groups
 
-__all__ = ["Mesh", "mesh"]
+__all__ = ["Mesh", "layout", "mesh", "rank_of"]
+
+KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp", "embed")
 
 
 @dataclass
 class Mesh:
-    """This rank's place in a dp x tp x pp grid and its process groups."""
+    """This rank's place in a dp x cp x tp x pp grid (ep folded into dp x cp) and its groups."""
 
     dp: int
     tp: int
@@ -50,18 +73,36 @@ class Mesh:
     dp_ranks: tuple[int, ...]
     tp_ranks: tuple[int, ...]
     pp_ranks: tuple[int, ...]
-    # First and last pipeline stage of this (dp, tp) column: a tied word
+    # First and last pipeline stage of this (dp, cp, tp) column: a tied word
     # embedding lives on both, and their gradients are summed over this group.
     embed_group: Any = None
     embed_ranks: tuple[int, ...] = ()
+    cp: int = 1
+    ep: int = 1
+    cp_rank: int = 0
+    ep_rank: int = 0
+    groups: dict[str, tuple[Any, tuple[int, ...]]] = field(default_factory=dict, repr=False)
     # The pipeline's shape headers travel on groups of their own (see
     # dt.parallel.pipeline.p2p): this rank's, by pipeline boundary.
     pp_headers: dict[int, Any] = field(default_factory=dict, repr=False)
     all_groups: dict[str, list[tuple[int, ...]]] = field(default_factory=dict, repr=False)
 
+    def group(self, kind: str) -> Any:
+        """This rank's process group of `kind` (one of KINDS)."""
+        return self.groups[kind][0]
+
+    def ranks(self, kind: str) -> tuple[int, ...]:
+        """The global ranks of this rank's group of `kind`, in group order."""
+        return self.groups[kind][1]
+
+    cp_group = property(lambda self: self.group("cp"))
+    ep_group = property(lambda self: self.group("ep"))
+    edp_group = property(lambda self: self.group("edp"))
+    dp_cp_group = property(lambda self: self.group("dp_cp"))
+
     @property
     def world(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     @property
     def is_first_stage(self) -> bool:
@@ -81,52 +122,71 @@ class Mesh:
         """Global rank of the next pipeline stage (None on the last)."""
         return None if self.is_last_stage else self.pp_ranks[self.pp_rank + 1]
 
-    def coords(self) -> tuple[int, int, int]:
-        """(dp_rank, tp_rank, pp_rank)."""
-        return (self.dp_rank, self.tp_rank, self.pp_rank)
+    def coords(self) -> tuple[int, int, int, int, int]:
+        """(dp_rank, tp_rank, pp_rank, cp_rank, ep_rank)."""
+        return (self.dp_rank, self.tp_rank, self.pp_rank, self.cp_rank, self.ep_rank)
+
+    def sizes(self) -> dict[str, int]:
+        return {"dp": self.dp, "cp": self.cp, "ep": self.ep, "tp": self.tp, "pp": self.pp}
 
 
-def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int) -> int:
-    """Global rank at mesh coordinates (tp innermost, then dp, then pp)."""
-    return pp_rank * dp * tp + dp_rank * tp + tp_rank
+def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int, cp_rank: int = 0,
+            cp: int = 1) -> int:
+    """Global rank at mesh coordinates (tp innermost, then cp, then dp, then pp)."""
+    return ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 
 
-def layout(dp: int, tp: int, pp: int) -> dict[str, list[tuple[int, ...]]]:
+def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
     """Every group of the grid as lists of global ranks, in creation order."""
-    R = lambda d, t, p: rank_of(d, t, p, dp, tp)  # noqa: E731
+    R = lambda d, c, t, p: rank_of(d, t, p, dp, tp, c, cp)  # noqa: E731
+    planes = [(t, p) for p in range(pp) for t in range(tp)]  # one dp x cp plane per (tp, pp)
+    plane = [(d, c) for d in range(dp) for c in range(cp)]  # j = d * cp + c
     return {
-        "tp": [tuple(R(d, t, p) for t in range(tp)) for p in range(pp) for d in range(dp)],
-        "dp": [tuple(R(d, t, p) for d in range(dp)) for p in range(pp) for t in range(tp)],
-        "pp": [tuple(R(d, t, p) for p in range(pp)) for d in range(dp) for t in range(tp)],
-        "embed": [tuple(sorted({R(d, t, 0), R(d, t, pp - 1)})) for d in range(dp) for t in range(tp)],
+        "tp": [tuple(R(d, c, t, p) for t in range(tp)) for p in range(pp) for d, c in plane],
+        "cp": [tuple(R(d, c, t, p) for c in range(cp)) for t, p in planes for d in range(dp)],
+        "dp": [tuple(R(d, c, t, p) for d in range(dp)) for t, p in planes for c in range(cp)],
+        "pp": [tuple(R(d, c, t, p) for p in range(pp)) for d, c in plane for t in range(tp)],
+        "dp_cp": [tuple(R(d, c, t, p) for d, c in plane) for t, p in planes],
+        "ep": [tuple(R(*plane[j], t, p) for j in range(g * ep, (g + 1) * ep))
+               for t, p in planes for g in range(dp * cp // ep)],
+        "edp": [tuple(R(*plane[j], t, p) for j in range(e, dp * cp, ep))
+                for t, p in planes for e in range(ep)],
+        "embed": [tuple(sorted({R(d, c, t, 0), R(d, c, t, pp - 1)})) for d, c in plane for t in range(tp)],
     }
 
 
-def mesh(dp: int = 1, tp: int = 1, pp: int = 1) -> Mesh:
-    """Build the dp x tp x pp process groups on the current world.
+def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mesh:
+    """Build the dp x cp x tp x pp process groups (and ep's, within dp x cp) on the current world.
 
     Collective over the whole world (every rank must call it with the same
-    sizes). Raises ValueError when dp * tp * pp is not the world size.
+    sizes). Raises ValueError when dp * cp * tp * pp is not the world size or
+    ep does not divide dp * cp.
     """
     if not dist.is_initialized():
         raise RuntimeError("dt.mesh needs torch.distributed initialised (dt.launcher.launch / torchrun)")
     world, me = dist.get_world_size(), dist.get_rank()
-    if min(dp, tp, pp) < 1 or dp * tp * pp != world:
-        raise ValueError(f"dp * tp * pp = {dp} * {tp} * {pp} = {dp * tp * pp} must equal "
-                         f"the world size {world}, each at least 1")
-    groups = layout(dp, tp, pp)
+    if min(dp, cp, tp, pp, ep) < 1 or dp * cp * tp * pp != world:
+        raise ValueError(f"dp * cp * tp * pp = {dp} * {cp} * {tp} * {pp} = {dp * cp * tp * pp} must "
+                         f"equal the world size {world}, each at least 1")
+    if (dp * cp) % ep:
+        raise ValueError(f"ep = {ep} must divide dp * cp = {dp * cp}: expert parallelism spreads the "
+                         "experts over ranks of the data x context plane (see dt.parallel.mesh)")
+    groups = layout(dp, tp, pp, cp, ep)
+    made: dict[tuple[int, ...], Any] = {}
     mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
-    for kind, rank_lists in groups.items():
-        for ranks in rank_lists:
-            pg = dist.new_group(list(ranks))  # every rank, every group, same order
+    for kind in KINDS:
+        for ranks in groups[kind]:
+            if ranks not in made:
+                made[ranks] = dist.new_group(list(ranks))  # every rank, every group, same order
             if me in ranks:
-                mine[kind] = (pg, ranks)
+                mine[kind] = (made[ranks], ranks)
     pp_headers = header_groups(groups["pp"])
-    pp_rank, rest = divmod(me, dp * tp)
-    dp_rank, tp_rank = divmod(rest, tp)
+    rest, tp_rank = divmod(me, tp)
+    rest, cp_rank = divmod(rest, cp)
+    pp_rank, dp_rank = divmod(rest, dp)
     return Mesh(dp=dp, tp=tp, pp=pp, rank=me, dp_rank=dp_rank, tp_rank=tp_rank, pp_rank=pp_rank,
                 dp_group=mine["dp"][0], tp_group=mine["tp"][0], pp_group=mine["pp"][0],
                 dp_ranks=mine["dp"][1], tp_ranks=mine["tp"][1], pp_ranks=mine["pp"][1],
-                embed_group=mine.get("embed", (None, ()))[0],
-                embed_ranks=mine.get("embed", (None, ()))[1], all_groups=groups,
-                pp_headers=pp_headers)
+                embed_group=mine.get("embed", (None, ()))[0], embed_ranks=mine.get("embed", (None, ()))[1],
+                cp=cp, ep=ep, cp_rank=cp_rank, ep_rank=(dp_rank * cp + cp_rank) % ep, groups=mine,
+                pp_headers=pp_headers, all_groups=groups)

@@ -1,11 +1,12 @@
-"""`dt train`: train the small GPT on a dp x tp x pp mesh of local processes.
+"""`dt train`: train the small GPT on a dp x cp x ep x tp x pp mesh of local processes.
 
     dt train --dp 2 --tp 2 --pp 2 --steps 100
     dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
+    dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
 
-Spawns dp*tp*pp processes (dt.launcher.launch), builds the mesh
+Spawns dp*cp*tp*pp processes (dt.launcher.launch), builds the mesh
 (dt.parallel.mesh), the model (dt.models.gpt.ParallelGPT) and trains on the
 generated text (dt.models.data). Every data-parallel rank takes its slice of
 the same global batch, so the loss curve does not depend on the mesh. Rank 0
@@ -13,7 +14,7 @@ shows a progress bar and prints, at the end, the loss, tokens/s and where the
 time went:
 
     compute        forward and backward of this rank's layers (and the optimizer)
-    communication  tensor-parallel collectives + the data-parallel gradient all-reduce
+    communication  the layers' collectives (tensor, context, expert) + the gradient all-reduce
     bubble         waiting on the pipeline neighbours (idle slots, plus the wire)
 
 --checkpoint DIR saves a sharded checkpoint at the end (and every --save-every

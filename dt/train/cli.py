@@ -1,8 +1,8 @@
-"""`dt train`: train the small GPT on a dp x tp x pp mesh of local processes.
+"""`dt train`: train the small GPT on a dp x cp x ep x tp x pp mesh of local processes.
 
 The command line (see the dt.train package docstring for what it runs):
 parse_args checks the mesh, batch and schedule fit together before any
-process starts; main launches dp*tp*pp ranks (dt.launcher.launch) on
+process starts; main launches dp*cp*tp*pp ranks (dt.launcher.launch) on
 train_worker (loop.py) and rank 0 prints `report`.
 """
 
@@ -27,7 +27,11 @@ _USAGE = """examples:
     dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
+    dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
+    dt train --cp 4 --long-context --cp-attention ulysses                  # 1024-token sequences
 """
+
+LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -41,9 +45,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dp", type=args_.world, default=1, help="data-parallel size")
     p.add_argument("--tp", type=args_.world, default=1, help="tensor-parallel size")
     p.add_argument("--pp", type=args_.world, default=1, help="pipeline stages")
+    p.add_argument("--cp", type=args_.world, default=1,
+                   help="context-parallel size (each sequence split over cp ranks)")
+    p.add_argument("--ep", type=args_.world, default=1,
+                   help="expert-parallel size: experts spread over ep ranks of the dp x cp plane")
+    p.add_argument("--cp-attention", choices=["ring", "ulysses"], default="ring",
+                   help="how attention crosses the cp ranks")
+    p.add_argument("--experts", type=args_.at_least(0), default=0,
+                   help="experts per MoE block (0: dense MLP)")
+    p.add_argument("--top-k", type=one, default=1, help="experts per token (1: Switch, 2: GShard)")
+    p.add_argument("--capacity-factor", type=args_.positive, default=None,
+                   help="expert capacity = factor * top_k * tokens / experts per sequence "
+                        "(default: no drops)")
+    p.add_argument("--aux-loss-coef", type=args_.finite, default=0.01, help="weight of the balance loss")
+    p.add_argument("--long-context", action="store_true",
+                   help=f"sequences of {LONG_CONTEXT['block_size']} tokens, global batch "
+                        f"{LONG_CONTEXT['batch_size']} (unless given): a setting for --cp")
     p.add_argument("--steps", type=one, default=50)
-    p.add_argument("--batch-size", type=one, default=16, help="global batch (sequences)")
-    p.add_argument("--block-size", type=one, default=32, help="sequence length")
+    p.add_argument("--batch-size", type=one, default=None, help="global batch (sequences; default 16)")
+    p.add_argument("--block-size", type=one, default=None, help="sequence length (default 32)")
     p.add_argument("--micro-batches", type=one, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
     p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
@@ -74,9 +94,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    if args.dp * args.tp * args.pp > args_.MAX_WORLD:
-        p.error(f"--dp x --tp x --pp = {args.dp * args.tp * args.pp} processes; at most "
-                f"{args_.MAX_WORLD}")
+    defaults = LONG_CONTEXT if args.long_context else {"block_size": 32, "batch_size": 16}
+    for key, value in defaults.items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if world(args) > args_.MAX_WORLD:
+        p.error(f"--dp x --cp x --tp x --pp = {world(args)} processes; at most {args_.MAX_WORLD}")
     per_rank = args.batch_size // args.dp
     if args.batch_size % args.dp or per_rank < 1:
         p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
@@ -96,6 +119,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
     if args.n_embd % args.n_head:
         p.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
+    if (args.dp * args.cp) % args.ep:
+        p.error(f"--ep {args.ep} must divide dp * cp = {args.dp * args.cp}: the experts are spread "
+                "over ranks of the data x context plane")
+    if args.ep > 1 and not args.experts:
+        p.error("--ep > 1 needs --experts (an MoE model)")
+    if args.experts and not args.top_k <= args.experts:
+        p.error(f"--top-k must be between 1 and --experts {args.experts}")
+    if args.zero and (args.cp > 1 or args.experts):
+        p.error("--zero shards Adam over the dp group alone; with --cp or --experts the gradients are "
+                "synchronised over dp x cp and the experts' replicas (edp): use --zero 0")
+    if args.aux_loss_coef < 0:
+        p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
+    if args.cp > 1 and args.block_size < 2 * args.cp:
+        p.error(f"--block-size {args.block_size} is too short for --cp {args.cp}: zig-zag gives each "
+                "rank two chunks of every sequence (at least 2 * cp tokens)")
+    if args.cp > 1 and args.cp_attention == "ulysses" and args.n_head % (args.tp * args.cp):
+        p.error(f"Ulysses needs --n-head {args.n_head} divisible by tp * cp = {args.tp * args.cp}")
     return args
 
 
@@ -107,10 +147,12 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     lines = []
     if r0.get("resumed"):
         lay = r0["resumed"]["layout"]
-        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "tp", "pp", "zero") if k in lay)
+        saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "cp", "ep", "tp", "pp", "zero") if k in lay)
         lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
     zero = f", ZeRO-{args.zero}" if args.zero else ""
-    lines += [f"mesh dp={args.dp} tp={args.tp} pp={args.pp}{zero} ({args.dp * args.tp * args.pp} processes), "
+    cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
+    ep = f" ep={args.ep}" if args.experts else ""
+    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({world(args)} processes), "
              f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
              f"{args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
@@ -124,6 +166,13 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
                 for k in r0["bytes_sent"]}
     lines.append(f"bytes sent per rank per step (mean over {len(results)} rank(s)): " + ", ".join(
         f"{k} {v / 1e3:.1f} kB" for k, v in per_step.items()))
+    if args.experts:
+        routed = [r["moe"] for r in results if r["moe"] and r["coords"][1] == 0]  # tp replicas once
+        assigned = sum(r["assignments"] for r in routed)
+        dropped = sum(r["dropped"] for r in routed)
+        lines.append(f"mixture of experts: {args.experts} experts, top-{args.top_k}, capacity factor "
+                     f"{args.capacity_factor}; {dropped} of {assigned} token assignments dropped "
+                     f"({100 * dropped / max(assigned, 1):.2f}%, all steps, ranks and layers)")
     if args.pp > 1:
         per_stage = []
         for s in range(args.pp):
@@ -136,13 +185,17 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def world(args: argparse.Namespace) -> int:
+    """Processes the mesh needs: ep lives inside dp x cp."""
+    return args.dp * args.cp * args.tp * args.pp
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
-    world = args.dp * args.tp * args.pp
     try:
         if args.checkpoint:
             check_directory(args.checkpoint)  # before any process starts
-        results = launch(train_worker, world, args, backend=backend_for(args.device))
+        results = launch(train_worker, world(args), args, backend=backend_for(args.device))
     except CheckpointError as e:  # this process's own: the check above, or this rank's under torchrun
         if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
             print(f"dt train: error: {e}", file=sys.stderr)

@@ -5,7 +5,7 @@ pure function of the step) and keeps its slice, so the loss curve does not
 depend on the mesh. The time split rank 0 reports:
 
     compute        forward and backward of this rank's layers (and the optimizer)
-    communication  tensor-parallel collectives + the data-parallel gradient all-reduce
+    communication  the layers' collectives (tensor, context, expert) + the gradient all-reduce
     bubble         waiting on the pipeline neighbours (idle slots, plus the wire)
 """
 
@@ -30,12 +30,13 @@ __all__ = ["make_model", "train_worker"]
 
 
 def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Any]:
-    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp)
+    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
-                    dtype=args.dtype)
+                    dtype=args.dtype, n_experts=args.experts, top_k=args.top_k,
+                    capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_loss_coef)
     model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
-                        virtual=args.virtual)
+                        virtual=args.virtual, cp_attention=args.cp_attention)
     if args.zero:  # Adam's state sharded over the dp group; gradients reduce-scattered in step()
         model.dp_sync = False
         optimizer: Any = ZeroOptimizer(model.stage.parameters(), Adam, stage=1, group=mesh.dp_group,
@@ -78,7 +79,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     bar = None
     if m.rank == 0 and not args.no_progress:
         from tqdm import tqdm
-        bar = tqdm(total=args.steps, initial=start, desc=f"dp{m.dp} tp{m.tp} pp{m.pp}",
+        bar = tqdm(total=args.steps, initial=start, desc=f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}",
                    unit="step", file=sys.stdout)
     losses: list[float] = []
     t_opt = 0.0
@@ -111,6 +112,6 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "peak_stash": model.pipe.stats.peak_stash,
+            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(),
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}

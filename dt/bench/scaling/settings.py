@@ -49,6 +49,20 @@ class Settings:
     pp_warmup: int = 1
     pp_virtual: int = 2  # chunks per rank of the interleaved schedule (if dt.pipeline has it)
     pp_timed_s: float = 0.02  # forward seconds of a TimedStage (backward 2x); 0: skip those rows
+    # expert parallel (table 8): one MoE layer, ep = world, each rank its own tokens
+    moe_worlds: tuple[int, ...] = (1, 2, 4)
+    moe_tokens: int = 2048  # per rank
+    moe_hidden: int = 128  # experts are hidden -> 2 hidden -> hidden
+    moe_experts: int = 8
+    moe_top_ks: tuple[int, ...] = (1, 2)
+    moe_capacity: float = 1.0
+    moe_reps: int = 3
+    # context parallel (table 9): causal attention, sequence split (zig-zag) over cp ranks
+    cp_worlds: tuple[int, ...] = (2, 4)
+    cp_seq_lens: tuple[int, ...] = (512, 1024, 2048)
+    cp_heads: int = 4
+    cp_head_dim: int = 32
+    cp_reps: int = 3
     # output
     out_dir: Path = Path("results")
     plots: bool = True
@@ -116,6 +130,9 @@ class Settings:
         if tables & {5, 6}:
             reps.append(f"{self.pp_steps} steps per pipeline configuration after "
                         f"{self.pp_warmup} warm-up")
+        if tables & {8, 9}:
+            reps.append(f"{self.moe_reps} (table 8) and {self.cp_reps} (table 9) per layer "
+                        "configuration after 1 warm-up")
         if reps:
             notes.append("repetitions: " + "; ".join(reps))
         return notes
@@ -137,4 +154,6 @@ def quick_settings(s: Settings) -> Settings:
     s.pp_batch, s.pp_hidden = 512, 512
     s.pp_timed_s = 0.01
     s.pp_steps, s.pp_warmup = 2, 1
+    s.moe_tokens, s.moe_hidden, s.moe_reps = 512, 64, 2
+    s.cp_worlds, s.cp_seq_lens, s.cp_reps = (2,), (256, 512), 2
     return s

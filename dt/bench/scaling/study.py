@@ -50,6 +50,7 @@ class Study:
         self.memcpy: dict[int, float] = {}  # world -> seconds per byte copied, every rank at once
         self.dp: dict[tuple[int, int], dict[str, Any]] = {}  # (world, batch) -> impl -> aggregated
         self.pp: dict[tuple[str, str, int], dict[str, Any]] = {}  # (stage kind, schedule, m)
+        self.runs: dict[str, list[Any]] = {}  # a table's own worker: label -> every rank's result
         self.tables: dict[int, Table] = {}
         self.t1_single_thread: set[int] = set()  # batches whose baseline ran faster on one thread
         self.failures: list[str] = []  # measurements that raised: their tables show the gap
@@ -116,6 +117,9 @@ class Study:
         for kind, sched, m in self.pp_plan():
             units.append((needs.stages, f"pipeline {kind} {sched} m={m}",
                           lambda k=kind, sc=sched, mb=m: self.measure_pipeline(k, sc, mb)))
+        for label, r in needs.runs.items():
+            units.append((r.world, label, lambda lb=label, rn=r: self.runs.__setitem__(
+                lb, self.run(rn.world, rn.fn, *rn.args))))
         return sorted(units, key=lambda u: u[0])  # stable: table order within a world
 
     # -- measuring -----------------------------------------------------------

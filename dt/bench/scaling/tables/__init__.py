@@ -5,7 +5,8 @@ its number, its title, what it needs measured and how it is built. This file
 imports them all and keeps them by number; the study measures what the
 selected ones need and builds them in order. To add a table: copy the nearest
 t<N>_*.py to a new number, change what it needs and what it builds; the plots
-(plots.py) are optional.
+(plots.py) are optional. A table that measures something the study does not
+(tables 8 and 9) names its own worker as a Run in its needs.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec
+from dt.bench.scaling.tables.base import Needs, Results, Run, Table, TableSpec
 
-__all__ = ["ALL_TABLES", "BUILDERS", "TABLES", "TITLES", "Needs", "Results", "Table", "TableSpec",
+__all__ = ["ALL_TABLES", "BUILDERS", "TABLES", "TITLES", "Needs", "Results", "Run", "Table", "TableSpec",
            "needs_of"]
 
 

@@ -15,7 +15,21 @@ from typing import Any, Protocol
 
 from dt.bench import report as R
 
-__all__ = ["Needs", "Results", "Table", "TableSpec", "contention_notes"]
+__all__ = ["Needs", "Results", "Run", "Table", "TableSpec", "contention_notes"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """A measurement a table brings along: `fn(*args)` on every rank of a pool of `world`.
+
+    The study runs it once (whichever tables name it) and keeps every rank's
+    return value, in rank order, in `runs[label]`; the table reduces them.
+    fn must be a module-level function (the pool imports it by name).
+    """
+
+    world: int
+    fn: Callable[..., Any]
+    args: tuple[Any, ...] = ()
 
 
 @dataclass
@@ -31,11 +45,13 @@ class Needs:
     # pipeline on `stages` ranks: (stage kind "linear" | "timed", schedule, micro-batches), in order
     pipeline: list[tuple[str, str, int]] = field(default_factory=list)
     stages: int = 0
+    # anything else, by label: a table's own worker (tables 8 and 9: the all-to-all layers)
+    runs: dict[str, Run] = field(default_factory=dict)
 
     def __or__(self, other: Needs) -> Needs:
         out = Needs(algorithms=self.algorithms | other.algorithms, gamma=self.gamma or other.gamma,
                     pipeline=list(dict.fromkeys(self.pipeline + other.pipeline)),
-                    stages=max(self.stages, other.stages))
+                    stages=max(self.stages, other.stages), runs={**self.runs, **other.runs})
         for mine, theirs, merged in ((self.allreduce, other.allreduce, out.allreduce),
                                      (self.dp, other.dp, out.dp)):
             for key in [*mine, *theirs]:
@@ -44,7 +60,8 @@ class Needs:
 
     def worlds(self) -> set[int]:
         """Every world size a pool is started for."""
-        return set(self.allreduce) | {w for w, _ in self.dp} | ({self.stages} if self.pipeline else set())
+        return (set(self.allreduce) | {w for w, _ in self.dp} | ({self.stages} if self.pipeline else set())
+                | {r.world for r in self.runs.values()})
 
 
 class Results(Protocol):
@@ -52,7 +69,8 @@ class Results(Protocol):
 
     coll[(world, bytes)][algorithm]: {"time": Stat, "bytes_sent_max", "messages_sent_max", ...};
     gamma[world]: seconds per reduced byte; dp[(world, batch)][impl][figure]: Stat over steps;
-    pp[(stage kind, schedule, m)]: the pipeline's bubble, step, compute, idle, stash.
+    pp[(stage kind, schedule, m)]: the pipeline's bubble, step, compute, idle, stash;
+    runs[label]: every rank's return value of the Run of that label (a table's own worker).
     """
 
     s: Any  # the run's Settings (settings.py lists the tables, so it sits above them)
@@ -61,6 +79,7 @@ class Results(Protocol):
     gamma: dict[int, float]
     dp: dict[tuple[int, int], dict[str, Any]]
     pp: dict[tuple[str, str, int], dict[str, Any]]
+    runs: dict[str, list[Any]]
     t1_single_thread: set[int]
 
     def coll_sizes(self) -> list[int]: ...

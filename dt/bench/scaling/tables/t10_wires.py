@@ -1,4 +1,4 @@
-"""Table 8: all-reduce on the two wires: sockets (gloo's TCP) and shared memory, side by side.
+"""Table 10: all-reduce on the two wires: sockets (gloo's TCP) and shared memory, side by side.
 
 Tables 1, 2 and 7 run dt's algorithms on the torch wire, as the original
 design measured them. Here the same processes also run them on the
@@ -59,9 +59,9 @@ def build(st: Results) -> Table:
              "algbw) of that one, beside memcpy: GB/s of one copy by every rank at once, the "
              "physical bound of anything that moves bytes inside one host."]
     notes += contention_notes([w for w in s.coll_worlds if w > 1], st.cores)
-    return Table(8, TITLE, ["world", "size", "gloo", "ring (sockets)", "ring (shm)", "one-shot",
+    return Table(10, TITLE, ["world", "size", "gloo", "ring (sockets)", "ring (shm)", "one-shot",
                             "two-shot", "speedup vs gloo", "busbw (GB/s)", "memcpy (GB/s)"],
                  rows, notes, data)
 
 
-SPEC = TableSpec(8, TITLE, needs, build)
+SPEC = TableSpec(10, TITLE, needs, build)
