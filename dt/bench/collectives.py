@@ -278,7 +278,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {"collective": coll, "machine": machine, "config": cfg, "results": rows}
 
 
-def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
+def print_report(data: dict[str, Any], out: Any = None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     m = data["machine"]
     print(f"# dt bench collectives: {data['collective']}, world {m['world']}, backend {m['backend']}, "
           f"{m['cores']} cores, torch {m['torch']}, {m['when']}", file=out)
@@ -320,8 +321,9 @@ def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
               f"{row['root']:>4}  {name:<30}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f} {bound}", file=out)
 
 
-def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
+def summary(data: dict[str, Any], out: Any = None) -> None:
     """Per size: dt's fastest algorithm, auto's pick and its time over the fastest's."""
+    out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     rows = data["results"]
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     print("\n# summary: fastest dt algorithm (median time), then medians of per-call ratios", file=out)
