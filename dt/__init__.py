@@ -1,7 +1,8 @@
 """dt: distributed training from point-to-point send/recv up.
 
     import dt
-    dt.all_reduce(tensor)                 # ring / naive / ... written in dt.collectives
+    dt.all_reduce(tensor)                 # ring / naive / one_shot ... written in dt.collectives
+    buf = dt.shm_empty(n, group=g)        # a tensor peers on this host read in place
     with dt.traffic() as t: ...           # bytes and messages this rank moved
     m = dt.mesh(dp=2, tp=2, pp=2)         # the process grid (dt.parallel.mesh)
     m = dt.mesh(dp=2, cp=2, ep=2, tp=2)   # + context and expert parallel
@@ -30,6 +31,7 @@ from dt.transport import (
     CollectiveTimeout,
     Work,
     set_timeout,
+    set_transport,
     set_validation,
     traffic,
 )
@@ -45,6 +47,7 @@ __all__ = [
     "Work",
     "mesh",
     "set_timeout",
+    "set_transport",
     "set_validation",
     "traffic",
 ]

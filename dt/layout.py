@@ -14,6 +14,7 @@ agree on shards: one definition, so a receive always matches its send.
 - doubling_gather         recursive-doubling all-gather's schedule
 - lowest_bit / children   the binomial tree
 - ceil_log2               ceil(lg p), the step count of every lg-p algorithm
+- rounds / shm_slot_bytes how shared-memory algorithms cut a buffer into rounds; channel slots
 - SequenceLayout          a sequence over p context-parallel ranks (contiguous or zig-zag)
 - ring_hop                which block a ring pass sends and receives at each hop
 - expert_capacity         how many assignments an expert accepts (capacity factor)
@@ -40,11 +41,15 @@ __all__ = [
     "halving_doubling",
     "intersect",
     "lowest_bit",
+    "TABLE_BYTES",
     "ring_hop",
     "ring_received",
+    "rounds",
     "segment_count",
     "shard_block",
+    "shm_slot_bytes",
     "split_sizes",
+    "table_elems",
 ]
 
 
@@ -223,6 +228,38 @@ def children(v: int, p: int) -> list[int]:
 
 
 # ---------------------------------------------------------------------------
+# Shared memory: rounds through a staging area, channel slots.
+# ---------------------------------------------------------------------------
+
+
+def rounds(numel: int, per_round: int) -> list[tuple[int, int]]:
+    """[lo, hi) element ranges of the rounds a buffer takes through a staging area of
+    `per_round` elements: one round per full area, none for an empty buffer.
+
+    rounds(10, 4) = [(0, 4), (4, 8), (8, 10)].
+    """
+    per_round = max(1, per_round)
+    return [(lo, min(lo + per_round, numel)) for lo in range(0, numel, per_round)]
+
+
+def shm_slot_bytes(ranks: int, budget: int, slots: int) -> int:
+    """Slot size of a shared-memory channel: `budget` bytes shared by the L(L-1) channels of
+    `ranks` local ranks, `slots` slots each, as a power of two from 64 KiB to 2 MiB."""
+    pairs = max(1, ranks * (ranks - 1))
+    per_slot = budget // (pairs * slots)
+    size = 64 << 10
+    while size * 2 <= min(per_slot, 2 << 20):
+        size *= 2
+    return size
+
+
+TABLE_BYTES = 8 * 64  # a table exchange's header: elements per peer (int64), up to 64 local ranks
+
+
+def table_elems(stage_bytes: int, p: int, itemsize: int) -> int:
+    """Elements per peer per round of a shared-memory table exchange (all-to-all, gather,
+    scatter): a staging half holds the table, then one piece for each of the p peers."""
+    return max(1, (stage_bytes - TABLE_BYTES) // (p * max(1, itemsize)))
 # Context parallel: a sequence over p ranks, and the ring that passes its blocks.
 # ---------------------------------------------------------------------------
 

@@ -60,8 +60,10 @@ def _bucketed_worker(cap: int) -> dict:
     for idx in groups if world > 1 else []:
         numel = sum(tensors[i].numel() for i in idx)
         item = tensors[idx[0]].element_size()
-        algo = auto.choose("all_reduce", "auto", numel * item, world)
-        expected += cost.traffic_for("all_reduce", algo, numel, item, world, rank).bytes_sent
+        g = dt.transport.resolve_group(None)  # connected by the buckets' all-reduces
+        algo = auto.choose("all_reduce", "auto", numel * item, g)
+        expected += cost.traffic_for("all_reduce", algo, numel, item, world, rank,
+                                     stage_bytes=auto.stage_bytes(g)).bytes_sent
     return {"n": n, "avg_n": avg_n, "buckets": len(groups), "got": tensors, "want": want,
             "averaged": averaged, "bytes": rec.bytes_sent, "expected": expected,
             "calls": rec.by_collective["all_reduce"].calls if world > 1 else 0}

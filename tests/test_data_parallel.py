@@ -44,8 +44,10 @@ def _expected_bytes(ddp: DistributedDataParallel, algorithm: str, rank: int, p: 
     total = 0
     for b in ddp.buckets:
         n = b.buffer.numel()
-        algo = auto.choose("all_reduce", algorithm, n * 4, p)
-        total += cost.traffic_for("all_reduce", algo, n, 4, p, rank).bytes_sent
+        g = dt.transport.resolve_group(None)  # connected by the buckets' all-reduces
+        algo = auto.choose("all_reduce", algorithm, n * 4, g)
+        total += cost.traffic_for("all_reduce", algo, n, 4, p, rank,
+                                  stage_bytes=auto.stage_bytes(g)).bytes_sent
     return total
 
 

@@ -133,20 +133,40 @@ def test_unknown_algorithm(run):
 
 def _deadlock_without_validation():
     dt.set_validation(False)
+    dt.barrier()  # the group is connected (its wires chosen) on every rank
     r = dist.get_rank()
     if r == 0:
-        dt.broadcast(torch.ones(1000), src=0, algorithm="flat")  # sends to everyone
-    # the others never call it: rank 0 is stuck sending, they return
+        dt.broadcast(torch.ones(1000), src=1, algorithm="flat")  # waits for rank 1's tensor
+    # rank 1 never calls it: rank 0 is stuck receiving, rank 1 returns
+    # (a send of 4000 bytes would not do: the shared-memory wire buffers it and returns)
 
 
 def test_deadlock_reports_collective_step_and_peer(run):
+    run(2, _fine)  # a warm pool: this module imported, the group connected, before the clock starts
     with pytest.raises(WorkerError) as info:
         run(2, _deadlock_without_validation, timeout=4)
     err = info.value
     stuck = err.errors[0]
     assert stuck.kind == "CollectiveTimeout"
     assert "broadcast[flat] at step 0" in stuck.message
-    assert "send of 4000 bytes to rank 1" in stuck.message
+    assert "receive of 4000 bytes from rank 1" in stuck.message
+
+
+def _first_collective_alone():
+    dt.set_validation(False)
+    g = dist.new_group([0, 1])  # a group no dt collective has connected yet
+    if dist.get_rank() == 0:
+        dt.all_reduce(torch.ones(3), group=g)  # its first collective: it connects first
+
+
+def test_first_collective_alone_times_out_naming_it(run):
+    run(2, _fine)  # a warm pool: this module imported before the clock starts
+    with pytest.raises(WorkerError) as info:
+        run(2, _first_collective_alone, timeout=4)
+    stuck = info.value.errors[0]
+    assert stuck.kind == "CollectiveTimeout"
+    assert "all_reduce" in stuck.message and "connecting the group" in stuck.message
+    assert "rank 1" in stuck.message
 
 
 def _skipped_call():
@@ -157,6 +177,7 @@ def _skipped_call():
 
 
 def test_skipped_collective_times_out_naming_the_call_and_peer(run):
+    run(3, _fine)  # a warm pool: this module imported, the group connected, before the clock starts
     with pytest.raises(WorkerError) as info:
         run(3, _skipped_call, timeout=4)
     err = info.value

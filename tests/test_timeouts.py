@@ -75,7 +75,9 @@ def test_group_timeout_shorter_than_dt_timeout_fires(run, barrier):
         else:
             assert kind == "CollectiveTimeout", results
             assert "waited 1s (the group's timeout)" in message
-            assert "in validate(barrier call" in message and "at step 0" in message
+            # at step 0 on the torch wire; on shared memory the step-0 send is buffered, so
+            # the wait on the late rank may come a step later
+            assert "in validate(barrier call" in message and "at step " in message
             assert "rank 1" in message  # the peer it waited on, directly or through the dissemination
     late_kind, late_message = results[1]
     assert late_kind != "ok"  # it arrives to find its peers gone, and says so

@@ -64,14 +64,14 @@ def _measure_everything(sizes: list[int]) -> list[str]:
         blocks = [(n + i) % 7 for i in range(p)]
         with dt.traffic() as t:
             dt.all_to_all([torch.empty((n + r) % 7) for _ in range(p)],
-                          [torch.ones(blocks[j]) for j in range(p)])
+                          [torch.ones(blocks[j]) for j in range(p)], algorithm="pairwise")
         check(f"pairwise all_to_all n={n}", t,
               cost.pairwise_all_to_all(blocks, [(n + r) % 7] * p, 4, r))
         with dt.traffic() as t:
             dt.all_gather_into_tensor(torch.empty(n * p), torch.ones(n), algorithm="bruck")
         check(f"bruck all_gather n={n}", t, cost.bruck_all_gather(n, 4, p))
     with dt.traffic() as t:
-        dt.barrier()
+        dt.barrier(algorithm="dissemination")
     check("barrier", t, cost.dissemination_barrier(p))
     return failures
 

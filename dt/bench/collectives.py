@@ -24,11 +24,24 @@ one; the #wrong check runs before timing.
 Out-of-place for the in-place-only torch APIs (all_reduce, broadcast,
 reduce) means copy the input into the output buffer, then run in place:
 what an out-of-place call costs through that API.
+
+Wires: `--transport shm` (default) runs dt's calls on a group whose ranks of
+one host talk through shared memory, `--transport torch` on one that sends
+everything through torch.distributed (gloo's TCP), `--transport both` runs
+each dt algorithm on both groups, interleaved in the same processes (rows
+"ring@shm", "ring@torch"). `--shared` allocates the buffers with
+dt.shm_empty, so the load/store algorithms read them in place (zero-copy);
+without it they are ordinary tensors, copied in once. Beside busbw, the
+memcpy column is the physical bound: one copy of the buffer's bytes by
+every rank at once (what a shared-memory collective cannot beat).
+`--compare deepspeed` adds DeepSpeed's shared-memory all-reduce
+(torch.ops.deepspeed.inference_all_reduce_) when deepspeed is installed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -42,8 +55,9 @@ import torch.distributed as dist
 import dt
 from dt import args as args_
 from dt import cost, transport
-from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls
+from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls, wire_group
 from dt.collectives import auto
+from dt.collectives.registry import needs_shared_memory
 from dt.device import DEVICES, backend_for
 from dt.launcher import run_workers
 
@@ -61,7 +75,7 @@ def sizes_between(lo: int, hi: int, factor: float) -> list[int]:
     return out
 
 
-def _wrong(case: Case, algorithm: str, inplace: bool) -> int:
+def _wrong(case: Case, algorithm: str, inplace: bool, group: Any = None) -> int:
     """Elements of this rank's result that differ from torch's on the same input."""
     ref_case = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
     ref_case.reset()
@@ -72,11 +86,55 @@ def _wrong(case: Case, algorithm: str, inplace: bool) -> int:
     ref = ref_case.result(inplace).clone()
     mine = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
     mine.reset()
-    mine.call(algorithm, inplace)()
+    mine.call(algorithm, inplace, group=group)()
     got = mine.result(inplace)
     if case.collective == "reduce" and case.r != 0:
         return 0  # only the root's buffer is defined
     return int((got != ref).sum())
+
+
+def memcpy_seconds(nbytes: int, reps: int = 5) -> float:
+    """Median time for every rank at once to copy nbytes (the bound of a shared-memory step)."""
+    src, dst = torch.ones(max(1, nbytes // 4)), torch.empty(max(1, nbytes // 4))
+    dst.copy_(src)
+    times = []
+    for _ in range(reps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def deepspeed_all_reduce(p: int, r: int, token: str) -> Any:
+    """DeepSpeed's shared-memory all-reduce op, initialised for this world (None if absent)."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except ImportError:
+        return None
+    os.environ.update(LOCAL_SIZE=str(p), LOCAL_RANK=str(r), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=token)
+    get_accelerator().create_op_builder("ShareMemCommBuilder").load().initialize(p, r)
+    return torch.ops.deepspeed.inference_all_reduce_
+
+
+def forget_deepspeed(token: str) -> None:
+    """Unlink the segments DeepSpeed's op leaves in /dev/shm (named after MASTER_PORT = token)."""
+    import glob
+
+    for path in glob.glob(f"/dev/shm/deepspeed_*_127.0.0.1_{token}_*"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _deepspeed_call(op: Any, case: Case, inplace: bool) -> Any:
+    x, y = case.input, case.output
+
+    def run() -> None:
+        if not inplace:
+            y.copy_(x)
+        op(y)
+    return run
 
 
 def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -85,27 +143,36 @@ def _worker(cfg: dict[str, Any]) -> dict[str, Any]:
     transport.set_validation(False)
     dtype = DTYPES[cfg["dtype"]]
     itemsize = torch.empty(0, dtype=dtype).element_size()
-    algos = list(cfg["algorithms"]) + [TORCH]
-    out: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": {}}
+    wires = {w: wire_group(w) for w in cfg["transports"]}
+    labels = wire_algorithms(cfg)
+    ds = deepspeed_all_reduce(p, r, cfg["token"]) if cfg.get("deepspeed") else None
+    out: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": {}, "memcpy": {}}
     sizes = cfg["sizes"]
     for i, nbytes in enumerate(sizes):
         if r == 0 and cfg["progress"]:
             print(f"[{i + 1}/{len(sizes)}] {nbytes:,} B ...", file=sys.stderr, flush=True)
-        case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r)
-        out["picked"][str(nbytes)] = auto.choose(registry_name(cfg["collective"]), "auto", case.nbytes, p)
+        shared = wires.get("shm") if cfg.get("shared") else None
+        case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared)
         calls = {}
-        for a in algos:
+        for a, w in labels + [(TORCH, None)] + ([("deepspeed", None)] if ds else []):
+            name = a if len(cfg["transports"]) == 1 or w is None else f"{a}@{w}"
+            if a == "auto":
+                out["picked"][f"{nbytes}|{name}"] = auto.choose(
+                    registry_name(cfg["collective"]), "auto", case.nbytes, transport.resolve_group(wires[w]))
             for inplace in (False, True) if not cfg.get("in_place_only") else (True,):
-                fn = case.call(a, inplace)
+                fn = (_deepspeed_call(ds, case, inplace) if a == "deepspeed"
+                      else case.call(a, inplace, group=wires.get(w)))
                 if fn is not None:
-                    calls[(a, inplace)] = fn
-                    if cfg["check"]:
-                        out["wrong"][f"{nbytes}|{a}|{int(inplace)}"] = _wrong(case, a, inplace)
+                    calls[(name, inplace)] = fn
+                    if cfg["check"] and a not in ("deepspeed",):
+                        out["wrong"][f"{nbytes}|{name}|{int(inplace)}"] = _wrong(case, a, inplace,
+                                                                               wires.get(w))
         case.reset()
-        times = time_calls(calls, cfg["iters"], cfg["warmup"])
+        times = time_calls(calls, cfg["iters"], cfg["warmup"], reset=case.reset if ds else None)
         for (a, inplace), ts in times.items():
             out["times"][f"{nbytes}|{a}|{int(inplace)}"] = ts
         out["count"][str(nbytes)] = case.count
+        out["memcpy"][str(nbytes)] = memcpy_seconds(case.nbytes)
     return out
 
 
@@ -121,29 +188,64 @@ def _stats(samples: list[float]) -> dict[str, float]:
             "spread": (q[2] - q[0]) / med if med else 0.0}
 
 
+def row_names(cfg: dict[str, Any]) -> list[str]:
+    """The rows of a sweep: each dt algorithm (per wire when both), torch's, DeepSpeed's."""
+    both = len(cfg["transports"]) > 1
+    names = [f"{a}@{w}" if both else a for a, w in wire_algorithms(cfg)]
+    return names + [TORCH] + (["deepspeed"] if cfg.get("deepspeed") else [])
+
+
+def wire_algorithms(cfg: dict[str, Any]) -> list[tuple[str, str]]:
+    """(algorithm, wire) pairs timed: load/store algorithms only on the shm wire."""
+    coll = registry_name(cfg["collective"])
+    return [(a, w) for w in cfg["transports"] for a in cfg["algorithms"]
+            if w == "shm" or a == "auto" or not needs_shared_memory(coll, a)]
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     coll = args.collective
+    transports = ["shm", "torch"] if args.transport == "both" else [args.transport]
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
-        auto.candidates(registry_name(coll)) + ["auto"]
+        auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
+    deepspeed = "deepspeed" in (args.compare or "").split(",")
+    if deepspeed and (coll != "all_reduce" or args.d not in ("float", "float32", "bfloat16", "half",
+                                                             "float16") or args.o.lower() != "sum"):
+        raise SystemExit("dt bench collectives: --compare deepspeed needs all_reduce, sum, float/half/bf16")
+    if deepspeed:
+        try:
+            import deepspeed as _ds  # noqa: F401
+        except ImportError:
+            print("# deepspeed is not installed: --compare deepspeed skipped", file=sys.stderr)
+            deepspeed = False
     sizes = sizes_between(args.b, args.e, args.f)
     cfg = {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
-           "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only}
+           "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only,
+           "transports": transports, "shared": args.shared, "deepspeed": deepspeed,
+           "token": str(os.getpid() % 50000 + 10000)}
     backend = backend_for(args.device)
-    per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
+    if backend == "nccl":
+        cfg["transports"] = transports = ["torch"]  # GPU tensors stay on NCCL
+    try:
+        per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
+    finally:
+        if deepspeed:
+            forget_deepspeed(cfg["token"])
     itemsize = torch.empty(0, dtype=DTYPES[args.d]).element_size()
     p = args.world
     rows = []
     for nbytes in sizes:
-        for a in algos + [TORCH]:
+        memcpy = max(rk["memcpy"][str(nbytes)] for rk in per_rank)
+        for a in row_names(cfg):
             row: dict[str, Any] = {"size": per_rank[0]["count"][str(nbytes)] * itemsize,
                                    "count": per_rank[0]["count"][str(nbytes)],
                                    "type": args.d, "redop": args.o.lower()
                                    if coll in ("all_reduce", "reduce", "reduce_scatter") else "none",
                                    "root": 0 if coll in ("broadcast", "reduce") else -1,
                                    "algorithm": a, "wrong": 0}
-            if a == "auto":
-                row["picked"] = per_rank[0]["picked"][str(nbytes)]
+            row["memcpy_gbps"] = row["size"] / memcpy / 1e9
+            if f"{nbytes}|{a}" in per_rank[0]["picked"]:
+                row["picked"] = per_rank[0]["picked"][f"{nbytes}|{a}"]
             for inplace in (False, True):
                 key = f"{nbytes}|{a}|{int(inplace)}"
                 if key not in per_rank[0]["times"]:
@@ -170,11 +272,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     machine = {"cores": os.cpu_count(), "torch": torch.__version__, "backend": backend,
                "world": p, "python": platform.python_version(), "host": platform.node(),
                "validation": False, "figures": auto.machine(p, backend).__dict__,
+               "shm_figures": auto.machine(p, "shm").__dict__, "transports": transports,
+               "shared": args.shared, "load": os.getloadavg(),
                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     return {"collective": coll, "machine": machine, "config": cfg, "results": rows}
 
 
-def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
+def print_report(data: dict[str, Any], out: Any = None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     m = data["machine"]
     print(f"# dt bench collectives: {data['collective']}, world {m['world']}, backend {m['backend']}, "
           f"{m['cores']} cores, torch {m['torch']}, {m['when']}", file=out)
@@ -184,14 +289,19 @@ def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
     f = m["figures"]
     print(f"# auto's figures ({f['source']}): alpha {f['alpha'] * 1e6:.0f} us, "
           f"beta {f['beta'] * 1e9:.3f} ns/B, gamma {f['gamma'] * 1e9:.3f} ns/B", file=out)
-    print(f"#{'':61}{'out-of-place':^39}  {'in-place':^39}", file=out)
-    print(f"# {'size':>10} {'count':>11} {'type':>7} {'redop':>5} {'root':>4}  {'algorithm':<20}"
+    if "shm_figures" in m:
+        g = m["shm_figures"]
+        print(f"# wires {'+'.join(m['transports'])}{' (buffers from dt.shm_empty)' if m['shared'] else ''}; "
+              f"shm figures ({g['source']}): sync {g['sync'] * 1e6:.0f} us, memcpy "
+              f"{g['mem'] * 1e9:.3f} ns/B; load average {m['load'][0]:.1f}", file=out)
+    print(f"#{'':71}{'out-of-place':^39}  {'in-place':^39}", file=out)
+    print(f"# {'size':>10} {'count':>11} {'type':>7} {'redop':>5} {'root':>4}  {'algorithm':<30}"
           f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  "
-          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'vs torch':>8}",
-          file=out)
-    print(f"# {'(B)':>10} {'(elements)':>11} {'':>7} {'':>5} {'':>4}  {'':<20}"
+          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'vs torch':>8} "
+          f"{'memcpy':>7}", file=out)
+    print(f"# {'(B)':>10} {'(elements)':>11} {'':>7} {'':>5} {'':>4}  {'':<30}"
           f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  "
-          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7}", file=out)
+          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'':>8} {'(GB/s)':>7}", file=out)
     last = None
     for row in data["results"]:
         if last is not None and row["size"] != last:
@@ -206,19 +316,22 @@ def print_report(data: dict[str, Any], out: Any = sys.stdout) -> None:
                             f"{s['busbw']:7.3f} {row['wrong'] if mode == 'in' or 'in' not in row else '':>6}")
             else:
                 cols.append(f"{'N/A':>9} {'':>6} {'':>7} {'':>7} {'':>6}")
+        bound = f"{row['memcpy_gbps']:7.2f}" if "memcpy_gbps" in row else ""
         print(f"  {row['size']:>10} {row['count']:>11} {row['type']:>7} {row['redop']:>5} "
-              f"{row['root']:>4}  {name:<20}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f}", file=out)
+              f"{row['root']:>4}  {name:<30}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f} {bound}", file=out)
 
 
-def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
+def summary(data: dict[str, Any], out: Any = None) -> None:
     """Per size: dt's fastest algorithm, auto's pick and its time over the fastest's."""
+    out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     rows = data["results"]
     sizes = list(dict.fromkeys(r["size"] for r in rows))
     print("\n# summary: fastest dt algorithm (median time), then medians of per-call ratios", file=out)
     for size in sizes:
         here = {r["algorithm"]: r for r in rows if r["size"] == size}
         mode = "in" if "in" in here["torch"] else "out"
-        dt_algos = {a: r[mode]["median"] for a, r in here.items() if a not in ("torch", "auto")}
+        dt_algos = {a: r[mode]["median"] for a, r in here.items()
+                    if a not in ("torch", "deepspeed") and not a.startswith("auto")}
         if not dt_algos:
             continue
         fastest = min(dt_algos, key=dt_algos.get)
@@ -229,9 +342,12 @@ def summary(data: dict[str, Any], out: Any = sys.stdout) -> None:
                                                            here[b][mode]["samples"]))
 
         line = f"#   {size:>10} B  fastest {fastest:<19} {ratio(fastest, 'torch'):5.2f}x torch"
-        if "auto" in here:
-            line += (f"   auto -> {here['auto'].get('picked', '?'):<19} "
-                     f"{ratio('auto', fastest):5.2f}x fastest, {ratio('auto', 'torch'):5.2f}x torch")
+        for a in (a for a in here if a.startswith("auto")):
+            line += (f"   {a} -> {here[a].get('picked', '?'):<16} "
+                     f"{ratio(a, fastest):5.2f}x fastest, {ratio(a, 'torch'):5.2f}x torch")
+        if "deepspeed" in here:
+            line += f"   deepspeed {ratio('deepspeed', 'torch'):5.2f}x torch, {fastest} " \
+                    f"{ratio(fastest, 'deepspeed'):5.2f}x deepspeed"
         print(line, file=out)
 
 
@@ -247,11 +363,16 @@ def plot(data: dict[str, Any], path: str) -> None:
         mode = "in" if "in" in rows[0] else "out"
         ax.plot([r["size"] for r in rows], [r[mode]["busbw"] for r in rows], marker="o",
                 label=a, linestyle="--" if a == "torch" else "-")
+    first = [r for r in data["results"] if r["algorithm"] == data["results"][0]["algorithm"]]
+    if first and "memcpy_gbps" in first[0]:
+        ax.plot([r["size"] for r in first], [r["memcpy_gbps"] for r in first], color="black",
+                linestyle=":", label="memcpy (bound)")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
     m = data["machine"]
-    ax.set_title(f"{data['collective']}, world {m['world']}, gloo, {m['cores']} cores")
+    ax.set_title(f"{data['collective']}, world {m['world']}, {'+'.join(m.get('transports', ['gloo']))}, "
+                 f"{m['cores']} cores")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -284,6 +405,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=args_.seconds, default=1800)
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--in-place-only", action="store_true", help="skip the out-of-place column")
+    parser.add_argument("--transport", default="shm", choices=("shm", "torch", "both"),
+                        help="the wire dt's calls run on (both: side by side, rows algo@wire)")
+    parser.add_argument("--shared", action="store_true",
+                        help="buffers from dt.shm_empty (the load/store algorithms read them in place)")
+    parser.add_argument("--compare", default=None,
+                        help="'deepspeed': add DeepSpeed's shared-memory all-reduce (if installed)")
     args = parser.parse_args(argv)
     if args.b > args.e:
         parser.error(f"-b {args.b:,} B is larger than -e {args.e:,} B: nothing to measure")

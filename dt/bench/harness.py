@@ -35,7 +35,7 @@ from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 
 __all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "reduction_seconds_per_byte",
-           "registry_name", "rotated", "slope", "time_calls"]
+           "registry_name", "rotated", "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
@@ -60,6 +60,21 @@ def registry_name(collective: str) -> str:
     return _REGISTRY.get(base, base)
 
 
+def wire_group(name: str) -> Any:
+    """A group of every rank that talks over wire `name` ("shm": shared memory within a host,
+    "torch": torch.distributed only), connected: the same processes can time both."""
+    from dt import transport
+
+    before = transport.get_transport()
+    transport.set_transport("auto" if name == "shm" else "torch")
+    try:
+        g = dist.new_group(list(range(dist.get_world_size())))
+        dt_barrier(group=g, algorithm="dissemination")  # its first collective connects it
+    finally:
+        transport.set_transport(before)
+    return g
+
+
 def _device() -> torch.device:
     """This rank's device: its GPU under NCCL, else the CPU (also before any group exists)."""
     return default_device(resolve_group(None)) if dist.is_initialized() else torch.device("cpu")
@@ -78,7 +93,8 @@ class Case:
     """
 
     def __init__(self, collective: str, count: int, dtype: torch.dtype = torch.float32,
-                 op: str = "SUM", p: int | None = None, r: int | None = None):
+                 op: str = "SUM", p: int | None = None, r: int | None = None,
+                 shared: Any = None):
         c = base_name(collective)
         if c not in COLLECTIVES:
             raise ValueError(f"no harness for {collective!r}; one of {COLLECTIVES}")
@@ -91,6 +107,9 @@ class Case:
         self.input = ((torch.arange(self.count, device=self.device) + 3 * self.r) % 5 - 2).to(dtype)
         self.output = torch.empty(per if c == "reduce_scatter" else self.count, dtype=dtype,
                                   device=self.device)
+        if shared is not None:  # a group: the buffers live in its shared memory (dt.shm_empty)
+            self.input = _shared_copy(self.input, shared)
+            self.output = _shared_copy(self.output, shared)
         self.redop = getattr(dist.ReduceOp, self.op)
 
     @property
@@ -102,19 +121,21 @@ class Case:
         if self.collective in IN_PLACE_ONLY:
             self.output.copy_(self.input)
 
-    def call(self, algorithm: str, inplace: bool | None = None) -> Callable[[], Any] | None:
+    def call(self, algorithm: str, inplace: bool | None = None,
+             group: Any = None) -> Callable[[], Any] | None:
         """A function that runs one call; None where the API has no such mode (in-place all-to-all).
 
         inplace=None: as the API is usually called (in place where it has no output
         buffer, else out of place). Out of place for all_reduce, broadcast and reduce
         copies the input into the output first: what such a call costs through torch's
-        in-place API.
+        in-place API. `group`: the process group dt's call runs on (its wire), default
+        the world; torch's always runs on the world.
         """
         c, x, y, r = self.collective, self.input, self.output, self.r
         if inplace is None:
             inplace = c in IN_PLACE_ONLY
         lib: Any = dist if algorithm == TORCH else dt
-        kw = {} if algorithm == TORCH else {"algorithm": algorithm}
+        kw = {} if algorithm == TORCH else {"algorithm": algorithm, "group": group}
         op = self.redop if algorithm == TORCH else self.op
         if c in IN_PLACE_ONLY:
             def run() -> None:
@@ -144,6 +165,12 @@ class Case:
         if self.collective == "reduce_scatter" and inplace:
             return self.input[self.r * self.per:(self.r + 1) * self.per]
         return self.output
+
+
+def _shared_copy(t: torch.Tensor, group: Any) -> torch.Tensor:
+    out = dt.shm_empty(t.shape, dtype=t.dtype, group=group)
+    out.copy_(t)
+    return out
 
 
 def rotated(keys: Sequence[K], round_: int) -> list[K]:

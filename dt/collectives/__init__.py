@@ -8,6 +8,9 @@ One file per family of algorithms:
 - pairwise.py pairwise-exchange all-to-all
 - doubling.py recursive doubling all-reduce / all-gather, Rabenseifner all-reduce
 - tree.py     binomial-tree broadcast and reduce, scatter + all-gather broadcast
+- one_shot.py, one_shot_copy.py, two_shot.py   load/store algorithms over shared memory
+              (a group on one host): one-shot all-reduce / reduce / reduce-scatter /
+              barrier / all-gather / broadcast / all-to-all / gather / scatter, two-shot all-reduce
 
 api.py holds the torch.distributed-shaped dispatchers, arguments.py what their
 arguments mean, auto.py the choice of algorithm, validate.py the cross-rank
@@ -18,7 +21,17 @@ COO all-reduce), coalesced.py (many tensors, one collective), objects.py
 point-to-point (isend ... batch_isend_irecv) comes from dt.transport.
 """
 
-from dt.collectives import bruck, doubling, flat, pairwise, ring, tree  # noqa: F401  (registers algorithms)
+from dt.collectives import (  # noqa: F401  (registers algorithms)
+    bruck,
+    doubling,
+    flat,
+    one_shot,
+    one_shot_copy,
+    pairwise,
+    ring,
+    tree,
+    two_shot,
+)
 from dt.collectives.api import (
     all_gather,
     all_gather_into_tensor,
@@ -34,6 +47,7 @@ from dt.collectives.api import (
     reduce_scatter_single,
     reduce_scatter_tensor,
     scatter,
+    shm_empty,
 )
 from dt.collectives.bruck import bruck_all_gather, bruck_all_gather_into_tensor, dissemination_barrier
 from dt.collectives.coalesced import all_gather_coalesced, all_reduce_coalesced
@@ -53,6 +67,8 @@ from dt.collectives.objects import (
     scatter_object_list,
     send_object_list,
 )
+from dt.collectives.one_shot import one_shot_all_reduce, one_shot_reduce_scatter
+from dt.collectives.one_shot_copy import one_shot_all_gather, one_shot_all_to_all, one_shot_broadcast
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
 from dt.collectives.registry import ALGORITHMS, register_aliases
@@ -64,6 +80,7 @@ from dt.collectives.ring import (
     ring_reduce_scatter,
 )
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
+from dt.collectives.two_shot import two_shot_all_reduce
 from dt.transport import P2POp, batch_isend_irecv, irecv, isend, recv, send
 
 register_aliases()
@@ -100,6 +117,11 @@ __all__ = [
     "isend",
     "monitored_barrier",
     "naive_all_reduce",
+    "one_shot_all_gather",
+    "one_shot_all_reduce",
+    "one_shot_all_to_all",
+    "one_shot_broadcast",
+    "one_shot_reduce_scatter",
     "pairwise_all_to_all",
     "rabenseifner_all_reduce",
     "recursive_doubling_all_gather",
@@ -118,6 +140,8 @@ __all__ = [
     "ring_reduce_scatter",
     "scatter",
     "scatter_allgather_broadcast",
+    "shm_empty",
+    "two_shot_all_reduce",
     "scatter_object_list",
     "send",
     "send_object_list",

@@ -59,6 +59,7 @@ __all__ = [
     "reduce_scatter_single",
     "reduce_scatter_tensor",
     "scatter",
+    "shm_empty",
 ]
 
 
@@ -91,13 +92,20 @@ def launch(
                       f"{wire_device.type} tensors" + (" (a meta tensor has no data)"
                                                        if device.type == "meta" else ""))
     local_error = "; ".join(errors) if errors else None
-    algo = auto.choose(collective, algorithm, nbytes, g.size) if not local_error else algorithm
-    if not local_error:
-        lookup(collective, algo)  # unknown names fail here, before any message
+    if algorithm != "auto" and not local_error:
+        lookup(collective, algorithm)  # unknown names fail here, before any message
     me = g.ranks[g.rank]
 
     def job() -> Any:
         with transport.call_timeout(timeout):
+            # The group's first collective connects it (finds its hosts, gives each
+            # peer its wire): here, at the same point on every rank. auto then
+            # chooses wire and algorithm together (dt.collectives.auto).
+            transport.connect(g, collective)
+            algo = algorithm
+            if not local_error:
+                algo = auto.choose(collective, algorithm, nbytes, g, device=device)
+                lookup(collective, algo)
             if transport.validation_enabled():
                 # The signature travels on the group's own device, whatever the caller passed.
                 validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
@@ -421,3 +429,27 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | N
 
     return launch("barrier", g, algorithm, run, nbytes=0, async_op=async_op,
                    send=[0] * g.size, recv=[0] * g.size, device=device, timeout=timeout)
+
+
+def shm_empty(*size: Any, dtype: torch.dtype = torch.float32, group: Any = None) -> torch.Tensor:
+    """An uninitialised CPU tensor in the group's shared memory, which the load/store
+    algorithms read in place (zero-copy); ordinary memory where the group has none.
+
+    Collective: every rank of the group calls it with the same size, in the same
+    order (checked like any collective). dt.transport.shm.alloc says how it works.
+    """
+    shape = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (tuple, list, torch.Size)) \
+        else tuple(size)
+    g = resolve_group(group)
+    numel = 1
+    for d in shape:
+        numel *= d
+
+    def job() -> torch.Tensor:
+        transport.connect(g, "shm_empty")
+        if transport.validation_enabled():
+            validate(g, "shm_empty", "shared", dtype=dtype, op=None, root=None, send=[numel] * g.size,
+                     recv=[numel] * g.size, local_error=None, device=transport.default_device(g))
+        return transport.allocate(g, shape, dtype)
+
+    return transport.submit(g, "shm_empty", job, async_op=False)

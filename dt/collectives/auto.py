@@ -8,9 +8,18 @@ nearest tuned group size if this one was not tuned), or DEFAULT_MACHINE,
 measured on the 2-core development box, when nothing was tuned.
 
 The choice must be the same on every rank, so it depends only on what every
-rank knows alike: the collective, the message size, the group size and the
-saved figures (one file per machine; the cross-rank validation names the
-algorithm, so ranks that disagree fail loudly rather than deadlock).
+rank knows alike: the collective, the message size, the group size, the
+group's wire (its topology, agreed when it connected) and the saved figures
+(one file per machine; the cross-rank validation names the algorithm, so
+ranks that disagree fail loudly rather than deadlock).
+
+Wire and algorithm are chosen together: a group whose ranks all share one
+host segment prices the point-to-point algorithms with the shared-memory
+wire's figures ("shm": its channels' alpha and beta) and also has the
+load/store algorithms (one_shot, two_shot), priced at `sync` per
+synchronisation and `mem` per byte copied; any other group prices the
+point-to-point algorithms on torch.distributed's figures and has no
+load/store candidates. Only CPU tensors take shared memory.
 
 `DT_ALGO` overrides it, as NCCL_ALGO does: `DT_ALGO=ring` forces the ring
 wherever a collective has one; `DT_ALGO=all_reduce=naive,broadcast=ring` sets
@@ -22,15 +31,18 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from dt import cost
-from dt.collectives.registry import ALGORITHMS, is_alias
+from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine
 from dt.cost.machine import winners as saved_winners
+from dt.transport import Group
 
 
 def machine(group_size: int, backend: str | None = None) -> Machine:
@@ -42,11 +54,17 @@ def _backend() -> str:
     return dist.get_backend() if dist.is_available() and dist.is_initialized() else "gloo"
 
 
-def candidates(collective: str) -> list[str]:
-    """Registered algorithms for `collective` that the cost model can price, sorted by name."""
+def candidates(collective: str, shared_memory: bool | None = None) -> list[str]:
+    """Registered algorithms for `collective` the cost model can price, sorted by name.
+
+    shared_memory: True on a group with a shared segment (load/store algorithms
+    included), False elsewhere (excluded), None: all of them (for listing).
+    """
     out = []
     for name in sorted(ALGORITHMS.get(collective, {})):
         if is_alias(collective, name):
+            continue
+        if shared_memory is False and needs_shared_memory(collective, name):
             continue
         try:
             cost.formula(collective, name, 1.0, 2)
@@ -56,67 +74,105 @@ def candidates(collective: str) -> list[str]:
     return out
 
 
-def predictions(collective: str, nbytes: int, group_size: int,
-                fig: Machine) -> dict[str, cost.Estimate]:
-    """Every candidate's estimate for one call."""
-    return {name: cost.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
+def predictions(collective: str, nbytes: int, group_size: int, fig: Machine,
+                shared_memory: bool = False,
+                stage_bytes: int | None = None) -> dict[str, cost.Estimate]:
+    """Every candidate's estimate for one call (load/store ones at fig.sync and fig.mem)."""
+    out = {}
+    for name in candidates(collective, shared_memory):
+        if needs_shared_memory(collective, name):
+            out[name] = cost.estimate(collective, name, nbytes, group_size, alpha=fig.sync,
+                                      beta=fig.mem, gamma=fig.gamma, stage_bytes=stage_bytes)
+        else:
+            out[name] = cost.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
                                       beta=fig.beta, gamma=fig.gamma,
                                       segment_bytes=DEFAULT_SEGMENT_BYTES)
-            for name in candidates(collective)}
+    return out
 
 
 @functools.lru_cache(maxsize=4096)  # called on every collective: price each size once
-def best(collective: str, nbytes: int, group_size: int, fig: Machine) -> str:
+def best(collective: str, nbytes: int, group_size: int, fig: Machine, shared_memory: bool = False,
+         stage_bytes: int | None = None) -> str:
     """The candidate with the smallest predicted time (ties: the first by name)."""
-    pred = predictions(collective, nbytes, group_size, fig)
+    pred = predictions(collective, nbytes, group_size, fig, shared_memory, stage_bytes)
     if not pred:
         return next(iter(sorted(ALGORITHMS[collective])))
     return min(sorted(pred), key=lambda name: pred[name].total)
 
 
-def _override(collective: str) -> str | None:
+def wire_of(group: Group | int, device: Any = None) -> str:
+    """The wire auto prices a group's collectives on: "shm" for a CPU group on one shared
+    segment, else its backend ("gloo", "nccl"). An int (a group size) means the torch wire."""
+    if isinstance(group, Group):
+        on_cpu = device is None or torch.device(device).type == "cpu"
+        if group.links.board is not None and on_cpu:
+            return "shm"
+        return group.backend
+    return _backend()
+
+
+def stage_bytes(group: Group | int) -> int | None:
+    """The group's staging half (what dt.cost's load/store traffic counts rounds by), or None."""
+    board = group.links.board if isinstance(group, Group) else None
+    return board.capacity if board is not None else None
+
+
+def _override(collective: str, shared_memory: bool) -> str | None:
+    """DT_ALGO's choice for `collective` (a load/store one only where the group has shared memory)."""
     spec = os.environ.get("DT_ALGO", "").strip()
     if not spec:
         return None
     for part in spec.split(","):
         if "=" in part:
             name, algo = (s.strip() for s in part.split("=", 1))
-            if name == collective:
-                return algo
-        elif part.strip() in ALGORITHMS.get(collective, {}):
-            return part.strip()
+        else:
+            name, algo = collective, part.strip()
+            if algo not in ALGORITHMS.get(collective, {}):
+                continue
+        if name == collective and (shared_memory or not needs_shared_memory(collective, algo)):
+            return algo
     return None
 
 
 def measured_table(group_size: int, backend: str | None = None) -> dict:
-    """`dt tune`'s measured winners for exactly this backend and group size, or {}."""
+    """`dt tune`'s measured winners for exactly this wire (backend) and group size, or {}."""
     return saved_winners(backend or _backend(), group_size)
 
 
-def measured_best(collective: str, nbytes: int, group_size: int) -> str | None:
+def measured_best(collective: str, nbytes: int, group_size: int, wire: str | None = None) -> str | None:
     """The algorithm measured fastest at the tuned size nearest to nbytes (log scale).
 
     Only inside the swept range: beyond it, the model extrapolates better
-    than the last measurement does.
+    than the last measurement does. Only one the group can run.
     """
-    rows = measured_table(group_size).get(collective)
+    rows = measured_table(group_size, wire).get(collective)
     if not rows or not (rows[0][0] / 2 <= max(nbytes, 1) <= rows[-1][0] * 2):
         return None
     target = math.log2(max(nbytes, 1))
     size, algo, _ = min(rows, key=lambda row: abs(math.log2(row[0]) - target))
-    return algo if algo in ALGORITHMS.get(collective, {}) else None
+    if algo not in ALGORITHMS.get(collective, {}):
+        return None
+    if needs_shared_memory(collective, algo) and wire != "shm":
+        return None
+    return algo
 
 
-def choose(collective: str, requested: str, nbytes: int, group_size: int) -> str:
+def choose(collective: str, requested: str, nbytes: int, group: Group | int,
+           device: Any = None) -> str:
     """The algorithm name to run: `requested` unless it is "auto".
 
-    auto: DT_ALGO if set; else what `dt tune` measured fastest at this size on
-    this group size; else the cost model's lowest predicted time.
+    auto: DT_ALGO if set; else what `dt tune` measured fastest at this size
+    on this wire and group size; else the cost model's lowest predicted time.
+    `group` is the (connected) Group; a plain group size prices the torch wire.
     """
     if requested != "auto":
         return requested
-    forced = _override(collective)
+    wire = wire_of(group, device)
+    shared = wire == "shm"
+    p = group.size if isinstance(group, Group) else group
+    forced = _override(collective, shared)
     if forced:
         return forced
-    return (measured_best(collective, nbytes, group_size)
-            or best(collective, nbytes, group_size, machine(group_size)))
+    stage = stage_bytes(group) if shared else None
+    return (measured_best(collective, nbytes, p, wire)
+            or best(collective, nbytes, p, machine(p, wire), shared, stage))

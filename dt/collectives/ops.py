@@ -96,3 +96,30 @@ def finish(t: torch.Tensor, op: str, group_size: int) -> None:
     """The one step AVG adds after the sum: divide by the group size."""
     if op == "AVG" and group_size > 1:
         t.div_(group_size)
+
+
+def reduce_rows(out: torch.Tensor, rows: torch.Tensor | list[torch.Tensor], op: str) -> None:
+    """out = rows[0] (op) rows[1] (op) ... in rank order (AVG: the sum; call `finish` after).
+
+    `rows` is a (p, n) tensor (every rank's buffer as one strided view: one
+    kernel reads each row once) or a list of p tensors (combined pairwise).
+    `out` may be one of the rows only when `rows` is a list whose first row it is.
+    """
+    p = len(rows)
+    if p == 1:
+        if out.data_ptr() != rows[0].data_ptr():
+            out.copy_(rows[0])
+        return
+    if isinstance(rows, torch.Tensor) and p > 2 and op not in BITWISE:
+        if op in ("SUM", "AVG"):
+            torch.sum(rows, 0, out=out)
+        elif op == "PRODUCT":
+            torch.prod(rows, 0, out=out)
+        elif op == "MAX":
+            torch.amax(rows, 0, out=out)
+        else:
+            torch.amin(rows, 0, out=out)
+        return
+    combine(out, rows[0], rows[1], op)
+    for i in range(2, p):
+        combine(out, out, rows[i], op)

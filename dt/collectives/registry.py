@@ -19,10 +19,18 @@ from dt.cost.traffic import ALIASES
 F = TypeVar("F", bound=Callable[..., Any])
 
 ALGORITHMS: dict[str, dict[str, Callable[..., Any]]] = {}
+# Load/store algorithms: they read peers' memory, so they run only on a group
+# whose ranks all share one host segment (dt.transport.connect's board).
+SHARED_MEMORY: set[tuple[str, str]] = set()
 
 
-def algorithm(collective: str, name: str) -> Callable[[F], F]:
+def algorithm(collective: str, name: str, *, shared_memory: bool = False) -> Callable[[F], F]:
+    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm)."""
+
     def register(fn: F) -> F:
+        if shared_memory:
+            SHARED_MEMORY.add((collective, name))
+
         @functools.wraps(fn)
         def charged(*args: Any, **kwargs: Any) -> Any:
             with transport.charged_to(collective, name):
@@ -43,6 +51,10 @@ def register_aliases() -> None:
         table = ALGORITHMS.get(collective, {})
         if target in table:
             table[alias] = table[target]
+
+
+def needs_shared_memory(collective: str, name: str) -> bool:
+    return (collective, name) in SHARED_MEMORY
 
 
 def is_alias(collective: str, name: str) -> bool:

@@ -54,7 +54,7 @@ def _name(code: int) -> str:
     if not _names:
         from dt.collectives.registry import ALGORITHMS
 
-        words = {"None", "auto", *OP_NAMES, *(str(d) for d in vars(torch).values()
+        words = {"None", "auto", "shm_empty", "shared", *OP_NAMES, *(str(d) for d in vars(torch).values()
                                              if isinstance(d, torch.dtype))}
         for collective, algorithms in ALGORITHMS.items():
             words.update((collective, *algorithms))

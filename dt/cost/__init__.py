@@ -3,8 +3,10 @@
 - traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
+- loadstore.py  the shared-memory (load/store) algorithms' reads, syncs and copies
 - memory.py     memory communication holds (the ring's scratch buffers)
-- machine.py    this machine's alpha, beta, gamma and measured winners (`dt tune` saves them)
+- machine.py    this machine's alpha, beta, gamma (sync, mem for shared memory) and measured
+                winners (`dt tune` saves them)
 - moe.py        a mixture-of-experts layer's two all-to-alls (expert parallel)
 - context.py    Ulysses' all-to-alls and ring attention's passes (context parallel)
 
@@ -14,13 +16,13 @@ The shard and schedule arithmetic the counts are built on lives in dt.layout.
 
 from dt.cost.bandwidth import BUSBW_FACTOR, bus_bandwidth
 from dt.cost.context import ring_attention_traffic, ulysses_traffic
-from dt.cost.machine import DEFAULT_MACHINE, Machine
+from dt.cost.machine import DEFAULT_MACHINE, DEFAULT_SHM_MACHINE, Machine
 from dt.cost.moe import COUNT_ITEMSIZE, moe_all_to_all_bytes, moe_layer_traffic
 from dt.cost.time import Estimate, estimate, formula
 from dt.cost.traffic import *  # noqa: F401,F403
 from dt.cost.traffic import __all__ as _traffic_all
 from dt.layout import segment_count, split_sizes  # noqa: F401  (where older code looked for them)
 
-__all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "Estimate", "Machine",
-           "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes", "moe_layer_traffic",
-           "ring_attention_traffic", "ulysses_traffic"]
+__all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE",
+           "Estimate", "Machine", "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
+           "moe_layer_traffic", "ring_attention_traffic", "ulysses_traffic"]

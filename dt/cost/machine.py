@@ -6,9 +6,9 @@ that measures them.
 
 The figures live in a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by
-"backend:world". `figures(backend, world)` returns the entry for that world,
-else the nearest tuned world's (the same file gives every rank the same
-answer), else None.
+"backend:world" (backend "shm": the shared-memory wire). `figures(backend,
+world)` returns the entry for that world, else the nearest tuned world's
+(the same file gives every rank the same answer), else None.
 """
 
 from __future__ import annotations
@@ -19,18 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MACHINE", "Machine", "cache_path", "figures", "forget", "machine", "save",
-           "winners"]
+__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "figures", "forget",
+           "machine", "save", "winners"]
 
 
 @dataclass(frozen=True)
 class Machine:
-    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte."""
+    """alpha: seconds per message step; beta: seconds per byte; gamma: seconds per reduced byte.
+
+    On the shared-memory wire ("shm" figures) alpha and beta are those of its
+    point-to-point channels, and two more price the load/store algorithms:
+    sync, seconds per synchronisation of the group; mem, seconds per byte
+    copied (memcpy: the physical bound of anything inside one host).
+    """
 
     alpha: float
     beta: float
     gamma: float
     source: str = "default"
+    sync: float = 0.0
+    mem: float = 0.0
 
 
 # `dt tune` on the 2-core development machine (gloo over loopback, world 2,
@@ -39,6 +47,15 @@ class Machine:
 # step time grows to milliseconds (the scheduler's time slice), which moves
 # the switch points up; `dt tune` on the loaded machine records that.
 DEFAULT_MACHINE = Machine(alpha=200e-6, beta=0.8e-9, gamma=0.1e-9)
+# The shared-memory wire on the same machine, world 2 (dt bench collectives and
+# the study's table 10, loaded): memcpy ~4.7 GB/s by every rank at once out of
+# cache (mem); a synchronisation ~20 us when the peer is running (sync); a
+# channel message ~50 us and ~1 GB/s through two copies and the slot handshake
+# (alpha, beta); gamma is the reduction's cost per reduced byte as the
+# load/store algorithms see it (reading peers' freshly written memory), ~2x
+# a private a + b: it puts the one-shot / two-shot switch near 80 KB at world
+# 2, where it was measured.
+DEFAULT_SHM_MACHINE = Machine(alpha=50e-6, beta=1.0e-9, gamma=0.45e-9, sync=20e-6, mem=0.21e-9)
 
 
 def cache_path() -> Path:
@@ -89,9 +106,11 @@ def machine(backend: str, world: int) -> Machine:
     key = (backend, world)
     if key not in _machines:
         saved = figures(backend, world)
+        default = DEFAULT_SHM_MACHINE if backend == "shm" else DEFAULT_MACHINE
         _machines[key] = (Machine(saved["alpha"], saved["beta"], saved["gamma"],
-                                  source=f"dt tune ({backend}, world {saved['world']})")
-                          if saved else DEFAULT_MACHINE)
+                                  source=f"dt tune ({backend}, world {saved['world']})",
+                                  sync=saved.get("sync", default.sync), mem=saved.get("mem", default.mem))
+                          if saved else default)
     return _machines[key]
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dt.cost.loadstore import LOADSTORE, loadstore_formula
 from dt.cost.traffic import canonical
 from dt.layout import ceil_log2
 
@@ -37,8 +38,11 @@ class Estimate:
 
 
 def formula(collective: str, algorithm: str, n: float, p: int,
-            segment_bytes: int | None = None) -> tuple[int, float, float]:
+            segment_bytes: int | None = None, stage_bytes: int | None = None) -> tuple[int, float, float]:
     """(steps, critical-path bytes, reduced bytes) for n bytes on p ranks.
+
+    Load/store algorithms (one_shot, two_shot: dt.cost.loadstore) count
+    synchronisations and bytes copied through shared memory instead.
 
     The textbook forms (the reference table), with the fold's extra two steps
     and about 2n bytes when p is not a power of two (p' = 2^floor(lg p)):
@@ -69,6 +73,8 @@ def formula(collective: str, algorithm: str, n: float, p: int,
     share = (p - 1) / p * n
     base = collective.replace("_tensor", "").replace("_into", "")
     key = (base, canonical(base, algorithm))
+    if key in LOADSTORE:
+        return loadstore_formula(base, key[1], n, p, stage_bytes)
     if key == ("all_reduce", "ring"):
         return 2 * (p - 1), 2 * share, share
     if key == ("all_reduce", "naive"):
@@ -109,13 +115,14 @@ def formula(collective: str, algorithm: str, n: float, p: int,
 
 
 def estimate(collective: str, algorithm: str, nbytes: float, p: int, *, alpha: float,
-             beta: float, gamma: float = 0.0, segment_bytes: int | None = None) -> Estimate:
+             beta: float, gamma: float = 0.0, segment_bytes: int | None = None,
+             stage_bytes: int | None = None) -> Estimate:
     """time = steps * alpha + bytes * beta + reduced * gamma, for one call.
 
     Ring all-reduce of 1 GB on 8 ranks at 450 GB/s and 5 us per step:
     14 * 5 us + 2 * 7/8 * 1 GB / 450 GB/s = 0.07 ms + 3.89 ms = 3.96 ms.
     """
-    steps, nb, red = formula(collective, algorithm, nbytes, p, segment_bytes)
+    steps, nb, red = formula(collective, algorithm, nbytes, p, segment_bytes, stage_bytes)
     return Estimate(steps, nb, red, steps * alpha, nb * beta, red * gamma)
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dt.cost.loadstore import LOADSTORE, loadstore_traffic
 from dt.layout import (
     Fold,
     ceil_log2,
@@ -399,7 +400,7 @@ def scatter_allgather_broadcast(numel: int, itemsize: int, p: int, rank: int, ro
 
 def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsize: int, p: int,
                 rank: int, root: int = 0, segment_elems: int | None = None,
-                recv_numels: list[int] | None = None) -> RankTraffic:
+                recv_numels: list[int] | None = None, stage_bytes: int | None = None) -> RankTraffic:
     """The exact per-rank traffic of any algorithm, by name (what dt.traffic() counts).
 
     `numels`: the tensor's element count for all_reduce / broadcast / reduce;
@@ -407,11 +408,16 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
     list, or one int for equal blocks); for all_to_all the blocks this rank
     sends, with `recv_numels` the blocks it receives (default: the same).
     `root` is a group rank. Aliases ("naive" broadcast) resolve to their algorithm.
+    Load/store algorithms (dt.cost.loadstore) count peer reads on the shared-memory
+    wire, in rounds of `stage_bytes` (the group's staging half; None: one round).
     """
     blocks = [numels] * p if isinstance(numels, int) else list(numels)
     n = numels if isinstance(numels, int) else sum(numels)
     base = collective.replace("_into_tensor", "").replace("_tensor", "")
     key = (base, canonical(base, algorithm))
+    if key in LOADSTORE:
+        return RankTraffic(*loadstore_traffic(base, key[1], n, blocks, itemsize, p, rank, root,
+                                              stage_bytes, recv_numels))
     table = {
         ("all_reduce", "ring"): lambda: ring_all_reduce(n, itemsize, p, rank, segment_elems),
         ("all_reduce", "naive"): lambda: naive_all_reduce(n, itemsize, p, rank),

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from dt.collectives import all_reduce
+from dt.collectives import all_reduce, shm_empty
 from dt.collectives.ops import ReduceOp
 from dt.layout import edges
 from dt.transport import resolve_group
@@ -69,11 +69,19 @@ class Bucket:
     buffer: torch.Tensor
 
     @classmethod
-    def over(cls, tensors: Sequence[torch.Tensor]) -> Bucket:
-        """A zeroed buffer with room for `tensors` (one dtype, one device), in order."""
+    def over(cls, tensors: Sequence[torch.Tensor], shared: Any = None) -> Bucket:
+        """A zeroed buffer with room for `tensors` (one dtype, one device), in order.
+
+        shared: a group whose every rank makes the same buckets in the same order:
+        CPU buffers then live in its shared memory (dt.shm_empty), so the
+        shared-memory all-reduce reads the peers' buckets in place, no copy in.
+        """
         ends = edges([t.numel() for t in tensors])
         first = tensors[0]
-        buffer = torch.zeros(ends[-1], dtype=first.dtype, device=first.device)
+        if shared is not None and first.device.type == "cpu":
+            buffer = shm_empty(ends[-1], dtype=first.dtype, group=shared).zero_()
+        else:
+            buffer = torch.zeros(ends[-1], dtype=first.dtype, device=first.device)
         return cls(list(tensors), ends[:-1], buffer)
 
     def slot(self, i: int) -> torch.Tensor:

@@ -125,7 +125,8 @@ class DistributedDataParallel(nn.Module):
 
         params = [p for p in module.parameters() if p.requires_grad]
         params.reverse()  # backward produces the last layer's gradients first
-        self.buckets = [Bucket.over([params[i] for i in idx]) for idx in
+        # Buckets in the group's shared memory where it has one: all-reduced in place.
+        self.buckets = [Bucket.over([params[i] for i in idx], shared=self.group) for idx in
                         make_buckets(params, int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
         self._where = {p: (k, i) for k, b in enumerate(self.buckets) for i, p in enumerate(b.tensors)}
         for p in params:

@@ -1,7 +1,7 @@
 """`dt`: one entry point, one module per command.
 
     dt demo primitives        what each rank holds after each collective
-    dt bench <name> [...]     dt/bench/<name>: collectives, ddp, scaling
+    dt bench <name> [...]     dt/bench/<name>: collectives, ddp, scaling, idle
     dt tune [...]             measure this machine's alpha, beta, gamma (dt/tools/tune.py)
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
@@ -39,6 +39,7 @@ BENCHES = {
     "collectives": "dt.bench.collectives",
     "ddp": "dt.bench.ddp",
     "scaling": "dt.bench.scaling",
+    "idle": "dt.bench.idle",
 }
 
 

@@ -22,6 +22,19 @@ say so):
   it has one (same backend and world size), as MPI libraries' tuned decision
   files do: the model explains the switch points, the table records them.
 
+Both wires (--transport both, the default): the torch wire's figures are
+saved under the backend ("gloo"), the shared-memory wire's under "shm", with
+two more figures for its load/store algorithms: `sync`, the time of one
+synchronisation of the group (a one-shot barrier), and `mem`, the slope of
+a memcpy by every rank at once (1 to 16 MiB: out of cache, as big buffers are).
+
+Noisy figures are rejected, not saved: every curve (exchange time, memcpy
+time, reduction time over size) must grow with size, each point at least
+(1 - 25%) of the one before it, and the smallest exchange may not take
+longer than a larger one (a loaded machine once saved alpha = 4.2 ms while a
+1 MB exchange took 0.58 ms). A curve that fails is measured again, up to
+--attempts times; if it still fails, nothing is saved (--force saves anyway).
+
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
 keyed by backend and world size, where algorithm="auto" and `dt model
@@ -48,7 +61,7 @@ from dt.bench.harness import (
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
 
-__all__ = ["main", "measure", "measure_winners"]
+__all__ = ["main", "measure", "measure_shared", "measure_winners", "unsteady"]
 
 EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
 
@@ -77,14 +90,42 @@ def _median_time(fn, reps: int, warmup: int = 2) -> float:
     return statistics.median(times)
 
 
-def measure(reps: int = 20) -> dict[str, Any]:
-    """Run the three micro-benchmarks on this rank's default group; every rank returns them."""
+def unsteady(points: dict[int, float], tolerance: float = 0.25) -> str | None:
+    """Why a (bytes -> seconds) curve is too noisy to fit, or None: time must grow with size."""
+    xs = sorted(points)
+    for a, b in zip(xs, xs[1:]):
+        if points[b] < (1 - tolerance) * points[a]:
+            return (f"{b:,} B took {points[b] * 1e6:.0f} us, less than {a:,} B's "
+                    f"{points[a] * 1e6:.0f} us")
+    return None
+
+
+def _steady_curve(measure_once: Any, attempts: int) -> tuple[dict[int, float], str | None]:
+    """Measure a curve until it is steady (every rank agrees: the worst rank's verdict)."""
+    import torch
+
+    import dt
+
+    why = None
+    for _ in range(attempts):
+        points = measure_once()
+        why = unsteady(points)
+        bad = torch.tensor([1.0 if why else 0.0])
+        dt.all_reduce(bad, op=dt.ReduceOp.MAX, algorithm="naive")
+        if not bad.item():
+            return points, None
+        why = why or "another rank's curve was noisy"
+    return points, why
+
+
+def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, Any]:
+    """Run the three micro-benchmarks on `group` (its wire); every rank returns them."""
     import torch
     import torch.distributed as dist
 
     from dt.transport import Comm, resolve_group
 
-    g = resolve_group(None)
+    g = resolve_group(group)
     comm = Comm(g, "tune", "micro-benchmark")
     p, r = comm.size, comm.rank
     out: dict[str, Any] = {"world": p, "backend": dist.get_backend()}
@@ -103,16 +144,20 @@ def measure(reps: int = 20) -> dict[str, Any]:
     out["pingpong_one_way"] = _median_time(pingpong, reps) / 2 if p > 1 else 0.0
 
     # ring exchange: one step of a ring, every rank sending and receiving at once
-    exchange: dict[int, float] = {}
-    for nbytes in EXCHANGE_SIZES:
-        send = torch.ones(max(1, nbytes // 4))
-        recv = torch.empty_like(send)
+    def exchange_curve() -> dict[int, float]:
+        points: dict[int, float] = {}
+        for nbytes in EXCHANGE_SIZES:
+            send = torch.ones(max(1, nbytes // 4))
+            recv = torch.empty_like(send)
 
-        def step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
-            comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
+            def step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
+                comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
 
-        fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
-        exchange[send.numel() * 4] = _median_time(step, fewer) if p > 1 else 0.0
+            fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
+            points[send.numel() * 4] = _median_time(step, fewer) if p > 1 else 0.0
+        return points
+
+    exchange, out["noisy"] = _steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
     out["exchange"] = {str(k): v for k, v in exchange.items()}
     small = min(exchange)
     out["alpha"] = exchange[small]
@@ -125,13 +170,40 @@ def measure(reps: int = 20) -> dict[str, Any]:
     return out
 
 
+MEMCPY_SIZES = (1 << 20, 4 << 20, 16 << 20)
+
+
+def measure_shared(reps: int, group: Any, attempts: int = 3) -> dict[str, Any]:
+    """The load/store figures of a shared-memory group: sync (s) and mem (s/B)."""
+    import torch
+
+    import dt
+
+    out: dict[str, Any] = {"sync": _median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
+                                                reps)}
+
+    def memcpy_curve() -> dict[int, float]:
+        points = {}
+        for nbytes in MEMCPY_SIZES:
+            src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+            points[nbytes] = _median_time(lambda s=src, d=dst: d.copy_(s), max(5, reps // 2))
+        return points
+
+    curve, why = _steady_curve(memcpy_curve, attempts)
+    out["memcpy"] = {str(k): v for k, v in curve.items()}
+    out["mem"] = slope(curve)
+    out["noisy_mem"] = why
+    return out
+
+
 # The measured decision table: each candidate algorithm timed at each size.
 SWEEP_COLLECTIVES = ("all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor")
 SWEEP_SIZES = tuple(1024 * 4**k for k in range(9))  # 1 KiB .. 64 MiB
 
 
 def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
-                    collectives: tuple[str, ...] = SWEEP_COLLECTIVES) -> dict[str, Any]:
+                    collectives: tuple[str, ...] = SWEEP_COLLECTIVES, group: Any = None,
+                    shared_memory: bool = False) -> dict[str, Any]:
     """Time every candidate algorithm at every size; the fastest per size is the table.
 
     The cost model's switch points are only as good as its three figures; on a
@@ -151,11 +223,11 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
     set_validation(False)
     table: dict[str, Any] = {}
     for collective in collectives:
-        algos = auto.candidates(collective)
+        algos = auto.candidates(collective, shared_memory)
         rows = []
         for nbytes in sizes:
             case = Case(collective, max(1, nbytes // 4))
-            calls = {a: case.call(a) for a in algos}
+            calls = {a: case.call(a, group=group) for a in algos}
             # the first round warms up; every rank then takes each call's slowest rank
             mine = time_calls(calls, reps, warmup=1, reset=case.reset)
             slowest = torch.tensor([mine[a] for a in algos], dtype=torch.float64)
@@ -166,12 +238,44 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
     return table
 
 
-def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int) -> dict[str, Any]:
-    out = measure(reps)
-    if sweep:
-        sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
-        out["winners"] = measure_winners(sizes, sweep_reps)
+def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list[str],
+            attempts: int) -> dict[str, Any]:
+    from dt.bench.harness import wire_group
+    from dt.transport import resolve_group
+
+    out = {}
+    for wire in wires:
+        g = wire_group(wire)
+        shared = resolve_group(g).links.board is not None
+        fig = measure(reps, g, attempts)
+        if shared:
+            fig.update(measure_shared(reps, g, attempts))
+        if sweep:
+            sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
+            fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
+        fig["wire"] = "shm" if shared else "torch"
+        out[wire] = fig
     return out
+
+
+def _report(fig: dict[str, Any]) -> None:
+    print(f"dt tune: {fig['wire']} wire (saved as {fig['backend']}), world {fig['world']}, "
+          f"{fig['cores']} cores, torch {fig['torch']}")
+    print(f"  ping-pong one-way latency {fig['pingpong_one_way'] * 1e6:9.1f} us")
+    print(f"  alpha (one exchange step) {fig['alpha'] * 1e6:9.1f} us")
+    print(f"  beta                      {fig['beta'] * 1e9:9.3f} ns/byte  "
+          f"({1 / fig['beta'] / 1e9 if fig['beta'] else float('inf'):.2f} GB/s per rank)")
+    print(f"  gamma                     {fig['gamma'] * 1e9:9.3f} ns/byte  "
+          f"({1 / fig['gamma'] / 1e9 if fig['gamma'] else float('inf'):.2f} GB/s reduced)")
+    if "sync" in fig:
+        print(f"  sync (one shared-memory synchronisation) {fig['sync'] * 1e6:9.1f} us")
+        print(f"  mem  (memcpy, every rank at once)        {fig['mem'] * 1e9:9.3f} ns/byte  "
+              f"({1 / fig['mem'] / 1e9 if fig['mem'] else float('inf'):.2f} GB/s)")
+    print("  exchange step times: " + ", ".join(
+        f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
+    for collective, rows in fig.get("winners", {}).items():
+        print(f"  measured fastest {collective}: " + ", ".join(
+            f"{_size(n)} {best}" for n, best, _ in rows))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,6 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-reps", type=args_.at_least(1), default=5)
     parser.add_argument("--max-bytes", type=args_.size, default=SWEEP_SIZES[-1],
                         help="largest size of the algorithm sweep (default 64 MiB)")
+    parser.add_argument("--transport", default="both", choices=("shm", "torch", "both"),
+                        help="which wire(s) to measure (default both)")
+    parser.add_argument("--attempts", type=int, default=3, help="re-measure a noisy curve this often")
+    parser.add_argument("--force", action="store_true", help="save even noisy figures")
     args = parser.parse_args(argv)
 
     import torch
@@ -196,28 +304,31 @@ def main(argv: list[str] | None = None) -> int:
     if not args.no_sweep:
         print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
               f"{args.max_bytes:,} B on {args.world} ranks (a minute or two)...", flush=True)
+    backend = backend_for(args.device)
+    wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
+    if backend == "nccl":
+        wires = ["torch"]  # GPU tensors stay on NCCL: no shared-memory wire to measure
     results = run_workers(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
-                          args.max_bytes, backend=backend_for(args.device), timeout=1800)
-    # Every rank measured; the group's figures are the slowest rank's (a step
-    # waits for the last one), taken the same way on every run.
-    fig: dict[str, Any] = dict(results[0])
-    for key in ("alpha", "beta", "gamma", "pingpong_one_way"):
-        fig[key] = max(res[key] for res in results)
-    fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
-               measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    print(f"dt tune: backend {fig['backend']}, world {fig['world']}, {fig['cores']} cores, "
-          f"torch {fig['torch']}")
-    print(f"  ping-pong one-way latency {fig['pingpong_one_way'] * 1e6:9.1f} us")
-    print(f"  alpha (one exchange step) {fig['alpha'] * 1e6:9.1f} us")
-    print(f"  beta                      {fig['beta'] * 1e9:9.3f} ns/byte  "
-          f"({1 / fig['beta'] / 1e9 if fig['beta'] else float('inf'):.2f} GB/s per rank)")
-    print(f"  gamma                     {fig['gamma'] * 1e9:9.3f} ns/byte  "
-          f"({1 / fig['gamma'] / 1e9 if fig['gamma'] else float('inf'):.2f} GB/s reduced)")
-    print("  exchange step times: " + ", ".join(
-        f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
-    for collective, rows in fig.get("winners", {}).items():
-        print(f"  measured fastest {collective}: " + ", ".join(
-            f"{_size(n)} {best}" for n, best, _ in rows))
-    if not args.no_save:
-        print(f"saved to {machine.save(fig)} (key {fig['backend']}:{fig['world']})")
-    return 0
+                          args.max_bytes, wires, args.attempts, backend=backend, timeout=3600)
+    status = 0
+    for wire in wires:
+        # Every rank measured; the group's figures are the slowest rank's (a step
+        # waits for the last one), taken the same way on every run.
+        fig: dict[str, Any] = dict(results[0][wire])
+        for key in ("alpha", "beta", "gamma", "pingpong_one_way", "sync", "mem"):
+            if key in fig:
+                fig[key] = max(res[wire][key] for res in results)
+        fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+        fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
+                   load=os.getloadavg()[0],
+                   measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        _report(fig)
+        noisy = [why for res in results for why in (res[wire].get("noisy"), res[wire].get("noisy_mem"))
+                 if why]
+        if noisy and not args.force:
+            print(f"  NOT saved: the figures are too noisy ({noisy[0]}); the machine is loaded "
+                  f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")
+            status = 1
+        elif not args.no_save:
+            print(f"saved to {machine.save(fig)} (key {fig['backend']}:{fig['world']})")
+    return status

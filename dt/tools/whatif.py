@@ -14,7 +14,11 @@ latency-bound, and the doubling algorithms win.
 
 uses the alpha, beta, gamma `dt tune` saved for this machine instead, runs
 each algorithm here on --world processes, and prints the prediction next to
-the measured median.
+the measured median, for each wire (--transport shm|torch|both, default
+both): on the shared-memory wire the point-to-point algorithms are priced
+with its channels' alpha and beta and the load/store ones (one_shot,
+two_shot) with its `sync` and `mem` figures. Without --measured, --sync and
+--memcpy describe a shared-memory wire and add the load/store algorithms.
 
 Units: sizes B, KB, MB, GB (powers of 1000), KiB, MiB, GiB (of 1024); rates
 B/s, KB/s, MB/s, GB/s, KiB/s .. GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s; times ns,
@@ -37,24 +41,29 @@ COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduc
 MEASURABLE = COLLECTIVES[:6]  # what dt/bench/harness.py builds buffers for (--measured)
 
 
-def _algorithms(collective: str) -> list[str]:
+def _algorithms(collective: str, shared_memory: bool = False) -> list[str]:
     from dt.collectives import auto  # registers every algorithm
 
-    return auto.candidates(collective)
+    return auto.candidates(collective, shared_memory)
 
 
 def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
-          gamma: float) -> list[tuple[str, cost.Estimate]]:
-    from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+          gamma: float, sync: float | None = None, mem: float | None = None
+          ) -> list[tuple[str, cost.Estimate]]:
+    """Every algorithm's estimate, cheapest first; with sync and mem (a shared-memory
+    wire) the load/store algorithms too, as dt.collectives.auto prices them."""
+    from dt.collectives import auto
 
-    rows = [(name, cost.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta,
-                                       gamma=gamma, segment_bytes=DEFAULT_SEGMENT_BYTES))
-            for name in _algorithms(collective)]
+    fig = cost.Machine(alpha, beta, gamma, sync=sync or 0.0, mem=mem or 0.0)
+    shared = sync is not None and mem is not None
+    stage = (32 << 20) if shared else None
+    rows = list(auto.predictions(collective, nbytes, world, fig, shared, stage).items())
     return sorted(rows, key=lambda row: row[1].total)
 
 
 def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
-                out: Any = sys.stdout) -> None:
+                out: Any = None) -> None:
+    out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {world} ranks", file=out)
     head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
             f"{'bandwidth':>11} {'reduction':>11} {'total':>11}")
@@ -76,18 +85,22 @@ def print_table(collective: str, nbytes: int, world: int, rows: list, measured: 
 # ---------------------------------------------------------------------------
 
 
-def _measure_worker(collective: str, algorithms: list[str], sizes: list[int],
-                    reps: int) -> dict[str, dict[str, float]]:
-    """Median seconds of each algorithm at each size on this rank (the harness's buffers and loop)."""
+def _measure_worker(collective: str, algorithms: dict[str, list[str]], sizes: list[int],
+                    reps: int) -> dict[str, dict[str, dict[str, float]]]:
+    """Median seconds of each algorithm at each size, per wire (the harness's buffers and loop)."""
     import dt
-    from dt.bench.harness import Case, time_calls
+    from dt.bench.harness import Case, time_calls, wire_group
 
     dt.set_validation(False)  # time the algorithm, not dt's argument check
-    out: dict[str, dict[str, float]] = {}
-    for nbytes in sizes:
-        case = Case(collective, max(1, nbytes // 4))
-        times = time_calls({a: case.call(a) for a in algorithms}, reps, warmup=1, reset=case.reset)
-        out[str(nbytes)] = {a: statistics.median(t) for a, t in times.items()}
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for wire, algos in algorithms.items():
+        g = wire_group(wire)
+        out[wire] = {}
+        for nbytes in sizes:
+            case = Case(collective, max(1, nbytes // 4))
+            times = time_calls({a: case.call(a, group=g) for a in algos}, reps, warmup=1,
+                               reset=case.reset)
+            out[wire][str(nbytes)] = {a: statistics.median(t) for a, t in times.items()}
     return out
 
 
@@ -110,45 +123,70 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions per size (--measured)")
     parser.add_argument("--algorithms", type=args_.listed(str), default=None,
                         help="comma-separated subset")
+    parser.add_argument("--transport", default="both", choices=("shm", "torch", "both"),
+                        help="--measured: which wire(s) to price and time (default both)")
+    parser.add_argument("--sync", type=args_.duration, default=None,
+                        help="a shared-memory synchronisation, e.g. 15us (adds the load/store algorithms)")
+    parser.add_argument("--memcpy", type=args_.rate, default=None,
+                        help="memcpy rate of a shared-memory wire, e.g. 5GB/s")
     args = parser.parse_args(argv)
     sizes = list(args.size)
     if args.measured and args.collective not in MEASURABLE:
         parser.error(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
+    backend = backend_for(args.device)
+    wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
+    if backend == "nccl":
+        wires = ["torch"]  # GPU tensors stay on NCCL
+    figures: dict[str, tuple] = {}
     if args.measured:
         from dt.cost import machine
 
-        saved = machine.figures(backend_for(args.device), args.world)
-        if saved is None:
-            print("dt model --measured: no figures saved; run `dt tune --world "
-                  f"{args.world}` first", file=sys.stderr)
-            return 2
-        alpha, beta, gamma = saved["alpha"], saved["beta"], saved["gamma"]
-        print(f"figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
-              f"alpha {fmt_time(alpha, 3)}, beta {beta * 1e9:.3f} ns/B, gamma {gamma * 1e9:.3f} ns/B")
+        for wire in wires:
+            saved = machine.figures("shm" if wire == "shm" else backend, args.world)
+            if saved is None:
+                print(f"dt model --measured: no figures saved for the {wire} wire; run `dt tune "
+                      f"--world {args.world}` first", file=sys.stderr)
+                return 2
+            figures[wire] = (saved["alpha"], saved["beta"], saved["gamma"], saved.get("sync"),
+                             saved.get("mem"))
+            extra = (f", sync {fmt_time(saved['sync'], 3)}, memcpy {saved['mem'] * 1e9:.3f} ns/B"
+                     if "sync" in saved else "")
+            print(f"{wire} wire: figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
+                  f"alpha {fmt_time(saved['alpha'], 3)}, beta {saved['beta'] * 1e9:.3f} ns/B, "
+                  f"gamma {saved['gamma'] * 1e9:.3f} ns/B{extra}")
     else:
         alpha, beta = args.latency, 1 / args.bandwidth
         gamma = 1 / args.reduce if args.reduce else 0.0
+        sync, mem = args.sync, (1 / args.memcpy if args.memcpy else None)
+        figures["model"] = (alpha, beta, gamma, sync, mem)
         print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
-              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free"))
-    tables = {n: table(args.collective, n, args.world, alpha, beta, gamma) for n in sizes}
+              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free")
+              + (f"; shared memory: sync {fmt_time(sync, 3)}, memcpy {fmt_bytes(1 / mem, 3)}/s"
+                 if sync and mem else ""))
+    tables = {w: {n: table(args.collective, n, args.world, *fig) for n in sizes}
+              for w, fig in figures.items()}
     if args.algorithms:
-        known = {name for rows in tables.values() for name, _ in rows}
+        known = {name for t in tables.values() for rows in t.values() for name, _ in rows}
         unknown = sorted(set(args.algorithms) - known)
         if unknown:
             parser.error(f"--algorithms: {args.collective} has no {', '.join(unknown)}; it has "
                          f"{', '.join(sorted(known))}")
-        tables = {n: [row for row in rows if row[0] in args.algorithms] for n, rows in tables.items()}
-    measured: dict[str, dict[str, float]] | None = None
+        tables = {w: {n: [row for row in rows if row[0] in args.algorithms] for n, rows in t.items()}
+                  for w, t in tables.items()}
+    measured: dict[str, dict[str, dict[str, float]]] | None = None
     if args.measured:
         from dt.launcher import run_workers
 
-        algos = sorted({name for rows in tables.values() for name, _ in rows})
-        print(f"timing {', '.join(algos)} on {args.world} local processes "
-              f"(median of {args.reps}, validation off)...", flush=True)
+        algos = {w: sorted({name for rows in t.values() for name, _ in rows}) for w, t in tables.items()}
+        print(f"timing {', '.join(f'{w}: ' + ','.join(a) for w, a in algos.items())} on {args.world} "
+              f"local processes (median of {args.reps}, validation off)...", flush=True)
         measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
-                               args.reps, timeout=600, backend=backend_for(args.device))[0]
-    for n, rows in tables.items():
-        print_table(args.collective, n, args.world, rows,
-                    measured[str(n)] if measured is not None else None)
+                               args.reps, timeout=1800, backend=backend)[0]
+    for w, t in tables.items():
+        for n, rows in t.items():
+            if w != "model":
+                print(f"\n[{w} wire]", end="")
+            print_table(args.collective, n, args.world, rows,
+                        measured[w][str(n)] if measured is not None else None)
     print("\n* = lowest predicted time (what algorithm=\"auto\" picks with these figures)")
     return 0

@@ -16,9 +16,12 @@ group seen from one rank, bound to one collective call) and use its
   overlaps with backward.
 
 Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
-validation), liveness.py (failed ranks, announced so waits end at once),
-wire.py (what carries bytes: torch.distributed), group.py (a group from one
-rank's view), accounting.py, comm.py (point-to-point with context), rules.py
+validation; the transport), liveness.py (failed ranks, announced so waits
+end at once), wire.py (what carries bytes: torch.distributed), group.py (a
+group from one rank's view), topology.py (which ranks share a host),
+connect.py (each peer's wire, once per group), shm/ (the shared-memory wire:
+segments, syncs, channels, the board of load/store algorithms, shared
+allocations), accounting.py, comm.py (point-to-point with context), rules.py
 (NCCL's rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
 isend/irecv/batch_isend_irecv for users).
 """
@@ -27,6 +30,7 @@ from dt.transport import liveness
 from dt.transport.accounting import Counts, TrafficRecord, account, charge_target, charged_to, traffic
 from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
+from dt.transport.connect import board, connect, topology_of
 from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
 from dt.transport.group import Group, default_device, resolve_group
 from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
@@ -34,12 +38,16 @@ from dt.transport.settings import (
     Timeout,
     call_timeout,
     get_timeout,
+    get_transport,
     group_timeout,
     set_timeout,
+    set_transport,
     set_validation,
     timeout_for,
     validation_enabled,
 )
+from dt.transport.shm.alloc import allocate, is_shared
+from dt.transport.topology import Topology
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
 __all__ = [
@@ -54,30 +62,38 @@ __all__ = [
     "P2POp",
     "P2PWork",
     "Timeout",
+    "Topology",
     "TorchWire",
     "TrafficRecord",
     "Wire",
     "Work",
     "account",
+    "allocate",
     "batch_isend_irecv",
+    "board",
     "call_timeout",
     "charge_target",
     "charged_to",
+    "connect",
     "default_device",
     "everywhere",
     "get_timeout",
+    "get_transport",
     "group_timeout",
     "irecv",
     "is_everywhere",
+    "is_shared",
     "liveness",
     "isend",
     "recv",
     "resolve_group",
     "send",
     "set_timeout",
+    "set_transport",
     "set_validation",
     "submit",
     "timeout_for",
+    "topology_of",
     "traffic",
     "validation_enabled",
 ]

@@ -109,8 +109,8 @@ class Comm:
             kind, tensor, peer = ops[0] if ops else (SEND, torch.empty(0), self.rank)  # host: named only
             self.fail("send" if kind == SEND else "receive", peer, _nbytes(tensor), exc, 0.0)
         by_wire: dict[int, tuple[Wire, list[int]]] = {}
-        for i, (_, _, peer) in enumerate(ops):
-            wire = self.group.wire_for(peer)
+        for i, (_, tensor, peer) in enumerate(ops):
+            wire = self.group.wire_for(peer, tensor.device.type)
             by_wire.setdefault(id(wire), (wire, []))[1].append(i)
         handles: list[Handle | None] = [None] * len(ops)
         for wire, idx in by_wire.values():

@@ -1,11 +1,15 @@
 """A process group as seen from one rank: who is in it, in what order, on which device.
 
 Peers are always named by their rank *in the group*; `Group` translates to
-the global ranks torch.distributed wants.
+the global ranks torch.distributed wants. `Group.links` says which wire
+reaches each peer: the torch wire until the group's first collective, then
+whatever dt.transport.connect found (shared memory for the ranks of this
+host, the torch wire for the others).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,7 +18,27 @@ import torch.distributed as dist
 
 from dt.transport.wire import TorchWire, Wire
 
-__all__ = ["Group", "default_device", "resolve_group"]
+__all__ = ["Group", "Links", "default_device", "resolve_group"]
+
+
+class Links:
+    """How one rank reaches each peer of a group; filled once by dt.transport.connect.
+
+    topology: which ranks share a host (dt.transport.topology.Topology);
+    wires: the wire per group rank (None until connected: the group's torch wire);
+    torch: the torch wire CPU traffic to other hosts takes (pumps the shm engine);
+    host: this host's shared segment, engine and board (None without one);
+    board: the host's board when the whole group is on it (load/store algorithms).
+    """
+
+    def __init__(self) -> None:
+        self.topology: Any = None
+        self.wires: list[Wire] | None = None
+        self.torch: Wire | None = None
+        self.host: Any = None
+        self.board: Any = None
+        self.why_not = ""  # why there is no board
+        self.lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -32,10 +56,20 @@ class Group:
     backend: str = "gloo"
     name: str = "0"  # torch's name for the group: the same on every rank
     wire: Wire = field(default_factory=Wire, compare=False, repr=False)
+    links: Links = field(default_factory=Links, compare=False, repr=False)
 
-    def wire_for(self, peer: int) -> Wire:
-        """The wire that carries this rank's traffic with group rank `peer`."""
-        return self.wire
+    def wire_for(self, peer: int, device: str = "cpu") -> Wire:
+        """The wire that carries this rank's traffic with group rank `peer`.
+
+        Only CPU tensors take shared memory; others stay on torch.distributed
+        (NCCL's own transports do that job between GPUs).
+        """
+        wires = self.links.wires
+        if wires is None:
+            return self.wire
+        if device != "cpu":
+            return self.wire
+        return wires[peer]
 
     def global_rank(self, group_rank: int) -> int:
         return self.ranks[group_rank]

@@ -1,6 +1,6 @@
-"""Settings every collective reads: how long to wait on a peer, and whether to validate.
+"""Settings every collective reads: how long to wait on a peer, whether to validate, which wire.
 
-One place for both, so a collective never reads the environment itself.
+One place for all three, so a collective never reads the environment itself.
 
 How long one wait on a peer may last is decided by ONE function,
 `timeout_for(group)`, which every wait in dt.transport asks. The first of
@@ -40,8 +40,9 @@ import torch.distributed as dist
 from dt import args
 
 __all__ = ["DEFAULT_TIMEOUT", "Timeout", "call_timeout", "check_environment", "get_timeout",
-           "group_timeout", "launcher_owns", "parse_timeout", "set_launcher_timeout", "set_timeout",
-           "set_validation", "timeout_for", "validation_enabled"]
+           "get_transport", "group_timeout", "launcher_owns", "parse_timeout", "set_launcher_timeout",
+           "set_timeout", "set_transport", "set_validation", "shared_memory_allowed", "timeout_for",
+           "validation_enabled"]
 
 DEFAULT_TIMEOUT = 300.0
 
@@ -197,3 +198,38 @@ def validation_enabled() -> bool:
 def check_environment() -> None:
     """Read DT_TIMEOUT and DT_VALIDATE now: ValueError naming the bad one (for command lines)."""
     args.check_environment()
+
+
+_TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
+_transport: str | None = None  # dt.set_transport; None: DT_TRANSPORT, else auto
+
+
+def set_transport(name: str | None) -> None:
+    """Which wire groups connected from now on use between ranks of one host.
+
+    "auto" (default; "shm" is the same): shared memory wherever ranks share a
+    host, torch.distributed elsewhere. "torch" (or "gloo", "nccl"): torch.distributed
+    for every peer, as before the shared-memory wire existed. Read when a group
+    connects (its first collective), so every rank must set the same value
+    before then; `DT_TRANSPORT` sets it for a whole run; None forgets this call.
+    """
+    global _transport
+    if name is not None:
+        name = name.strip().lower()
+        if name not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {name!r}")
+    _transport = name
+
+
+def get_transport() -> str:
+    if _transport is not None:
+        return _transport
+    name = os.environ.get("DT_TRANSPORT", "").strip().lower() or "auto"
+    if name not in _TRANSPORTS:
+        raise ValueError(f"DT_TRANSPORT must be one of {', '.join(_TRANSPORTS)}, got {name!r}")
+    return name
+
+
+def shared_memory_allowed() -> bool:
+    """Whether a group connecting now may use the shared-memory wire."""
+    return get_transport() in ("auto", "shm")

@@ -22,7 +22,11 @@ measurement on this machine, the tables the original design measured on a
    1F1B and interleaved 1F1B ((p-1)/(vm+p-1)); stages that compute for real, and stages whose
    compute is a fixed sleep (the schedule's bubble without the cores' contention);
 7. predicted vs measured: the alpha-beta-gamma cost model's time for each all-reduce next to the
-   measured one, with the latency and bandwidth fitted from this run (or saved by `dt tune`).
+   measured one, with the latency and bandwidth fitted from this run (or saved by `dt tune`);
+8. expert parallel: one mixture-of-experts layer over ep ranks, its two all-to-alls priced and timed;
+9. context parallel: Ulysses and ring attention at cp 2 and 4 against one process;
+10. all-reduce on both wires: gloo's sockets next to dt's shared memory (ring, one-shot, two-shot)
+   and the memcpy bound.
 
 How the figures are taken: every rank runs the same loop in a dt.launcher.WorkerPool (one pool per
 world size, reused by every table); each repetition starts after a dt barrier and lasts as long as

@@ -18,7 +18,7 @@ from dt import cost
 __all__ = ["BREAKDOWN_LABELS", "BREAKDOWN_PARTS", "MODELED_ALL_REDUCE", "breakdown", "fit_alpha_beta",
            "model_terms", "predict", "scaling_row", "schedules_offered", "simulate_bubble"]
 
-MODELED_ALL_REDUCE = ("ring", "naive", "recursive_doubling", "rabenseifner")
+MODELED_ALL_REDUCE = ("ring", "naive", "recursive_doubling", "rabenseifner", "one_shot", "two_shot")
 
 
 def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
@@ -29,8 +29,12 @@ def model_terms(algorithm: str, nbytes: int, p: int) -> dict[str, float]:
     why: the ring's ranks send and receive at once, the naive root receives
     then sends, a folded rank of a non-power-of-two group adds n each way);
     and bytes_sent_max, the most any rank sends, from dt.cost's exact per-rank
-    traffic (what dt.traffic() measures, byte for byte).
+    traffic (what dt.traffic() measures, byte for byte). "ring@shm": the same
+    algorithm on another wire (same counts; the wire changes alpha and beta).
+    The load/store algorithms (one_shot, two_shot) count synchronisations as
+    steps and bytes copied as beta bytes (dt.cost.loadstore).
     """
+    algorithm = algorithm.partition("@")[0]
     if algorithm not in MODELED_ALL_REDUCE:
         raise ValueError(f"no cost model for all-reduce algorithm {algorithm!r}")
     steps, beta_bytes, gamma_bytes = cost.formula("all_reduce", algorithm, nbytes, p)

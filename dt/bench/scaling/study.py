@@ -26,7 +26,8 @@ from dt.launcher import WorkerPool
 __all__ = ["Study", "aggregate_dp", "aggregate_pipeline"]
 
 # The order things are timed and listed in; names not listed here come after, sorted.
-ALLREDUCE_ORDER = ("ring", "naive", "recursive_doubling", "rabenseifner", "gloo")
+ALLREDUCE_ORDER = ("ring", "naive", "recursive_doubling", "rabenseifner", "ring@shm", "one_shot@shm",
+                   "two_shot@shm", "gloo")
 DP_ORDER = ("compute", "dt_off", "dt_on", "torch")
 
 
@@ -46,6 +47,7 @@ class Study:
         self.bar: Any = None
         self.coll: dict[tuple[int, int], dict[str, Any]] = {}  # (world, nbytes) -> aggregated
         self.gamma: dict[int, float] = {}
+        self.memcpy: dict[int, float] = {}  # world -> seconds per byte copied, every rank at once
         self.dp: dict[tuple[int, int], dict[str, Any]] = {}  # (world, batch) -> impl -> aggregated
         self.pp: dict[tuple[str, str, int], dict[str, Any]] = {}  # (stage kind, schedule, m)
         self.runs: dict[str, list[Any]] = {}  # a table's own worker: label -> every rank's result
@@ -163,6 +165,7 @@ class Study:
             agg[impl] = entry
         if with_gamma:
             self.gamma[world] = float(sorted(r["gamma"] for r in res)[len(res) // 2])
+            self.memcpy[world] = float(max(r.get("memcpy", 0.0) for r in res))
         self.coll[(world, nbytes)] = agg
 
     def measure_dp(self, world: int, batch: int, impls: tuple[str, ...]) -> None:

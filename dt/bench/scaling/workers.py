@@ -19,15 +19,46 @@ from torch import nn
 
 from dt import transport
 from dt.bench.ddp import reference_model, step_worker
-from dt.bench.harness import TORCH, Case, barrier, reduction_seconds_per_byte, time_calls
+from dt.bench.harness import TORCH, Case, barrier, reduction_seconds_per_byte, slope, time_calls, wire_group
 from dt.device import clock
 
 __all__ = ["TimedStage", "collectives_worker", "dp_worker", "pipeline_worker", "single_process_step"]
 
 
+_WIRES: dict[str, Any] = {}  # this process's group per wire, made once (each group costs threads)
+
+
+def _on_wire(impl: str) -> tuple[str, Any]:
+    """'two_shot@shm' -> ('two_shot', the shm group). A plain name runs on the torch wire (the
+    sockets the original design measured), so tables 1, 2 and 7 keep their meaning."""
+    name, _, wire = impl.partition("@")
+    wire = wire or "torch"
+    if wire not in _WIRES:
+        _WIRES[wire] = wire_group(wire)
+    return name, _WIRES[wire]
+
+
+def memcpy_seconds_per_byte(sizes: Sequence[int] = (1 << 20, 4 << 20, 16 << 20), reps: int = 5) -> float:
+    """The slope of a copy's time over its bytes, every rank copying at once: the bound of any
+    shared-memory step (what `dt tune` saves as the shm wire's `mem`)."""
+    times = {}
+    for nbytes in sizes:
+        src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+        dst.copy_(src)
+        samples = []
+        for _ in range(reps):
+            barrier()
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            samples.append(time.perf_counter() - t0)
+        times[nbytes] = sorted(samples)[len(samples) // 2]
+    return slope(times)
+
+
 def collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int,
                        measure_gamma: bool = False) -> dict[str, Any]:
-    """Time all-reduce of `nbytes` float32 for each impl ("ring", "naive", ..., "gloo": torch's).
+    """Time all-reduce of `nbytes` float32 for each impl ("ring", "naive", ..., "gloo": torch's;
+    "two_shot@shm": an algorithm on the shared-memory wire, plain names on the torch wire).
 
     The impls take turns within each repetition, in an order that rotates
     (dt/bench/harness.py), so a change in the machine's load hits them alike.
@@ -37,7 +68,10 @@ def collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int
     """
     transport.set_validation(False)
     case = Case("all_reduce", nbytes // 4)
-    calls = {impl: case.call(TORCH if impl == "gloo" else impl, inplace=True) for impl in impls}
+    calls = {}
+    for impl in impls:
+        name, group = _on_wire(impl) if impl != "gloo" else (TORCH, None)
+        calls[impl] = case.call(name, inplace=True, group=group)
     out: dict[str, Any] = {"times": {}, "traffic": {}}
     for impl in impls:  # the first call of each is a warm-up; dt's are counted
         case.reset()  # in place: keep the values from growing p-fold every call
@@ -51,6 +85,7 @@ def collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int
     out["times"] = time_calls(calls, reps, warmup=max(1, warmup) - 1, reset=case.reset)
     if measure_gamma:
         out["gamma"] = reduction_seconds_per_byte().gamma
+        out["memcpy"] = memcpy_seconds_per_byte()
     return out
 
 

@@ -311,6 +311,11 @@ def install() -> None:
     """Put the twins and guards in place of torch.distributed's functions (once per process)."""
     if _ORIGINAL:
         return
+    # Every message must pass through torch's point-to-point to be counted and bounded
+    # here: the judge's groups talk over the torch wire, never dt's shared memory.
+    from dt import transport
+
+    transport.set_transport("torch")
     for name in POINT_TO_POINT + COLLECTIVES:
         if not hasattr(c10d, name):
             continue

@@ -192,6 +192,11 @@ def _judge(job: Job, world: int, rank: int, events: int) -> dict[str, Any]:
     spec.torch_call(reference, op, g)
     expected = [t.clone() for _, t in spec.outputs(reference)]
     started = [t.clone() for _, t in spec.outputs(args)]
+    if job.allow_dt:
+        # dt connects a group at its first collective (finds which ranks share a host):
+        # setup, like gloo's rendezvous, not the learner's traffic, so it happens here,
+        # before the messages are counted.
+        transport.connect(transport.resolve_group(pg))
     error = None
     with instrument.watching(learner_file=job.path, what=job.function, timeout=job.timeout,
                              log_fd=events, allow_dt=job.allow_dt) as w:

@@ -163,9 +163,10 @@ def collective_bytes(collective: str, numels: int | list[int], itemsize: int, gr
     else:
         count = [numels] * g.size if isinstance(numels, int) else list(numels)
         total = sum(count)
-    algo = auto.choose(collective, algorithm, total * itemsize, g.size)
+    algo = auto.choose(collective, algorithm, total * itemsize, g)
     try:
-        return cost.traffic_for(collective, algo, count, itemsize, g.size, g.rank).bytes_sent
+        return cost.traffic_for(collective, algo, count, itemsize, g.size, g.rank,
+                                stage_bytes=auto.stage_bytes(g)).bytes_sent
     except KeyError:
         raise ValueError(f"no per-rank cost model for {collective} {algo!r}") from None
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dt.collectives import all_gather, broadcast, reduce_scatter
+from dt.collectives import all_gather, broadcast, reduce_scatter, shm_empty
 from dt.collectives.ops import ReduceOp
 from dt.collectives.scratch import held_bytes
 from dt.device import clock
@@ -30,6 +30,13 @@ from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state
 from dt.transport import default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
+
+
+def _flat_buffer(numel: int, dtype: torch.dtype, device: torch.device, group: Any) -> torch.Tensor:
+    """A flat buffer every rank makes at once: in the group's shared memory when on the CPU."""
+    if device.type == "cpu":
+        return shm_empty(numel, dtype=dtype, group=group)
+    return torch.empty(numel, dtype=dtype, device=device)
 
 
 class ZeroOptimizer:
@@ -58,9 +65,14 @@ class ZeroOptimizer:
         self.numels = [p.numel() for p in self.params]
         self.offsets = edges(self.numels)[:-1]
         self.psi = sum(self.numels)
-        # One flat buffer; every parameter becomes a view into it.
-        self.flat = torch.cat([p.detach().reshape(-1) for p in self.params]) if self.params \
-            else torch.zeros(0, device=default_device(self.group))
+        # One flat buffer; every parameter becomes a view into it. On CPU it lives in the
+        # group's shared memory (dt.shm_empty), as do the flat gradients: the shared-memory
+        # reduce-scatter and all-gather then read the peers' shards in place.
+        device = self.params[0].device if self.params else default_device(self.group)
+        self.flat = _flat_buffer(self.psi, self.params[0].dtype if self.params else torch.float32,
+                                 device, self.group)
+        if self.params:
+            torch.cat([p.detach().reshape(-1) for p in self.params], out=self.flat)
         broadcast(self.flat, self.group.ranks[0], group=self.group)
         for p, o in zip(self.params, self.offsets):
             p.data = self.flat[o:o + p.numel()].view_as(p)
@@ -71,7 +83,7 @@ class ZeroOptimizer:
         self.last_step = {"comm_s": 0.0}
 
         if stage == 1:
-            self.flat_grad = torch.zeros_like(self.flat)
+            self.flat_grad = _flat_buffer(self.psi, self.flat.dtype, self.flat.device, self.group).zero_()
             for p, o in zip(self.params, self.offsets):
                 p.grad = self.flat_grad[o:o + p.numel()].view_as(p)
         else:
