@@ -21,6 +21,7 @@ are the transport's.
                  are the same ranks; with equal hosts, run i is rail i
 - delivery       the inter-host reduce-scatters / all-gathers: destination d is served on host h
                  by local rank (local_index(d) mod G_h); destinations grouped by those owners
+- phases         the rings one rank runs in a hierarchical collective, level by level
 
 With equal hosts (H hosts of G ranks) everything reduces to the textbook:
 rail i = local index i, and local rank i owns 1/G of the buffer.
@@ -32,8 +33,8 @@ from dataclasses import dataclass
 
 from dt.layout import edges, split_sizes
 
-__all__ = ["Delivery", "Run", "collected_by", "crossings", "delivery", "host_order", "local_index", "members",
-           "owned", "pieces", "rail", "runs", "uniform"]
+__all__ = ["Delivery", "Phase", "Run", "collected_by", "crossings", "delivery", "host_order",
+           "local_index", "members", "owned", "phases", "pieces", "rail", "runs", "uniform"]
 
 
 def members(hosts: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -149,3 +150,61 @@ def delivery(hosts: tuple[int, ...]) -> list[Delivery]:
 def collected_by(hosts: tuple[int, ...], rank: int) -> list[int]:
     """Destinations whose blocks `rank` collects on its host (ascending): its packed block."""
     return sorted(d for dl in delivery(hosts) if rank in dl.owners for d in dl.dests)
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One ring a rank of a hierarchical collective takes part in.
+
+    level: "host" (inside this rank's host) or "rail" (across hosts);
+    kind: "reduce_scatter", "all_gather" or "all_reduce" (both laps);
+    members: the ring's group ranks in ring order; chunks: the element count
+    each ring position owns; position: this rank's place in the ring.
+    """
+
+    level: str
+    kind: str
+    members: tuple[int, ...]
+    chunks: tuple[int, ...]
+    position: int
+
+
+def phases(collective: str, hosts: tuple[int, ...], rank: int, numels: list[int]) -> list[Phase]:
+    """The rings `rank` runs in a hierarchical collective, in order (what the algorithm posts).
+
+    numels: [n] for all_reduce (the buffer); every rank's block for
+    reduce_scatter / all_gather. Rings of one member (a host of one rank, a
+    rail of one host) move nothing and are left out.
+    """
+    mine = members(hosts)[hosts[rank]]
+    out: list[Phase] = []
+
+    def ring(level: str, kind: str, ms: tuple[int, ...], chunks: list[int]) -> None:
+        if len(ms) > 1:
+            out.append(Phase(level, kind, ms, tuple(chunks), ms.index(rank)))
+
+    if collective == "all_reduce":
+        s = pieces(hosts)
+        e = edges(split_sizes(numels[0], s))
+        host = [e[hi] - e[lo] for lo, hi in owned(len(mine), s)]
+        ring("host", "reduce_scatter", mine, host)
+        for run in runs(hosts):
+            if rank in run.owners:
+                ring("rail", "all_reduce", run.owners,
+                     split_sizes(e[run.hi] - e[run.lo], len(run.owners)))
+        ring("host", "all_gather", mine, host)
+        return out
+    packs = [sum(numels[d] for d in collected_by(hosts, m)) for m in mine]
+    rails = [(dl.owners, [numels[o] if o in dl.dests else 0 for o in dl.owners])
+             for dl in delivery(hosts) if rank in dl.owners]
+    if collective == "reduce_scatter":
+        ring("host", "reduce_scatter", mine, packs)
+        for owners, chunks in rails:
+            ring("rail", "reduce_scatter", owners, chunks)
+    elif collective == "all_gather":
+        for owners, chunks in rails:
+            ring("rail", "all_gather", owners, chunks)
+        ring("host", "all_gather", mine, packs)
+    else:
+        raise KeyError(f"no hierarchical {collective}")
+    return out

@@ -147,3 +147,48 @@ def _subgroup() -> list[str]:
 def test_hierarchical_on_a_subgroup(run):
     for failures in run(4, _subgroup, timeout=240):
         assert failures == []
+
+
+def _per_level(hosts: list[int]) -> list[str]:
+    """Each algorithm's bytes per wire (shm inside a host, torch across) against dt.cost.level_bytes."""
+    from dt import cost
+
+    g = marked_group(hosts)
+    view = transport.resolve_group(g)
+    r, p = view.rank, view.size
+    topo = tuple(transport.topology_of(view).hosts)
+    dt.set_validation(False)
+    bad = []
+    try:
+        for coll, algos in cost.levels.LEVELED.items():
+            for algo in algos:
+                for n in (1, 13, 1001):
+                    x = data(n, r, n * p, torch.float32)
+                    with dt.traffic() as t:
+                        if coll == "all_reduce":
+                            dt.all_reduce(x, group=g, algorithm=algo)
+                            numels: int | list[int] = n * p
+                        elif coll == "reduce_scatter":
+                            dt.reduce_scatter_tensor(torch.empty(n), x, group=g, algorithm=algo)
+                            numels = n
+                        else:
+                            dt.all_gather_into_tensor(torch.empty(n * p), x[:n], group=g, algorithm=algo)
+                            numels = n
+                    model = cost.level_bytes(cost.schedule(coll, algo, numels, 4, topo), topo)
+                    got = (t.by_wire["shm"].bytes_sent, t.by_wire["shm"].bytes_received,
+                           t.by_wire["torch"].bytes_sent, t.by_wire["torch"].bytes_received)
+                    want = (model["intra_sent"][r], model["intra_received"][r], model["inter_sent"][r],
+                            model["inter_received"][r])
+                    if got != want:
+                        bad.append(f"{coll} {algo} n={n} rank {r}: measured {got}, model {want}")
+    finally:
+        dt.set_validation(None)
+    return bad
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["2x2", "3+1", "interleaved", "2+3"])
+def test_bytes_per_level_match_the_model(run, name):
+    hosts = LAYOUTS[name]
+    for bad in run(len(hosts), _per_level, hosts, timeout=240):
+        assert bad == []
