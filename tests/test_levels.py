@@ -72,3 +72,19 @@ def test_shared_nic_slows_what_leaves_the_host():
     per_rank = two_level("all_reduce", "hierarchical", 1 << 20, 4, hosts, CLUSTER)
     assert hier.total > per_rank.total  # four ranks share one NIC
     assert hier.inter_host < ring.inter_host
+
+
+def test_dt_model_two_levels(capsys):
+    from dt.tools import whatif
+
+    assert whatif.main(["--hosts", "2", "--per-host", "8", "--intra", "450GB/s,5us", "--inter",
+                        "50GB/s,10us", "--size", "1GB", "all_reduce"]) == 0
+    out = capsys.readouterr().out
+    line = next(s for s in out.splitlines() if s.strip().startswith("hierarchical"))
+    assert "*" in line and "125 MB" in line and "1.75 GB" in line  # 2(H-1)/H n/G across, 2(G-1)/G n inside
+    ring = next(s for s in out.splitlines() if s.strip().startswith("ring"))
+    assert ring.split()[-1] == "1.88 GB"  # 2(p-1)/p n leaves each host through its boundary rank
+    with pytest.raises(SystemExit):
+        whatif.main(["--hosts", "2", "--size", "1MB"])  # --per-host missing
+    with pytest.raises(SystemExit):
+        whatif.main(["--hosts", "2", "--per-host", "2", "--inter", "50GB/s"])  # no latency
