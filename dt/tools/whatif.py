@@ -69,7 +69,8 @@ def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
 
 
 def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
-                out: Any = sys.stdout) -> None:
+                out: Any = None) -> None:
+    out = out or sys.stdout  # read at the call: a test may have replaced it
     print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {world} ranks", file=out)
     head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
             f"{'bandwidth':>11} {'reduction':>11} {'total':>11}")

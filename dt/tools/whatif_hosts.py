@@ -51,7 +51,8 @@ def rows(collective: str, nbytes: int, hosts: tuple[int, ...],
 
 
 def print_levels(collective: str, nbytes: int, h: int, g: int, levels: cost.Levels,
-                 out: Any = sys.stdout) -> None:
+                 out: Any = None) -> None:
+    out = out or sys.stdout  # read at the call: a test may have replaced it
     hosts = tuple(i for i in range(h) for _ in range(g))
     print(f"\n{collective}, {fmt_bytes(nbytes, 3)}, {h} hosts x {g} ranks", file=out)
     print(f"  {'algorithm':<21} {'steps':>5} {'time':>10} {'intra/rank':>11} {'inter/rank':>11} "
