@@ -39,6 +39,7 @@ class Links:
         self.board: Any = None
         self.why_not = ""  # why there is no board
         self.parts: dict[tuple[int, ...], Any] = {}  # sub-groups over these wires (dt.transport.parts)
+        self.agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed)
         self.lock = threading.Lock()
 
 
