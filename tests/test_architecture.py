@@ -21,7 +21,7 @@ PACKAGE = ROOT / "dt"
 
 # Bottom up. A module may import from any layer at or below its own.
 LAYERS = [
-    ("dt.layout", "dt.units", "dt.args"),  # index arithmetic, units, what people type: no torch
+    ("dt.layout", "dt.hosts", "dt.units", "dt.args"),  # index arithmetic, units, what people type: no torch
     ("dt.cost",),  # what things cost, as arithmetic; the saved machine figures
     ("dt.device",),  # one device per rank; timing that is true on a GPU
     ("dt.transport",),  # the wire

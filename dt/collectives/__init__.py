@@ -7,6 +7,8 @@ One file per family of algorithms:
 - bruck.py    latency-optimal all-gather (Bruck) and the dissemination barrier
 - pairwise.py pairwise-exchange all-to-all
 - doubling.py recursive doubling all-reduce / all-gather, Rabenseifner all-reduce
+- hierarchical.py  two-level all-reduce / reduce-scatter / all-gather: inside each host, then
+              across hosts among the ranks of a rail (dt.hosts)
 - tree.py     binomial-tree broadcast and reduce, scatter + all-gather broadcast
 - one_shot.py, one_shot_copy.py, two_shot.py   load/store algorithms over shared memory
               (a group on one host): one-shot all-reduce / reduce / reduce-scatter /
@@ -25,6 +27,7 @@ from dt.collectives import (  # noqa: F401  (registers algorithms)
     bruck,
     doubling,
     flat,
+    hierarchical,
     one_shot,
     one_shot_copy,
     pairwise,
@@ -58,6 +61,11 @@ from dt.collectives.doubling import (
     recursive_doubling_all_reduce,
 )
 from dt.collectives.flat import flat_broadcast, flat_gather, flat_reduce, flat_scatter, naive_all_reduce
+from dt.collectives.hierarchical import (
+    hierarchical_all_gather,
+    hierarchical_all_reduce,
+    hierarchical_reduce_scatter,
+)
 from dt.collectives.monitored import monitored_barrier
 from dt.collectives.objects import (
     all_gather_object,
@@ -113,6 +121,9 @@ __all__ = [
     "flat_scatter",
     "gather",
     "gather_object",
+    "hierarchical_all_gather",
+    "hierarchical_all_reduce",
+    "hierarchical_reduce_scatter",
     "irecv",
     "isend",
     "monitored_barrier",

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from dt import transport
-from dt.collectives import auto, sparse
+from dt.collectives import agreed, auto, sparse
 from dt.collectives.arguments import (
     Writable,
     as_real_all,
@@ -102,6 +102,7 @@ def launch(
             # peer its wire): here, at the same point on every rank. auto then
             # chooses wire and algorithm together (dt.collectives.auto).
             transport.connect(g, collective)
+            agreed.agree(g)  # a group spanning hosts: rank 0's figures, once (auto decides from them)
             algo = algorithm
             if not local_error:
                 algo = auto.choose(collective, algorithm, nbytes, g, device=device)

@@ -21,6 +21,10 @@ synchronisation and `mem` per byte copied; any other group prices the
 point-to-point algorithms on torch.distributed's figures and has no
 load/store candidates. Only CPU tensors take shared memory.
 
+A group spanning hosts is priced from rank 0's figures, agreed once per
+group (dt.collectives.agreed), with the two-level model (dt.cost.levels):
+every rank decides alike whatever its own tune file says (`across_hosts`).
+
 `DT_ALGO` overrides it, as NCCL_ALGO does: `DT_ALGO=ring` forces the ring
 wherever a collective has one; `DT_ALGO=all_reduce=naive,broadcast=ring` sets
 it per collective.
@@ -39,6 +43,7 @@ import torch.distributed as dist
 from dt import cost
 from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+from dt.cost.levels import LEVELED, Levels, two_level
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine
 from dt.cost.machine import winners as saved_winners
@@ -145,14 +150,18 @@ def measured_best(collective: str, nbytes: int, group_size: int, wire: str | Non
     Only inside the swept range: beyond it, the model extrapolates better
     than the last measurement does. Only one the group can run.
     """
-    rows = measured_table(group_size, wire).get(collective)
+    return _nearest(measured_table(group_size, wire).get(collective), collective, nbytes, wire == "shm")
+
+
+def _nearest(rows: list | None, collective: str, nbytes: int, shared: bool) -> str | None:
+    """The winner at the measured size nearest to nbytes, inside the swept range, that can run here."""
     if not rows or not (rows[0][0] / 2 <= max(nbytes, 1) <= rows[-1][0] * 2):
         return None
     target = math.log2(max(nbytes, 1))
     size, algo, _ = min(rows, key=lambda row: abs(math.log2(row[0]) - target))
     if algo not in ALGORITHMS.get(collective, {}):
         return None
-    if needs_shared_memory(collective, algo) and wire != "shm":
+    if needs_shared_memory(collective, algo) and not shared:
         return None
     return algo
 
@@ -167,6 +176,8 @@ def choose(collective: str, requested: str, nbytes: int, group: Group | int,
     """
     if requested != "auto":
         return requested
+    if isinstance(group, Group) and group.links.agreed is not None:
+        return across_hosts(collective, nbytes, group)
     wire = wire_of(group, device)
     shared = wire == "shm"
     p = group.size if isinstance(group, Group) else group
@@ -176,3 +187,33 @@ def choose(collective: str, requested: str, nbytes: int, group: Group | int,
     stage = stage_bytes(group) if shared else None
     return (measured_best(collective, nbytes, p, wire)
             or best(collective, nbytes, p, machine(p, wire), shared, stage))
+
+
+def across_hosts(collective: str, nbytes: int, group: Group) -> str:
+    """auto on a group spanning hosts: from rank 0's figures only (dt.collectives.agreed).
+
+    DT_ALGO first; then the winners `dt tune` measured on this topology; then the
+    two-level model (dt.cost.levels) for all-reduce, reduce-scatter and
+    all-gather, the flat model on the slower (inter-host) figures for the rest.
+    """
+    forced = _override(collective, False)
+    if forced:
+        return forced
+    agreed = group.links.agreed
+    hosts = tuple(group.links.topology.hosts)
+    measured = _nearest(agreed.winners.get(collective), collective, nbytes, False)
+    if measured:
+        return measured
+    base = collective.replace("_into_tensor", "").replace("_tensor", "")
+    if base in LEVELED:
+        return best_two_level(collective, nbytes, hosts, agreed.levels)
+    return best(collective, nbytes, group.size, agreed.levels.inter)
+
+
+@functools.lru_cache(maxsize=4096)
+def best_two_level(collective: str, nbytes: int, hosts: tuple[int, ...], levels: Levels) -> str:
+    """The algorithm the two-level model prices lowest (ties: the first by name); bytes as 1-byte elements."""
+    base = collective.replace("_into_tensor", "").replace("_tensor", "")
+    names = [a for a in LEVELED[base] if a in ALGORITHMS.get(collective, {})]
+    numels = nbytes if base == "all_reduce" else nbytes // len(hosts)
+    return min(sorted(names), key=lambda a: two_level(base, a, numels, 1, hosts, levels).total)

@@ -3,6 +3,7 @@
 - traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
 - bandwidth.py  algbw and busbw as nccl-tests report them
+- levels.py    the two-level model: bytes inside and across hosts, time as the slower level's
 - loadstore.py  the shared-memory (load/store) algorithms' reads, syncs and copies
 - memory.py     memory communication holds (the ring's scratch buffers)
 - machine.py    this machine's alpha, beta, gamma (sync, mem for shared memory) and measured
@@ -16,6 +17,7 @@ The shard and schedule arithmetic the counts are built on lives in dt.layout.
 
 from dt.cost.bandwidth import BUSBW_FACTOR, bus_bandwidth
 from dt.cost.context import ring_attention_traffic, ulysses_traffic
+from dt.cost.levels import Levels, TwoLevelEstimate, level_bytes, schedule, two_level
 from dt.cost.machine import DEFAULT_MACHINE, DEFAULT_SHM_MACHINE, Machine
 from dt.cost.moe import COUNT_ITEMSIZE, moe_all_to_all_bytes, moe_layer_traffic
 from dt.cost.time import Estimate, estimate, formula
@@ -24,5 +26,6 @@ from dt.cost.traffic import __all__ as _traffic_all
 from dt.layout import segment_count, split_sizes  # noqa: F401  (where older code looked for them)
 
 __all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE",
-           "Estimate", "Machine", "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
+           "Estimate", "Levels", "Machine", "TwoLevelEstimate", "level_bytes", "schedule", "two_level",
+           "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
            "moe_layer_traffic", "ring_attention_traffic", "ulysses_traffic"]

@@ -6,9 +6,13 @@ that measures them.
 
 The figures live in a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json), keyed by
-"backend:world" (backend "shm": the shared-memory wire). `figures(backend,
-world)` returns the entry for that world, else the nearest tuned world's
-(the same file gives every rank the same answer), else None.
+"backend:world" (backend "shm": the shared-memory wire), or "backend:HxG"
+for figures measured across H hosts of G ranks (the topology, not only the
+world size: a loopback figure must not price a link between hosts).
+`figures(backend, world)` returns the entry for that world, else the nearest
+tuned world's, else None; with a topology spanning hosts only that
+topology's entry. A group spanning hosts prices with rank 0's figures, sent
+to every rank (dt.collectives.agreed), so ranks with different files agree.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "figures", "forget",
-           "machine", "save", "winners"]
+           "key", "machine", "save", "spans_hosts", "winners"]
 
 
 @dataclass(frozen=True)
@@ -71,9 +75,30 @@ def _read_all() -> dict[str, Any]:
         return {}
 
 
-def figures(backend: str, world: int) -> dict[str, Any] | None:
-    """Saved figures for (backend, world); else those of the nearest tuned world; else None."""
-    saved = {k: v for k, v in _read_all().items() if v.get("backend") == backend}
+def spans_hosts(topology: str | None) -> bool:
+    """Whether a topology shape ("2x4", "3+1", "1x8") has more than one host."""
+    if not topology:
+        return False
+    return "+" in topology or int(topology.split("x")[0]) > 1
+
+
+def key(entry: dict[str, Any]) -> str:
+    """Where an entry is filed: "backend:world" on one host, "backend:HxG" (its topology) across hosts."""
+    topology = entry.get("topology")
+    return f"{entry['backend']}:{topology if spans_hosts(topology) else entry['world']}"
+
+
+def figures(backend: str, world: int, topology: str | None = None) -> dict[str, Any] | None:
+    """Saved figures for (backend, world); else those of the nearest tuned world; else None.
+
+    With a `topology` spanning hosts ("2x2": dt.transport.Topology.shape) only
+    figures measured on that topology count: a loopback figure says nothing
+    about the link between two hosts.
+    """
+    if spans_hosts(topology):
+        return _read_all().get(f"{backend}:{topology}")
+    saved = {k: v for k, v in _read_all().items()
+             if v.get("backend") == backend and not spans_hosts(v.get("topology"))}
     if not saved:
         return None
     exact = f"{backend}:{world}"
@@ -89,7 +114,7 @@ def save(entry: dict[str, Any]) -> Path:
     path = cache_path()
     path.parent.mkdir(parents=True, exist_ok=True)
     data = _read_all()
-    data[f"{entry['backend']}:{entry['world']}"] = entry
+    data[key(entry)] = entry
     tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")  # one writer per temporary file
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
     tmp.replace(path)

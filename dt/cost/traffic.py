@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dt.cost.loadstore import LOADSTORE, loadstore_traffic
+from dt.hosts import phases
 from dt.layout import (
     Fold,
     ceil_log2,
@@ -44,6 +45,7 @@ __all__ = [
     "flat_gather",
     "flat_reduce",
     "flat_scatter",
+    "hierarchical",
     "naive_all_reduce",
     "pairwise_all_to_all",
     "rabenseifner_all_reduce",
@@ -398,9 +400,32 @@ def scatter_allgather_broadcast(numel: int, itemsize: int, p: int, rank: int, ro
                        ceil_log2(p) + p - 1)
 
 
+# ----------------------------------------------------------------------------
+# Hierarchical (dt/collectives/hierarchical.py): rings inside hosts and on rails (dt.hosts.phases).
+# ----------------------------------------------------------------------------
+
+
+def hierarchical(collective: str, numels: list[int], itemsize: int, hosts: tuple[int, ...], rank: int,
+                 segment_elems: int | None = None) -> RankTraffic:
+    """The rank's rings, one after another: each phase is a ring reduce-scatter, all-gather or both.
+
+    H hosts of G ranks, n bytes: all-reduce 2(G-1)/G n inside the host and
+    2(H-1)/H n/G across it, 2(G-1) + 2(H-1) steps; reduce-scatter and all-gather half of each.
+    """
+    total = _NONE
+    for ph in phases(collective, hosts, rank, numels):
+        chunks = list(ph.chunks)
+        if ph.kind in ("reduce_scatter", "all_reduce"):
+            total += ring_reduce_scatter(chunks, itemsize, ph.position, segment_elems)
+        if ph.kind in ("all_gather", "all_reduce"):
+            total += ring_all_gather(chunks, itemsize, ph.position, segment_elems)
+    return total
+
+
 def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsize: int, p: int,
                 rank: int, root: int = 0, segment_elems: int | None = None,
-                recv_numels: list[int] | None = None, stage_bytes: int | None = None) -> RankTraffic:
+                recv_numels: list[int] | None = None, stage_bytes: int | None = None,
+                hosts: tuple[int, ...] | None = None) -> RankTraffic:
     """The exact per-rank traffic of any algorithm, by name (what dt.traffic() counts).
 
     `numels`: the tensor's element count for all_reduce / broadcast / reduce;
@@ -410,6 +435,8 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
     `root` is a group rank. Aliases ("naive" broadcast) resolve to their algorithm.
     Load/store algorithms (dt.cost.loadstore) count peer reads on the shared-memory
     wire, in rounds of `stage_bytes` (the group's staging half; None: one round).
+    `hosts` (hosts[r]: group rank r's host; default: one host) places the ranks for the
+    hierarchical algorithms.
     """
     blocks = [numels] * p if isinstance(numels, int) else list(numels)
     n = numels if isinstance(numels, int) else sum(numels)
@@ -443,6 +470,9 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
                                         itemsize, rank),
         ("barrier", "dissemination"): lambda: dissemination_barrier(p),
     }
+    for c in ("all_reduce", "reduce_scatter", "all_gather"):
+        table[(c, "hierarchical")] = lambda c=c: hierarchical(  # type: ignore[misc]
+            c, [n] if c == "all_reduce" else blocks, itemsize, hosts or (0,) * p, rank, segment_elems)
     if key not in table:
         raise KeyError(f"no per-rank traffic model for {collective} {algorithm}")
     return table[key]()

@@ -241,7 +241,7 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
 def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list[str],
             attempts: int) -> dict[str, Any]:
     from dt.bench.harness import wire_group
-    from dt.transport import resolve_group
+    from dt.transport import resolve_group, topology_of
 
     out = {}
     for wire in wires:
@@ -254,6 +254,7 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
             sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
             fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
         fig["wire"] = "shm" if shared else "torch"
+        fig["topology"] = topology_of(resolve_group(g)).shape()  # figures are keyed by it across hosts
         out[wire] = fig
     return out
 
@@ -330,5 +331,5 @@ def main(argv: list[str] | None = None) -> int:
                   f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")
             status = 1
         elif not args.no_save:
-            print(f"saved to {machine.save(fig)} (key {fig['backend']}:{fig['world']})")
+            print(f"saved to {machine.save(fig)} (key {machine.key(fig)})")
     return status

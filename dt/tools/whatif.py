@@ -20,6 +20,12 @@ with its channels' alpha and beta and the load/store ones (one_shot,
 two_shot) with its `sync` and `mem` figures. Without --measured, --sync and
 --memcpy describe a shared-memory wire and add the load/store algorithms.
 
+    dt model --hosts 2 --per-host 8 --intra 450GB/s,5us --inter 50GB/s,10us --size 1GB
+
+prices two link levels instead (dt/tools/whatif_hosts.py, dt.cost.levels): the
+hierarchical algorithms among the others, with the bytes crossing each level
+per rank and per host.
+
 Units: sizes B, KB, MB, GB (powers of 1000), KiB, MiB, GiB (of 1024); rates
 B/s, KB/s, MB/s, GB/s, KiB/s .. GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s; times ns,
 us, ms, s.
@@ -34,6 +40,7 @@ from typing import Any
 from dt import args as args_
 from dt import cost
 from dt.device import DEVICES, backend_for
+from dt.tools import whatif_hosts
 from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time  # noqa: F401 (dt model's units)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -106,7 +113,7 @@ def _measure_worker(collective: str, algorithms: dict[str, list[str]], sizes: li
 
 def main(argv: list[str] | None = None) -> int:
     parser = args_.Parser(prog="dt model", description=__doc__.splitlines()[0])
-    parser.add_argument("collective", choices=COLLECTIVES)
+    parser.add_argument("collective", choices=COLLECTIVES, nargs="?", default=None)
     parser.add_argument("--size", type=args_.listed(args_.size), default="1MB",
                         help="message size(s), comma-separated: 1GB,1MB")
     parser.add_argument("--world", type=args_.world, default=8)
@@ -129,8 +136,28 @@ def main(argv: list[str] | None = None) -> int:
                         help="a shared-memory synchronisation, e.g. 15us (adds the load/store algorithms)")
     parser.add_argument("--memcpy", type=args_.rate, default=None,
                         help="memcpy rate of a shared-memory wire, e.g. 5GB/s")
+    parser.add_argument("--hosts", type=args_.at_least(1), default=None,
+                        help="two link levels: this many hosts (with --per-host, --intra, --inter)")
+    parser.add_argument("--per-host", type=args_.at_least(1), default=None, help="ranks per host")
+    parser.add_argument("--intra", type=whatif_hosts.link, default="450GB/s,5us",
+                        help="a link inside a host: RATE,LATENCY (default 450GB/s,5us)")
+    parser.add_argument("--inter", type=whatif_hosts.link, default="50GB/s,10us",
+                        help="a link between hosts: RATE,LATENCY (default 50GB/s,10us)")
+    parser.add_argument("--nics", type=args_.at_least(0), default=0,
+                        help="NICs a host's ranks share (default 0: one per rank)")
     args = parser.parse_args(argv)
     sizes = list(args.size)
+    if (args.hosts is None) != (args.per_host is None):
+        parser.error("--hosts and --per-host go together")
+    if args.hosts is not None:
+        if args.measured:
+            parser.error("--measured times this machine; --hosts describes a cluster")
+        if args.collective not in (None, *cost.levels.LEVELED):
+            parser.error(f"--hosts prices {', '.join(cost.levels.LEVELED)}, not {args.collective}")
+        return whatif_hosts.main(args.collective, sizes, args.hosts, args.per_host, args.intra,
+                                 args.inter, 1 / args.reduce if args.reduce else 0.0, args.nics)
+    if args.collective is None:
+        parser.error("the following arguments are required: collective (or --hosts and --per-host)")
     if args.measured and args.collective not in MEASURABLE:
         parser.error(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
     backend = backend_for(args.device)

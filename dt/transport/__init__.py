@@ -19,7 +19,8 @@ Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
 validation; the transport), liveness.py (failed ranks, announced so waits
 end at once), wire.py (what carries bytes: torch.distributed), group.py (a
 group from one rank's view), topology.py (which ranks share a host),
-connect.py (each peer's wire, once per group), shm/ (the shared-memory wire:
+connect.py (each peer's wire, once per group), parts.py (some of a group's
+ranks as a group over its wires: hierarchical collectives' hosts and rails), shm/ (the shared-memory wire:
 segments, syncs, channels, the board of load/store algorithms, shared
 allocations), accounting.py, comm.py (point-to-point with context), rules.py
 (NCCL's rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
@@ -34,6 +35,7 @@ from dt.transport.connect import board, connect, topology_of
 from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
 from dt.transport.group import Group, default_device, resolve_group
 from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
+from dt.transport.parts import part
 from dt.transport.settings import (
     Timeout,
     call_timeout,
@@ -84,6 +86,7 @@ __all__ = [
     "is_everywhere",
     "is_shared",
     "liveness",
+    "part",
     "isend",
     "recv",
     "resolve_group",

@@ -38,6 +38,8 @@ class Links:
         self.host: Any = None
         self.board: Any = None
         self.why_not = ""  # why there is no board
+        self.parts: dict[tuple[int, ...], Any] = {}  # sub-groups over these wires (dt.transport.parts)
+        self.agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed)
         self.lock = threading.Lock()
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dt import hosts as host_math
 from dt.transport import liveness, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.group import Group, default_device
@@ -100,6 +101,27 @@ class Topology:
 
     def same_host(self, peer: int) -> bool:
         return self.hosts[peer] == self.host
+
+    @property
+    def order(self) -> tuple[int, ...]:
+        """Group ranks host by host: a ring in this order crosses each host boundary once per lap."""
+        return host_math.host_order(self.hosts)
+
+    @property
+    def per_host(self) -> tuple[int, ...]:
+        """How many of the group's ranks each host has (host order)."""
+        return tuple(len(m) for m in host_math.members(self.hosts))
+
+    def rail(self, index: int | None = None) -> tuple[int, ...]:
+        """Ranks with local index `index` (default: this rank's) on every host that has one."""
+        return host_math.rail(self.hosts, self.local_rank if index is None else index)
+
+    def shape(self) -> str:
+        """The topology as `dt tune` keys figures by: "2x4" (equal hosts) or "3+1"."""
+        sizes = self.per_host
+        if len(set(sizes)) == 1:
+            return f"{len(sizes)}x{sizes[0]}"
+        return "+".join(str(s) for s in sizes)
 
 
 def _digest(key: str) -> list[int]:

@@ -1,0 +1,97 @@
+"""The figures `auto` prices a group spanning hosts with: rank 0's, sent to every rank once per group.
+
+Each host has its own tune file (or none), so figures read locally can
+differ between ranks, and then so would auto's choice: one rank runs the
+ring while its peer runs Rabenseifner, and with validation off that ends in
+a gloo abort on one host and a timeout on the other. So a group whose ranks
+span hosts agrees once, at its first collective (dt.collectives.api.launch,
+on every rank at the same point): rank 0 reads its figures and sends them,
+as JSON bytes over the group's torch wire, to every other rank (uncounted:
+setup, like the topology's exchange); every rank caches them on the group
+and decides from them alone, validation on or off.
+
+What rank 0 sends: the inter-host figures `dt tune` saved for this
+topology ("gloo:2x2", dt.cost.machine.key), else the defaults, with a note
+saying so (a one-host, loopback figure is never used across hosts); the
+intra-host figures for a host of G ranks (the shared-memory wire's where the
+group has it); the NICs a host's ranks share; the measured winners of that
+topology. Cost: one message of a few hundred bytes, plus its length, from
+rank 0 to each other rank, once per group.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from dt.cost.levels import Levels
+from dt.cost.machine import DEFAULT_MACHINE, Machine, figures, machine
+from dt.transport import RECV, SEND, Group, default_device, topology_of
+from dt.transport.topology import post_and_wait
+
+__all__ = ["Agreed", "agree", "local_figures"]
+
+
+@dataclass(frozen=True)
+class Agreed:
+    """Figures every rank of a group spanning hosts prices with (rank 0's)."""
+
+    levels: Levels
+    source: str
+    note: str = ""
+    winners: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
+
+
+def _machine(row: list[float], source: str) -> Machine:
+    a, b, g, sync, mem = row
+    return Machine(a, b, g, source=source, sync=sync, mem=mem)
+
+
+def local_figures(g: Group) -> dict[str, Any]:
+    """This rank's figures for the group, as rank 0 sends them (a JSON-able dict)."""
+    topo = topology_of(g)
+    shape = topo.shape()
+    inter = figures(g.backend, g.size, shape)
+    note = "" if inter is not None else (
+        f"no `dt tune` figures for {g.backend} on {shape} hosts x ranks: defaults price the link "
+        "between hosts (a one-host figure is not used across hosts)")
+    per_host = max(topo.per_host)
+    shm = g.links.wires is not None and any(w.name == "shm" for w in g.links.wires)
+    intra = machine("shm" if shm else g.backend, per_host)
+    row = ([inter["alpha"], inter["beta"], inter["gamma"], 0.0, 0.0] if inter is not None else
+           [DEFAULT_MACHINE.alpha, DEFAULT_MACHINE.beta, DEFAULT_MACHINE.gamma, 0.0, 0.0])
+    return {"inter": row, "intra": [intra.alpha, intra.beta, intra.gamma, intra.sync, intra.mem],
+            "nics": int(inter.get("nics", 0)) if inter else 0,
+            "winners": inter.get("winners", {}) if inter else {},
+            "source": (f"rank {g.ranks[0]}'s dt tune ({g.backend}, {shape})" if inter
+                       else "defaults") + f"; inside a host: {intra.source}", "note": note}
+
+
+def agree(g: Group) -> Agreed | None:
+    """The group's agreed figures (collective on first call where the group spans hosts), else None."""
+    links = g.links
+    if links.agreed is not None or g.size == 1:
+        return links.agreed
+    if topology_of(g).host_count == 1:
+        return None
+    device = default_device(g)
+    what = "agreeing on auto's figures (rank 0's)"
+    if g.rank == 0:
+        text = bytearray(json.dumps(local_figures(g)).encode())
+        data = torch.frombuffer(text, dtype=torch.uint8)  # host: moved below
+        length = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        post_and_wait(g, [(SEND, length, q) for q in range(1, g.size)], what)
+        payload = data.to(device)
+        post_and_wait(g, [(SEND, payload, q) for q in range(1, g.size)], what)
+    else:
+        length = torch.zeros(1, dtype=torch.int64, device=device)
+        post_and_wait(g, [(RECV, length, 0)], what)
+        payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
+        post_and_wait(g, [(RECV, payload, 0)], what)
+    fig = json.loads(bytes(payload.cpu().tolist()).decode())
+    links.agreed = Agreed(Levels(_machine(fig["intra"], fig["source"]), _machine(fig["inter"], fig["source"]),
+                                 fig["nics"]), fig["source"], fig["note"], fig["winners"])
+    return links.agreed

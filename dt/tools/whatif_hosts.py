@@ -1,0 +1,81 @@
+"""`dt model --hosts H --per-host G --intra RATE,LATENCY --inter RATE,LATENCY`: two link levels.
+
+    dt model --hosts 2 --per-host 8 --intra 450GB/s,5us --inter 50GB/s,10us --size 1GB
+
+prints, for all-reduce, reduce-scatter and all-gather (or the collective
+named), every algorithm's predicted time on H hosts of G ranks (ranks of a
+host contiguous, as torchrun numbers them), cheapest first, with the bytes
+crossing each level: sent inside the host by the busiest rank, sent to
+other hosts by the busiest rank, and leaving the busiest host. The model is
+dt.cost.levels: per step, the slower level's alpha + bytes * beta; --nics N
+makes a host's ranks share N NICs (default: one per rank).
+
+Textbook check at 1 GB, 2 x 8, 450 GB/s / 50 GB/s: the flat ring sends
+2(p-1)/p n = 1.875 GB through the boundary rank's NIC (all of it leaves
+each host); the hierarchical all-reduce sends 2(H-1)/H n/G = 125 MB per
+rank across hosts (1 GB per host, over 8 NICs) and 2(G-1)/G n = 1.75 GB
+inside the host.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from dt import args as args_
+from dt import cost
+from dt.units import fmt_bytes, fmt_time
+
+__all__ = ["link", "print_levels", "rows"]
+
+
+def link(text: str) -> tuple[float, float]:
+    """'450GB/s,5us' -> (1/beta bytes per second, alpha seconds)."""
+    parts = [s.strip() for s in str(text).split(",")]
+    if len(parts) != 2:
+        raise args_.InputError(f"a link is RATE,LATENCY (e.g. 450GB/s,5us), got {text!r}")
+    return args_.rate(parts[0]), args_.duration(parts[1])
+
+
+def rows(collective: str, nbytes: int, hosts: tuple[int, ...],
+         levels: cost.Levels) -> list[tuple[str, cost.TwoLevelEstimate]]:
+    """Every algorithm the two-level model prices for `collective`, cheapest first.
+
+    nbytes: the buffer (all-reduce) or the whole gathered / scattered buffer, in float32 elements.
+    """
+    p = len(hosts)
+    numels = nbytes // 4 if collective == "all_reduce" else max(nbytes // 4 // p, 0)
+    out = [(a, cost.two_level(collective, a, numels, 4, hosts, levels))
+           for a in cost.levels.LEVELED[collective]]
+    return sorted(out, key=lambda row: row[1].total)
+
+
+def print_levels(collective: str, nbytes: int, h: int, g: int, levels: cost.Levels,
+                 out: Any = None) -> None:
+    out = out or sys.stdout  # read at the call: a test may have replaced it
+    hosts = tuple(i for i in range(h) for _ in range(g))
+    print(f"\n{collective}, {fmt_bytes(nbytes, 3)}, {h} hosts x {g} ranks", file=out)
+    print(f"  {'algorithm':<21} {'steps':>5} {'time':>10} {'intra/rank':>11} {'inter/rank':>11} "
+          f"{'inter/host':>11}", file=out)
+    for i, (name, e) in enumerate(rows(collective, nbytes, hosts, levels)):
+        print(f"  {name + (' *' if i == 0 else ''):<21} {e.steps:>5} {fmt_time(e.total, 3):>10} "
+              f"{fmt_bytes(e.intra_rank, 3):>11} {fmt_bytes(e.inter_rank, 3):>11} "
+              f"{fmt_bytes(e.inter_host, 3):>11}", file=out)
+
+
+def main(collective: str | None, sizes: list[int], h: int, g: int, intra: tuple[float, float],
+         inter: tuple[float, float], gamma: float, nics: int) -> int:
+    """The two-level tables (dt model's --hosts path)."""
+    levels = cost.Levels(cost.Machine(intra[1], 1 / intra[0], gamma),
+                         cost.Machine(inter[1], 1 / inter[0], gamma), nics)
+    print(f"{h} hosts x {g} ranks; inside a host {fmt_bytes(intra[0], 3)}/s, {fmt_time(intra[1], 3)} "
+          f"per step; between hosts {fmt_bytes(inter[0], 3)}/s, {fmt_time(inter[1], 3)} per step, "
+          + (f"{nics} NIC(s) per host" if nics else "one NIC per rank")
+          + (f"; 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else "; reduction free"))
+    for c in [collective] if collective else list(cost.levels.LEVELED):
+        for n in sizes:
+            print_levels(c, n, h, g, levels)
+    print("\n* = lowest predicted time (what algorithm=\"auto\" picks across hosts with these figures)"
+          "\nintra/rank, inter/rank: bytes the busiest rank sends inside its host / to other hosts; "
+          "inter/host: bytes leaving the busiest host")
+    return 0
