@@ -39,7 +39,9 @@ of the same experts) and divided by dp * cp like the dense ones.
 Every rank creates every group, in the same order, because
 torch.distributed.new_group is itself collective over the world: a rank that
 skipped one would leave the others waiting. Identical rank lists (cp = 1
-makes dp_cp equal dp) are created once. Creating a group moves no dt traffic.
+makes dp_cp equal dp) are created once, and a mesh built again in the same
+processes reuses them (dt.transport.shared_group). Creating a group moves no
+dt traffic.
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dt.parallel.pipeline.p2p import header_groups
+from dt.transport import shared_group
 
 __all__ = ["Mesh", "layout", "mesh", "rank_of"]
 
@@ -177,7 +180,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mes
     for kind in KINDS:
         for ranks in groups[kind]:
             if ranks not in made:
-                made[ranks] = dist.new_group(list(ranks))  # every rank, every group, same order
+                made[ranks] = shared_group(ranks, "mesh")  # every rank, every group, same order
             if me in ranks:
                 mine[kind] = (made[ranks], ranks)
     pp_headers = header_groups(groups["pp"])

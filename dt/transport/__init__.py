@@ -33,7 +33,7 @@ from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
 from dt.transport.connect import board, connect, topology_of
 from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
-from dt.transport.group import Group, default_device, resolve_group
+from dt.transport.group import Group, default_device, resolve_group, shared_group
 from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
 from dt.transport.parts import part
 from dt.transport.settings import (
@@ -90,6 +90,7 @@ __all__ = [
     "isend",
     "recv",
     "resolve_group",
+    "shared_group",
     "send",
     "set_timeout",
     "set_transport",

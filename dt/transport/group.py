@@ -10,6 +10,7 @@ host, the torch wire for the others).
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from dt.transport.wire import TorchWire, Wire
 
-__all__ = ["Group", "Links", "default_device", "resolve_group"]
+__all__ = ["Group", "Links", "default_device", "resolve_group", "shared_group"]
 
 
 class Links:
@@ -133,6 +134,31 @@ def resolve_group(group: Any = None) -> Group:
                  name=name, wire=TorchWire(group, backend))
     _groups[id(group)] = view
     return view
+
+
+_made: dict[tuple[tuple[int, ...], str], tuple[Any, Any]] = {}
+
+
+def shared_group(ranks: Sequence[int], purpose: str = "") -> Any:
+    """dist.new_group(ranks), made once per process for each (ranks, purpose) and reused.
+
+    Collective over the whole world, like new_group: every rank asks for the
+    same groups in the same order, so every rank finds the same ones already
+    made. Why reuse: each gloo group keeps its own threads, and gloo's socket
+    loop wakes every 10 ms, so a program that builds the same mesh again (a
+    test suite, a retry in the same processes) would otherwise pay for every
+    copy forever (measured: a pool of 8 ranks holding ~180 groups each spent
+    most of 2 cores in those wake-ups). `purpose` keeps apart groups of the
+    same ranks that must not share a stream (a pipeline's header groups).
+    """
+    key = (tuple(ranks), purpose)
+    world = dist.group.WORLD
+    made = _made.get(key)
+    if made is not None and made[0] is world:  # made in this world, not an earlier one
+        return made[1]
+    pg = dist.new_group(list(ranks))
+    _made[key] = (world, pg)
+    return pg
 
 
 def default_device(group: Group | None = None) -> torch.device:

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dt.device import clock
-from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group
+from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group, shared_group
 
 __all__ = ["StageLink", "header_groups"]
 
@@ -68,7 +68,7 @@ def header_groups(pipelines: list[tuple[int, ...]]) -> dict[int, Group]:
         p = len(ranks)
         for s in range(p if p > 1 else 0):
             pair = (ranks[s], ranks[(s + 1) % p])
-            pg = dist.new_group(sorted(pair))
+            pg = shared_group(sorted(pair), f"pipeline headers, boundary {s} of {ranks}")
             if me in pair:
                 mine[s] = resolve_group(pg)
     return mine
