@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import pickle
 import sys
@@ -64,6 +65,11 @@ def resolve_world(requested: int | None, default: int, option: str = "--world") 
     return launched
 
 
+# Every rank runs the same jobs in the same order, so a count names a job's keys alike on
+# all of them; one count per process, so a second LaunchedWorld never reads the first's keys.
+_RUNS = itertools.count()
+
+
 class LaunchedWorld:
     """This rank of a torchrun world: `run` gathers every rank's result through torchrun's store."""
 
@@ -72,7 +78,6 @@ class LaunchedWorld:
         self.world_size = int(os.environ["WORLD_SIZE"])
         self.rank = int(os.environ["RANK"])
         self._timeout = timeout
-        self._runs = 0  # every rank runs the same jobs in the same order: the count names a job's keys
         self._store: Any = None
 
     def __enter__(self) -> LaunchedWorld:
@@ -111,8 +116,7 @@ class LaunchedWorld:
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 liveness.announce(liveness.Failure(self.rank, "raised",
                                                    f"rank {self.rank} raised {type(exc).__name__}: {first}"))
-        store, job = self._results_store(timeout), f"run{self._runs}"
-        self._runs += 1
+        store, job = self._results_store(timeout), f"run{next(_RUNS)}"
         store.set(f"{job}/{self.rank}", pickle.dumps(reply))
         results: list[Any] = []
         errors: dict[int, RemoteError] = {}
