@@ -59,7 +59,7 @@ from dt.bench.harness import COLLECTIVES, TORCH, Case, registry_name, time_calls
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 from dt.device import DEVICES, backend_for
-from dt.launcher import run_workers
+from dt.launcher import launch, resolve_world
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
@@ -227,7 +227,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if backend == "nccl":
         cfg["transports"] = transports = ["torch"]  # GPU tensors stay on NCCL
     try:
-        per_rank = run_workers(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
+        per_rank = launch(_worker, args.world, cfg, timeout=args.timeout, backend=backend)
     finally:
         if deepspeed:
             forget_deepspeed(cfg["token"])
@@ -394,7 +394,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                                                                       "max", "avg"),
                         help="reduction op: sum, prod, min, max, avg")
     parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
-    parser.add_argument("--world", type=args_.world, default=2)
+    parser.add_argument("--world", type=args_.world, default=None,
+                        help="ranks (default 2; under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--collective", default="all_reduce", choices=COLLECTIVES)
@@ -412,6 +413,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compare", default=None,
                         help="'deepspeed': add DeepSpeed's shared-memory all-reduce (if installed)")
     args = parser.parse_args(argv)
+    args.world = resolve_world(args.world, 2)
     if args.b > args.e:
         parser.error(f"-b {args.b:,} B is larger than -e {args.e:,} B: nothing to measure")
     if args.f <= 1 and args.b != args.e:

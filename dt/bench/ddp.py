@@ -46,7 +46,7 @@ from dt.bench import report as R
 from dt.bench.harness import barrier
 from dt.collectives import ALGORITHMS
 from dt.device import DEVICES, backend_for, clock
-from dt.launcher import WorkerPool
+from dt.launcher import LaunchedWorld, WorkerPool, open_world, resolve_world
 
 __all__ = ["main", "measure_data_parallel", "reference_model", "step_worker"]
 
@@ -185,7 +185,7 @@ def measure_data_parallel(world_size: int, global_batch: int, impl: str = "dt",
     if pool is not None:
         per_rank = pool.run(step_worker, *args, timeout=1800)
     else:
-        with WorkerPool(world_size) as own:
+        with open_world(world_size) as own:
             per_rank = own.run(step_worker, *args, timeout=1800)
     stats = _summary([r[name] for r in per_rank])
     result = _as_result(impl, world_size, global_batch, hidden, layers, stats, bucket_cap_mb)
@@ -207,10 +207,11 @@ def _paired(per_rank: list[dict[str, list[dict[str, float]]]], a: str, b: str,
 # ---------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
+def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None = None) -> int:
     """`dt bench ddp`; `pool`: reuse a WorkerPool of --world processes (tests do)."""
     ap = args_.Parser(prog="dt bench ddp", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--world", type=args_.world, default=2)
+    ap.add_argument("--world", type=args_.world, default=None,
+                    help="ranks (default 2; under torchrun: the launched ones)")
     ap.add_argument("--device", choices=DEVICES, default="auto",
                     help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     ap.add_argument("--batch", type=args_.at_least(1), default=1024, help="global batch (default 1024)")
@@ -224,6 +225,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
     ap.add_argument("--algorithm", default="auto")
     ap.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     a = ap.parse_args(argv)
+    a.world = resolve_world(a.world, 2)
     if a.batch < a.world:
         ap.error(f"--batch {a.batch} gives some of the {a.world} ranks no sample")
     known = ALGORITHMS["all_reduce"]
@@ -243,7 +245,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | None = None) -> int:
         print(f"note: {note}")
     rows, results, figures = [], [], []
     backend = backend_for(a.device)
-    with contextlib.nullcontext(pool) if pool is not None else WorkerPool(a.world, backend) as pool:
+    with contextlib.nullcontext(pool) if pool is not None else open_world(a.world, backend) as pool:
         for cap in caps:
             per_rank = pool.run(step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
                                 a.warmup, cap, 1.0, a.algorithm, timeout=1800)

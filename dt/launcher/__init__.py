@@ -27,19 +27,33 @@
   headline names the first rank that died or raised, and how, never a
   survivor that only lost its peer. When a run outlives its timeout the
   launcher announces that too, and the stuck ranks say where they are.
-- Under torchrun (RANK and WORLD_SIZE in the environment) `launch` runs the
-  same function in the current process instead: the same worker code runs
-  single-node or multi-node, unchanged.
+- Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR in the environment) the
+  tools run on the launched ranks instead (`open_world`, `launch`): the same
+  worker code runs single-node or multi-node, unchanged, and every rank's
+  result is gathered, as from a local pool.
 
 Files: pool.py (WorkerPool, run_workers: starting, collecting, blaming),
 worker.py (one worker: dies with its launcher, serves jobs), group.py (the
-process group and its backend), torchrun.py (init, launch), command.py
-(how a `dt` command ends when a run fails or is stopped).
+process group and its backend), torchrun.py (joining torchrun's group),
+world.py (the launched world or a local pool: what every tool runs on),
+command.py (how a `dt` command ends when a run fails or is stopped),
+cluster/ (a simulated cluster: hosts as network namespaces, `dt cluster`).
 """
 
 from dt.launcher.command import run_command
 from dt.launcher.pool import DEFAULT_TIMEOUT, RemoteError, Terminated, WorkerError, WorkerPool, run_workers
-from dt.launcher.torchrun import init, launch
+from dt.launcher.torchrun import init, under_torchrun
+from dt.launcher.world import (
+    LaunchedWorld,
+    WorldConflict,
+    launch,
+    launched_rank,
+    launched_size,
+    open_world,
+    rank_zero_output,
+    resolve_world,
+)
 
-__all__ = ["DEFAULT_TIMEOUT", "RemoteError", "Terminated", "WorkerError", "WorkerPool", "init", "launch",
-           "run_command", "run_workers"]
+__all__ = ["DEFAULT_TIMEOUT", "LaunchedWorld", "RemoteError", "Terminated", "WorkerError", "WorkerPool",
+           "WorldConflict", "init", "launch", "launched_rank", "launched_size", "open_world",
+           "rank_zero_output", "resolve_world", "run_command", "run_workers", "under_torchrun"]

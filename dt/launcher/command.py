@@ -6,6 +6,10 @@
   how, what every rank said, the first failing rank's traceback), exit 1;
 - Ctrl-C: one line, exit 130; SIGTERM or SIGHUP: one line, exit 128 + signal.
 Either way every worker has been stopped before the line is printed.
+- the world asked for is not the one torchrun launched (WorldConflict): one line, exit 2.
+
+Under torchrun every rank runs the command and holds the same gathered
+results and errors: rank 0 alone prints them (dt.launcher.world).
 """
 
 from __future__ import annotations
@@ -14,15 +18,22 @@ import sys
 from collections.abc import Callable
 
 from dt.launcher.pool import Terminated, WorkerError
+from dt.launcher.world import WorldConflict, launched_rank, rank_zero_output
 
 __all__ = ["run_command"]
 
 
 def run_command(prog: str, main: Callable[[list[str]], int | None], argv: list[str]) -> int:
     try:
-        return int(main(argv) or 0)
+        with rank_zero_output():
+            return int(main(argv) or 0)
+    except WorldConflict as exc:
+        if launched_rank() == 0:
+            print(f"{prog}: error: {exc}", file=sys.stderr)
+        return 2
     except WorkerError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
+        if launched_rank() == 0:  # every launched rank gathered the same report
+            print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except Terminated as exc:
         print(f"{prog}: stopped by {exc.signal}; every worker was stopped", file=sys.stderr)

@@ -27,12 +27,13 @@ from dt.launcher.group import resolve_backend
 from dt.launcher.worker import worker_main
 from dt.transport import liveness, settings
 
-__all__ = ["RemoteError", "Terminated", "WorkerError", "WorkerPool", "run_workers"]
+__all__ = ["COLLECTIVE_ERRORS", "RemoteError", "Terminated", "WorkerError", "WorkerPool", "blame",
+           "run_workers"]
 
 DEFAULT_TIMEOUT = settings.DEFAULT_TIMEOUT
 _GRACE_S = 5.0  # after the first error, how long the other ranks get to report theirs
 _DEADLINE_GRACE_S = 3.0  # after a run's timeout, how long stuck ranks get to say where they are
-_COLLECTIVE_ERRORS = ("CollectiveError", "CollectiveTimeout")  # the transport announced those
+COLLECTIVE_ERRORS = ("CollectiveError", "CollectiveTimeout")  # the transport announced those
 
 
 class Terminated(SystemExit):
@@ -266,7 +267,7 @@ class WorkerPool:
                 f"still running {what} after {timeout:g}s" if timed_out
                 else f"still running {what} {grace:g}s after rank {order[0]} failed; killed")
         self._kill()
-        raise self._error(errors, order, what, timeout, timed_out)
+        raise blame(errors, order, what, timeout, timed_out)
 
     def _reply(self, r: int, obj: Any, what: str) -> Any:
         """Rank r's reply ("ok"/"ready", value), a RemoteError, or None for "not yet".
@@ -290,27 +291,29 @@ class WorkerPool:
             return RemoteError("died", f"rank {r} {how} during {what}")
         if msg[0] in ("ok", "ready"):
             return msg
-        if msg[1] not in _COLLECTIVE_ERRORS and not msg[4]:  # [4]: every rank raises it too
+        if msg[1] not in COLLECTIVE_ERRORS and not msg[4]:  # [4]: every rank raises it too
             first = msg[2].splitlines()[0] if msg[2] else ""
             self._tell(liveness.Failure(r, "raised", f"rank {r} raised {msg[1]}: {first}"))
         return RemoteError(msg[1], msg[2], msg[3])
 
-    def _error(self, errors: dict[int, RemoteError], order: list[int], what: str, timeout: float,
-               timed_out: bool) -> WorkerError:
-        # Blame where it started: the first rank that died or raised something of its own,
-        # before its consequences (peers that lost it, timeouts, kills).
-        secondary = (*_COLLECTIVE_ERRORS, "stopped")
-        causes = [r for r in order if errors[r].kind not in secondary]
-        blamed = causes[0] if causes else (order[0] if order else min(errors))
-        e = errors[blamed]
-        if timed_out and not causes:
-            head = f"{what}: no result from ranks {sorted(errors)} within {timeout:g}s"
-        elif e.kind == "died":
-            head = f"{what}: {e.message}"
-        else:
-            head = f"{what}: rank {blamed} raised {e.line()}"
-        lines = [head, "", "what every rank reported:"]
-        lines += [f"  rank {r}: {errors[r].line()}" for r in sorted(errors)]
-        if e.traceback:
-            lines += ["", f"traceback of rank {blamed}:", e.traceback.rstrip()]
-        return WorkerError("\n".join(lines), blamed, errors)
+
+def blame(errors: dict[int, RemoteError], order: list[int], what: str, timeout: float,
+          timed_out: bool) -> WorkerError:
+    """The WorkerError of a failed run: the rank where it started first, then what every rank said."""
+    # Blame where it started: the first rank that died or raised something of its own,
+    # before its consequences (peers that lost it, timeouts, kills).
+    secondary = (*COLLECTIVE_ERRORS, "stopped")
+    causes = [r for r in order if errors[r].kind not in secondary]
+    blamed = causes[0] if causes else (order[0] if order else min(errors))
+    e = errors[blamed]
+    if timed_out and not causes:
+        head = f"{what}: no result from ranks {sorted(errors)} within {timeout:g}s"
+    elif e.kind == "died":
+        head = f"{what}: {e.message}"
+    else:
+        head = f"{what}: rank {blamed} raised {e.line()}"
+    lines = [head, "", "what every rank reported:"]
+    lines += [f"  rank {r}: {errors[r].line()}" for r in sorted(errors)]
+    if e.traceback:
+        lines += ["", f"traceback of rank {blamed}:", e.traceback.rstrip()]
+    return WorkerError("\n".join(lines), blamed, errors)

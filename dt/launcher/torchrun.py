@@ -1,20 +1,19 @@
-"""The same worker code under torchrun: `launch` runs this rank's share in this process."""
+"""Under torchrun: this process joins the launched group (`init`); dt.launcher.world runs the tools on it."""
 
 from __future__ import annotations
 
 import contextlib
 import datetime
 import os
-from collections.abc import Callable
 from typing import Any
 
 import torch.distributed as dist
 
 from dt.launcher.group import init_process_group, resolve_backend
-from dt.launcher.pool import DEFAULT_TIMEOUT, run_workers
-from dt.transport import liveness, settings
+from dt.launcher.pool import DEFAULT_TIMEOUT
+from dt.transport import liveness
 
-__all__ = ["init", "launch"]
+__all__ = ["init", "under_torchrun"]
 
 
 def _attempt_store(timeout: float) -> Any:
@@ -56,15 +55,6 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
                         keep_ports=(store.port,))
 
 
-def _under_torchrun() -> bool:
+def under_torchrun() -> bool:
+    """Whether this process is a rank torchrun launched (its environment names the world)."""
     return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-
-
-def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
-           backend: str = "auto", **kwargs: Any) -> list[Any]:
-    """run_workers here, or under torchrun just this rank: [fn(*args)] with rank 0's first."""
-    if _under_torchrun():
-        init(backend, timeout)
-        settings.set_launcher_timeout(timeout)
-        return [fn(*args, **kwargs)]
-    return run_workers(fn, world_size, *args, timeout=timeout, backend=backend, **kwargs)

@@ -5,6 +5,7 @@
     dt tune [...]             measure this machine's alpha, beta, gamma (dt/tools/tune.py)
     dt model [...]            what-if calculator on the cost model (dt/tools/whatif.py)
     dt train [...]            train the small GPT on a dp x tp x pp mesh (dt/train)
+    dt cluster up|down|list   a simulated cluster: hosts as network namespaces (dt/tools/cluster.py)
     dt selftest [--gpu]       smoke test of every layer on this machine's devices
     dt judge FILE [...]       judge a collective you wrote from send/recv (dt/learn/judge)
     dt exercises [...]        list / start / hint / solution: the exercises (dt/learn/exercises)
@@ -29,6 +30,7 @@ COMMANDS = {
     "tune": "dt.tools.tune",
     "model": "dt.tools.whatif",
     "train": "dt.train",
+    "cluster": "dt.tools.cluster",
     "selftest": "dt.tools.selftest",
     "judge": "dt.learn.judge",
     "exercises": "dt.learn.exercises.command",

@@ -281,7 +281,8 @@ def _report(fig: dict[str, Any]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = args_.Parser(prog="dt tune", description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=args_.world, default=2, help="processes in the group (default 2)")
+    parser.add_argument("--world", type=args_.world, default=None,
+                        help="processes in the group (default 2; under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--reps", type=args_.at_least(1), default=20,
@@ -300,7 +301,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from dt.launcher import run_workers
+    from dt.launcher import launch, resolve_world
+
+    args.world = resolve_world(args.world, 2)
 
     if not args.no_sweep:
         print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
@@ -309,8 +312,8 @@ def main(argv: list[str] | None = None) -> int:
     wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
     if backend == "nccl":
         wires = ["torch"]  # GPU tensors stay on NCCL: no shared-memory wire to measure
-    results = run_workers(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
-                          args.max_bytes, wires, args.attempts, backend=backend, timeout=3600)
+    results = launch(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
+                     args.max_bytes, wires, args.attempts, backend=backend, timeout=3600)
     status = 0
     for wire in wires:
         # Every rank measured; the group's figures are the slowest rank's (a step
@@ -330,6 +333,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  NOT saved: the figures are too noisy ({noisy[0]}); the machine is loaded "
                   f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")
             status = 1
-        elif not args.no_save:
+        elif not args.no_save and os.environ.get("LOCAL_RANK", "0") == "0":  # once per host
             print(f"saved to {machine.save(fig)} (key {machine.key(fig)})")
     return status

@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("collective", choices=COLLECTIVES, nargs="?", default=None)
     parser.add_argument("--size", type=args_.listed(args_.size), default="1MB",
                         help="message size(s), comma-separated: 1GB,1MB")
-    parser.add_argument("--world", type=args_.world, default=8)
+    parser.add_argument("--world", type=args_.world, default=None,
+                        help="ranks (default 8; with --measured under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--bandwidth", type=args_.rate, default="100GB/s",
@@ -146,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nics", type=args_.at_least(0), default=0,
                         help="NICs a host's ranks share (default 0: one per rank)")
     args = parser.parse_args(argv)
+    if args.measured:  # timed on the launched ranks under torchrun, else on local ones
+        from dt.launcher import launch, launched_size, resolve_world
+
+        args.world = resolve_world(args.world, 8)
+        where = "local processes" if launched_size() is None else "launched ranks (torchrun)"
+    elif args.world is None:
+        args.world = 8
     sizes = list(args.size)
     if (args.hosts is None) != (args.per_host is None):
         parser.error("--hosts and --per-host go together")
@@ -202,13 +210,11 @@ def main(argv: list[str] | None = None) -> int:
                   for w, t in tables.items()}
     measured: dict[str, dict[str, dict[str, float]]] | None = None
     if args.measured:
-        from dt.launcher import run_workers
-
         algos = {w: sorted({name for rows in t.values() for name, _ in rows}) for w, t in tables.items()}
         print(f"timing {', '.join(f'{w}: ' + ','.join(a) for w, a in algos.items())} on {args.world} "
-              f"local processes (median of {args.reps}, validation off)...", flush=True)
-        measured = run_workers(_measure_worker, args.world, args.collective, algos, sizes,
-                               args.reps, timeout=1800, backend=backend)[0]
+              f"{where} (median of {args.reps}, validation off)...", flush=True)
+        measured = launch(_measure_worker, args.world, args.collective, algos, sizes,
+                          args.reps, timeout=1800, backend=backend)[0]
     for w, t in tables.items():
         for n, rows in t.items():
             if w != "model":

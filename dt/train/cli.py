@@ -15,7 +15,7 @@ from typing import Any
 
 from dt import args as args_
 from dt.device import DEVICES, backend_for
-from dt.launcher import WorkerError, launch
+from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.loop import train_worker
@@ -203,7 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerError as e:  # a worker's: one line if it was the checkpoint's
         if e.errors[e.rank].kind != "CheckpointError":
             raise
-        print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
+        if launched_rank() == 0:  # under torchrun every rank gathered the same error
+            print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
         return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))

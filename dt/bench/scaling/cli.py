@@ -22,6 +22,7 @@ from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import ALL_TABLES, TABLES
 from dt.collectives import ALGORITHMS
 from dt.device import DEVICES, backend_for
+from dt.launcher import WorldConflict, launched_rank, launched_size
 
 __all__ = ["main", "parse_args"]
 
@@ -119,7 +120,23 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     s.update_readme = a.update_readme
     if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
         s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline
+    _launched(s, a)
     return s, a
+
+
+def _launched(s: Settings, a: argparse.Namespace) -> None:
+    """Under torchrun the study measures the launched world only (its tables say which worlds they need)."""
+    launched = launched_size()
+    if launched is None:
+        return
+    if not a.worlds:
+        s.coll_worlds = (launched,)
+    other = [w for w in s.worlds_used() if w != launched]
+    if other:
+        raise WorldConflict(f"tables {','.join(map(str, s.tables))} need world sizes {s.worlds_used()}, but "
+                            f"torchrun launched {launched} ranks: choose tables and worlds of {launched} "
+                            f"only (e.g. --tables 1,2)")
+
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -149,6 +166,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue
         print("\n" + st.tables[i].markdown(), flush=True)
     out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
+    if launched_rank() != 0:  # under torchrun every rank holds the same figures: rank 0 writes them
+        return 1 if st.failures else 0
     paths = write_outputs(st, out_dir, command, elapsed)
     if s.plots:
         try:

@@ -21,7 +21,7 @@ from dt.bench.scaling.model import schedules_offered
 from dt.bench.scaling.settings import Settings
 from dt.bench.scaling.tables import Needs, Table, needs_of
 from dt.bench.scaling.workers import collectives_worker, dp_worker, pipeline_worker
-from dt.launcher import WorkerPool
+from dt.launcher import LaunchedWorld, WorkerPool, open_world
 
 __all__ = ["Study", "aggregate_dp", "aggregate_pipeline"]
 
@@ -42,7 +42,7 @@ class Study:
         self.s = settings
         self.machine = R.machine(settings.backend)
         self.cores = self.machine["cores"]
-        self.pools: dict[int, WorkerPool] = {}
+        self.pools: dict[int, WorkerPool | LaunchedWorld] = {}
         self.progress = progress
         self.bar: Any = None
         self.coll: dict[tuple[int, int], dict[str, Any]] = {}  # (world, nbytes) -> aggregated
@@ -58,9 +58,9 @@ class Study:
         self.started = time.time()
 
     # -- pools and progress ---------------------------------------------------
-    def pool(self, world: int) -> WorkerPool:
-        if world not in self.pools:
-            self.pools[world] = WorkerPool(world, self.s.backend)
+    def pool(self, world: int) -> WorkerPool | LaunchedWorld:
+        if world not in self.pools:  # under torchrun: the launched ranks (cli.py allows no other world)
+            self.pools[world] = open_world(world, self.s.backend)
         return self.pools[world]
 
     def run(self, world: int, fn: Callable[..., Any], *args: Any) -> list[Any]:

@@ -1,0 +1,125 @@
+"""The simulated cluster end to end (`dt cluster`): root, ip and tc needed, else skipped with the reason.
+
+Each test runs `dt cluster up` as a user would, marks every process it starts
+with an environment variable, and checks afterwards that nothing of the job is
+left: no namespace, no link, no process, no /dev/shm segment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from dt.launcher.cluster import ClusterError, check_tools
+from tests.shm_checks import dt_segments
+
+try:
+    check_tools()
+    MISSING = ""
+except ClusterError as exc:
+    MISSING = str(exc)
+
+pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = str(ROOT / "tests" / "cluster_script.py")
+
+
+def _up(args: list[str], cmd: list[str], marker: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DT_CLUSTER_TEST": marker}
+    return subprocess.Popen([sys.executable, "-m", "dt", "cluster", "up", *args, "--", *cmd], env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kw)
+
+
+def _marked(marker: str) -> list[int]:
+    """Processes that carry the test's marker in their environment (every one the run started)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and int(pid) != os.getpid():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    if f"DT_CLUSTER_TEST={marker}".encode() in f.read():
+                        found.append(int(pid))
+            except OSError:
+                pass
+    return found
+
+
+def _job(stderr: str) -> str:
+    m = re.search(r"job ([0-9a-f]{6})", stderr)
+    assert m, f"no job id in: {stderr}"
+    return m.group(1)
+
+
+def _assert_nothing_left(job: str, marker: str, shm_before: set[str]) -> None:
+    time.sleep(0.5)  # a namespace's own end of a veth goes asynchronously
+    netns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    assert f"dtc-{job}-" not in netns, netns
+    assert not re.search(rf"dtb?{job}", links), links
+    assert not os.path.exists(f"/run/dt-cluster/{job}")
+    assert _marked(marker) == [], "processes of the run are still alive"
+    assert dt_segments() - shm_before == set(), "shared-memory segments left in /dev/shm"
+
+
+@pytest.mark.timeout(90)
+def test_two_hosts_see_their_topology_and_reduce_like_torch():
+    marker, before = uuid.uuid4().hex, dt_segments()
+    p = _up(["--hosts", "2", "--per-host", "2", "--link", "1Gbit"], ["python", SCRIPT, "2", "2"], marker)
+    out, err = p.communicate(timeout=80)
+    assert p.returncode == 0, out + err
+    ok = sorted(line for line in out.splitlines() if "cluster-ok" in line)
+    assert len(ok) == 4, out + err
+    for r in range(4):
+        assert f"[h{r // 2}] cluster-ok rank {r} hosts [0, 0, 1, 1]" in ok, ok
+    _assert_nothing_left(_job(err), marker, before)
+
+
+@pytest.mark.timeout(90)
+def test_a_failing_host_ends_the_run_and_everything_goes():
+    # host 1 fails at once, host 0 would sleep a minute: the run ends after the grace, status 1
+    marker, before = uuid.uuid4().hex, dt_segments()
+    cmd = ["python", "-c", "import os, sys, time; g = os.environ['GROUP_RANK']; "
+           "sys.exit(3) if g == '1' else time.sleep(60)"]
+    p = _up(["--hosts", "2", "--per-host", "1"], cmd, marker)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode != 0, out + err
+    _assert_nothing_left(_job(err), marker, before)
+
+
+@pytest.mark.timeout(90)
+def test_sigterm_and_a_killed_runner_leave_nothing():
+    marker, before = uuid.uuid4().hex, dt_segments()
+    cmd = ["python", "-u", "-c", "import time; print('up', flush=True); time.sleep(60)"]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        p = _up(["--hosts", "2", "--per-host", "1"], cmd, marker)
+        line = p.stdout.readline()  # the first host's "up": every namespace exists by then
+        assert "up" in line, line
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=30)
+        job = _job(err)
+        if sig == signal.SIGTERM:
+            assert p.returncode == 128 + signal.SIGTERM, err
+        else:  # the runner had no chance to clean up: `dt cluster down` finds the stale job
+            listed = subprocess.run([sys.executable, "-m", "dt", "cluster", "list"], capture_output=True,
+                                    text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert f"{job}  stale" in listed.stdout, listed.stdout + listed.stderr
+            down = subprocess.run([sys.executable, "-m", "dt", "cluster", "down"], capture_output=True,
+                                  text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+            assert down.returncode == 0 and job in down.stdout, down.stdout + down.stderr
+        _assert_nothing_left(job, marker, before)
+
+
+def test_refusals_are_one_line():
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    bad = subprocess.run([sys.executable, "-m", "dt", "cluster", "up", "--link", "fast", "--", "true"],
+                         capture_output=True, text=True, cwd=ROOT, env=env)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
