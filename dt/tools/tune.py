@@ -35,9 +35,15 @@ longer than a larger one (a loaded machine once saved alpha = 4.2 ms while a
 1 MB exchange took 0.58 ms). A curve that fails is measured again, up to
 --attempts times; if it still fails, nothing is saved (--force saves anyway).
 
+Across hosts (a group spanning hosts, e.g. under torchrun on two machines)
+each link level is also timed on its own pair, two ranks of one host and two
+of two hosts (dt/tools/tune_levels.py), and saved with the figures as
+"levels": {"intra": {alpha, beta}, "inter": {alpha, beta}}, what the
+two-level model (dt.cost.levels) and `auto` across hosts price with.
+
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
-keyed by backend and world size, where algorithm="auto" and `dt model
+keyed by backend and world size (by topology, "gloo:2x2", across hosts), where algorithm="auto" and `dt model
 --measured` find them.
 """
 
@@ -254,7 +260,12 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
             sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
             fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
         fig["wire"] = "shm" if shared else "torch"
-        fig["topology"] = topology_of(resolve_group(g)).shape()  # figures are keyed by it across hosts
+        topology = topology_of(resolve_group(g))
+        fig["topology"] = topology.shape()  # figures are keyed by it across hosts
+        if topology.host_count > 1:  # each level on its own pair (dt/tools/tune_levels.py)
+            from dt.tools.tune_levels import measure_levels
+
+            fig["levels"] = measure_levels(g, reps, attempts)
         out[wire] = fig
     return out
 
@@ -272,6 +283,10 @@ def _report(fig: dict[str, Any]) -> None:
         print(f"  sync (one shared-memory synchronisation) {fig['sync'] * 1e6:9.1f} us")
         print(f"  mem  (memcpy, every rank at once)        {fig['mem'] * 1e9:9.3f} ns/byte  "
               f"({1 / fig['mem'] / 1e9 if fig['mem'] else float('inf'):.2f} GB/s)")
+    for level, lv in fig.get("levels", {}).items():
+        print(f"  {level:<5} pair {lv['pair'][0]}-{lv['pair'][1]} ({lv['wire']} wire): alpha "
+              f"{lv['alpha'] * 1e6:.1f} us, beta {lv['beta'] * 1e9:.3f} ns/byte "
+              f"({1 / lv['beta'] / 1e9 if lv['beta'] else float('inf'):.2f} GB/s)")
     print("  exchange step times: " + ", ".join(
         f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
     for collective, rows in fig.get("winners", {}).items():
@@ -323,12 +338,16 @@ def main(argv: list[str] | None = None) -> int:
             if key in fig:
                 fig[key] = max(res[wire][key] for res in results)
         fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+        if "levels" in fig:  # across hosts: each level's pair, the slower end of each
+            from dt.tools.tune_levels import combine
+
+            fig["levels"] = combine([res[wire].get("levels", {}) for res in results])
         fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
                    load=os.getloadavg()[0],
                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         _report(fig)
         noisy = [why for res in results for why in (res[wire].get("noisy"), res[wire].get("noisy_mem"))
-                 if why]
+                 if why] + [lv["noisy"] for lv in fig.get("levels", {}).values() if lv["noisy"]]
         if noisy and not args.force:
             print(f"  NOT saved: the figures are too noisy ({noisy[0]}); the machine is loaded "
                   f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")
