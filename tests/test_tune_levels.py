@@ -32,15 +32,20 @@ def test_level_pairs():
 
 
 def _marked(hosts: list[int], fn, *args):
-    saved = os.environ.get("DT_HOST")
+    """fn(*args) with this rank marked as host hosts[rank] and an empty tune cache."""
+    saved = {k: os.environ.get(k) for k in ("DT_HOST", "XDG_CACHE_HOME")}
     os.environ["DT_HOST"] = f"host{hosts[dist.get_rank()]}"
+    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dt-tune-")  # never the user's figures
+    machine.forget()
     try:
         return fn(*args)
     finally:
-        if saved is None:
-            os.environ.pop("DT_HOST", None)
-        else:
-            os.environ["DT_HOST"] = saved
+        machine.forget()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _tune(hosts: list[int]) -> dict:
@@ -116,3 +121,33 @@ def test_without_pairs_the_whole_group_prices_the_link_between_hosts(run):
     res = run(4, _agreed, [0, 0, 1, 1], [_entry("gloo", 1e-3, None)], timeout=150)
     assert all(r["inter"] == [1e-3, 1e-9] for r in res)
     assert all("pairs" not in r["source"] for r in res)
+
+
+def _model_measured(hosts: list[int]) -> dict:
+    from dt.tools import whatif_hosts
+
+    return _marked(hosts, whatif_hosts.measure_worker, "all_reduce", [4096, 1 << 16], 2, ["shm", "torch"])
+
+
+@pytest.mark.timeout(200)
+def test_model_measured_across_hosts_prints_both_columns(run, capsys):
+    from dt.tools import whatif_hosts
+
+    res = run(4, _model_measured, [0, 0, 1, 1], timeout=150)
+    assert res[0]["shm"]["hosts"] == [0, 0, 1, 1]
+    whatif_hosts.print_measured("all_reduce", [4096, 1 << 16], res)
+    out = capsys.readouterr().out
+    assert out.count("all_reduce, 65.5 KB, 2 hosts, 4 ranks") == 2  # both wires
+    for algo in ("hierarchical", "rabenseifner", "recursive_doubling", "ring", "naive"):
+        assert out.count(f"  {algo}") + out.count(f"  {algo} *") >= 4, out
+    assert "meas/pred" in out and "no `dt tune` figures" in out  # defaults, said so
+
+
+def _one_host(hosts: list[int]) -> dict:
+    from dt.tools import whatif_hosts
+
+    return _marked(hosts, whatif_hosts.measure_worker, "all_reduce", [4096], 1, ["shm"])
+
+
+def test_model_measured_on_one_host_is_the_flat_table(run):
+    assert run(2, _one_host, [0, 0]) == [{"shm": None}, {"shm": None}]
