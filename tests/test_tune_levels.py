@@ -57,6 +57,8 @@ def test_tune_times_each_level_on_its_pair(run):
     res = run(4, _tune, [0, 0, 1, 1], timeout=200)
     shm = combine([r["shm"]["levels"] for r in res])
     assert res[0]["shm"]["topology"] == "2x2"
+    # filed apart ("shm:2x2", "gloo:2x2"): the group with shared memory inside each host is the shm wire's
+    assert (res[0]["shm"]["wire"], res[0]["torch"]["wire"]) == ("shm", "torch")
     assert shm["intra"]["pair"] == [0, 1] and shm["intra"]["wire"] == "shm"
     assert shm["inter"]["pair"] == [0, 2] and shm["inter"]["wire"] == "torch"
     assert [sorted(r["shm"]["levels"]) for r in res] == [["inter", "intra"], ["intra"], ["inter"], []]

@@ -259,7 +259,8 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
         if sweep:
             sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
             fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
-        fig["wire"] = "shm" if shared else "torch"
+        wires = resolve_group(g).links.wires or ()  # across hosts: shm inside each, no shared board
+        fig["wire"] = "shm" if shared or any(w.name == "shm" for w in wires) else "torch"
         topology = topology_of(resolve_group(g))
         fig["topology"] = topology.shape()  # figures are keyed by it across hosts
         if topology.host_count > 1:  # each level on its own pair (dt/tools/tune_levels.py)
