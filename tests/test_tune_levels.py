@@ -16,6 +16,7 @@ import torch.distributed as dist
 from dt import hosts as H
 from dt import transport
 from dt.cost import machine
+from dt.cost.levels import nics_from
 from dt.tools import tune
 from dt.tools.tune_levels import combine
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
@@ -29,6 +30,16 @@ def test_level_pairs():
     assert H.level_pairs((0, 1)) == {"inter": (0, 1)}
     assert H.level_pairs((0, 0, 0)) == {"intra": (0, 1)}
     assert H.level_pairs((0,)) == {}
+    assert H.rail_pairs((0, 0, 1, 1)) == [(0, 2), (1, 3)]
+    assert H.rail_pairs((0, 0, 0, 1)) == [(0, 3)]
+    assert H.rail_pairs((0, 0)) == []
+
+
+def test_nics_from_the_rails_slowdown():
+    assert nics_from(8e-9, 16e-9, 2) == 1  # two ranks through one NIC: each at half the rate
+    assert nics_from(8e-9, 8.3e-9, 2) == 0  # no slowdown: one NIC per rank
+    assert nics_from(8e-9, 16e-9, 4) == 2
+    assert nics_from(8e-9, 0.0, 2) == 0 and nics_from(8e-9, 16e-9, 1) == 0
 
 
 def _marked(hosts: list[int], fn, *args):
@@ -61,7 +72,9 @@ def test_tune_times_each_level_on_its_pair(run):
     assert (res[0]["shm"]["wire"], res[0]["torch"]["wire"]) == ("shm", "torch")
     assert shm["intra"]["pair"] == [0, 1] and shm["intra"]["wire"] == "shm"
     assert shm["inter"]["pair"] == [0, 2] and shm["inter"]["wire"] == "torch"
-    assert [sorted(r["shm"]["levels"]) for r in res] == [["inter", "intra"], ["intra"], ["inter"], []]
+    assert [sorted(r["shm"]["levels"]) for r in res] == [["inter", "intra", "rails"], ["intra", "rails"],
+                                                         ["inter", "rails"], ["rails"]]
+    assert shm["rails"]["pairs"] == 2 and shm["rails"]["wire"] == "torch"
     torch_wire = combine([r["torch"]["levels"] for r in res])
     assert torch_wire["intra"]["wire"] == "torch"  # the torch-only group: loopback inside a host
     for lv in (*shm.values(), *torch_wire.values()):
@@ -81,7 +94,7 @@ def _agreed(hosts: list[int], entries: list[dict]) -> dict:
             machine.save(e)
         view = transport.resolve_group(marked_group(hosts))
         lv = view.links.agreed.levels
-        return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma],
+        return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
                 "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
     finally:
         path = os.path.join(os.environ["XDG_CACHE_HOME"], "dt", "tune.json")
@@ -110,12 +123,12 @@ def _entry(backend: str, alpha: float, levels: dict | None) -> dict:
 def test_auto_prices_with_the_pairs_figures(run):
     levels = {"intra": {"alpha": 7e-6, "beta": 2e-10}, "inter": {"alpha": 3e-4, "beta": 8e-9}}
     # rank 0's file only: the group talks over shared memory inside a host, so the "shm" entry's pairs
-    entries = [_entry("gloo", 1e-3, None), _entry("shm", 2e-3, levels)]
+    entries = [_entry("gloo", 1e-3, None), dict(_entry("shm", 2e-3, levels), nics=1)]
     res = run(4, _agreed_rank0, [0, 0, 1, 1], entries, timeout=150)
     for r in res:
         assert r["intra"] == [7e-6, 2e-10, 3e-10]
         assert r["inter"] == [3e-4, 8e-9]
-        assert "timed on their own pairs" in r["source"]
+        assert "timed on their own pairs" in r["source"] and r["nics"] == 1
 
 
 @pytest.mark.timeout(200)

@@ -84,7 +84,7 @@ def local_figures(g: Group) -> dict[str, Any]:
         source = (f"rank {g.ranks[0]}'s dt tune ({paired['backend']}, {shape}), "
                   f"{' and '.join(sorted(pairs))} timed on their own pairs")
     return {"inter": row, "intra": intra_row,
-            "nics": int(inter.get("nics", 0)) if inter else 0,
+            "nics": int(paired.get("nics", 0)),
             "winners": inter.get("winners", {}) if inter else {},
             "source": source, "note": note}
 

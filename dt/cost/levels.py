@@ -40,7 +40,7 @@ from dt.cost.machine import Machine
 from dt.hosts import members, phases
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, ring_received, split_sizes
 
-__all__ = ["LEVELED", "Levels", "TwoLevelEstimate", "level_bytes", "schedule", "two_level"]
+__all__ = ["LEVELED", "Levels", "nics_from", "TwoLevelEstimate", "level_bytes", "schedule", "two_level"]
 
 Message = tuple[int, int, int]  # (sender, receiver, bytes): group ranks
 Step = tuple[list[Message], bool]  # the step's messages; whether it reduces what it receives
@@ -60,6 +60,16 @@ class Levels:
     intra: Machine
     inter: Machine
     nics: int = 0
+
+
+def nics_from(beta_pair: float, beta_rails: float, per_host: int) -> int:
+    """NICs a host's ranks share, from one pair's beta and each rank's beta when all `per_host`
+    rails send at once: per_host ranks through n NICs see beta_pair * per_host / n each.
+    0 means one per rank (nothing shared), as Levels.nics counts."""
+    if beta_rails <= 0 or beta_pair <= 0 or per_host < 2:
+        return 0
+    n = max(1, min(per_host, round(per_host * beta_pair / beta_rails)))
+    return 0 if n == per_host else n
 
 
 def _ring(ms: tuple[int, ...], chunks: list[int], itemsize: int, first: int, laps: int,

@@ -288,6 +288,8 @@ def _report(fig: dict[str, Any]) -> None:
         print(f"  {level:<5} pair {lv['pair'][0]}-{lv['pair'][1]} ({lv['wire']} wire): alpha "
               f"{lv['alpha'] * 1e6:.1f} us, beta {lv['beta'] * 1e9:.3f} ns/byte "
               f"({1 / lv['beta'] / 1e9 if lv['beta'] else float('inf'):.2f} GB/s)")
+    if "nics" in fig:
+        print(f"  NICs a host's ranks share: {fig['nics'] or 'one per rank'} (every rail at once)")
     print("  exchange step times: " + ", ".join(
         f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
     for collective, rows in fig.get("winners", {}).items():
@@ -340,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
                 fig[key] = max(res[wire][key] for res in results)
         fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
         if "levels" in fig:  # across hosts: each level's pair, the slower end of each
+            from dt.cost.levels import nics_from
             from dt.tools.tune_levels import combine
 
             fig["levels"] = combine([res[wire].get("levels", {}) for res in results])
+            rails, inter = fig["levels"].get("rails"), fig["levels"].get("inter")
+            if rails and inter:  # a host's ranks sharing NICs see a slower beta when all send
+                fig["nics"] = nics_from(inter["beta"], rails["beta"], rails["pairs"])
         fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
                    load=os.getloadavg()[0],
                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))

@@ -9,14 +9,15 @@ ranks idle:
 
 - intra: the first two ranks of one host, over the wire they use there
   (the shared-memory wire where the group has it);
-- inter: the first rank of host 0 and of host 1, over the torch wire.
+- inter: the first rank of host 0 and of host 1, over the torch wire;
+- rails: every rank of host 0 with the rank of the same local index on
+  host 1, all at once: if the host's ranks share its NICs each sees a
+  slower beta (dt.cost.levels.nics_from turns the two into `nics`).
 
 Each pair exchanges n bytes both ways at once (one step of a ring or a
 doubling algorithm, as the whole-group curve does) at EXCHANGE_SIZES; the
 smallest gives alpha, the slope from 256 KiB up gives beta. The curves are
 held to the same noise rule as every `dt tune` curve (time grows with size).
-One pair per level: a single link, so --nics (a host's ranks sharing NICs)
-is not measured here.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 from dt.bench.harness import slope
-from dt.hosts import level_pairs
+from dt.hosts import level_pairs, rail_pairs
 from dt.tools.tune import EXCHANGE_SIZES, _median_time, _steady_curve
 
 __all__ = ["combine", "measure_levels"]
@@ -40,8 +41,12 @@ def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
     comm = Comm(g, "tune", "level pair")
     hosts = tuple(topology_of(g).hosts)
     out: dict[str, Any] = {}
-    for level, (a, b) in sorted(level_pairs(hosts).items()):
-        peer = b if g.rank == a else a if g.rank == b else None
+    rails = rail_pairs(hosts)
+    runs = {level: [pair] for level, pair in level_pairs(hosts).items()}
+    if len(rails) > 1:  # every rank of host 0 with its peer on host 1 at once: do they share a NIC?
+        runs["rails"] = rails
+    for level, pairs in sorted(runs.items()):
+        peer = next((b if g.rank == a else a for a, b in pairs if g.rank in (a, b)), None)
 
         def curve(peer: int | None = peer) -> dict[int, float]:
             points: dict[int, float] = {}
@@ -63,7 +68,7 @@ def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
         wire = g.wire_for(peer, "cpu").name
         out[level] = {"alpha": points[min(points)], "beta": slope({k: v for k, v in points.items()
                                                                    if k >= 1 << 18}),
-                      "pair": [g.ranks[a], g.ranks[b]], "wire": wire, "noisy": why,
+                      "pair": [g.ranks[q] for q in pairs[0]], "wire": wire, "noisy": why, "pairs": len(pairs),
                       "exchange": {str(k): v for k, v in points.items()}}
     return out
 
