@@ -59,18 +59,15 @@ from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
     Case,
-    barrier,
     reduction_seconds_per_byte,
     slope,
     time_calls,
 )
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
+from dt.tools.tune_curves import EXCHANGE_SIZES, median_time, steady_curve, unsteady
 
 __all__ = ["main", "measure", "measure_shared", "measure_winners", "unsteady"]
-
-EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
-
 
 def _size(nbytes: int) -> str:
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -82,46 +79,6 @@ def _size(nbytes: int) -> str:
 # ---------------------------------------------------------------------------
 # The micro-benchmarks (run on every rank).
 # ---------------------------------------------------------------------------
-
-
-def _median_time(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def unsteady(points: dict[int, float], tolerance: float = 0.25) -> str | None:
-    """Why a (bytes -> seconds) curve is too noisy to fit, or None: time must grow with size."""
-    xs = sorted(points)
-    for a, b in zip(xs, xs[1:]):
-        if points[b] < (1 - tolerance) * points[a]:
-            return (f"{b:,} B took {points[b] * 1e6:.0f} us, less than {a:,} B's "
-                    f"{points[a] * 1e6:.0f} us")
-    return None
-
-
-def _steady_curve(measure_once: Any, attempts: int) -> tuple[dict[int, float], str | None]:
-    """Measure a curve until it is steady (every rank agrees: the worst rank's verdict)."""
-    import torch
-
-    import dt
-
-    why = None
-    for _ in range(attempts):
-        points = measure_once()
-        why = unsteady(points)
-        bad = torch.tensor([1.0 if why else 0.0])
-        dt.all_reduce(bad, op=dt.ReduceOp.MAX, algorithm="naive")
-        if not bad.item():
-            return points, None
-        why = why or "another rank's curve was noisy"
-    return points, why
 
 
 def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, Any]:
@@ -147,7 +104,7 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, A
             comm.recv(one, 0)
             comm.send(one, 0)
 
-    out["pingpong_one_way"] = _median_time(pingpong, reps) / 2 if p > 1 else 0.0
+    out["pingpong_one_way"] = median_time(pingpong, reps) / 2 if p > 1 else 0.0
 
     # ring exchange: one step of a ring, every rank sending and receiving at once
     def exchange_curve() -> dict[int, float]:
@@ -160,10 +117,10 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, A
                 comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
 
             fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
-            points[send.numel() * 4] = _median_time(step, fewer) if p > 1 else 0.0
+            points[send.numel() * 4] = median_time(step, fewer) if p > 1 else 0.0
         return points
 
-    exchange, out["noisy"] = _steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
+    exchange, out["noisy"] = steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
     out["exchange"] = {str(k): v for k, v in exchange.items()}
     small = min(exchange)
     out["alpha"] = exchange[small]
@@ -185,17 +142,17 @@ def measure_shared(reps: int, group: Any, attempts: int = 3) -> dict[str, Any]:
 
     import dt
 
-    out: dict[str, Any] = {"sync": _median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
+    out: dict[str, Any] = {"sync": median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
                                                 reps)}
 
     def memcpy_curve() -> dict[int, float]:
         points = {}
         for nbytes in MEMCPY_SIZES:
             src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
-            points[nbytes] = _median_time(lambda s=src, d=dst: d.copy_(s), max(5, reps // 2))
+            points[nbytes] = median_time(lambda s=src, d=dst: d.copy_(s), max(5, reps // 2))
         return points
 
-    curve, why = _steady_curve(memcpy_curve, attempts)
+    curve, why = steady_curve(memcpy_curve, attempts)
     out["memcpy"] = {str(k): v for k, v in curve.items()}
     out["mem"] = slope(curve)
     out["noisy_mem"] = why

@@ -26,7 +26,7 @@ from typing import Any
 
 from dt.bench.harness import slope
 from dt.hosts import level_pairs, rail_pairs
-from dt.tools.tune import EXCHANGE_SIZES, _median_time, _steady_curve
+from dt.tools.tune_curves import EXCHANGE_SIZES, median_time, steady_curve
 
 __all__ = ["combine", "measure_levels"]
 
@@ -59,10 +59,10 @@ def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
                         comm.exchange(send, peer, recv, peer)
 
                 fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)
-                points[send.numel() * 4] = _median_time(step, fewer)
+                points[send.numel() * 4] = median_time(step, fewer)
             return points if peer is not None else {}
 
-        points, why = _steady_curve(curve, attempts)  # every rank takes part (the verdict is shared)
+        points, why = steady_curve(curve, attempts)  # every rank takes part (the verdict is shared)
         if peer is None:
             continue
         wire = g.wire_for(peer, "cpu").name
