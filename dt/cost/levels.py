@@ -26,7 +26,9 @@ Textbook figures it reproduces, H hosts of G ranks (p = HG), n bytes:
 - hierarchical all-reduce: 2(G-1)/G n per rank inside the host, 2(H-1)/H n/G
   per rank across (every NIC busy), 2(H-1)/H n leaving each host;
 - Rabenseifner over host-contiguous ranks: its first, largest halving step
-  (n/2 per rank) pairs r with r xor p/2: across hosts.
+  (n/2 per rank) would pair r with r xor p/2, across hosts; on a group
+  spanning hosts the partner order is reversed (dt.layout.Fold), so that
+  step pairs r with r xor 1 inside a host and only the n/p step crosses.
 
 The memory term of shared memory (Machine.mem, sync) prices the load/store
 algorithms, which need a group on one host; across hosts none is a candidate.
@@ -160,6 +162,8 @@ def schedule(collective: str, algorithm: str, numels: int | list[int], itemsize:
     fold = Fold(p, 0)
     virtual = [fold.real(v) for v in range(fold.p2)]
     if collective == "all_reduce" and algorithm in ("recursive_doubling", "rabenseifner"):
+        spans = len(set(hosts)) > 1  # partner order reversed across hosts, as the collectives run it
+        virtual = [Fold(p, 0, spans).real(v) for v in range(fold.p2)]
         nb = n * itemsize
         fin, fout = _fold_steps(p, [nb] * p, nb, True)
         if algorithm == "recursive_doubling":
