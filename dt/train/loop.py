@@ -91,7 +91,6 @@ def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] |
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     data = CharData(seed=args.seed)
     model, optimizer = make_model(args, data.vocab_size)
-    placement = _placement(args, model)
     m = model.mesh
     start, loaded = 0, None
     if args.checkpoint:
@@ -133,6 +132,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpoint and start < args.steps:
         save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
     steps = args.steps - start
+    placement = _placement(args, model)  # after the loop: the world group is connected only now
     times = dict(model.times)
     times["compute"] += t_opt
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
