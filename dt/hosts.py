@@ -13,6 +13,8 @@ are the transport's.
                  once per lap (NCCL orders its rings so)
 - rail           the ranks with the same local index on every host (rail-optimised networks:
                  GPU i of every host on one switch)
+- level_pairs    the two pairs `dt tune` times the levels on (two ranks of a host; of two hosts)
+- rail_pairs     host 0's and host 1's ranks paired by local index (every NIC busy at once)
 - crossings      how many of a ring's hops go from one host to another
 - pieces, owned  how a hierarchical all-reduce cuts its buffer: S = the largest host's rank
                  count pieces; on a host of G ranks local rank i owns the i-th of G contiguous
@@ -34,7 +36,8 @@ from dataclasses import dataclass
 from dt.layout import edges, split_sizes
 
 __all__ = ["Delivery", "Phase", "Run", "collected_by", "crossings", "delivery", "host_order",
-           "local_index", "members", "owned", "phases", "pieces", "rail", "runs", "uniform"]
+           "level_pairs", "local_index", "members", "owned", "phases", "pieces", "rail", "rail_pairs",
+           "runs", "uniform"]
 
 
 def members(hosts: tuple[int, ...]) -> list[tuple[int, ...]]:
@@ -58,6 +61,25 @@ def host_order(hosts: tuple[int, ...]) -> tuple[int, ...]:
 def rail(hosts: tuple[int, ...], index: int) -> tuple[int, ...]:
     """Rank with local index `index` on each host that has one, in host order."""
     return tuple(m[index] for m in members(hosts) if len(m) > index)
+
+
+def level_pairs(hosts: tuple[int, ...]) -> dict[str, tuple[int, int]]:
+    """The pairs `dt tune` times each level on: "intra", the first two ranks of the first host with
+    two; "inter", the first rank of host 0 and of host 1. A level the group lacks has no pair."""
+    ms = members(hosts)
+    out = {}
+    shared = [m for m in ms if len(m) > 1]
+    if shared:
+        out["intra"] = (shared[0][0], shared[0][1])
+    if len(ms) > 1:
+        out["inter"] = (ms[0][0], ms[1][0])
+    return out
+
+
+def rail_pairs(hosts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Local rank i of host 0 with local rank i of host 1, for every i both have: every NIC busy."""
+    ms = members(hosts)
+    return list(zip(ms[0], ms[1])) if len(ms) > 1 else []
 
 
 def uniform(hosts: tuple[int, ...]) -> bool:

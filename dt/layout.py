@@ -30,6 +30,7 @@ from dataclasses import dataclass
 __all__ = [
     "Block",
     "Fold",
+    "bit_reverse",
     "SequenceLayout",
     "Step",
     "ceil_log2",
@@ -101,6 +102,11 @@ def ceil_log2(p: int) -> int:
 # ---------------------------------------------------------------------------
 
 
+def bit_reverse(v: int, bits: int) -> int:
+    """v's lowest `bits` bits in reverse order: bit_reverse(1, 3) = 4."""
+    return int(format(v, f"0{bits}b")[::-1], 2) if bits else 0
+
+
 class Fold:
     """p ranks folded onto p' = 2^floor(lg p) virtual ranks, as every rank computes it alike.
 
@@ -110,21 +116,33 @@ class Fold:
     That costs two extra steps (fold in, fold out) and about 2n bytes.
     """
 
-    def __init__(self, p: int, rank: int):
+    def __init__(self, p: int, rank: int, reverse: bool = False):
         self.p = p
         self.p2 = 1 << (p.bit_length() - 1)  # largest power of two <= p
         self.extra = p - self.p2
         self.rank = rank
+        self.rounds = self.p2.bit_length() - 1  # lg p'
+        self.reverse = reverse
         if rank < 2 * self.extra:
             self.vrank: int | None = rank // 2 if rank % 2 else None
             self.partner = rank + 1 if rank % 2 == 0 else rank - 1
         else:
             self.vrank = rank - self.extra
             self.partner = -1
-        self.rounds = self.p2.bit_length() - 1  # lg p'
+        if reverse and self.vrank is not None:
+            self.vrank = bit_reverse(self.vrank, self.rounds)
 
     def real(self, v: int) -> int:
-        """The original rank that plays virtual rank v."""
+        """The original rank that plays virtual rank v.
+
+        reverse (the all-reduces on a group spanning hosts): virtual ranks are
+        the bit-reversed ones, so the first, largest halving step (distance p'/2
+        in v) pairs neighbouring ranks, inside a host when each host's ranks are
+        contiguous, and the last, smallest one crosses hosts. Any relabelling is
+        correct for an all-reduce: every rank ends with the whole buffer.
+        """
+        if self.reverse:
+            v = bit_reverse(v, self.rounds)
         return 2 * v + 1 if v < self.extra else v + self.extra
 
     def lo(self, v: int) -> int:

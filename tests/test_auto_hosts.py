@@ -38,9 +38,9 @@ def _decide(hosts: list[int], files: bool) -> dict:
     machine.forget()
     try:
         shape = f"2x{p // 2}"
-        if files:  # rank 0: a slow, high-latency link between hosts; the others: a fast one
+        if files:  # rank 0: a slow, high-latency link between hosts; the others: a wide one, 50 ms a step
             slow = r == 0
-            for e in (_entry("gloo", p, shape, 5e-3 if slow else 1e-6, 1e-8 if slow else 1e-11),
+            for e in (_entry("gloo", p, shape, 5e-3 if slow else 5e-2, 1e-8 if slow else 1e-12),
                       _entry("gloo", p, f"1x{p}", 1e-6, 1e-11)):  # a loopback figure, never used across
                 machine.save(e)
         dt.set_validation(False)
@@ -77,10 +77,10 @@ def test_every_rank_decides_with_rank_0s_figures(run):
     assert all(r["inter"] == [5e-3, 1e-8] for r in res)  # rank 0's figures for 2x2
     assert res[1]["mine"] != res[0]["mine"]  # the files did differ
     assert all(r["note"] == "" for r in res)
-    # rank 0's slow link makes the hierarchical all-reduce win at 1 MB; the others' fast one
-    # would have picked Rabenseifner there (dt.cost.levels with their figures)
-    fast = cost.Levels(machine.DEFAULT_SHM_MACHINE, cost.Machine(1e-6, 1e-11, 0.1e-9))
-    assert auto.best_two_level("all_reduce", 1 << 20, (0, 0, 1, 1), fast) == "rabenseifner"
+    # rank 0's slow link makes the hierarchical all-reduce win at 1 MB; the others' wide,
+    # high-latency one would have picked recursive doubling there (fewest steps, dt.cost.levels)
+    wide = cost.Levels(machine.DEFAULT_SHM_MACHINE, cost.Machine(5e-2, 1e-12, 0.1e-9))
+    assert auto.best_two_level("all_reduce", 1 << 20, (0, 0, 1, 1), wide) == "recursive_doubling"
     assert res[0]["picks"]["all_reduce:1048576"] == "hierarchical"
 
 

@@ -59,10 +59,14 @@ def test_one_host_is_the_flat_ring():
     assert two_level("all_reduce", "hierarchical", 1000, 4, hosts, CLUSTER).total == pytest.approx(flat.total)
 
 
-def test_rabenseifner_first_halving_crosses_hosts():
+def test_rabenseifner_first_halving_stays_inside_a_host():
     hosts = _hosts(2, 2)
-    first = schedule("all_reduce", "rabenseifner", 1000, 4, hosts)[0][0]
-    assert all(hosts[a] != hosts[b] for a, b, _ in first)  # 0-2, 1-3: the measurement
+    steps = schedule("all_reduce", "rabenseifner", 1000, 4, hosts)
+    # the partner order reversed across hosts: 0-1, 2-3 first (n/2), not 0-2, 1-3 (the measurement)
+    assert all(hosts[a] == hosts[b] and nb == 2000 for a, b, nb in steps[0][0])
+    assert all(hosts[a] != hosts[b] and nb == 1000 for a, b, nb in steps[1][0])
+    flat = schedule("all_reduce", "rabenseifner", 1000, 4, (0, 0, 0, 0))[0][0]
+    assert sorted((a, b) for a, b, _ in flat)[:2] == [(0, 2), (1, 3)]  # one host: the usual order
 
 
 def test_shared_nic_slows_what_leaves_the_host():
@@ -81,7 +85,11 @@ def test_dt_model_two_levels(capsys):
                         "50GB/s,10us", "--size", "1GB", "all_reduce"]) == 0
     out = capsys.readouterr().out
     line = next(s for s in out.splitlines() if s.strip().startswith("hierarchical"))
-    assert "*" in line and "125 MB" in line and "1.75 GB" in line  # 2(H-1)/H n/G across, 2(G-1)/G n inside
+    assert "125 MB" in line and "1.75 GB" in line  # 2(H-1)/H n/G across, 2(G-1)/G n inside
+    # Rabenseifner, partner order reversed across hosts, halves inside the host first: the same bytes
+    # across, in 8 steps, not 16 (its first step would otherwise send n/2 across)
+    raben = next(s for s in out.splitlines() if s.strip().startswith("rabenseifner"))
+    assert "*" in raben and "125 MB" in raben and "1.75 GB" in raben
     ring = next(s for s in out.splitlines() if s.strip().startswith("ring"))
     assert ring.endswith("1.88 GB")  # 2(p-1)/p n leaves each host through its boundary rank
     with pytest.raises(SystemExit):

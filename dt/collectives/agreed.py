@@ -14,9 +14,11 @@ What rank 0 sends: the inter-host figures `dt tune` saved for this
 topology ("gloo:2x2", dt.cost.machine.key), else the defaults, with a note
 saying so (a one-host, loopback figure is never used across hosts); the
 intra-host figures for a host of G ranks (the shared-memory wire's where the
-group has it); the NICs a host's ranks share; the measured winners of that
-topology. Cost: one message of a few hundred bytes, plus its length, from
-rank 0 to each other rank, once per group.
+group has it); where `dt tune` timed each level on its own pair across these
+hosts, those pairs' alpha and beta instead (dt/tools/tune_levels.py); the
+NICs a host's ranks share; the measured winners of that topology. Cost: one
+message of a few hundred bytes, plus its length, from rank 0 to each other
+rank, once per group.
 """
 
 from __future__ import annotations
@@ -51,7 +53,13 @@ def _machine(row: list[float], source: str) -> Machine:
 
 
 def local_figures(g: Group) -> dict[str, Any]:
-    """This rank's figures for the group, as rank 0 sends them (a JSON-able dict)."""
+    """This rank's figures for the group, as rank 0 sends them (a JSON-able dict).
+
+    Where `dt tune` timed each level on its own pair on this topology ("levels":
+    dt/tools/tune_levels.py, under the wire the group talks on inside a host), those
+    alpha and beta price the levels; else the whole group's exchange prices the link
+    between hosts and a one-host figure the link inside one.
+    """
     topo = topology_of(g)
     shape = topo.shape()
     inter = figures(g.backend, g.size, shape)
@@ -63,11 +71,22 @@ def local_figures(g: Group) -> dict[str, Any]:
     intra = machine("shm" if shm else g.backend, per_host)
     row = ([inter["alpha"], inter["beta"], inter["gamma"], 0.0, 0.0] if inter is not None else
            [DEFAULT_MACHINE.alpha, DEFAULT_MACHINE.beta, DEFAULT_MACHINE.gamma, 0.0, 0.0])
-    return {"inter": row, "intra": [intra.alpha, intra.beta, intra.gamma, intra.sync, intra.mem],
-            "nics": int(inter.get("nics", 0)) if inter else 0,
+    intra_row = [intra.alpha, intra.beta, intra.gamma, intra.sync, intra.mem]
+    source = ((f"rank {g.ranks[0]}'s dt tune ({g.backend}, {shape})" if inter else "defaults")
+              + f"; inside a host: {intra.source}")
+    paired = figures("shm" if shm else g.backend, g.size, shape) or inter or {}
+    pairs = paired.get("levels", {})
+    if "inter" in pairs:
+        row = [pairs["inter"]["alpha"], pairs["inter"]["beta"], paired["gamma"], 0.0, 0.0]
+    if "intra" in pairs:
+        intra_row = [pairs["intra"]["alpha"], pairs["intra"]["beta"], paired["gamma"], intra.sync, intra.mem]
+    if pairs:
+        source = (f"rank {g.ranks[0]}'s dt tune ({paired['backend']}, {shape}), "
+                  f"{' and '.join(sorted(pairs))} timed on their own pairs")
+    return {"inter": row, "intra": intra_row,
+            "nics": int(paired.get("nics", 0)),
             "winners": inter.get("winners", {}) if inter else {},
-            "source": (f"rank {g.ranks[0]}'s dt tune ({g.backend}, {shape})" if inter
-                       else "defaults") + f"; inside a host: {intra.source}", "note": note}
+            "source": source, "note": note}
 
 
 def agree(g: Group) -> Agreed | None:

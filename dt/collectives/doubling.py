@@ -37,7 +37,7 @@ from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, split_sizes
-from dt.transport import RECV, SEND, Comm, Handle, resolve_group
+from dt.transport import RECV, SEND, Comm, Group, Handle, resolve_group, topology_of
 
 
 def _send_or_none(t: torch.Tensor) -> torch.Tensor | None:
@@ -152,7 +152,7 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
     p = comm.size
     if p == 1 or flat.numel() == 0:
         return
-    fold = Fold(p, comm.rank)
+    fold = Fold(p, comm.rank, reverse=spans_hosts(comm.group))
     step = 1 if fold.extra else 0
     ahead = None
     if fold.vrank is not None:
@@ -179,6 +179,12 @@ def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SU
         _fold_out(comm, fold, flat, step)
 
 
+def spans_hosts(g: Group) -> bool:
+    """Whether the group's ranks sit on more than one host (the all-reduces then reverse their
+    partner order, dt.layout.Fold: the big steps inside a host)."""
+    return g.size > 1 and topology_of(g).host_count > 1
+
+
 @algorithm("all_reduce", "rabenseifner")
 def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
                             group: object = None) -> None:
@@ -190,7 +196,8 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
 
     Cost (dt.cost.rabenseifner_all_reduce): 2 lg p' steps (+2 when p is not
     a power of two); 2(p'-1)/p' n bytes sent per rank (+n for the fold), and
-    (p'-1)/p' n reduced.
+    (p'-1)/p' n reduced. On a group spanning hosts the partner order is
+    reversed (dt.layout.Fold): the n/2 step inside a host, the n/p' one across.
     """
     comm = Comm(resolve_group(group), "all_reduce", "rabenseifner")
     name = op_name(op)
@@ -198,7 +205,7 @@ def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
     p = comm.size
     if p == 1 or flat.numel() == 0:
         return
-    fold = Fold(p, comm.rank)
+    fold = Fold(p, comm.rank, reverse=spans_hosts(comm.group))
     step = 1 if fold.extra else 0
     if fold.vrank is None:
         _fold_in(comm, fold, flat, name)  # hand the data over and wait for the result

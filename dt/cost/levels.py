@@ -26,7 +26,9 @@ Textbook figures it reproduces, H hosts of G ranks (p = HG), n bytes:
 - hierarchical all-reduce: 2(G-1)/G n per rank inside the host, 2(H-1)/H n/G
   per rank across (every NIC busy), 2(H-1)/H n leaving each host;
 - Rabenseifner over host-contiguous ranks: its first, largest halving step
-  (n/2 per rank) pairs r with r xor p/2: across hosts.
+  (n/2 per rank) would pair r with r xor p/2, across hosts; on a group
+  spanning hosts the partner order is reversed (dt.layout.Fold), so that
+  step pairs r with r xor 1 inside a host and only the n/p step crosses.
 
 The memory term of shared memory (Machine.mem, sync) prices the load/store
 algorithms, which need a group on one host; across hosts none is a candidate.
@@ -40,7 +42,7 @@ from dt.cost.machine import Machine
 from dt.hosts import members, phases
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, ring_received, split_sizes
 
-__all__ = ["LEVELED", "Levels", "TwoLevelEstimate", "level_bytes", "schedule", "two_level"]
+__all__ = ["LEVELED", "Levels", "nics_from", "TwoLevelEstimate", "level_bytes", "schedule", "two_level"]
 
 Message = tuple[int, int, int]  # (sender, receiver, bytes): group ranks
 Step = tuple[list[Message], bool]  # the step's messages; whether it reduces what it receives
@@ -60,6 +62,16 @@ class Levels:
     intra: Machine
     inter: Machine
     nics: int = 0
+
+
+def nics_from(beta_pair: float, beta_rails: float, per_host: int) -> int:
+    """NICs a host's ranks share, from one pair's beta and each rank's beta when all `per_host`
+    rails send at once: per_host ranks through n NICs see beta_pair * per_host / n each.
+    0 means one per rank (nothing shared), as Levels.nics counts."""
+    if beta_rails <= 0 or beta_pair <= 0 or per_host < 2:
+        return 0
+    n = max(1, min(per_host, round(per_host * beta_pair / beta_rails)))
+    return 0 if n == per_host else n
 
 
 def _ring(ms: tuple[int, ...], chunks: list[int], itemsize: int, first: int, laps: int,
@@ -150,6 +162,8 @@ def schedule(collective: str, algorithm: str, numels: int | list[int], itemsize:
     fold = Fold(p, 0)
     virtual = [fold.real(v) for v in range(fold.p2)]
     if collective == "all_reduce" and algorithm in ("recursive_doubling", "rabenseifner"):
+        spans = len(set(hosts)) > 1  # partner order reversed across hosts, as the collectives run it
+        virtual = [Fold(p, 0, spans).real(v) for v in range(fold.p2)]
         nb = n * itemsize
         fin, fout = _fold_steps(p, [nb] * p, nb, True)
         if algorithm == "recursive_doubling":

@@ -309,14 +309,15 @@ def recursive_doubling_all_reduce(numel: int, itemsize: int, p: int, rank: int) 
     return t.traffic(fold.steps(1))
 
 
-def rabenseifner_all_reduce(numel: int, itemsize: int, p: int, rank: int) -> RankTraffic:
+def rabenseifner_all_reduce(numel: int, itemsize: int, p: int, rank: int,
+                            reverse: bool = False) -> RankTraffic:
     """Recursive-halving reduce-scatter + recursive-doubling all-gather over p' pieces.
 
     Bytes per rank: 2(p'-1)/p' n (+ n for a folding pair). Steps: 2 lg p' (+2).
     """
     if p == 1 or numel == 0:
         return _NONE
-    fold = Fold(p, rank)
+    fold = Fold(p, rank, reverse)  # reverse: a group spanning hosts
     t = _Tally(itemsize)
     _fold_traffic(t, fold, numel, numel)
     if fold.vrank is not None:
@@ -449,7 +450,8 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
         ("all_reduce", "ring"): lambda: ring_all_reduce(n, itemsize, p, rank, segment_elems),
         ("all_reduce", "naive"): lambda: naive_all_reduce(n, itemsize, p, rank),
         ("all_reduce", "recursive_doubling"): lambda: recursive_doubling_all_reduce(n, itemsize, p, rank),
-        ("all_reduce", "rabenseifner"): lambda: rabenseifner_all_reduce(n, itemsize, p, rank),
+        ("all_reduce", "rabenseifner"): lambda: rabenseifner_all_reduce(n, itemsize, p, rank,
+                                                                        len(set(hosts or (0,))) > 1),
         ("reduce_scatter", "ring"): lambda: ring_reduce_scatter(blocks, itemsize, rank, segment_elems),
         ("all_gather", "ring"): lambda: ring_all_gather(blocks, itemsize, rank, segment_elems),
         ("all_gather", "recursive_doubling"): lambda: recursive_doubling_all_gather(blocks, itemsize, rank),

@@ -9,7 +9,9 @@ Global rank r sits at coordinates (pp, dp, cp, tp), tp innermost:
 
     r = ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
 
-so world = dp * cp * tp * pp. The order is by how much each talks. Tensor
+so world = dp * cp * tp * pp (`tp_across=True` puts tp outermost instead:
+r = tp_rank * (dp * cp * pp) + the rest, so its groups span hosts; only to
+compare, `dt train --layout tp-across`). The order is by how much each talks. Tensor
 parallelism talks the most (all-reduces in every layer, forward and
 backward), so its ranks are neighbours: on a real cluster they share a node
 and its fast links. Context parallelism is next (ring attention passes
@@ -54,7 +56,7 @@ import torch.distributed as dist
 from dt.parallel.pipeline.p2p import header_groups
 from dt.transport import shared_group
 
-__all__ = ["Mesh", "layout", "mesh", "rank_of"]
+__all__ = ["Mesh", "coords_of", "layout", "mesh", "rank_of"]
 
 KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp", "embed")
 
@@ -134,14 +136,32 @@ class Mesh:
 
 
 def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int, cp_rank: int = 0,
-            cp: int = 1) -> int:
-    """Global rank at mesh coordinates (tp innermost, then cp, then dp, then pp)."""
-    return ((pp_rank * dp + dp_rank) * cp + cp_rank) * tp + tp_rank
+            cp: int = 1, tp_across: bool = False, pp: int = 1) -> int:
+    """Global rank at mesh coordinates (tp innermost, then cp, then dp, then pp).
+
+    tp_across: tp outermost instead (needs pp), so that with each host's ranks
+    contiguous a tp group's ranks sit on different hosts: the layout to compare with.
+    """
+    inner = (pp_rank * dp + dp_rank) * cp + cp_rank
+    return tp_rank * (dp * cp * pp) + inner if tp_across else inner * tp + tp_rank
 
 
-def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1) -> dict[str, list[tuple[int, ...]]]:
+def coords_of(rank: int, dp: int, tp: int, pp: int, cp: int = 1,
+              tp_across: bool = False) -> tuple[int, int, int, int]:
+    """(dp_rank, tp_rank, pp_rank, cp_rank) of a global rank: rank_of's inverse."""
+    if tp_across:
+        tp_rank, rest = divmod(rank, dp * cp * pp)
+    else:
+        rest, tp_rank = divmod(rank, tp)
+    rest, cp_rank = divmod(rest, cp)
+    pp_rank, dp_rank = divmod(rest, dp)
+    return dp_rank, tp_rank, pp_rank, cp_rank
+
+
+def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1,
+           tp_across: bool = False) -> dict[str, list[tuple[int, ...]]]:
     """Every group of the grid as lists of global ranks, in creation order."""
-    R = lambda d, c, t, p: rank_of(d, t, p, dp, tp, c, cp)  # noqa: E731
+    R = lambda d, c, t, p: rank_of(d, t, p, dp, tp, c, cp, tp_across, pp)  # noqa: E731
     planes = [(t, p) for p in range(pp) for t in range(tp)]  # one dp x cp plane per (tp, pp)
     plane = [(d, c) for d in range(dp) for c in range(cp)]  # j = d * cp + c
     return {
@@ -158,8 +178,11 @@ def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1) -> dict[str, lis
     }
 
 
-def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mesh:
+def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tp_across: bool = False) -> Mesh:
     """Build the dp x cp x tp x pp process groups (and ep's, within dp x cp) on the current world.
+
+    tp_across: tp outermost (rank_of), its groups spread over hosts; the default
+    keeps them inside one (torchrun numbers each host's ranks contiguously).
 
     Collective over the whole world (every rank must call it with the same
     sizes). Raises ValueError when dp * cp * tp * pp is not the world size or
@@ -174,7 +197,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mes
     if (dp * cp) % ep:
         raise ValueError(f"ep = {ep} must divide dp * cp = {dp * cp}: expert parallelism spreads the "
                          "experts over ranks of the data x context plane (see dt.parallel.mesh)")
-    groups = layout(dp, tp, pp, cp, ep)
+    groups = layout(dp, tp, pp, cp, ep, tp_across)
     made: dict[tuple[int, ...], Any] = {}
     mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
     for kind in KINDS:
@@ -184,9 +207,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1) -> Mes
             if me in ranks:
                 mine[kind] = (made[ranks], ranks)
     pp_headers = header_groups(groups["pp"])
-    rest, tp_rank = divmod(me, tp)
-    rest, cp_rank = divmod(rest, cp)
-    pp_rank, dp_rank = divmod(rest, dp)
+    dp_rank, tp_rank, pp_rank, cp_rank = coords_of(me, dp, tp, pp, cp, tp_across)
     return Mesh(dp=dp, tp=tp, pp=pp, rank=me, dp_rank=dp_rank, tp_rank=tp_rank, pp_rank=pp_rank,
                 dp_group=mine["dp"][0], tp_group=mine["tp"][0], pp_group=mine["pp"][0],
                 dp_ranks=mine["dp"][1], tp_ranks=mine["tp"][1], pp_ranks=mine["pp"][1],

@@ -35,9 +35,15 @@ longer than a larger one (a loaded machine once saved alpha = 4.2 ms while a
 1 MB exchange took 0.58 ms). A curve that fails is measured again, up to
 --attempts times; if it still fails, nothing is saved (--force saves anyway).
 
+Across hosts (a group spanning hosts, e.g. under torchrun on two machines)
+each link level is also timed on its own pair, two ranks of one host and two
+of two hosts (dt/tools/tune_levels.py), and saved with the figures as
+"levels": {"intra": {alpha, beta}, "inter": {alpha, beta}}, what the
+two-level model (dt.cost.levels) and `auto` across hosts price with.
+
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
-keyed by backend and world size, where algorithm="auto" and `dt model
+keyed by backend and world size (by topology, "gloo:2x2", across hosts), where algorithm="auto" and `dt model
 --measured` find them.
 """
 
@@ -53,18 +59,15 @@ from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
     Case,
-    barrier,
     reduction_seconds_per_byte,
     slope,
     time_calls,
 )
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
+from dt.tools.tune_curves import EXCHANGE_SIZES, median_time, steady_curve, unsteady
 
 __all__ = ["main", "measure", "measure_shared", "measure_winners", "unsteady"]
-
-EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
-
 
 def _size(nbytes: int) -> str:
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
@@ -76,46 +79,6 @@ def _size(nbytes: int) -> str:
 # ---------------------------------------------------------------------------
 # The micro-benchmarks (run on every rank).
 # ---------------------------------------------------------------------------
-
-
-def _median_time(fn, reps: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(reps):
-        barrier()
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def unsteady(points: dict[int, float], tolerance: float = 0.25) -> str | None:
-    """Why a (bytes -> seconds) curve is too noisy to fit, or None: time must grow with size."""
-    xs = sorted(points)
-    for a, b in zip(xs, xs[1:]):
-        if points[b] < (1 - tolerance) * points[a]:
-            return (f"{b:,} B took {points[b] * 1e6:.0f} us, less than {a:,} B's "
-                    f"{points[a] * 1e6:.0f} us")
-    return None
-
-
-def _steady_curve(measure_once: Any, attempts: int) -> tuple[dict[int, float], str | None]:
-    """Measure a curve until it is steady (every rank agrees: the worst rank's verdict)."""
-    import torch
-
-    import dt
-
-    why = None
-    for _ in range(attempts):
-        points = measure_once()
-        why = unsteady(points)
-        bad = torch.tensor([1.0 if why else 0.0])
-        dt.all_reduce(bad, op=dt.ReduceOp.MAX, algorithm="naive")
-        if not bad.item():
-            return points, None
-        why = why or "another rank's curve was noisy"
-    return points, why
 
 
 def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, Any]:
@@ -141,7 +104,7 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, A
             comm.recv(one, 0)
             comm.send(one, 0)
 
-    out["pingpong_one_way"] = _median_time(pingpong, reps) / 2 if p > 1 else 0.0
+    out["pingpong_one_way"] = median_time(pingpong, reps) / 2 if p > 1 else 0.0
 
     # ring exchange: one step of a ring, every rank sending and receiving at once
     def exchange_curve() -> dict[int, float]:
@@ -154,10 +117,10 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, A
                 comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
 
             fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
-            points[send.numel() * 4] = _median_time(step, fewer) if p > 1 else 0.0
+            points[send.numel() * 4] = median_time(step, fewer) if p > 1 else 0.0
         return points
 
-    exchange, out["noisy"] = _steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
+    exchange, out["noisy"] = steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
     out["exchange"] = {str(k): v for k, v in exchange.items()}
     small = min(exchange)
     out["alpha"] = exchange[small]
@@ -179,17 +142,17 @@ def measure_shared(reps: int, group: Any, attempts: int = 3) -> dict[str, Any]:
 
     import dt
 
-    out: dict[str, Any] = {"sync": _median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
+    out: dict[str, Any] = {"sync": median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
                                                 reps)}
 
     def memcpy_curve() -> dict[int, float]:
         points = {}
         for nbytes in MEMCPY_SIZES:
             src, dst = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
-            points[nbytes] = _median_time(lambda s=src, d=dst: d.copy_(s), max(5, reps // 2))
+            points[nbytes] = median_time(lambda s=src, d=dst: d.copy_(s), max(5, reps // 2))
         return points
 
-    curve, why = _steady_curve(memcpy_curve, attempts)
+    curve, why = steady_curve(memcpy_curve, attempts)
     out["memcpy"] = {str(k): v for k, v in curve.items()}
     out["mem"] = slope(curve)
     out["noisy_mem"] = why
@@ -253,8 +216,14 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
         if sweep:
             sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
             fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
-        fig["wire"] = "shm" if shared else "torch"
-        fig["topology"] = topology_of(resolve_group(g)).shape()  # figures are keyed by it across hosts
+        wires = resolve_group(g).links.wires or ()  # across hosts: shm inside each, no shared board
+        fig["wire"] = "shm" if shared or any(w.name == "shm" for w in wires) else "torch"
+        topology = topology_of(resolve_group(g))
+        fig["topology"] = topology.shape()  # figures are keyed by it across hosts
+        if topology.host_count > 1:  # each level on its own pair (dt/tools/tune_levels.py)
+            from dt.tools.tune_levels import measure_levels
+
+            fig["levels"] = measure_levels(g, reps, attempts)
         out[wire] = fig
     return out
 
@@ -272,6 +241,12 @@ def _report(fig: dict[str, Any]) -> None:
         print(f"  sync (one shared-memory synchronisation) {fig['sync'] * 1e6:9.1f} us")
         print(f"  mem  (memcpy, every rank at once)        {fig['mem'] * 1e9:9.3f} ns/byte  "
               f"({1 / fig['mem'] / 1e9 if fig['mem'] else float('inf'):.2f} GB/s)")
+    for level, lv in fig.get("levels", {}).items():
+        print(f"  {level:<5} pair {lv['pair'][0]}-{lv['pair'][1]} ({lv['wire']} wire): alpha "
+              f"{lv['alpha'] * 1e6:.1f} us, beta {lv['beta'] * 1e9:.3f} ns/byte "
+              f"({1 / lv['beta'] / 1e9 if lv['beta'] else float('inf'):.2f} GB/s)")
+    if "nics" in fig:
+        print(f"  NICs a host's ranks share: {fig['nics'] or 'one per rank'} (every rail at once)")
     print("  exchange step times: " + ", ".join(
         f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
     for collective, rows in fig.get("winners", {}).items():
@@ -323,12 +298,20 @@ def main(argv: list[str] | None = None) -> int:
             if key in fig:
                 fig[key] = max(res[wire][key] for res in results)
         fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+        if "levels" in fig:  # across hosts: each level's pair, the slower end of each
+            from dt.cost.levels import nics_from
+            from dt.tools.tune_levels import combine
+
+            fig["levels"] = combine([res[wire].get("levels", {}) for res in results])
+            rails, inter = fig["levels"].get("rails"), fig["levels"].get("inter")
+            if rails and inter:  # a host's ranks sharing NICs see a slower beta when all send
+                fig["nics"] = nics_from(inter["beta"], rails["beta"], rails["pairs"])
         fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
                    load=os.getloadavg()[0],
                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         _report(fig)
         noisy = [why for res in results for why in (res[wire].get("noisy"), res[wire].get("noisy_mem"))
-                 if why]
+                 if why] + [lv["noisy"] for lv in fig.get("levels", {}).values() if lv["noisy"]]
         if noisy and not args.force:
             print(f"  NOT saved: the figures are too noisy ({noisy[0]}); the machine is loaded "
                   f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")

@@ -24,7 +24,8 @@ two_shot) with its `sync` and `mem` figures. Without --measured, --sync and
 
 prices two link levels instead (dt/tools/whatif_hosts.py, dt.cost.levels): the
 hierarchical algorithms among the others, with the bytes crossing each level
-per rank and per host.
+per rank and per host. --measured on launched ranks that span hosts (torchrun,
+dt cluster) does the same with the group's figures, next to the measured time.
 
 Units: sizes B, KB, MB, GB (powers of 1000), KiB, MiB, GiB (of 1024); rates
 B/s, KB/s, MB/s, GB/s, KiB/s .. GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s; times ns,
@@ -172,6 +173,12 @@ def main(argv: list[str] | None = None) -> int:
     wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
     if backend == "nccl":
         wires = ["torch"]  # GPU tensors stay on NCCL
+    if args.measured and launched_size() is not None and args.collective in cost.levels.LEVELED:
+        per_rank = launch(whatif_hosts.measure_worker, args.world, args.collective, sizes, args.reps,
+                          wires, args.algorithms, timeout=1800, backend=backend)
+        if any(per_rank[0].values()):  # the launched world spans hosts: price it on two levels
+            whatif_hosts.print_measured(args.collective, sizes, per_rank)
+            return 0
     figures: dict[str, tuple] = {}
     if args.measured:
         from dt.cost import machine

@@ -15,6 +15,13 @@ Textbook check at 1 GB, 2 x 8, 450 GB/s / 50 GB/s: the flat ring sends
 each host); the hierarchical all-reduce sends 2(H-1)/H n/G = 125 MB per
 rank across hosts (1 GB per host, over 8 NICs) and 2(G-1)/G n = 1.75 GB
 inside the host.
+
+    torchrun ... -m dt model all_reduce --size 1MB,32MB --measured
+
+on a world spanning hosts (dt cluster up, or real machines) times the
+hierarchical algorithm and the others on the launched ranks and prints the
+two-level prediction next to each (the figures every rank prices with:
+rank 0's `dt tune` levels for this topology, else defaults, with a note).
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from dt import args as args_
 from dt import cost
 from dt.units import fmt_bytes, fmt_time
 
-__all__ = ["link", "print_levels", "rows"]
+__all__ = ["link", "measure_worker", "print_levels", "print_measured", "rows"]
 
 
 def link(text: str) -> tuple[float, float]:
@@ -79,3 +86,71 @@ def main(collective: str | None, sizes: list[int], h: int, g: int, intra: tuple[
           "\nintra/rank, inter/rank: bytes the busiest rank sends inside its host / to other hosts; "
           "inter/host: bytes leaving the busiest host")
     return 0
+
+
+# ---------------------------------------------------------------------------
+# dt model --measured on a world spanning hosts: the two-level model next to the clock.
+# ---------------------------------------------------------------------------
+
+
+def measure_worker(collective: str, sizes: list[int], reps: int, wires: list[str],
+                   algorithms: list[str] | None = None) -> dict[str, Any]:
+    """On every rank, per wire: None where its group is on one host; else the hosts, the figures
+    every rank prices with (rank 0's, dt.collectives.agreed) and each leveled algorithm's median."""
+    import statistics
+
+    import dt
+    from dt.bench.harness import Case, time_calls, wire_group
+    from dt.collectives import agreed
+    from dt.transport import resolve_group, topology_of
+
+    dt.set_validation(False)  # time the algorithm, not dt's argument check
+    out: dict[str, Any] = {}
+    for wire in wires:
+        g = wire_group(wire)
+        view = resolve_group(g)
+        hosts = tuple(topology_of(view).hosts)
+        fig = agreed.agree(view)
+        if fig is None:
+            out[wire] = None
+            continue
+        algos = [a for a in cost.levels.LEVELED[collective] if not algorithms or a in algorithms]
+        times: dict[str, dict[str, float]] = {}
+        for n in sizes:
+            case = Case(collective, max(1, n // 4))
+            med = time_calls({a: case.call(a, group=g) for a in algos}, reps, warmup=1, reset=case.reset)
+            times[str(n)] = {a: statistics.median(t) for a, t in med.items()}
+        lv = fig.levels
+        out[wire] = {"hosts": list(hosts), "source": fig.source, "note": fig.note, "times": times,
+                     "levels": [[m.alpha, m.beta, m.gamma] for m in (lv.intra, lv.inter)] + [lv.nics]}
+    return out
+
+
+def print_measured(collective: str, sizes: list[int], per_rank: list[dict[str, Any]],
+                   out: Any = None) -> None:
+    """The two-level prediction next to the measured time (the slowest rank's median) per size."""
+    out = out or sys.stdout
+    for wire, mine in per_rank[0].items():
+        if mine is None:
+            continue
+        hosts = tuple(mine["hosts"])
+        (ia, ib, ig), (xa, xb, xg), nics = mine["levels"]
+        levels = cost.Levels(cost.Machine(ia, ib, ig), cost.Machine(xa, xb, xg), nics)
+        h, p = max(hosts) + 1, len(hosts)
+        print(f"\n[{wire} wire] {h} hosts, {p} ranks; inside a host alpha {fmt_time(ia, 3)}, "
+              f"beta {ib * 1e9:.3f} ns/B; between hosts alpha {fmt_time(xa, 3)}, beta {xb * 1e9:.3f} ns/B"
+              f"\n  figures: {mine['source']}" + (f"\n  note: {mine['note']}" if mine["note"] else ""),
+              file=out)
+        for n in sizes:
+            measured = {a: max(r[wire]["times"][str(n)][a] for r in per_rank)
+                        for a in mine["times"][str(n)]}
+            print(f"\n{collective}, {fmt_bytes(n, 3)}, {h} hosts, {p} ranks", file=out)
+            print(f"  {'algorithm':<21} {'steps':>5} {'predicted':>10} {'measured':>10} {'meas/pred':>9} "
+                  f"{'inter/rank':>11} {'inter/host':>11}", file=out)
+            for i, (name, e) in enumerate(r for r in rows(collective, n, hosts, levels) if r[0] in measured):
+                m = measured[name]
+                print(f"  {name + (' *' if i == 0 else ''):<21} {e.steps:>5} {fmt_time(e.total, 3):>10} "
+                      f"{fmt_time(m, 3):>10} {m / e.total if e.total else float('nan'):>9.2f} "
+                      f"{fmt_bytes(e.inter_rank, 3):>11} {fmt_bytes(e.inter_host, 3):>11}", file=out)
+    print("\n* = lowest predicted time (what algorithm=\"auto\" picks across hosts with these figures, "
+          "unless dt tune measured winners on this topology)", file=out)

@@ -49,6 +49,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="context-parallel size (each sequence split over cp ranks)")
     p.add_argument("--ep", type=args_.world, default=1,
                    help="expert-parallel size: experts spread over ep ranks of the dp x cp plane")
+    p.add_argument("--layout", choices=["tp-inside", "tp-across"], default="tp-inside",
+                   help="across hosts: tp groups inside a host (default) or spread over hosts")
     p.add_argument("--cp-attention", choices=["ring", "ulysses"], default="ring",
                    help="how attention crosses the cp ranks")
     p.add_argument("--experts", type=args_.at_least(0), default=0,
@@ -173,6 +175,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         lines.append(f"mixture of experts: {args.experts} experts, top-{args.top_k}, capacity factor "
                      f"{args.capacity_factor}; {dropped} of {assigned} token assignments dropped "
                      f"({100 * dropped / max(assigned, 1):.2f}%, all steps, ranks and layers)")
+    if r0.get("placement"):
+        lines += placement_lines(args, r0["placement"], results)
     if args.pp > 1:
         per_stage = []
         for s in range(args.pp):
@@ -183,6 +187,22 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
                      f"{100 * bubble_fraction(args.pp, args.micro_batches, args.virtual):.1f}%; "
                      f"peak stashed (chunk, micro-batch) activations on stage 0: {r0['peak_stash']}")
     return "\n".join(lines)
+
+
+def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
+    """The two layouts' predicted tp + dp time per step, next to this run's measured communication."""
+    pred = pl["predicted"]
+    comm = max(r["times"]["communication"] for r in results) / results[0]["steps"]
+    out = [f"across {pl['hosts']} hosts, this run {args.layout}: communication {comm * 1e3:.1f} ms per step "
+           f"(slowest rank); two-level model ({pl['source']}) per step:"]
+    for name, row in pred.items():
+        label = name + (" (this run)" if name == args.layout else "")
+        out.append(f"  {label:<22} tp {row['tp'] * 1e3:8.2f} ms"
+                   f"  dp {row['dp'] * 1e3:8.2f} ms  total {row['total'] * 1e3:8.2f} ms")
+    diff = pred["tp-across"]["total"] - pred["tp-inside"]["total"]
+    out.append(f"  tp-across - tp-inside: {diff * 1e3:+.2f} ms per step predicted"
+               + (f"\n  note: {pl['note']}" if pl["note"] else ""))
+    return out
 
 
 def world(args: argparse.Namespace) -> int:

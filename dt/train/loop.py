@@ -25,12 +25,14 @@ from dt.parallel.mesh import mesh as build_mesh
 from dt.parallel.zero import ZeroOptimizer
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.optim import Adam
+from dt.train.placement import LAYOUTS, predict
 
 __all__ = ["make_model", "train_worker"]
 
 
 def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Any]:
-    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep)
+    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep,
+                      tp_across=LAYOUTS[getattr(args, "layout", "tp-inside")])
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
                     n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
                     dtype=args.dtype, n_experts=args.experts, top_k=args.top_k,
@@ -61,6 +63,29 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
         if lock is not None:
             lock.release()
         torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
+
+
+def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] | None:
+    """Across hosts: both mesh layouts' predicted tp and dp time per step (dt.train.placement).
+
+    Collective over the world (it connects the world group: its hosts, rank 0's figures).
+    """
+    import dt
+    from dt.collectives import agreed
+
+    if model.mesh.world < 2:
+        return None
+    dt.barrier(algorithm="dissemination")  # connects the world group: its topology, agreed below
+    view = transport.resolve_group(None)
+    fig = agreed.agree(view)
+    if fig is None:  # one host
+        return None
+    params = list(model.stage.parameters())
+    itemsize = params[0].element_size() if params else 4
+    grad_bytes = sum(p.numel() * p.element_size() for p in params)
+    hosts = tuple(transport.topology_of(view).hosts)
+    return {"hosts": max(hosts) + 1, "source": fig.source, "note": fig.note,
+            "predicted": predict(args, hosts, fig.levels, grad_bytes, itemsize)}
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
@@ -107,11 +132,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpoint and start < args.steps:
         save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
     steps = args.steps - start
+    placement = _placement(args, model)  # after the loop: the world group is connected only now
     times = dict(model.times)
     times["compute"] += t_opt
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(),
+            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(), "placement": placement,
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}
