@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from dt import transport
 from dt.device import clock
@@ -75,8 +76,11 @@ def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] |
 
     if model.mesh.world < 2:
         return None
-    dt.barrier(algorithm="dissemination")  # connects the world group: its topology, agreed below
-    view = transport.resolve_group(None)
+    # A group of its own, connected here: its hosts are found as this run sees them (the
+    # world group may have connected long before, in a reused process, under other hosts).
+    group = dist.new_group(list(range(model.mesh.world)))
+    dt.barrier(group=group, algorithm="dissemination")  # connects it: its topology, agreed below
+    view = transport.resolve_group(group)
     fig = agreed.agree(view)
     if fig is None:  # one host
         return None
