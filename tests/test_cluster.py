@@ -20,6 +20,7 @@ import pytest
 
 from dt.launcher.cluster import ClusterError, check_tools
 from tests.shm_checks import dt_segments
+from tests.test_faults import default_sigint
 
 try:
     check_tools()
@@ -36,7 +37,8 @@ SCRIPT = str(ROOT / "tests" / "cluster_script.py")
 def _up(args: list[str], cmd: list[str], marker: str, **kw) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "DT_CLUSTER_TEST": marker}
     return subprocess.Popen([sys.executable, "-m", "dt", "cluster", "up", *args, "--", *cmd], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, **kw)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            preexec_fn=default_sigint, **kw)
 
 
 def _finish(p: subprocess.Popen, timeout: float = 240) -> tuple[str, str]:

@@ -117,7 +117,14 @@ def _start_launcher(directory: Path, world: int) -> subprocess.Popen:
             "run_workers(_park, int(sys.argv[1]), sys.argv[2], timeout=300)")
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     return subprocess.Popen([sys.executable, "-c", code, str(world), str(directory)], cwd=ROOT, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=default_sigint)
+
+
+def default_sigint() -> None:
+    """Ctrl-C as a terminal delivers it: a test run started in the background (`cmd &`, nohup)
+    inherits SIGINT ignored, and an ignored signal stays ignored across exec."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 @pytest.mark.timeout(240)
