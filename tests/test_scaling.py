@@ -328,3 +328,15 @@ def test_simulated_interleaved_bubble(p, m):
     except (ValueError, TypeError):
         pytest.skip("dt.pipeline has no interleaved schedule")
     assert S.simulate_bubble("interleaved", p, m, 2) == pytest.approx(bubble_fraction(p, m, 2))
+
+
+def test_every_plain_algorithm_a_table_asks_for_runs_on_the_torch_wire():
+    """A plain name is timed on the torch wire (dt/bench/scaling/workers.py); the load/store
+    algorithms exist only on shared memory, so a table must ask for them as 'name@shm'."""
+    from dt.bench.scaling.tables import TABLES
+    from dt.collectives.registry import needs_shared_memory
+
+    for number, spec in TABLES.items():
+        for impl in spec.needs(S.Settings()).algorithms:
+            name, _, wire = impl.partition("@")
+            assert wire or not needs_shared_memory("all_reduce", name), (number, impl)

@@ -15,14 +15,17 @@ from dt import cost
 from dt.bench import report as R
 from dt.bench.scaling.model import MODELED_ALL_REDUCE, fit_alpha_beta, model_terms, predict
 from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
-from dt.collectives.registry import ALGORITHMS
+from dt.collectives.registry import ALGORITHMS, needs_shared_memory
 
 TITLE = "Predicted vs measured: the alpha-beta-gamma cost model against the all-reduce timings"
 
 
 def needs(s: Any) -> Needs:
     sizes = {s.big_bytes, s.small_bytes, *s.sweep_bytes}
-    extra = {a for a in MODELED_ALL_REDUCE[2:] if a in ALGORITHMS.get("all_reduce", {})}
+    # The torch wire's algorithms only: the load/store ones run on shared memory alone, priced by
+    # sync and memcpy terms, and table 10 puts them beside the sockets.
+    extra = {a for a in MODELED_ALL_REDUCE[2:]
+             if a in ALGORITHMS.get("all_reduce", {}) and not needs_shared_memory("all_reduce", a)}
     # gloo: torch's own all-reduce at the same sizes, for the bus-bandwidth plot
     return Needs(allreduce={w: set(sizes) for w in s.coll_worlds},
                  algorithms={"ring", "naive", "gloo"} | extra, gamma=True)
