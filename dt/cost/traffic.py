@@ -122,6 +122,17 @@ class _Tally:
 # ----------------------------------------------------------------------------
 
 
+def _one_lap(sent: list[int], recv: list[int], itemsize: int, segment_elems: int | None) -> RankTraffic:
+    """One lap of the ring: the chunks a rank sends and receives (p-1 of each), each cut in segments."""
+    return RankTraffic(
+        bytes_sent=sum(sent) * itemsize,
+        bytes_received=sum(recv) * itemsize,
+        messages_sent=sum(segment_count(c, segment_elems) for c in sent),
+        messages_received=sum(segment_count(c, segment_elems) for c in recv),
+        steps=len(sent),
+    )
+
+
 def ring_reduce_scatter(chunk_numels: list[int], itemsize: int, rank: int,
                         segment_elems: int | None = None) -> RankTraffic:
     """Ring reduce-scatter: p-1 steps; rank r sends every chunk but its own and
@@ -134,13 +145,7 @@ def ring_reduce_scatter(chunk_numels: list[int], itemsize: int, rank: int,
         return _NONE
     sent = [c for i, c in enumerate(chunk_numels) if i != rank]
     recv = [c for i, c in enumerate(chunk_numels) if i != (rank - 1) % p]
-    return RankTraffic(
-        bytes_sent=sum(sent) * itemsize,
-        bytes_received=sum(recv) * itemsize,
-        messages_sent=sum(segment_count(c, segment_elems) for c in sent),
-        messages_received=sum(segment_count(c, segment_elems) for c in recv),
-        steps=p - 1,
-    )
+    return _one_lap(sent, recv, itemsize, segment_elems)
 
 
 def ring_all_gather(chunk_numels: list[int], itemsize: int, rank: int,
@@ -154,13 +159,7 @@ def ring_all_gather(chunk_numels: list[int], itemsize: int, rank: int,
         return _NONE
     sent = [c for i, c in enumerate(chunk_numels) if i != (rank + 1) % p]
     recv = [c for i, c in enumerate(chunk_numels) if i != rank]
-    return RankTraffic(
-        bytes_sent=sum(sent) * itemsize,
-        bytes_received=sum(recv) * itemsize,
-        messages_sent=sum(segment_count(c, segment_elems) for c in sent),
-        messages_received=sum(segment_count(c, segment_elems) for c in recv),
-        steps=p - 1,
-    )
+    return _one_lap(sent, recv, itemsize, segment_elems)
 
 
 def _plus(a: RankTraffic, b: RankTraffic) -> RankTraffic:

@@ -86,17 +86,17 @@ def _context() -> Any:
 
 
 @contextlib.contextmanager
-def _signals_stop_the_run() -> Iterator[None]:
-    """While a run is on: SIGTERM and SIGHUP raise Terminated (not a silent death), so the
-    pool stops its workers before the launcher exits. Only from the main thread, and only
-    where nobody installed a handler of their own."""
+def signals_raise_terminated(override: bool = False) -> Iterator[None]:
+    """While the block runs: SIGTERM and SIGHUP raise Terminated (not a silent death), so the
+    caller cleans up first (the pool stops its workers; dt cluster tears its hosts down).
+    Only from the main thread; a handler someone else installed is kept unless `override`."""
     def stop(signum: int, frame: Any) -> None:
         raise Terminated(signum)
 
     old: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGHUP):
-            if signal.getsignal(sig) == signal.SIG_DFL:
+            if override or signal.getsignal(sig) == signal.SIG_DFL:
                 old[sig] = signal.signal(sig, stop)
     try:
         yield
@@ -191,7 +191,7 @@ class WorkerPool:
             **kwargs: Any) -> list[Any]:
         """fn(*args, **kwargs) on every rank; the list of results in rank order."""
         timeout = settings.parse_timeout(timeout, "run_workers timeout")
-        with _signals_stop_the_run():
+        with signals_raise_terminated():
             try:
                 if not self._procs:
                     self._start()

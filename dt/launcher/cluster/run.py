@@ -31,10 +31,10 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from typing import IO, Any
+from typing import IO
 
 from dt.launcher.cluster import netns
-from dt.launcher.pool import Terminated
+from dt.launcher.pool import signals_raise_terminated
 
 __all__ = ["Cluster", "cluster"]
 
@@ -145,29 +145,12 @@ def _relay(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) -
 
 
 @contextlib.contextmanager
-def _signals_raise() -> Iterator[None]:
-    """SIGTERM and SIGHUP raise Terminated while the cluster is up, so teardown runs."""
-    def stop(signum: int, frame: Any) -> None:
-        raise Terminated(signum)
-
-    old: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            old[sig] = signal.signal(sig, stop)
-    try:
-        yield
-    finally:
-        for sig, handler in old.items():
-            signal.signal(sig, handler)
-
-
-@contextlib.contextmanager
 def cluster(hosts: int, per_host: int, link_bits: float | None = None,
             delay_s: float = 0.0) -> Iterator[Cluster]:
     """`hosts` namespaces of `per_host` ranks each, links capped at link_bits/s; gone on exit."""
     if hosts < 1 or per_host < 1:
         raise ValueError(f"hosts and per_host must be at least 1, got {hosts} x {per_host}")
-    with _signals_raise():
+    with signals_raise_terminated(override=True):  # teardown runs whatever handler was there
         net = netns.create(hosts, link_bits, delay_s)
         c = Cluster(net, per_host)
         try:
