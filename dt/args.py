@@ -8,24 +8,33 @@ value is refused before any process starts, in one line, with exit status 2:
 
 never a traceback, and never a silent exit 0 with nothing done. A check that
 spans options (a batch that must split over --dp) calls `parser.error(...)`,
-which says it the same way. DT_TIMEOUT and DT_VALIDATE are read by the same
-rules (`seconds`, `boolean`), so `dt` refuses a bad one up front too.
+which says it the same way. Every DT_* variable (ENVIRONMENT) is read by the
+library with the same rule (`env_value`), so `dt` refuses a bad one up front too.
+
+A world of processes started here is bounded by what this host holds
+(`max_local_world`: memory per rank, cores, a stated cap; DT_MAX_WORLD
+overrides), so a typo such as --world 9999 is refused, not run out of memory.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import math
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from dt.units import parse_rate, parse_size, parse_time
 
-__all__ = ["ENVIRONMENT", "MAX_WORLD", "InputError", "Parser", "at_least", "boolean", "check_environment",
-           "duration", "finite", "listed", "positive", "rate", "seconds", "size", "world"]
+__all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "TRANSPORTS", "InputError", "Parser", "Variable",
+           "at_least", "available_memory", "boolean", "check_environment", "check_local_world", "cores",
+           "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "listed",
+           "max_local_world", "non_negative", "positive", "ranks", "rate", "register", "seconds", "size",
+           "text_value", "transport", "world"]
 
-MAX_WORLD = 4096  # local processes: beyond this it is a typo, not a plan
+MAX_WORLD = 4096  # ranks in one world, across hosts: beyond this it is a typo, not a plan
 
 
 class InputError(argparse.ArgumentTypeError, ValueError):
@@ -50,8 +59,8 @@ def at_least(low: int) -> Callable[[str], int]:
     return check
 
 
-def world(text: str) -> int:
-    """A number of ranks: 1 to MAX_WORLD."""
+def ranks(text: str) -> int:
+    """A world size as arithmetic (a model's, a mesh factor): 1 to MAX_WORLD."""
     value = _number(text, int, "a number of processes (1 or more)")
     if not 1 <= value <= MAX_WORLD:
         raise InputError(f"must be a number of processes from 1 to {MAX_WORLD}, got {text!r}")
@@ -141,19 +150,162 @@ def boolean(text: str) -> bool:
     raise InputError(f"must be 1 or 0 (true/false, yes/no, on/off), got {text!r}")
 
 
-# The environment variables dt reads, and the rule each one's value follows.
-ENVIRONMENT: dict[str, Callable[[str], Any]] = {"DT_TIMEOUT": seconds, "DT_VALIDATE": boolean}
+# -- how many processes this machine holds --------------------------------------
+
+LOCAL_CAP = 256  # processes dt starts on one host, whatever the memory: every pair holds sockets
+RANK_FOOTPRINT = 256 << 20  # bytes one rank holds: see below
+RANKS_PER_CORE = 32  # beyond this the ranks only queue for the cores, and every wait times out
+# RANK_FOOTPRINT, measured: a forkserver worker that has run an all-reduce has 174 MiB resident
+# (9 MiB private), and a torchrun rank imports torch itself (its 174 MiB are its own); 256 MiB
+# leaves a rank room for its tensors and gloo's buffers, so the bound errs towards refusing.
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR")
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (its environment names the world): the one rule."""
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
+
+
+def available_memory() -> int | None:
+    """Bytes this process could still allocate: the kernel's MemAvailable, within the cgroup's limit."""
+    found = []
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            found += [int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:")]
+    except (OSError, ValueError, IndexError):
+        pass
+    try:  # a container's limit, less what it already uses
+        with open("/sys/fs/cgroup/memory.max", encoding="ascii") as f:
+            limit = f.read().strip()
+        with open("/sys/fs/cgroup/memory.current", encoding="ascii") as f:
+            if limit != "max":
+                found.append(max(0, int(limit) - int(f.read().strip())))
+    except (OSError, ValueError):
+        pass
+    return min(found) if found else None
+
+
+def cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def max_local_world() -> tuple[int, str]:
+    """How many processes dt may start on this host, and why that many (DT_MAX_WORLD overrides)."""
+    override = os.environ.get("DT_MAX_WORLD", "").strip()
+    if override:
+        return env_rule("DT_MAX_WORLD", override), f"DT_MAX_WORLD={override}"
+    limits = [(LOCAL_CAP, f"dt's cap of {LOCAL_CAP} per host")]
+    free = available_memory()
+    if free is not None:
+        limits.append((free // RANK_FOOTPRINT, f"{free / 2**30:.1f} GiB available / "
+                       f"{RANK_FOOTPRINT >> 20} MiB per rank"))
+    n = cores()
+    limits.append((n * RANKS_PER_CORE, f"{n} cores x {RANKS_PER_CORE} ranks per core"))
+    limit, why = min(limits)
+    return max(1, limit), why
+
+
+def check_local_world(n: int, what: str = "processes") -> None:
+    """InputError when n processes would not fit on this host (one line: the limit, why, the way out)."""
+    limit, why = max_local_world()
+    if n > limit:
+        way_out = "" if why.startswith("DT_MAX_WORLD") else "; set DT_MAX_WORLD to change the limit"
+        raise InputError(f"{n} {what} on this host: at most {limit} here ({why}){way_out}")
+
+
+def world(text: str) -> int:
+    """A number of processes dt starts on this host: 1 to MAX_WORLD, and what the host holds
+    (max_local_world). Under torchrun the processes already run, so only the first applies."""
+    value = _number(text, int, "a number of processes (1 or more)")
+    if value >= 1 and not launched_by_torchrun():
+        check_local_world(value)
+    return ranks(text)
+
+
+# -- the environment -----------------------------------------------------------
+
+TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
+
+
+def transport(text: str) -> str:
+    """A wire's name: auto (shm is the same), torch (gloo, nccl: torch.distributed for every peer)."""
+    name = str(text).strip().lower()
+    if name not in TRANSPORTS:
+        raise InputError(f"must be one of {', '.join(TRANSPORTS)}, got {text!r}"
+                         f"{did_you_mean(name, TRANSPORTS)}")
+    return name
+
+
+def did_you_mean(word: str, known: Sequence[str]) -> str:
+    """' (did you mean ring?)' for a near miss, else ''."""
+    close = difflib.get_close_matches(word, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def non_negative(text: str) -> float:
+    """A finite number >= 0 (a spin in microseconds)."""
+    value = finite(text)
+    if value < 0:
+        raise InputError(f"must be a number >= 0, got {text!r}")
+    return value
+
+
+def text_value(text: str) -> str:
+    """Any text (a name people choose)."""
+    return str(text).strip()
+
+
+@dataclass(frozen=True)
+class Variable:
+    rule: Callable[[str], Any]  # the parser the library reads the value with
+    meaning: str  # one line, for the README table and `dt --help`
+
+
+# The environment variables dt reads, each with the rule its value follows: the library reads
+# them with these rules (env_value), so a command refuses up front exactly what a run would.
+# DT_ALGO is added by dt.collectives.auto, whose registry knows the algorithms' names.
+ENVIRONMENT: dict[str, Variable] = {
+    "DT_TIMEOUT": Variable(seconds, "seconds one wait on a peer may take (default: the launcher's)"),
+    "DT_VALIDATE": Variable(boolean, "0: skip the cross-rank argument check (default 1)"),
+    "DT_TRANSPORT": Variable(transport, f"the wire between ranks of one host: {', '.join(TRANSPORTS)}"),
+    "DT_MAX_WORLD": Variable(ranks, "processes dt may start on this host (default: what it holds)"),
+    "DT_HOST": Variable(text_value, "this process's host name (ranks with the same one share memory)"),
+    "DT_SHM_STAGE_BYTES": Variable(size, "each rank's shared-memory staging half (default 32 MiB)"),
+    "DT_SHM_CHANNEL_BYTES": Variable(size, "what a group's shared-memory channels share (default 64 MiB)"),
+    "DT_SHM_SPIN_US": Variable(non_negative, "microseconds a shared-memory wait spins before it sleeps"),
+    "DT_NCCL_RULES": Variable(boolean, "1: record and check NCCL's point-to-point rules (tests)"),
+}
+INTERNAL = {"DT_LAUNCHER_RANK": "set by the launcher in each worker: its rank (not for users)"}
+
+
+def register(name: str, rule: Callable[[str], Any], meaning: str) -> None:
+    """Add a variable whose rule lives in a higher layer (DT_ALGO: the algorithm registry)."""
+    ENVIRONMENT[name] = Variable(rule, meaning)
+
+
+def env_rule(name: str, text: str) -> Any:  # noqa: ANN401 - each variable's own type
+    """`text` read by the variable's rule; InputError naming the variable when it is bad."""
+    try:
+        return ENVIRONMENT[name].rule(text)
+    except InputError as exc:
+        raise InputError(f"{name} {exc}") from None
+
+
+def env_value(name: str, default: Any = None) -> Any:  # noqa: ANN401 - each variable's own type
+    """The variable read by its rule; default when unset or empty; InputError naming it when bad."""
+    text = os.environ.get(name, "").strip()
+    return env_rule(name, text) if text else default
 
 
 def check_environment() -> None:
     """InputError naming the first of dt's environment variables that holds a bad value."""
-    for name, rule in ENVIRONMENT.items():
-        text = os.environ.get(name, "").strip()
-        if text:
-            try:
-                rule(text)
-            except InputError as exc:
-                raise InputError(f"{name} {exc}") from None
+    for name in ENVIRONMENT:
+        env_value(name)
 
 
 class Parser(argparse.ArgumentParser):

@@ -14,7 +14,6 @@ check for dead peers: the target is under 10% of a core.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from typing import Any
@@ -23,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 import dt
+from dt import args as args_
 from dt import transport
 from dt.bench.collectives import deepspeed_all_reduce, forget_deepspeed
 from dt.bench.harness import wire_group
@@ -55,9 +55,10 @@ def _worker(cases: list[tuple[str, str]], wait: float, token: str) -> dict[str, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt bench idle", description=__doc__.splitlines()[0])
-    parser.add_argument("--world", type=int, default=2)
-    parser.add_argument("--wait", type=float, default=2.0, help="seconds rank 0 waits for the others")
+    parser = args_.Parser(prog="dt bench idle", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=args_.world, default=2)
+    parser.add_argument("--wait", type=args_.positive, default=2.0,
+                        help="seconds rank 0 waits for the others")
     parser.add_argument("--algorithms", default="one_shot,two_shot,ring",
                         help="dt algorithms, on the shm wire (ring also on the torch wire)")
     parser.add_argument("--compare", default=None, help="'deepspeed': its all-reduce too (installed)")

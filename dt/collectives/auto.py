@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 
 from dt import cost
+from dt.args import env_rule
 from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
 from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
 from dt.cost.levels import LEVELED, Levels, two_level
@@ -124,19 +125,19 @@ def stage_bytes(group: Group | int) -> int | None:
 
 def _override(collective: str, shared_memory: bool) -> str | None:
     """DT_ALGO's choice for `collective` (a load/store one only where the group has shared memory)."""
-    spec = os.environ.get("DT_ALGO", "").strip()
-    if not spec:
-        return None
-    for part in spec.split(","):
-        if "=" in part:
-            name, algo = (s.strip() for s in part.split("=", 1))
-        else:
-            name, algo = collective, part.strip()
-            if algo not in ALGORITHMS.get(collective, {}):
-                continue
-        if name == collective and (shared_memory or not needs_shared_memory(collective, algo)):
+    for name, algo in _forced(os.environ.get("DT_ALGO", "").strip()):
+        if name is None and algo not in ALGORITHMS.get(collective, {}):
+            continue
+        runnable = shared_memory or not needs_shared_memory(collective, algo)
+        if (name or collective) == collective and runnable:
             return algo
     return None
+
+
+@functools.lru_cache(maxsize=8)
+def _forced(text: str) -> tuple[tuple[str | None, str], ...]:
+    # every auto choice asks: parse each value once (a bad one raises each time, naming DT_ALGO)
+    return env_rule("DT_ALGO", text) if text else ()
 
 
 def measured_table(group_size: int, backend: str | None = None) -> dict:

@@ -13,7 +13,7 @@ import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from dt import transport
+from dt import args, transport
 from dt.cost.traffic import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,3 +69,35 @@ def lookup(collective: str, name: str) -> Callable[..., Any]:
             f"{sorted(table) + ['auto']}"
         )
     return table[name]
+
+
+def forced_algorithms(text: str) -> tuple[tuple[str | None, str], ...]:
+    """DT_ALGO's value as (collective, algorithm) pairs; collective None: every one that has it.
+
+    `ring` forces the ring wherever a collective has one; `all_reduce=naive,broadcast=ring`
+    sets it per collective; `auto` leaves the choice to the model. A name that is no
+    algorithm (or no collective) is refused, with the nearest name and the valid ones.
+    """
+    every = sorted({name for table in ALGORITHMS.values() for name in table} | {"auto"})
+    pairs: list[tuple[str | None, str]] = []
+    for part in (p.strip() for p in str(text).split(",")):
+        if not part:
+            continue
+        collective, _, name = part.rpartition("=")
+        collective, name = collective.strip() or None, name.strip()
+        if collective is not None and collective not in ALGORITHMS:
+            raise args.InputError(f"names no collective {collective!r} in {part!r}"
+                                  f"{args.did_you_mean(collective, sorted(ALGORITHMS))}: one of "
+                                  f"{', '.join(sorted(ALGORITHMS))}")
+        known = every if collective is None else sorted(ALGORITHMS[collective]) + ["auto"]
+        if name not in known:
+            what = "algorithm" if collective is None else f"{collective} algorithm"
+            raise args.InputError(f"names no {what} {name!r}{args.did_you_mean(name, known)}: one of "
+                                  f"{', '.join(known)}")
+        if name != "auto":
+            pairs.append((collective, name))
+    return tuple(pairs)
+
+
+args.register("DT_ALGO", forced_algorithms, "force an algorithm (as NCCL_ALGO): ring, or "
+                                            "all_reduce=naive,broadcast=ring")

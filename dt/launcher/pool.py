@@ -21,7 +21,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from dt.args import ENVIRONMENT
+from dt.args import ENVIRONMENT, check_environment, check_local_world
 from dt.launcher import worker
 from dt.launcher.group import resolve_backend
 from dt.launcher.worker import worker_main
@@ -111,6 +111,7 @@ class WorkerPool:
     def __init__(self, world_size: int, backend: str = "gloo", threads_per_worker: int | None = None):
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        check_local_world(world_size)  # before a process starts: a typo must not exhaust the machine
         self.world_size = world_size
         self.backend = resolve_backend(backend)
         self.threads = threads_per_worker or worker.threads_per_worker(world_size)
@@ -192,6 +193,8 @@ class WorkerPool:
         """fn(*args, **kwargs) on every rank; the list of results in rank order."""
         timeout = settings.parse_timeout(timeout, "run_workers timeout")
         with signals_raise_terminated():
+            # A bad DT_* value fails here, once, not as a traceback from every rank.
+            check_environment()
             try:
                 if not self._procs:
                     self._start()

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dt.args import check_environment, launched_by_torchrun
 from dt.launcher.group import init_process_group, resolve_backend
 from dt.launcher.pool import DEFAULT_TIMEOUT
 from dt.transport import liveness
@@ -41,6 +42,7 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
     """
     if dist.is_initialized():
         return
+    check_environment()  # a bad DT_* value: one clear error now, not at each rank's first collective
     store = _attempt_store(timeout)
     if store is None:
         init_process_group(resolve_backend(backend), timeout, init_method="env://")
@@ -57,4 +59,4 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
 
 def under_torchrun() -> bool:
     """Whether this process is a rank torchrun launched (its environment names the world)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    return launched_by_torchrun()

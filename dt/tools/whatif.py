@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("collective", choices=COLLECTIVES, nargs="?", default=None)
     parser.add_argument("--size", type=args_.listed(args_.size), default="1MB",
                         help="message size(s), comma-separated: 1GB,1MB")
-    parser.add_argument("--world", type=args_.world, default=None,
+    parser.add_argument("--world", type=args_.ranks, default=None,
                         help="ranks (default 8; with --measured under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")

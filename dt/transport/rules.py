@@ -32,10 +32,12 @@ own stream order is checked.
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
+
+from dt import args
 
 __all__ = ["Batch", "Op", "Recorder", "active", "pairs_first_used", "recording", "simulate"]
 
@@ -81,11 +83,15 @@ class Recorder:
         return out
 
 
-_active: Recorder | None = Recorder() if os.environ.get("DT_NCCL_RULES") == "1" else None
+_UNREAD: Any = object()
+_active: Recorder | None = _UNREAD  # DT_NCCL_RULES is read at the first post, not at import
 
 
 def active() -> Recorder | None:
-    """The recorder in force in this process, if NCCL's rules are being checked."""
+    """The recorder in force in this process, if NCCL's rules are being checked (DT_NCCL_RULES=1)."""
+    global _active
+    if _active is _UNREAD:
+        _active = Recorder() if args.env_value("DT_NCCL_RULES", False) else None
     return _active
 
 
@@ -95,7 +101,7 @@ def recording() -> Iterator[Recorder]:
     global _active
     import torch.distributed as dist
 
-    prev = _active
+    prev = active()
     _active = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
     try:
         yield _active

@@ -185,10 +185,7 @@ def set_validation(enabled: bool | None) -> None:
 
 
 def _env_validation() -> bool:
-    try:
-        return args.boolean(os.environ.get("DT_VALIDATE", "1"))
-    except args.InputError as exc:
-        raise args.InputError(f"DT_VALIDATE {exc}") from None
+    return args.env_value("DT_VALIDATE", True)
 
 
 def validation_enabled() -> bool:
@@ -196,11 +193,10 @@ def validation_enabled() -> bool:
 
 
 def check_environment() -> None:
-    """Read DT_TIMEOUT and DT_VALIDATE now: ValueError naming the bad one (for command lines)."""
+    """Read every DT_* variable now (dt.args.ENVIRONMENT): ValueError naming the bad one."""
     args.check_environment()
 
 
-_TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
 _transport: str | None = None  # dt.set_transport; None: DT_TRANSPORT, else auto
 
 
@@ -215,19 +211,17 @@ def set_transport(name: str | None) -> None:
     """
     global _transport
     if name is not None:
-        name = name.strip().lower()
-        if name not in _TRANSPORTS:
-            raise ValueError(f"transport must be one of {', '.join(_TRANSPORTS)}, got {name!r}")
+        try:
+            name = args.transport(name)
+        except args.InputError as exc:
+            raise args.InputError(f"transport {exc}") from None
     _transport = name
 
 
 def get_transport() -> str:
     if _transport is not None:
         return _transport
-    name = os.environ.get("DT_TRANSPORT", "").strip().lower() or "auto"
-    if name not in _TRANSPORTS:
-        raise ValueError(f"DT_TRANSPORT must be one of {', '.join(_TRANSPORTS)}, got {name!r}")
-    return name
+    return args.env_value("DT_TRANSPORT", "auto")
 
 
 def shared_memory_allowed() -> bool:

@@ -20,11 +20,11 @@ rank of a host and unlinks its name once all have mapped it (segment.py);
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
 import torch
 
+from dt import args
 from dt.layout import shm_slot_bytes
 from dt.transport.group import Group
 from dt.transport.shm.board import Board
@@ -49,11 +49,11 @@ def _round_up(n: int, to: int = PAGE) -> int:
 
 
 def stage_bytes() -> int:
-    return _round_up(int(os.environ.get("DT_SHM_STAGE_BYTES", DEFAULT_STAGE_BYTES)))
+    return _round_up(args.env_value("DT_SHM_STAGE_BYTES", DEFAULT_STAGE_BYTES))
 
 
 def channel_budget() -> int:
-    return int(os.environ.get("DT_SHM_CHANNEL_BYTES", CHANNEL_BUDGET))
+    return args.env_value("DT_SHM_CHANNEL_BYTES", CHANNEL_BUDGET)
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from dt import args
 from dt.transport import liveness, settings
 from dt.transport.shm.segment import alive
 
@@ -88,26 +89,19 @@ class PeerTimeout(RuntimeError):
     """Timed out waiting on a peer (the text starts "Timed out", as gloo's does)."""
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
-
 def default_spin(local_ranks: int) -> float:
     """Seconds to spin before sleeping: 200 us, none when the ranks outnumber the cores."""
-    env = os.environ.get("DT_SHM_SPIN_US")
-    if env is not None:
-        return float(env) * 1e-6
-    return 200e-6 if local_ranks <= _cores() else 0.0
+    spin_us = args.env_value("DT_SHM_SPIN_US")
+    if spin_us is not None:
+        return spin_us * 1e-6
+    return 200e-6 if local_ranks <= args.cores() else 0.0
 
 
 class _SpareCore:
     """Whether the machine has a core nobody is running on (cached for 20 ms)."""
 
     def __init__(self) -> None:
-        self.cores, self.checked, self.spare = _cores(), 0.0, True
+        self.cores, self.checked, self.spare = args.cores(), 0.0, True
 
     def __call__(self, now: float) -> bool:
         if now - self.checked > 0.02:
