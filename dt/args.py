@@ -137,6 +137,8 @@ def listed(item: Callable[[str], Any]) -> Callable[[str], tuple[Any, ...]]:
         try:
             return tuple(item(p) for p in parts)
         except InputError as exc:
+            if len(parts) == 1:  # the item's own words say it all
+                raise
             raise InputError(f"{exc} (in the list {text!r})") from None
     return check
 

@@ -13,6 +13,7 @@ import argparse
 import os
 import sys
 
+from dt import args as args_
 from dt.learn.exercises import EXERCISES, all_exercises, cost_lines, find, starter, state
 
 __all__ = ["main"]
@@ -83,8 +84,8 @@ def _solution(name: str, give_up: bool) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="dt exercises", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = args_.Parser(prog="dt exercises", description=__doc__,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="action", required=True)
     sub.add_parser("list")
     for action in ("show", "start", "hint", "solution"):

@@ -21,6 +21,7 @@ import signal
 import sys
 from typing import Any
 
+from dt import args as args_
 from dt.learn import exercises
 from dt.learn.exercises import state
 from dt.learn.judge.bench import DEFAULT_SIZES, bench
@@ -29,38 +30,35 @@ from dt.learn.judge.judge import DEFAULT_WORLDS, Report, judge, signature_of
 from dt.learn.judge.report import LABELS, as_json, text
 from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS
-from dt.units import parse_size
 
 __all__ = ["main"]
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="dt judge", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+def _parser() -> args_.Parser:
+    p = args_.Parser(prog="dt judge", description=__doc__,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("file", help="a Python file defining the collective, with torch's signature")
     p.add_argument("--collective", choices=sorted(SPECS), help="what it implements (default: guessed)")
     p.add_argument("--function", help="the function's name (default: the collective's)")
-    p.add_argument("--worlds", type=_ints, default=list(DEFAULT_WORLDS), help="world sizes: 1,2,3,5,8")
-    p.add_argument("--sizes", type=_ints, default=None,
+    # every world is started here, one pool each: each is held to what this host holds (dt.args.world)
+    p.add_argument("--worlds", type=args_.listed(args_.world), default=tuple(DEFAULT_WORLDS),
+                   help="world sizes: 1,2,3,5,8")
+    p.add_argument("--sizes", type=args_.listed(args_.at_least(0)), default=None,
                    help="judge only these lengths (float32 SUM), e.g. 0,33: a quick look")
-    p.add_argument("--cases", type=lambda t: [x for x in t.split(",") if x],
+    p.add_argument("--cases", type=args_.listed(args_.text_value),
                    help="only the cases whose name contains one of these: AVG,subgroup")
     p.add_argument("--target", help="the dt.cost algorithm the bytes are held to "
                                     "(default: the bandwidth-optimal one, or the exercise's)")
-    p.add_argument("--timeout", type=float, default=10.0,
+    p.add_argument("--timeout", type=args_.seconds, default=10.0,
                    help="seconds one wait on a message may take before it is a deadlock (10)")
     p.add_argument("--keep-going", action="store_true",
                    help="after a deadlock, crash or hang, run the world's remaining cases anyway")
     p.add_argument("--json", metavar="PATH", help="write the report as JSON (- for stdout)")
     p.add_argument("--bench", action="store_true", help="time it against dt's algorithm and torch's")
-    p.add_argument("--bench-world", type=int, default=4)
-    p.add_argument("--bench-sizes", default=",".join(str(s) for s in DEFAULT_SIZES),
+    p.add_argument("--bench-world", type=args_.world, default=4, help="ranks for --bench (4)")
+    p.add_argument("--bench-sizes", type=args_.listed(args_.size), default=tuple(DEFAULT_SIZES),
                    help="bytes, e.g. 4KiB,256KiB,4MiB")
-    p.add_argument("--reps", type=int, default=10, help="timed calls per size (--bench)")
+    p.add_argument("--reps", type=args_.at_least(1), default=10, help="timed calls per size (--bench)")
     return p
 
 
@@ -108,16 +106,16 @@ def _run(args: argparse.Namespace, collective: str, function: str | None, target
                   end="", flush=True, file=sys.stderr)
 
     with Runner(args.timeout) as runner:
-        report = judge(args.file, collective, function=function, worlds=args.worlds, sizes=args.sizes,
-                       algorithm=target, timeout=args.timeout, keep_going=args.keep_going,
-                       runner=runner, only=args.cases, progress=progress)
+        report = judge(args.file, collective, function=function, worlds=list(args.worlds),
+                       sizes=None if args.sizes is None else list(args.sizes),
+                       algorithm=target, timeout=args.timeout, keep_going=args.keep_going, runner=runner,
+                       only=None if args.cases is None else list(args.cases), progress=progress)
         if live:
             print("\r" + " " * 60 + "\r", end="", file=sys.stderr)
         if args.bench:
             if report.passed and collective != "sync_gradients":
-                sizes = tuple(parse_size(s) for s in args.bench_sizes.split(","))
                 report.bench = bench(runner, collective, report.file, report.function, report.algorithm,
-                                     args.bench_world, sizes, args.reps)
+                                     args.bench_world, args.bench_sizes, args.reps)
             else:
                 report.bench = {"error": "not run: the judge benchmarks collectives that pass every case"}
     return report
