@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 
-from dt.args import Parser, at_least, duration, rate, seconds
+from dt.args import InputError, Parser, at_least, check_local_world, duration, rate, seconds
 from dt.launcher.cluster import ClusterError, check_tools, cluster, destroy, jobs, stale
 
 __all__ = ["main"]
@@ -44,7 +44,13 @@ def _parser() -> Parser:
 
 
 def main(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.action == "up":  # the simulated hosts all run on this machine: its bound holds their sum
+        try:
+            check_local_world(args.hosts * args.per_host, "ranks (--hosts x --per-host)")
+        except InputError as exc:
+            parser.error(str(exc))
     try:
         check_tools()
     except ClusterError as exc:

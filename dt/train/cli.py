@@ -18,6 +18,7 @@ from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.train.fits import why_it_cannot_fit
 from dt.train.loop import train_worker
 
 __all__ = ["main", "parse_args", "report"]
@@ -42,12 +43,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     one = args_.at_least(1)
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
-    p.add_argument("--dp", type=args_.world, default=1, help="data-parallel size")
-    p.add_argument("--tp", type=args_.world, default=1, help="tensor-parallel size")
-    p.add_argument("--pp", type=args_.world, default=1, help="pipeline stages")
-    p.add_argument("--cp", type=args_.world, default=1,
+    p.add_argument("--dp", type=args_.ranks, default=1, help="data-parallel size")
+    p.add_argument("--tp", type=args_.ranks, default=1, help="tensor-parallel size")
+    p.add_argument("--pp", type=args_.ranks, default=1, help="pipeline stages")
+    p.add_argument("--cp", type=args_.ranks, default=1,
                    help="context-parallel size (each sequence split over cp ranks)")
-    p.add_argument("--ep", type=args_.world, default=1,
+    p.add_argument("--ep", type=args_.ranks, default=1,
                    help="expert-parallel size: experts spread over ep ranks of the dp x cp plane")
     p.add_argument("--layout", choices=["tp-inside", "tp-across"], default="tp-inside",
                    help="across hosts: tp groups inside a host (default) or spread over hosts")
@@ -102,6 +103,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, key, value)
     if world(args) > args_.MAX_WORLD:
         p.error(f"--dp x --cp x --tp x --pp = {world(args)} processes; at most {args_.MAX_WORLD}")
+    try:  # the processes start here, unless torchrun started them already
+        if not args_.launched_by_torchrun():
+            args_.check_local_world(world(args), "processes (--dp x --cp x --tp x --pp)")
+    except args_.InputError as exc:
+        p.error(str(exc))
     per_rank = args.batch_size // args.dp
     if args.batch_size % args.dp or per_rank < 1:
         p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
@@ -138,6 +144,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "rank two chunks of every sequence (at least 2 * cp tokens)")
     if args.cp > 1 and args.cp_attention == "ulysses" and args.n_head % (args.tp * args.cp):
         p.error(f"Ulysses needs --n-head {args.n_head} divisible by tp * cp = {args.tp * args.cp}")
+    ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if args_.launched_by_torchrun() else world(args)
+    too_big = why_it_cannot_fit(args, ranks_here, on_gpu=backend_for(args.device) == "nccl")
+    if too_big:
+        p.error(too_big)
     return args
 
 
