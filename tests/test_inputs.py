@@ -262,3 +262,17 @@ def test_what_fits_is_not_refused():
     big = Namespace(**{**vars(a), "block_size": 100_000})
     line = fits.why_it_cannot_fit(big, 4, on_gpu=False)
     assert line is not None and "\n" not in line and "4 ranks on this machine" in line
+
+
+def main(argv: list[str]) -> int:
+    """A command whose library refuses its world (as `dt model --measured` would): for the router."""
+    WorkerPool(int(argv[0]))
+    return 0
+
+
+def test_a_world_the_library_refuses_ends_a_command_in_one_line(monkeypatch, capsys):
+    monkeypatch.setitem(cli.COMMANDS, "pooled", (__name__, "", "a test's command"))
+    monkeypatch.setenv("DT_MAX_WORLD", "2")
+    assert cli.main(["pooled", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == "dt pooled: error: 3 processes on this host: at most 2 here (DT_MAX_WORLD=2)\n"
