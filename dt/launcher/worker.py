@@ -56,6 +56,13 @@ def _die_with_launcher(news: Any, store_port: int) -> None:
                     on_gone=lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
+def _unloadable(exc: BaseException) -> str:
+    """Why a job could not be unpickled here, in one line."""
+    return (f"the job cannot be loaded in the worker ({str(exc).splitlines()[0] if str(exc) else exc!r}): "
+            "workers import the function by module and name, so define it in a module they can "
+            "import (not in `python -c`, stdin or a notebook cell)")
+
+
 def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, news: Any,
                 sys_path: list[str], threads: int) -> None:
     """One worker: joins the group on the launcher's store, then runs each job sent down `conn`."""
@@ -78,7 +85,11 @@ def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, 
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        job = pickle.loads(msg)
+        try:
+            job = pickle.loads(msg)
+        except Exception as exc:  # noqa: BLE001 - the function's module or name is not found here
+            conn.send_bytes(pickle.dumps(("error", type(exc).__name__, _unloadable(exc), "", False)))
+            continue
         if job is None:
             break
         fn, args, kwargs, wait_timeout, env = job
