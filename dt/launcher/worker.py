@@ -58,7 +58,8 @@ def _die_with_launcher(news: Any, store_port: int) -> None:
 
 def _unloadable(exc: BaseException) -> str:
     """Why a job could not be unpickled here, in one line."""
-    return (f"the job cannot be loaded in the worker ({str(exc).splitlines()[0] if str(exc) else exc!r}): "
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (f"the job cannot be loaded in the worker ({first}): "
             "workers import the function by module and name, so define it in a module they can "
             "import (not in `python -c`, stdin or a notebook cell)")
 
