@@ -2,9 +2,10 @@
 
     results = run_workers(fn, 4, x, timeout=60)   # fn(x) on ranks 0..3
 
-- The parent owns the rendezvous: it opens a TCPStore on a port the kernel
-  picks (port 0) and hands the port to the workers, so two runs at once can
-  never race for the same "free" port.
+- The parent owns the rendezvous: a store file in a directory of its own
+  (c10d's FileStore), so two runs at once never share it, no port is raced
+  for, and no start waits on a DNS lookup (a TCPStore on localhost names each
+  peer by a reverse lookup: a dropped DNS query stalled a start 5 s).
 - Results travel back pickled by plain `pickle` over a pipe, never through a
   multiprocessing queue, whose tensor pickler passes a shared-memory handle
   that blocks the parent forever once the worker that made it has exited.

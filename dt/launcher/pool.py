@@ -6,20 +6,19 @@ See the package docstring (dt/launcher/__init__.py) for what the pool promises.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
-
-import torch.distributed as dist
 
 from dt.args import ENVIRONMENT
 from dt.launcher import preflight, worker
@@ -119,7 +118,7 @@ class WorkerPool:
         self._conns: list[Any] = []  # jobs down, results up
         self._news: list[Any] = []  # failures both ways (dt.transport.liveness); end of file: gone
         self._heard: list[liveness.Failure] = []  # every failure told since the last start
-        self._store: Any = None
+        self._store_dir: str | None = None  # the rendezvous file's directory, while workers run
         self.starts = 0
 
     def __enter__(self) -> WorkerPool:
@@ -140,15 +139,19 @@ class WorkerPool:
     def _start(self) -> None:
         preflight.check_before_start()
         ctx = _context()
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
-        port = self._store.port
+        # The rendezvous is a file, not a TCPStore on localhost: every TCPStore connection
+        # names its peer by a reverse DNS lookup of ::ffff:127.0.0.1 (c10d connects over
+        # IPv6 first, and /etc/hosts only knows 127.0.0.1), so a DNS server that drops a
+        # query stalled the start by the resolver's 5 s timeout. A file needs no name, no
+        # port, and no port race; the directory is ours alone and goes with the workers.
+        self._store_dir = tempfile.mkdtemp(prefix="dt-pool-")
+        store_path = os.path.join(self._store_dir, "store")
         self._heard = []
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             news_end, child_news = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, name=f"dt-rank{rank}",
-                               args=(rank, self.world_size, port, self.backend, child_end, child_news,
+                               args=(rank, self.world_size, store_path, self.backend, child_end, child_news,
                                      list(sys.path), self.threads), daemon=True)
             proc.start()
             child_end.close()
@@ -179,7 +182,9 @@ class WorkerPool:
             p.join(5.0)
         for c in self._conns + self._news:
             c.close()
-        self._procs, self._conns, self._news, self._store = [], [], [], None
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._procs, self._conns, self._news, self._store_dir = [], [], [], None
 
     def _tell(self, failure: liveness.Failure) -> None:
         """Relay a failure to every rank (the one it came from included)."""

@@ -32,7 +32,7 @@ def threads_per_worker(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def _die_with_launcher(news: Any, store_port: int) -> None:
+def _die_with_launcher(news: Any) -> None:
     """Make this worker die with its launcher, however the launcher dies, and hear of failed peers.
 
     Our parent is not the launcher: with the forkserver start method it is the
@@ -52,7 +52,7 @@ def _die_with_launcher(news: Any, store_port: int) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    liveness.attach(liveness.PipeChannel(news), keep_ports=(store_port,),
+    liveness.attach(liveness.PipeChannel(news),  # the store is a file: no socket of its to keep
                     on_gone=lambda: os.kill(os.getpid(), signal.SIGKILL))
 
 
@@ -64,18 +64,18 @@ def _unloadable(exc: BaseException) -> str:
             "import (not in `python -c`, stdin or a notebook cell)")
 
 
-def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, news: Any,
+def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn: Any, news: Any,
                 sys_path: list[str], threads: int) -> None:
-    """One worker: joins the group on the launcher's store, then runs each job sent down `conn`."""
-    _die_with_launcher(news, port)
+    """One worker: joins the group on the launcher's store (a file), then runs each job sent down `conn`."""
+    _die_with_launcher(news)
     for p in reversed(sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
     os.environ["DT_LAUNCHER_RANK"] = str(rank)
     torch.set_num_threads(threads)
 
-    store = dist.TCPStore("127.0.0.1", port, None, False,
-                          timeout=datetime.timedelta(seconds=60))
+    store = dist.FileStore(store_path, world_size)
+    store.set_timeout(datetime.timedelta(seconds=60))
     os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     # On NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
