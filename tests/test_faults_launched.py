@@ -19,6 +19,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -207,6 +208,33 @@ def test_a_function_workers_cannot_import_is_named_in_one_line(tmp_path):
     assert _left_behind(str(tmp_path)) == []
 
 
+@pytest.mark.timeout(240)
+def test_a_sigkilled_launcher_leaves_no_store_file(tmp_path):
+    """The pool's rendezvous is a file: a launcher killed outright cannot remove it, its
+    workers do as they die with it."""
+    directory = tmp_path / "ranks"
+    directory.mkdir()
+    code = ("import sys; from dt.launcher import run_workers; from tests.test_faults import _park; "
+            "run_workers(_park, 2, sys.argv[1], timeout=300)")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT,
+                                env=_env(TMPDIR=str(tmp_path)), stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 180
+        while len(list(directory.glob("*.pid"))) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no start"
+            time.sleep(0.1)
+        assert len(list(tmp_path.glob("dt-pool-*"))) == 1  # the store's directory, while it runs
+        workers = [int(p.read_text()) for p in directory.glob("*.pid")]
+        os.kill(launcher.pid, signal.SIGKILL)
+        launcher.wait(30)
+        assert _wait_gone(workers, within=15) < 15
+        assert list(tmp_path.glob("dt-pool-*")) == []
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+
+
 # -- 4. the pool's start-up time ----------------------------------------------------
 
 
@@ -218,7 +246,7 @@ def test_the_pool_never_stalls_at_start_up():
     The job is os.getpid, which a worker unpickles without importing anything: a test
     module's function would make each fresh worker import that module (and pytest) first.
     The first pool also starts the fork server (it imports torch): not counted."""
-    took = []
+    took, before = [], set(Path(tempfile.gettempdir()).glob("dt-pool-*"))
     for i in range(21):
         start = time.monotonic()
         with WorkerPool(2) as pool:
@@ -227,6 +255,7 @@ def test_the_pool_never_stalls_at_start_up():
                 took.append(time.monotonic() - start)
             pids = pool.pids
         assert _wait_gone(pids, within=15) < 15
+    assert set(Path(tempfile.gettempdir()).glob("dt-pool-*")) <= before  # each store file removed
     median = statistics.median(took)
     stalls = [round(t, 2) for t in took if t - median >= 4.0]
     assert not stalls, f"starts that stalled: {stalls} (median {median:.2f}s of {sorted(took)})"

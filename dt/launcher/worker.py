@@ -13,6 +13,7 @@ import ctypes
 import datetime
 import os
 import pickle
+import shutil
 import signal
 import sys
 import traceback
@@ -32,7 +33,7 @@ def threads_per_worker(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def _die_with_launcher(news: Any) -> None:
+def _die_with_launcher(news: Any, store_path: str) -> None:
     """Make this worker die with its launcher, however the launcher dies, and hear of failed peers.
 
     Our parent is not the launcher: with the forkserver start method it is the
@@ -43,7 +44,8 @@ def _die_with_launcher(news: Any) -> None:
     it is the only holder, so when the launcher dies, however it dies (SIGKILL
     included), our read sees end of file, at once. The liveness watchdog reads
     that pipe (failures of other ranks come down it, dt.transport.liveness)
-    and kills this process on end of file. The parent-death signal stays for
+    and kills this process on end of file (removing the store file first: the
+    launcher cannot any longer). The parent-death signal stays for
     the spawn start method, where the parent is the launcher itself.
 
     Ctrl-C reaches the whole terminal's process group: the launcher owns it,
@@ -52,8 +54,12 @@ def _die_with_launcher(news: Any) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    liveness.attach(liveness.PipeChannel(news),  # the store is a file: no socket of its to keep
-                    on_gone=lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def gone() -> None:  # a launcher that was SIGKILLed cannot remove the store's directory
+        shutil.rmtree(os.path.dirname(store_path), ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    liveness.attach(liveness.PipeChannel(news), on_gone=gone)  # the store is a file: no port to keep
 
 
 def _unloadable(exc: BaseException) -> str:
@@ -67,7 +73,7 @@ def _unloadable(exc: BaseException) -> str:
 def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn: Any, news: Any,
                 sys_path: list[str], threads: int) -> None:
     """One worker: joins the group on the launcher's store (a file), then runs each job sent down `conn`."""
-    _die_with_launcher(news)
+    _die_with_launcher(news, store_path)
     for p in reversed(sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
