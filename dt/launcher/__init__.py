@@ -2,9 +2,10 @@
 
     results = run_workers(fn, 4, x, timeout=60)   # fn(x) on ranks 0..3
 
-- The parent owns the rendezvous: it opens a TCPStore on a port the kernel
-  picks (port 0) and hands the port to the workers, so two runs at once can
-  never race for the same "free" port.
+- The parent owns the rendezvous: a store file in a directory of its own
+  (c10d's FileStore), so two runs at once never share it, no port is raced
+  for, and no start waits on a DNS lookup (a TCPStore on localhost names each
+  peer by a reverse lookup: a dropped DNS query stalled a start 5 s).
 - Results travel back pickled by plain `pickle` over a pipe, never through a
   multiprocessing queue, whose tensor pickler passes a shared-memory handle
   that blocks the parent forever once the worker that made it has exited.
@@ -27,14 +28,22 @@
   headline names the first rank that died or raised, and how, never a
   survivor that only lost its peer. When a run outlives its timeout the
   launcher announces that too, and the stuck ranks say where they are.
+- A rank that never arrives (it hangs in its own compute; the others time out
+  on it) is the one named, from whom the timed-out ranks waited on.
+- What would kill the workers before the function runs (a bad DT_TIMEOUT, a
+  script with no `__main__` guard, a nested function) is refused in one line
+  before any worker starts (preflight.py).
 - Under torchrun (RANK, WORLD_SIZE and MASTER_ADDR in the environment) the
   tools run on the launched ranks instead (`open_world`, `launch`): the same
   worker code runs single-node or multi-node, unchanged, and every rank's
-  result is gathered, as from a local pool.
+  result is gathered, as from a local pool. Once a rank has failed, the others
+  end the run after the same short grace (torchrun then stops the rest), and
+  each rank dies with its torchrun agent, SIGKILL included.
 
 Files: pool.py (WorkerPool, run_workers: starting, collecting, blaming),
-worker.py (one worker: dies with its launcher, serves jobs), group.py (the
-process group and its backend), torchrun.py (joining torchrun's group),
+preflight.py (what is checked before a worker starts), worker.py (one
+worker: dies with its launcher, serves jobs), group.py (the process group
+and its backend), torchrun.py (joining torchrun's group),
 world.py (the launched world or a local pool: what every tool runs on),
 command.py (how a `dt` command ends when a run fails or is stopped),
 cluster/ (a simulated cluster: hosts as network namespaces, `dt cluster`).

@@ -9,11 +9,13 @@ Either way every worker has been stopped before the line is printed.
 - the world asked for is not the one torchrun launched (WorldConflict): one line, exit 2.
 
 Under torchrun every rank runs the command and holds the same gathered
-results and errors: rank 0 alone prints them (dt.launcher.world).
+results and errors: rank 0 alone prints them (dt.launcher.world), or, when
+rank 0 is the rank stuck, the lowest rank that is not.
 """
 
 from __future__ import annotations
 
+import itertools
 import sys
 from collections.abc import Callable
 
@@ -21,6 +23,13 @@ from dt.launcher.pool import Terminated, WorkerError
 from dt.launcher.world import WorldConflict, launched_rank, rank_zero_output
 
 __all__ = ["run_command"]
+
+
+def _reports(exc: WorkerError) -> bool:
+    """Whether this rank prints the report: every launched rank gathered the same one, and the
+    lowest rank that is not stuck prints it (rank 0, unless rank 0 is the one stuck)."""
+    stuck = {r for r, e in exc.errors.items() if e.kind == "stopped"}
+    return launched_rank() == next(r for r in itertools.count() if r not in stuck)
 
 
 def run_command(prog: str, main: Callable[[list[str]], int | None], argv: list[str]) -> int:
@@ -32,7 +41,7 @@ def run_command(prog: str, main: Callable[[list[str]], int | None], argv: list[s
             print(f"{prog}: error: {exc}", file=sys.stderr)
         return 2
     except WorkerError as exc:
-        if launched_rank() == 0:  # every launched rank gathered the same report
+        if _reports(exc):
             print(f"{prog}: {exc}", file=sys.stderr)
         return 1
     except Terminated as exc:

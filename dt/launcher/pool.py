@@ -6,33 +6,32 @@ See the package docstring (dt/launcher/__init__.py) for what the pool promises.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import multiprocessing as mp
 import multiprocessing.connection
 import os
 import pickle
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch.distributed as dist
-
-from dt.args import ENVIRONMENT, check_environment, check_local_world
-from dt.launcher import worker
+from dt.args import ENVIRONMENT, check_local_world
+from dt.launcher import preflight, worker
 from dt.launcher.group import resolve_backend
 from dt.launcher.worker import worker_main
 from dt.transport import liveness, settings
 
-__all__ = ["COLLECTIVE_ERRORS", "RemoteError", "Terminated", "WorkerError", "WorkerPool", "blame",
-           "run_workers"]
+__all__ = ["COLLECTIVE_ERRORS", "DEADLINE_GRACE_S", "GRACE_S", "RemoteError", "Terminated", "WorkerError",
+           "WorkerPool", "blame", "run_workers"]
 
 DEFAULT_TIMEOUT = settings.DEFAULT_TIMEOUT
-_GRACE_S = 5.0  # after the first error, how long the other ranks get to report theirs
-_DEADLINE_GRACE_S = 3.0  # after a run's timeout, how long stuck ranks get to say where they are
+GRACE_S = 5.0  # after the first error, how long the other ranks get to report theirs
+DEADLINE_GRACE_S = 3.0  # after a run's timeout, how long stuck ranks get to say where they are
 COLLECTIVE_ERRORS = ("CollectiveError", "CollectiveTimeout")  # the transport announced those
 
 
@@ -68,7 +67,8 @@ def run_workers(fn: Callable[..., Any], world_size: int, *args: Any,
     """Run fn(*args, **kwargs) on `world_size` fresh processes; return each rank's result.
 
     `fn` must be importable by name (a module-level function), as with any
-    multiprocessing start method that does not fork the caller.
+    multiprocessing start method that does not fork the caller; what would make
+    the workers die before they run it is refused first, in one line (preflight.py).
     """
     with WorkerPool(world_size, backend=backend) as pool:
         return pool.run(fn, *args, timeout=timeout, **kwargs)
@@ -119,7 +119,7 @@ class WorkerPool:
         self._conns: list[Any] = []  # jobs down, results up
         self._news: list[Any] = []  # failures both ways (dt.transport.liveness); end of file: gone
         self._heard: list[liveness.Failure] = []  # every failure told since the last start
-        self._store: Any = None
+        self._store_dir: str | None = None  # the rendezvous file's directory, while workers run
         self.starts = 0
 
     def __enter__(self) -> WorkerPool:
@@ -138,16 +138,21 @@ class WorkerPool:
 
     # -- life cycle ---------------------------------------------------------
     def _start(self) -> None:
+        preflight.check_before_start()
         ctx = _context()
-        self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False,
-                                    timeout=datetime.timedelta(seconds=60))
-        port = self._store.port
+        # The rendezvous is a file, not a TCPStore on localhost: every TCPStore connection
+        # names its peer by a reverse DNS lookup of ::ffff:127.0.0.1 (c10d connects over
+        # IPv6 first, and /etc/hosts only knows 127.0.0.1), so a DNS server that drops a
+        # query stalled the start by the resolver's 5 s timeout. A file needs no name, no
+        # port, and no port race; the directory is ours alone and goes with the workers.
+        self._store_dir = tempfile.mkdtemp(prefix="dt-pool-")
+        store_path = os.path.join(self._store_dir, "store")
         self._heard = []
         for rank in range(self.world_size):
             parent_end, child_end = ctx.Pipe(duplex=True)
             news_end, child_news = ctx.Pipe(duplex=True)
             proc = ctx.Process(target=worker_main, name=f"dt-rank{rank}",
-                               args=(rank, self.world_size, port, self.backend, child_end, child_news,
+                               args=(rank, self.world_size, store_path, self.backend, child_end, child_news,
                                      list(sys.path), self.threads), daemon=True)
             proc.start()
             child_end.close()
@@ -178,7 +183,9 @@ class WorkerPool:
             p.join(5.0)
         for c in self._conns + self._news:
             c.close()
-        self._procs, self._conns, self._news, self._store = [], [], [], None
+        if self._store_dir is not None:
+            shutil.rmtree(self._store_dir, ignore_errors=True)
+        self._procs, self._conns, self._news, self._store_dir = [], [], [], None
 
     def _tell(self, failure: liveness.Failure) -> None:
         """Relay a failure to every rank (the one it came from included)."""
@@ -192,23 +199,23 @@ class WorkerPool:
             **kwargs: Any) -> list[Any]:
         """fn(*args, **kwargs) on every rank; the list of results in rank order."""
         timeout = settings.parse_timeout(timeout, "run_workers timeout")
+        # dt's per-wait timeout (the launcher's: DT_TIMEOUT and set_timeout come
+        # first) fires inside the run's, so a deadlock is reported by the stuck
+        # ranks themselves, with their collective and step.
+        wait_timeout = max(0.5, 0.8 * timeout)
+        # The caller's DT_TIMEOUT / DT_VALIDATE as they are now (checked here: every rank
+        # would refuse them alike): a worker forked from a fork server started earlier
+        # would otherwise see the server's.
+        settings.check_environment()
+        env = {name: os.environ.get(name) for name in ENVIRONMENT}
+        payload = preflight.job_payload(fn, args, kwargs, wait_timeout, env)
         with signals_raise_terminated():
-            # A bad DT_* value fails here, once, not as a traceback from every rank.
-            check_environment()
             try:
                 if not self._procs:
                     self._start()
-                # dt's per-wait timeout (the launcher's: DT_TIMEOUT and set_timeout come
-                # first) fires inside the run's, so a deadlock is reported by the stuck
-                # ranks themselves, with their collective and step.
-                wait_timeout = max(0.5, 0.8 * timeout)
-                # The caller's DT_TIMEOUT / DT_VALIDATE as they are now: a worker forked
-                # from a fork server started earlier would otherwise see the server's.
-                env = {name: os.environ.get(name) for name in ENVIRONMENT}
-                payload = pickle.dumps((fn, args, kwargs, wait_timeout, env))
                 for c in self._conns:
                     c.send_bytes(payload)
-                results = self._collect(timeout=timeout, grace=_GRACE_S,
+                results = self._collect(timeout=timeout, grace=GRACE_S,
                                         what=getattr(fn, "__name__", "fn"))
             except BaseException:  # Ctrl-C, SIGTERM, or a failed start: stop every worker
                 self._kill()
@@ -234,7 +241,7 @@ class WorkerPool:
                 # The run's time is up: tell every rank, so the stuck ones say where they
                 # are (their collective, step and peer) before they are killed.
                 timed_out = True
-                limit = now + _DEADLINE_GRACE_S
+                limit = now + DEADLINE_GRACE_S
                 self._tell(liveness.Failure(
                     liveness.EVERYONE, "deadline", f"the run passed its {timeout:g}s timeout"))
                 continue
@@ -269,8 +276,16 @@ class WorkerPool:
                 "stopped",
                 f"still running {what} after {timeout:g}s" if timed_out
                 else f"still running {what} {grace:g}s after rank {order[0]} failed; killed")
+        self._drain_news()
         self._kill()
-        raise blame(errors, order, what, timeout, timed_out)
+        raise blame(errors, order, what, timeout, timed_out, self._heard)
+
+    def _drain_news(self) -> None:
+        """Relay what the ranks announced but the loop has not read yet (blame reads it)."""
+        for c in self._news:
+            with contextlib.suppress(EOFError, OSError):
+                while not c.closed and c.poll():
+                    self._tell(liveness.decode(c.recv_bytes()))
 
     def _reply(self, r: int, obj: Any, what: str) -> Any:
         """Rank r's reply ("ok"/"ready", value), a RemoteError, or None for "not yet".
@@ -301,22 +316,52 @@ class WorkerPool:
 
 
 def blame(errors: dict[int, RemoteError], order: list[int], what: str, timeout: float,
-          timed_out: bool) -> WorkerError:
-    """The WorkerError of a failed run: the rank where it started first, then what every rank said."""
+          timed_out: bool, failures: Sequence[liveness.Failure] = ()) -> WorkerError:
+    """The WorkerError of a failed run: the rank where it started first, then what every rank said.
+
+    `failures`: what the ranks announced (dt.transport.liveness); a rank that never
+    arrived is found from them: the one the timed-out ranks waited on.
+    """
     # Blame where it started: the first rank that died or raised something of its own,
     # before its consequences (peers that lost it, timeouts, kills).
     secondary = (*COLLECTIVE_ERRORS, "stopped")
     causes = [r for r in order if errors[r].kind not in secondary]
-    blamed = causes[0] if causes else (order[0] if order else min(errors))
-    e = errors[blamed]
-    if timed_out and not causes:
-        head = f"{what}: no result from ranks {sorted(errors)} within {timeout:g}s"
-    elif e.kind == "died":
-        head = f"{what}: {e.message}"
+    late = None if causes else _never_arrived(errors, failures)
+    if late is not None:
+        blamed, waited = late
+        head = f"{what}: rank {blamed} never arrived: {waited.text}"
+        shown = waited.rank if waited.rank in errors else blamed
     else:
-        head = f"{what}: rank {blamed} raised {e.line()}"
+        blamed = causes[0] if causes else (order[0] if order else min(errors))
+        shown = blamed
+        e = errors[blamed]
+        if timed_out and not causes:
+            head = f"{what}: no result from ranks {sorted(errors)} within {timeout:g}s"
+        elif e.kind == "died":
+            head = f"{what}: {e.message}"
+        else:
+            head = f"{what}: rank {blamed} raised {e.line()}"
     lines = [head, "", "what every rank reported:"]
     lines += [f"  rank {r}: {errors[r].line()}" for r in sorted(errors)]
-    if e.traceback:
-        lines += ["", f"traceback of rank {blamed}:", e.traceback.rstrip()]
+    if errors.get(shown, RemoteError("", "")).traceback:
+        lines += ["", f"traceback of rank {shown}:", errors[shown].traceback.rstrip()]
     return WorkerError("\n".join(lines), blamed, errors)
+
+
+def _never_arrived(errors: dict[int, RemoteError],
+                   failures: Sequence[liveness.Failure]) -> tuple[int, liveness.Failure] | None:
+    """The rank the first timed-out rank waited on (following who waited on whom), with that
+    timeout, if that rank failed in nothing of its own: it was late (still running, or gone on)."""
+    waited_on = {f.rank: f for f in reversed(failures) if f.kind == "timeout" and f.blame >= 0}
+    for f in failures:
+        if f.kind != "timeout" or f.blame < 0:
+            continue
+        seen, last = {f.rank}, f
+        while last.blame in waited_on and last.blame not in seen:  # it timed out on another
+            seen.add(last.blame)
+            last = waited_on[last.blame]
+        if last.blame in seen:
+            continue  # a cycle of timeouts: nobody in it was late
+        if last.blame not in errors or errors[last.blame].kind == "stopped":
+            return last.blame, last
+    return None

@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import datetime
 import os
+import signal
+import sys
+import threading
+import time
 from typing import Any
 
 import torch.distributed as dist
@@ -14,7 +19,41 @@ from dt.launcher.group import init_process_group, resolve_backend
 from dt.launcher.pool import DEFAULT_TIMEOUT
 from dt.transport import liveness
 
-__all__ = ["init", "under_torchrun"]
+__all__ = ["die_with_agent", "init", "under_torchrun"]
+
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_bound_to: int | None = None  # the agent this rank dies with, once bound
+
+
+def die_with_agent() -> None:
+    """Make this rank die with the torchrun agent that started it, however the agent dies.
+
+    torchrun's agent stops its workers when it is stopped, but not when it is
+    SIGKILLed: nothing runs in it then, and its workers (each in a session of its
+    own) would train on, orphaned. The agent is this rank's parent (it starts each
+    rank with Popen), so on Linux the kernel's parent-death signal ends the rank
+    the moment the agent dies. Had the agent already died before the signal was
+    set, the rank has a new parent by then: checked right after, so no death is
+    missed. Elsewhere a thread polls for the same change of parent.
+    Idempotent; only under torchrun (TORCHELASTIC_RUN_ID names its job).
+    """
+    global _bound_to
+    if _bound_to is not None or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    agent = os.getppid()
+    _bound_to = agent
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != agent:  # the agent died before the signal was armed
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
+
+    def watch() -> None:
+        while os.getppid() == agent:
+            time.sleep(1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="dt-agent-watch", daemon=True).start()
 
 
 def _attempt_store(timeout: float) -> Any:
@@ -40,6 +79,7 @@ def init(backend: str | None = "auto", timeout: float = DEFAULT_TIMEOUT) -> None
 
     backend "auto": NCCL when CUDA is available (one GPU per rank, LOCAL_RANK's), else gloo.
     """
+    die_with_agent()
     if dist.is_initialized():
         return
     check_environment()  # a bad DT_* value: one clear error now, not at each rank's first collective

@@ -13,6 +13,7 @@ import ctypes
 import datetime
 import os
 import pickle
+import shutil
 import signal
 import sys
 import traceback
@@ -32,7 +33,7 @@ def threads_per_worker(world_size: int) -> int:
     return max(1, (os.cpu_count() or 1) // world_size)
 
 
-def _die_with_launcher(news: Any, store_port: int) -> None:
+def _die_with_launcher(news: Any, store_path: str) -> None:
     """Make this worker die with its launcher, however the launcher dies, and hear of failed peers.
 
     Our parent is not the launcher: with the forkserver start method it is the
@@ -43,7 +44,8 @@ def _die_with_launcher(news: Any, store_port: int) -> None:
     it is the only holder, so when the launcher dies, however it dies (SIGKILL
     included), our read sees end of file, at once. The liveness watchdog reads
     that pipe (failures of other ranks come down it, dt.transport.liveness)
-    and kills this process on end of file. The parent-death signal stays for
+    and kills this process on end of file (removing the store file first: the
+    launcher cannot any longer). The parent-death signal stays for
     the spawn start method, where the parent is the launcher itself.
 
     Ctrl-C reaches the whole terminal's process group: the launcher owns it,
@@ -52,22 +54,34 @@ def _die_with_launcher(news: Any, store_port: int) -> None:
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    liveness.attach(liveness.PipeChannel(news), keep_ports=(store_port,),
-                    on_gone=lambda: os.kill(os.getpid(), signal.SIGKILL))
+
+    def gone() -> None:  # a launcher that was SIGKILLed cannot remove the store's directory
+        shutil.rmtree(os.path.dirname(store_path), ignore_errors=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    liveness.attach(liveness.PipeChannel(news), on_gone=gone)  # the store is a file: no port to keep
 
 
-def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, news: Any,
+def _unloadable(exc: BaseException) -> str:
+    """Why a job could not be unpickled here, in one line."""
+    first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return (f"the job cannot be loaded in the worker ({first}): "
+            "workers import the function by module and name, so define it in a module they can "
+            "import (not in `python -c`, stdin or a notebook cell)")
+
+
+def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn: Any, news: Any,
                 sys_path: list[str], threads: int) -> None:
-    """One worker: joins the group on the launcher's store, then runs each job sent down `conn`."""
-    _die_with_launcher(news, port)
+    """One worker: joins the group on the launcher's store (a file), then runs each job sent down `conn`."""
+    _die_with_launcher(news, store_path)
     for p in reversed(sys_path):
         if p not in sys.path:
             sys.path.insert(0, p)
     os.environ["DT_LAUNCHER_RANK"] = str(rank)
     torch.set_num_threads(threads)
 
-    store = dist.TCPStore("127.0.0.1", port, None, False,
-                          timeout=datetime.timedelta(seconds=60))
+    store = dist.FileStore(store_path, world_size)
+    store.set_timeout(datetime.timedelta(seconds=60))
     os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     # On NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
@@ -78,7 +92,11 @@ def worker_main(rank: int, world_size: int, port: int, backend: str, conn: Any, 
             msg = conn.recv_bytes()
         except (EOFError, OSError):
             break
-        job = pickle.loads(msg)
+        try:
+            job = pickle.loads(msg)
+        except Exception as exc:  # noqa: BLE001 - the function's module or name is not found here
+            conn.send_bytes(pickle.dumps(("error", type(exc).__name__, _unloadable(exc), "", False)))
+            continue
         if job is None:
             break
         fn, args, kwargs, wait_timeout, env = job

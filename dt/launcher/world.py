@@ -24,6 +24,7 @@ import itertools
 import os
 import pickle
 import sys
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,8 +33,16 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.launcher.group import resolve_backend
-from dt.launcher.pool import COLLECTIVE_ERRORS, DEFAULT_TIMEOUT, RemoteError, WorkerPool, blame
-from dt.launcher.torchrun import init, under_torchrun
+from dt.launcher.pool import (
+    COLLECTIVE_ERRORS,
+    DEADLINE_GRACE_S,
+    DEFAULT_TIMEOUT,
+    GRACE_S,
+    RemoteError,
+    WorkerPool,
+    blame,
+)
+from dt.launcher.torchrun import die_with_agent, init, under_torchrun
 from dt.transport import liveness, settings
 
 __all__ = ["LaunchedWorld", "WorldConflict", "launch", "launched_rank", "launched_size", "open_world",
@@ -68,6 +77,7 @@ def resolve_world(requested: int | None, default: int, option: str = "--world") 
 # Every rank runs the same jobs in the same order, so a count names a job's keys alike on
 # all of them; one count per process, so a second LaunchedWorld never reads the first's keys.
 _RUNS = itertools.count()
+_POLL_S = 0.05  # how often a rank looks for the others' replies
 
 
 class LaunchedWorld:
@@ -79,6 +89,7 @@ class LaunchedWorld:
         self.rank = int(os.environ["RANK"])
         self._timeout = timeout
         self._store: Any = None
+        die_with_agent()  # from the start: the tool may work a while before its first run
 
     def __enter__(self) -> LaunchedWorld:
         return self
@@ -101,8 +112,15 @@ class LaunchedWorld:
 
     def run(self, fn: Callable[..., Any], *args: Any, timeout: float = DEFAULT_TIMEOUT,
             **kwargs: Any) -> list[Any]:
-        """fn(*args, **kwargs) on this rank; every rank's result in rank order (or WorkerError)."""
+        """fn(*args, **kwargs) on this rank; every rank's result in rank order (or WorkerError).
+
+        As in the local pool, once one rank has failed the others get a short grace to
+        report, then the run ends here (a WorkerError) without waiting on the rest: this
+        rank exits, and torchrun stops the ranks still running. `timeout` counts from
+        the start of the run; past it the stuck ranks are told (they say where they are).
+        """
         timeout = settings.parse_timeout(timeout, "run timeout")
+        started = time.monotonic()
         init(self.backend, self._timeout)
         # the transport's own waits end first, so a stuck rank says where (as in the local pool)
         settings.set_launcher_timeout(max(0.5, 0.8 * timeout))
@@ -116,24 +134,66 @@ class LaunchedWorld:
                 first = str(exc).splitlines()[0] if str(exc) else ""
                 liveness.announce(liveness.Failure(self.rank, "raised",
                                                    f"rank {self.rank} raised {type(exc).__name__}: {first}"))
-        store, job = self._results_store(timeout), f"run{next(_RUNS)}"
-        store.set(f"{job}/{self.rank}", pickle.dumps(reply))
-        results: list[Any] = []
-        errors: dict[int, RemoteError] = {}
-        for r in range(self.world_size):
-            try:
-                theirs = pickle.loads(store.get(f"{job}/{r}"))
-            except RuntimeError as exc:  # the store's timeout: that rank never finished
-                theirs = ("error", RemoteError("stopped", f"no result from rank {r} within {timeout:g}s "
-                                               f"({str(exc).splitlines()[0]})"), False)
-            if theirs[0] == "ok":
-                results.append(theirs[1])
-            else:
-                errors[r] = theirs[1]
-                results.append(None)
+        what = getattr(fn, "__name__", "fn")
+        gathered = _Gathering(self._results_store(timeout + GRACE_S), f"run{next(_RUNS)}",
+                              self.world_size)
+        gathered.post(self.rank, reply)
+        results, errors, timed_out = gathered.collect(started + timeout, timeout, what)
         if errors:
-            raise blame(errors, sorted(errors), getattr(fn, "__name__", "fn"), timeout, False)
+            raise blame(errors, gathered.order, what, timeout, timed_out, liveness.failures())
         return results
+
+
+class _Gathering:
+    """One run's replies in the store: `post` this rank's, `collect` every rank's.
+
+    Keys: <job>/<rank> (a pickled reply), <job>/errors (how many replies are errors),
+    <job>/deadline (the first rank past the deadline announces it, once).
+    """
+
+    def __init__(self, store: Any, job: str, world_size: int):
+        self.store, self.job, self.n = store, job, world_size
+        self.order: list[int] = []  # ranks whose error this rank read, in that order
+
+    def post(self, rank: int, reply: tuple) -> None:
+        self.store.set(f"{self.job}/{rank}", pickle.dumps(reply))
+        if reply[0] != "ok":
+            self.store.add(f"{self.job}/errors", 1)
+
+    def collect(self, deadline: float, timeout: float, what: str
+                ) -> tuple[list[Any], dict[int, RemoteError], bool]:
+        results: list[Any] = [None] * self.n
+        errors: dict[int, RemoteError] = {}
+        pending, limit, timed_out, failed = list(range(self.n)), deadline, False, False
+        while True:
+            for r in [r for r in pending if self.store.check([f"{self.job}/{r}"])]:
+                pending.remove(r)
+                theirs = pickle.loads(self.store.get(f"{self.job}/{r}"))
+                if theirs[0] == "ok":
+                    results[r] = theirs[1]
+                else:
+                    errors[r] = theirs[1]
+                    self.order.append(r)
+            now = time.monotonic()
+            if not pending:
+                break
+            if not failed and (errors or self.store.add(f"{self.job}/errors", 0)):
+                failed, limit = True, min(limit, now + GRACE_S)  # a rank failed: the rest get a grace
+            if now >= limit:
+                if failed or timed_out:
+                    break
+                # The run's time is up: tell every rank, so the stuck ones say where they are.
+                timed_out, limit = True, now + DEADLINE_GRACE_S
+                if self.store.add(f"{self.job}/deadline", 1) == 1:
+                    liveness.announce(liveness.Failure(
+                        liveness.EVERYONE, "deadline", f"the run passed its {timeout:g}s timeout"))
+                continue
+            time.sleep(min(_POLL_S, max(0.0, limit - now)))
+        for r in pending:  # the words of the local pool's, which kills them (here torchrun does)
+            errors[r] = RemoteError("stopped", f"still running {what} after {timeout:g}s" if timed_out
+                                    else f"still running {what} {GRACE_S:g}s after rank "
+                                         f"{self.order[0] if self.order else '?'} failed")
+        return results, errors, timed_out
 
 
 def launch(fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = DEFAULT_TIMEOUT,
