@@ -24,7 +24,7 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import TORCH, Case, registry_name, time_calls, wire_group
+from dt.bench.harness import ROOTED, TORCH, Case, registry_name, time_calls, wire_group
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
@@ -34,8 +34,7 @@ DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.floa
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int32": torch.int32, "int": torch.int32,
           "int64": torch.int64}
-REDUCING = ("all_reduce", "reduce", "reduce_scatter")
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
+REDUCING = ("all_reduce", "reduce", "reduce_scatter")  # the rows that name a redop
 
 
 def sweep_sizes(lo: int, hi: int, factor: float) -> list[int]:
