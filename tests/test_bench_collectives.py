@@ -121,7 +121,9 @@ def test_gather_scatter_barrier_rows_against_torch(run, world):
     for collective in ("gather", "scatter", "barrier"):
         cfg = _cfg("--collective", collective, "-b", "1K", "-e", "4K", "-f", "4", "--world", str(world))
         cfg["stream"] = False
-        rows = run(world, collective_worker, cfg, timeout=200)[0]
+        per_rank = run(world, collective_worker, cfg, timeout=200)
+        assert all(rk["wires"] == {"shm": ["shm"]} for rk in per_rank)  # one host: shared memory
+        rows = per_rank[0]["rows"]
         expected = set(auto.candidates(collective, shared_memory=True)) | {"auto", "torch"}
         for size in [0] if collective == "barrier" else [1024, 4096]:
             here = [r for r in rows if abs(r["size"] - size) < 4 * world]  # whole blocks of p
@@ -184,3 +186,18 @@ def test_bench_ddp_names_the_wires_its_group_used(pools, tmp_path, capsys):
     line = next(line for line in text.splitlines() if line.startswith("wires: "))
     assert line.startswith(f"wires: dt DDP over {' + '.join(wire_label(w) for w in wires)} "), line
     assert "loopback" not in text and "TCP" not in text
+
+
+def test_avg_bus_bandwidth_is_nccl_tests_mean_over_sizes_and_modes():
+    from dt.bench.collectives_table import avg_bus_bandwidth, print_avg
+
+    def mode(busbw: float) -> dict[str, Any]:
+        return {**_mode(1e-3), "busbw": busbw}
+
+    rows = [_row("ring", size=s, out=mode(b), **{"in": mode(b + 2)}) for s, b in ((1024, 1.0), (4096, 3.0))]
+    rows.append(_row("pairwise", out=mode(5.0)))  # out of place only: one figure
+    assert avg_bus_bandwidth(rows) == {"ring": 3.0, "pairwise": 5.0}
+    out = io.StringIO()
+    print_avg(_data(rows), out)
+    assert out.getvalue().splitlines() == ["# Avg bus bandwidth    : 3 GB/s  ring",
+                                           "# Avg bus bandwidth    : 5 GB/s  pairwise"]

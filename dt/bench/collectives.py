@@ -117,7 +117,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     finally:
         if deepspeed:
             forget_deepspeed(cfg["token"])
-    data["results"] = per_rank[0]
+    data["results"] = per_rank[0]["rows"]
+    # what the groups connected (across hosts an shm group also has socket peers), not what was asked
+    machine["connected_wires"] = {name: sorted({w for rk in per_rank for w in rk["wires"][name]})
+                                  for name in transports}
     return data
 
 

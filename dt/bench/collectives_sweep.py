@@ -24,7 +24,7 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import ROOTED, TORCH, Case, registry_name, time_calls, wire_group
+from dt.bench.harness import ROOTED, TORCH, Case, group_wires, registry_name, time_calls, wire_group
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
@@ -201,10 +201,11 @@ def size_rows(cfg: dict[str, Any], per_rank: list[dict[str, Any]]) -> list[dict[
     return rows
 
 
-def collective_worker(cfg: dict[str, Any]) -> list[dict[str, Any]]:
+def collective_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     """Every size of the sweep on this rank; rank 0 prints each size's rows as it is done.
 
-    Returns the rows on rank 0 (every size's), nothing on the others.
+    Returns {"rows": every size's rows (rank 0; none on the others), "wires":
+    per --transport group, the wires this rank's peers were connected over}.
     """
     p, r = dist.get_world_size(), dist.get_rank()
     transport.set_validation(False)
@@ -222,4 +223,4 @@ def collective_worker(cfg: dict[str, Any]) -> list[dict[str, Any]]:
             rows += here
             if cfg.get("stream", True):
                 print_size_rows(here, sys.stdout, first=i == 0)
-    return rows
+    return {"rows": rows, "wires": {name: group_wires(g) for name, g in wires.items()}}

@@ -80,12 +80,17 @@ def avg_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
 
 
 def print_avg(data: dict[str, Any], out: TextIO) -> None:
-    """nccl-tests' closing line, once per row name (its one line covers one algorithm)."""
+    """The wires the groups connected, then nccl-tests' closing line once per row name."""
+    connected = data["machine"].get("connected_wires", {})
+    if connected:
+        print("# wires connected: " + "; ".join(
+            f"--transport {name} group over {' + '.join(wires) or 'no peer'}"
+            for name, wires in connected.items()), file=out)
     if data["collective"] == "barrier":
         print("# Avg bus bandwidth    : N/A (a barrier moves no data)", file=out)
         return
     for name, avg in avg_bus_bandwidth(data["results"]).items():
-        print(f"# Avg bus bandwidth    : {avg:.4f} GB/s  {name}", file=out)
+        print(f"# Avg bus bandwidth    : {avg:.4g} GB/s  {name}", file=out)  # nccl-tests: %g
 
 
 def fastest_dt(here: dict[str, dict[str, Any]], mode: str) -> str | None:
