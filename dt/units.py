@@ -1,6 +1,8 @@
 """Reading and writing sizes, rates and times as people type them.
 
-Sizes: B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (of 1024).
+Sizes: B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (of 1024), and
+nccl-tests' bare K, M, G, T, which it reads as powers of 1024 (`-e 128M` is
+128 MiB there, so here too).
 Rates: B/s .. GB/s, KiB/s .. GiB/s, bit/s, Kbit/s, Mbit/s, Gbit/s.
 Times: ns, us, ms, s.
 """
@@ -14,6 +16,8 @@ __all__ = ["fmt_bytes", "fmt_time", "parse_rate", "parse_size", "parse_time"]
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+# nccl-tests' -b/-e suffixes: binary. Sizes only: a rate's "G" (Gbit/s) stays decimal.
+_NCCL_SIZE_UNITS = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _TIME_UNITS = {"NS": 1e-9, "US": 1e-6, "µS": 1e-6, "MS": 1e-3, "S": 1.0, "": 1.0}
 
 
@@ -25,13 +29,14 @@ def _split(text: str) -> tuple[float, str]:
 
 
 def parse_size(text: str) -> int:
-    """'1GB' -> 10**9 bytes, '1GiB' -> 2**30, '4096' -> 4096."""
+    """'1GB' -> 10**9 bytes, '1GiB' and '1G' -> 2**30, '4096' -> 4096."""
     value, unit = _split(text)
-    try:
-        return int(round(value * _SIZE_UNITS[unit.upper()]))
-    except KeyError:
+    u = unit.upper()
+    scale = _SIZE_UNITS.get(u, _NCCL_SIZE_UNITS.get(u))
+    if scale is None:
         raise ValueError(f"unknown size unit {unit!r} in {text!r} "
-                         f"(use B, KB, MB, GB, KiB, MiB, GiB)") from None
+                         f"(use B, KB, MB, GB (1000s), KiB, MiB, GiB or K, M, G (1024s))")
+    return int(round(value * scale))
 
 
 def parse_rate(text: str) -> float:

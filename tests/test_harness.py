@@ -36,8 +36,8 @@ def _all_match_torch(counts: list[int]) -> dict[str, int]:
                     ref.call(H.TORCH, inplace)()
                     case.reset()
                     case.call(algo, inplace)()
-                    if c == "reduce" and case.r != 0:
-                        continue  # only the root's buffer is defined
+                    if not case.has_result:
+                        continue  # reduce, gather: only the root's buffer is defined
                     diff = int((case.result(inplace) != ref.result(inplace).clone()).sum())
                     out[f"{c}:{algo}:{int(inplace)}:{count}"] = diff
     return out
@@ -59,8 +59,14 @@ def test_case_shapes():
     assert H.Case("all_reduce", 0, p=2, r=0).count == 0
     assert H.registry_name("all_gather") == "all_gather_into_tensor"
     assert H.base_name("reduce_scatter_tensor") == "reduce_scatter"
+    g = H.Case("gather", 10, p=4, r=1)  # nccl-tests: the size is the root's whole buffer
+    assert g.per == 2 and g.count == 8 and g.output.numel() == 8 and not g.has_result
+    sc = H.Case("scatter", 10, p=4, r=1)
+    assert sc.per == 2 and sc.count == 8 and sc.output.numel() == 2 and sc.has_result
+    assert H.Case("barrier", 4096, p=3, r=0).nbytes == 0  # a barrier moves no data
+    assert H.Case("gather", 4, p=2, r=0).call("flat", inplace=True) is None  # out of place only
     with pytest.raises(ValueError, match="no harness"):
-        H.Case("gather", 4, p=2, r=0)
+        H.Case("send", 4, p=2, r=0)
 
 
 def test_rotated_and_slope():

@@ -276,6 +276,19 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     assert data["tables"]["7"]["fits"]
 
 
+def test_table_3s_world_1_row_keeps_its_own_definition(tmp_path, monkeypatch):
+    """speedup = T1 / s/step on the world-1 row too, when rank 0 alone beat the world-1 run."""
+    st = _fake_study(tmp_path, False, monkeypatch)
+    batch = st.s.dp_batch
+    bigger = max(w for w, b in st.dp if b == batch)
+    st.dp[(bigger, batch)]["t1"] = S.aggregate_dp([[{"step": 0.89}]])  # faster than world 1's 1.0 s
+    t3 = S.BUILDERS[3](st)
+    first = t3.data[0]
+    assert first["world"] == 1 and first["t1"] == 0.89
+    assert first["speedup"] == pytest.approx(0.89) and first["efficiency"] == pytest.approx(0.89)
+    assert t3.rows[0][5] == "0.89x", t3.rows[0]
+
+
 def test_a_failed_measurement_leaves_a_gap_not_a_crash(tmp_path, monkeypatch):
     st = _fake_study(tmp_path, False, monkeypatch)
     del st.coll[(st.s.coll_worlds[-1], st.s.big_bytes)]

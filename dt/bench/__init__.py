@@ -1,6 +1,7 @@
 """Benchmarks, packaged so `dt bench NAME` works from any install.
 
 - collectives.py  every algorithm against torch's collective, nccl-tests columns
+                  (collectives_sweep.py: the ranks' side; collectives_table.py: what it prints)
 - ddp.py          dt's DDP against torch's on the reference model
 - scaling/        the scaling study: what distributed training costs here, table by table
 - idle.py         what a rank waiting in a collective costs (CPU time while it waits)

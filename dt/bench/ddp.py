@@ -43,7 +43,7 @@ from torch import nn
 from dt import args as args_
 from dt import transport
 from dt.bench import report as R
-from dt.bench.harness import barrier
+from dt.bench.harness import barrier, group_wires
 from dt.collectives import ALGORITHMS
 from dt.device import DEVICES, backend_for, clock
 from dt.launcher import LaunchedWorld, WorkerPool, open_world, resolve_world
@@ -234,7 +234,8 @@ def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None 
 
     caps = list(a.buckets)
     impls = ["dt_on", "dt_off", "torch"]
-    m = R.machine()
+    backend = backend_for(a.device)
+    m = R.machine(backend)
     print(f"dt bench ddp: world {a.world}, reference model {a.layers} x Linear({a.hidden}), "
           f"global batch {a.batch}, {a.steps} timed steps after {a.warmup} warm-up, "
           f"impls interleaved step by step")
@@ -244,7 +245,6 @@ def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None 
     if note:
         print(f"note: {note}")
     rows, results, figures = [], [], []
-    backend = backend_for(a.device)
     with contextlib.nullcontext(pool) if pool is not None else open_world(a.world, backend) as pool:
         for cap in caps:
             per_rank = pool.run(step_worker, a.batch, a.hidden, a.layers, impls, a.steps,
@@ -272,6 +272,10 @@ def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None 
                     "exposed_on_over_off": by_impl["dt_on"]["exposed_comm_s"]
                     / by_impl["dt_off"]["exposed_comm_s"]},
             })
+        # named from the world group's connected wires (dt's DDP runs on it), not assumed
+        wires = sorted(set().union(*pool.run(group_wires, timeout=60)))
+    print(f"wires: dt DDP over {' + '.join(R.wire_label(w, backend) for w in wires)} (its group's "
+          f"connected wires); torch DDP over torch.distributed ({backend}) itself")
     print()
     print(R.markdown_table(["buckets", "impl", "s/step (±half spread)", "forward", "backward",
                             "bwd compute", "comm", "exposed", "hidden", "sent/step"], rows,
@@ -288,7 +292,7 @@ def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None 
               f"exposed comm overlap on / off {r2.median:.2f} ({r2.lo:.2f}..{r2.hi:.2f}; "
               f"{ok2} target <= 0.5)")
     if a.json:
-        payload = {"machine": m, "args": vars(a), "validation": False, "results": results,
+        payload = {"machine": m, "dt_wires": wires, "args": vars(a), "validation": False, "results": results,
                    "figures": [{k: (v.as_dict() if isinstance(v, R.Stat) else v)
                                 for k, v in f.items()} for f in figures]}
         Path(a.json).write_text(json.dumps(payload, indent=2, default=str))

@@ -16,7 +16,8 @@ the same measurement in all four:
   reduced byte, for `dt tune` and the study alike.
 
 Sizes follow nccl-tests: `count` is the elements of the whole buffer, which for
-all-gather, reduce-scatter and all-to-all is p blocks of count // p.
+all-gather, reduce-scatter, all-to-all, gather and scatter is p blocks of
+count // p. A barrier moves no data: its count is 0 whatever was asked.
 """
 
 from __future__ import annotations
@@ -34,13 +35,16 @@ from dt.collectives import barrier as dt_barrier
 from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 
-__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "reduction_seconds_per_byte",
-           "registry_name", "rotated", "slope", "time_calls", "wire_group"]
+__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "group_wires",
+           "reduction_seconds_per_byte", "registry_name", "rotated", "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all")
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
+               "gather", "scatter", "barrier")
 IN_PLACE_ONLY = ("all_reduce", "broadcast", "reduce")  # torch's APIs for these have no output buffer
-BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")  # p blocks of count // p
+BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")  # p blocks of count // p
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # rank 0 is the root (nccl-tests' root 0)
+ROOT_RESULT = ("reduce", "gather")  # only the root's buffer holds a result
 # The tensor API each collective is timed through, as dt's registry names it.
 _REGISTRY = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
 _BASE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
@@ -75,6 +79,16 @@ def wire_group(name: str) -> Any:
     return g
 
 
+def group_wires(group: Any = None) -> list[str]:
+    """The wires this rank talks to its peers over in `group` (default: the world), as connected.
+
+    What a report names, rather than a guess: a group connects its wires at its
+    first collective (dt.transport.connect), so call this after the measured run.
+    """
+    g = resolve_group(group)
+    return sorted({g.wire_for(q).name for q in range(g.size) if q != g.rank})
+
+
 def _device() -> torch.device:
     """This rank's device: its GPU under NCCL, else the CPU (also before any group exists)."""
     return default_device(resolve_group(None)) if dist.is_initialized() else torch.device("cpu")
@@ -101,11 +115,13 @@ class Case:
         self.p = dist.get_world_size() if p is None else p
         self.r = dist.get_rank() if r is None else r
         self.collective, self.dtype, self.op = c, dtype, op.upper()
+        if c == "barrier":
+            count = 0
         per = max(1, count // self.p) if c in BLOCKED else count
         self.per, self.count = per, per * self.p if c in BLOCKED else count
         self.device = _device()  # the rank's GPU under NCCL, else the CPU
         self.input = ((torch.arange(self.count, device=self.device) + 3 * self.r) % 5 - 2).to(dtype)
-        self.output = torch.empty(per if c == "reduce_scatter" else self.count, dtype=dtype,
+        self.output = torch.empty(per if c in ("reduce_scatter", "scatter") else self.count, dtype=dtype,
                                   device=self.device)
         if shared is not None:  # a group: the buffers live in its shared memory (dt.shm_empty)
             self.input = _shared_copy(self.input, shared)
@@ -115,6 +131,11 @@ class Case:
     @property
     def nbytes(self) -> int:
         return self.count * self.input.element_size()
+
+    @property
+    def has_result(self) -> bool:
+        """Whether this rank's result buffer is defined (reduce and gather fill only the root's)."""
+        return self.collective not in ROOT_RESULT or self.r == 0
 
     def reset(self) -> None:
         """Put the input back where the in-place calls work (they overwrite it every call)."""
@@ -156,8 +177,16 @@ class Case:
         if c == "reduce_scatter":
             dst = x[r * self.per:(r + 1) * self.per] if inplace else y
             return lambda: lib.reduce_scatter_tensor(dst, x, op, **kw)
-        if inplace:  # all_to_all
+        if c == "barrier":  # no buffers: in place and out of place are the same call
+            return None if inplace else lambda: lib.barrier(**kw)
+        if inplace:  # all_to_all, gather, scatter: out of place only (torch's APIs)
             return None
+        if c == "gather":
+            parts = list(y.split(self.per)) if r == 0 else None
+            return lambda: lib.gather(x[: self.per], parts, 0, **kw)
+        if c == "scatter":
+            parts = list(x.split(self.per)) if r == 0 else None
+            return lambda: lib.scatter(y, parts, 0, **kw)
         return lambda: lib.all_to_all_single(y, x, **kw)
 
     def result(self, inplace: bool) -> torch.Tensor:

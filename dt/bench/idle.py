@@ -24,7 +24,7 @@ import torch.distributed as dist
 import dt
 from dt import args as args_
 from dt import transport
-from dt.bench.collectives import deepspeed_all_reduce, forget_deepspeed
+from dt.bench.collectives_sweep import deepspeed_all_reduce, forget_deepspeed
 from dt.bench.harness import wire_group
 from dt.launcher import run_workers
 

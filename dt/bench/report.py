@@ -49,20 +49,25 @@ def machine(backend: str = "gloo") -> dict[str, Any]:
         "backend": backend,
         "python": platform.python_version(),
         "os": f"{platform.system()} {platform.release()}",
-        "transport": "loopback TCP (one machine)" if backend == "gloo" else backend,
     }
 
 
 def machine_line(m: dict[str, Any]) -> str:
-    return (f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, backend {m['backend']} "
-            f"over {m['transport']}, Python {m['python']}, {m['os']}")
+    """The machine in one line; no wire: each run says the wires it used (`wires_line`)."""
+    return (f"{m['cores']} cores ({m['cpu']}), torch {m['torch']}, backend {m['backend']}, "
+            f"Python {m['python']}, {m['os']}")
+
+
+def wire_label(wire: str, backend: str = "gloo") -> str:
+    """What a dt wire name (dt.traffic().by_wire's keys, a group's wires) means on this machine."""
+    return {"shm": "shared memory", "torch": f"torch.distributed ({backend})"}.get(wire, wire)
 
 
 def oversubscription_note(world: int, cores: int) -> str | None:
     """What to say when a run has more processes than cores: it competes with itself."""
     if world <= cores:
         return None
-    return (f"world {world} > {cores} cores: the {world} ranks share {cores} cores over loopback "
+    return (f"world {world} > {cores} cores: the {world} ranks share {cores} cores "
             f"(oversubscribed), so every rank's compute and communication compete with the others'; "
             f"these times measure contention as much as the algorithm")
 

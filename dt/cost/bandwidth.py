@@ -2,8 +2,9 @@
 
 algbw = S / t. busbw = algbw * factor, the factor chosen so that busbw is
 comparable with the link's speed whatever the collective and p: all-reduce
-2(p-1)/p; all-gather, reduce-scatter, all-to-all (p-1)/p (S is the whole
-gathered buffer); broadcast, reduce, send/recv 1.
+2(p-1)/p; all-gather, reduce-scatter, all-to-all, gather, scatter (p-1)/p
+(S is the whole gathered buffer: the root's p-1 blocks cross its link);
+broadcast, reduce, send/recv 1; a barrier moves no data (0).
 """
 
 from __future__ import annotations
@@ -15,6 +16,9 @@ BUSBW_FACTOR = {
     "all_gather": lambda p: (p - 1) / p,
     "reduce_scatter": lambda p: (p - 1) / p,
     "all_to_all": lambda p: (p - 1) / p,
+    "gather": lambda p: (p - 1) / p,
+    "scatter": lambda p: (p - 1) / p,
+    "barrier": lambda p: 0.0,
     "broadcast": lambda p: 1.0,
     "reduce": lambda p: 1.0,
     "send_recv": lambda p: 1.0,

@@ -36,7 +36,7 @@ times itself, on rank 0 while the other ranks wait, before and after its data-pa
 a change in the machine's load between runs cannot fake a speedup.
 Cross-rank argument validation is off while timing (dt.transport.set_validation(False)), as
 torch.distributed runs without such a check. On a machine with fewer cores than ranks the ranks
-share the cores (loopback, oversubscribed): those rows measure contention as much as algorithms,
+share the cores (oversubscribed): those rows measure contention as much as algorithms,
 and the output says so.
 
 Where things are (one idea per file):

@@ -30,7 +30,7 @@ def _med(x: Any) -> float:
 
 def _machine_title(st: Any) -> str:
     m = st.machine
-    return f"{m['cores']} cores, torch {m['torch']}, {m['backend']} (loopback)"
+    return f"{m['cores']} cores, torch {m['torch']}, {m['backend']} (one machine)"
 
 
 def _save(fig: Any, st: Any, path: Path) -> Path:

@@ -41,7 +41,7 @@ def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = 
     over = [w for w in st.s.worlds_used() if w > m["cores"]]
     if over:
         notes.append(f"World sizes {', '.join(map(str, over))} exceed the {m['cores']} cores: those "
-                     "runs compete with themselves (loopback, oversubscribed).")
+                     "runs compete with themselves (oversubscribed).")
     notes += [f"FAILED (its rows are missing): {f}" for f in st.failures]
     head += [f"- {n}" for n in notes] + [""]
     tables = []

@@ -130,6 +130,6 @@ def contention_notes(worlds: Sequence[int], cores: int) -> list[str]:
     over = [w for w in worlds if w > cores]
     if not over:
         return []
-    return [f"world {', '.join(map(str, over))} > {cores} cores: those ranks share {cores} cores over "
-            f"loopback TCP (oversubscribed); the run competes with itself, so those rows measure "
+    return [f"world {', '.join(map(str, over))} > {cores} cores: those ranks share {cores} cores "
+            f"(oversubscribed, whatever the wire); the run competes with itself, so those rows measure "
             f"contention as much as the algorithm"]

@@ -41,7 +41,11 @@ def build(st: Results) -> Table:
             if impl not in m:
                 continue
             a = m[impl]
-            step = t1 if world == 1 else a["step"].median
+            # The row's own s/step, so speedup = T1 / s/step holds on every row: the world-1
+            # run is one of T1's candidates, not T1 itself (rank 0 alone may have beaten it),
+            # unless T1 is the one-thread step, which that row then shows.
+            one_thread_t1 = world == 1 and batch in st.t1_single_thread
+            step = t1 if one_thread_t1 else a["step"].median
             label = LABELS[impl] if world == 1 or impl != "compute" else "no communication (bound)"
             sc = scaling_row(t1, step, world)
             if impl.startswith("dt"):
@@ -57,8 +61,7 @@ def build(st: Results) -> Table:
                 exposed, comm, hidden = 0.0, math.nan, math.nan
             frac = exposed / step if step else math.nan
             mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
-            shown = R.fmt_time(t1) if world == 1 and batch in st.t1_single_thread else \
-                R.fmt_stat_time(a["step"])
+            shown = R.fmt_time(t1) if one_thread_t1 else R.fmt_stat_time(a["step"])
             rows.append([world, label, batch // world, shown, R.fmt_time(t1),
                          R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
                          R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])

@@ -1,0 +1,165 @@
+"""What `dt bench collectives` prints: nccl-tests' header, its rows, its closing average, a summary, a plot.
+
+Rows are printed one size at a time as they are measured (by rank 0, from
+dt/bench/collectives_sweep.py); the launcher prints the header before and the
+"# Avg bus bandwidth" lines and the summary after. Each mode's #wrong sits in
+its own column: out-of-place under out-of-place, in-place under in-place.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, TextIO
+
+__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "print_avg", "print_header",
+           "print_size_rows", "plot", "summary"]
+
+NOT_DT = ("torch", "deepspeed")  # the reference rows: every other row is one of dt's
+
+
+def print_header(data: dict[str, Any], out: TextIO) -> None:
+    """The lines above the rows: what ran, how it was timed, auto's figures, the column names."""
+    m, cfg = data["machine"], data["config"]
+    print(f"# dt bench collectives: {data['collective']}, world {m['world']}, backend {m['backend']}, "
+          f"{m['cores']} cores, torch {m['torch']}, {m['when']}", file=out)
+    print("# dt's cross-rank validation OFF during timing (dt.transport.set_validation(False)); "
+          f"median of {cfg['iters']} calls after {cfg['warmup']} warm-up, "
+          "slowest rank per call; spread = IQR/median", file=out)
+    f = m["figures"]
+    print(f"# auto's figures ({f['source']}): alpha {f['alpha'] * 1e6:.0f} us, "
+          f"beta {f['beta'] * 1e9:.3f} ns/B, gamma {f['gamma'] * 1e9:.3f} ns/B", file=out)
+    g = m["shm_figures"]
+    print(f"# wires {'+'.join(m['transports'])}{' (buffers from dt.shm_empty)' if m['shared'] else ''}; "
+          f"shm figures ({g['source']}): sync {g['sync'] * 1e6:.0f} us, memcpy "
+          f"{g['mem'] * 1e9:.3f} ns/B; load average {m['load'][0]:.1f}", file=out)
+    print(f"#{'':71}{'out-of-place':^39}  {'in-place':^39}", file=out)
+    print(f"# {'size':>10} {'count':>11} {'type':>7} {'redop':>5} {'root':>4}  {'algorithm':<30}"
+          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  "
+          f"{'time':>9} {'spread':>6} {'algbw':>7} {'busbw':>7} {'#wrong':>6}  {'vs torch':>8} "
+          f"{'memcpy':>7}", file=out)
+    print(f"# {'(B)':>10} {'(elements)':>11} {'':>7} {'':>5} {'':>4}  {'':<30}"
+          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  "
+          f"{'(us)':>9} {'':>6} {'(GB/s)':>7} {'(GB/s)':>7} {'':>6}  {'':>8} {'(GB/s)':>7}",
+          file=out, flush=True)
+
+
+def format_row(row: dict[str, Any]) -> str:
+    """One row: out-of-place columns, then in-place ones ('N/A' where the API has no such call)."""
+    name = row["algorithm"] + (f" ({row['picked']})" if "picked" in row else "")
+    cols = []
+    for mode in ("out", "in"):
+        if mode in row:
+            s = row[mode]
+            cols.append(f"{s['median'] * 1e6:9.1f} {s['spread'] * 100:5.0f}% {s['algbw']:7.3f} "
+                        f"{s['busbw']:7.3f} {s['wrong']:>6}")
+        else:
+            cols.append(f"{'N/A':>9} {'':>6} {'':>7} {'':>7} {'':>6}")
+    bound = f"{row['memcpy_gbps']:7.2f}" if "memcpy_gbps" in row else ""
+    return (f"  {row['size']:>10} {row['count']:>11} {row['type']:>7} {row['redop']:>5} "
+            f"{row['root']:>4}  {name:<30}{cols[0]}  {cols[1]}  {row['vs_torch']:8.2f} {bound}").rstrip()
+
+
+def print_size_rows(rows: Sequence[dict[str, Any]], out: TextIO, first: bool) -> None:
+    """One size's rows, a blank line before every size but the first; flushed, so they show now."""
+    if not first:
+        print("", file=out)
+    for row in rows:
+        print(format_row(row), file=out)
+    out.flush()
+
+
+def avg_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Per row name, nccl-tests' average: the mean busbw over every size and mode measured (GB/s)."""
+    figures: dict[str, list[float]] = {}
+    for row in rows:
+        for mode in ("out", "in"):
+            if mode in row:
+                figures.setdefault(row["algorithm"], []).append(row[mode]["busbw"])
+    return {name: statistics.fmean(xs) for name, xs in figures.items()}
+
+
+def print_avg(data: dict[str, Any], out: TextIO) -> None:
+    """The wires the groups connected, then nccl-tests' closing line once per row name."""
+    connected = data["machine"].get("connected_wires", {})
+    if connected:
+        print("# wires connected: " + "; ".join(
+            f"--transport {name} group over {' + '.join(wires) or 'no peer'}"
+            for name, wires in connected.items()), file=out)
+    if data["collective"] == "barrier":
+        print("# Avg bus bandwidth    : N/A (a barrier moves no data)", file=out)
+        return
+    for name, avg in avg_bus_bandwidth(data["results"]).items():
+        print(f"# Avg bus bandwidth    : {avg:.4g} GB/s  {name}", file=out)  # nccl-tests: %g
+
+
+def fastest_dt(here: dict[str, dict[str, Any]], mode: str) -> str | None:
+    """The fastest of dt's rows at one size (auto among them: it is one of dt's ways to call)."""
+    times = {a: r[mode]["median"] for a, r in here.items() if a not in NOT_DT and mode in r}
+    return min(times, key=times.__getitem__) if times else None
+
+
+def summary(data: dict[str, Any], out: TextIO) -> None:
+    """Per size: dt's fastest row, auto's pick and its time over the fastest's."""
+    rows = data["results"]
+    print("\n# summary: fastest dt row (median time), then medians of per-call ratios", file=out)
+    for size in dict.fromkeys(r["size"] for r in rows):
+        here = {r["algorithm"]: r for r in rows if r["size"] == size}
+        mode = "in" if "in" in here["torch"] else "out"
+        fastest = fastest_dt(here, mode)
+        if fastest is None:
+            continue
+
+        def ratio(a: str, b: str, here: dict = here, mode: str = mode) -> float:
+            """Median of per-call ratios, as in the vs torch column."""
+            return statistics.median(x / y for x, y in zip(here[a][mode]["samples"],
+                                                           here[b][mode]["samples"]))
+
+        label = fastest + (f" ({here[fastest]['picked']})" if "picked" in here[fastest] else "")
+        line = f"#   {size:>10} B  fastest {label:<22} {ratio(fastest, 'torch'):5.2f}x torch"
+        for a in (a for a in here if a.startswith("auto") and a != fastest):
+            line += (f"   {a} -> {here[a].get('picked', '?'):<16} "
+                     f"{ratio(a, fastest):5.2f}x fastest, {ratio(a, 'torch'):5.2f}x torch")
+        if "deepspeed" in here:
+            line += f"   deepspeed {ratio('deepspeed', 'torch'):5.2f}x torch, {fastest} " \
+                    f"{ratio(fastest, 'deepspeed'):5.2f}x deepspeed"
+        print(line, file=out)
+
+
+def plot(data: dict[str, Any], path: str) -> None:
+    """The busbw figure, written to `path` (PNG)."""
+    import matplotlib.pyplot as plt
+
+    fig = busbw_figure(data)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def busbw_figure(data: dict[str, Any]) -> Any:
+    """busbw against size per row, log-log: a 1 KB curve and a 64 MB one are both readable."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for a in dict.fromkeys(r["algorithm"] for r in data["results"]):
+        rows = [r for r in data["results"] if r["algorithm"] == a]
+        mode = "in" if "in" in rows[0] else "out"
+        ax.plot([r["size"] for r in rows], [r[mode]["busbw"] for r in rows], marker="o",
+                label=a, linestyle="--" if a == "torch" else "-")
+    first = [r for r in data["results"] if r["algorithm"] == data["results"][0]["algorithm"]]
+    if first and "memcpy_gbps" in first[0]:
+        ax.plot([r["size"] for r in first], [r["memcpy_gbps"] for r in first], color="black",
+                linestyle=":", label="memcpy (bound)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    m = data["machine"]
+    ax.set_title(f"{data['collective']}, world {m['world']}, {'+'.join(m['transports'])}, "
+                 f"{m['cores']} cores")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
