@@ -114,11 +114,14 @@ def _devices() -> list:
         backend_obj = group._get_backend(torch.device("cpu"))
         out.append((group._device_types, default, dist.get_backend(group),
                     isinstance(backend_obj, dist.ProcessGroupGloo)))
-    return out
+    with dt.traffic() as t:  # the group's own method (torch's dist.monitored_barrier wants gloo)
+        group.monitored_barrier(datetime.timedelta(seconds=60))
+    return [*out, t.by_collective["monitored_barrier"].calls]
 
 
 def test_a_dt_group_serves_the_cpu_as_a_gloo_group_does(run):
-    for gloo, on_dt in run(2, _devices):
+    for gloo, on_dt, monitored_calls in run(2, _devices):
+        assert monitored_calls == 1  # dt's, not the wire's: the device backend is no way around dt
         assert torch.device("cpu") in gloo[0] and on_dt[0] == [torch.device("cpu")]  # gloo: cuda too
         assert gloo[1] == on_dt[1] == torch.device("cpu")
         assert on_dt[2] == "dt" and on_dt[3]  # its CPU backend: the gloo wire it sends through

@@ -28,7 +28,8 @@ devices it serves (`pg._device_types`, `_get_pg_default_device`,
 `pg._get_backend(device)`: how torch.distributed.checkpoint's
 full-state-dict broadcast picks where its tensors go): the gloo wire is
 registered as this group's CPU backend, the thing that carries its bytes.
-Every call torch makes on the group still reaches the methods below.
+Every collective torch calls on the group still reaches the methods below
+(torch's base class would forward a missing one to the wire).
 """
 
 from __future__ import annotations
@@ -258,6 +259,11 @@ class ProcessGroup(dist.ProcessGroup):
         timeout = getattr(opts, "timeout", _UNSET)
         timeout = timeout if timeout is not None and timeout > datetime.timedelta(0) else None
         return self._work(lambda a: collectives.barrier(self, a, timeout=timeout), opts, [])
+
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """dt's monitored barrier: torch's base class would hand it to the gloo wire, past dt."""
+        collectives.monitored_barrier(self, timeout, wait_all_ranks)
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroup:
