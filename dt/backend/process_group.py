@@ -19,6 +19,17 @@ tensors (dt's NCCL path is the "nccl" backend, used directly).
 Options torch passes: reduceOp, rootRank (a rank *in the group*: dt's
 group_src/group_dst), asyncOp (False: run inline, hand back a finished
 Work), and a barrier's timeout (dt's per-call timeout).
+
+What torch gets back. Every call answers with a dt Work (dt.transport.Work,
+a torch.distributed.Work), so `work.wait(timeout=...)` behaves as on gloo:
+it raises (a CollectiveTimeout) when the collective has not completed in
+time, and the collective goes on. The device. torch asks a group which
+devices it serves (`pg._device_types`, `_get_pg_default_device`,
+`pg._get_backend(device)`: how torch.distributed.checkpoint's
+full-state-dict broadcast picks where its tensors go): the gloo wire is
+registered as this group's CPU backend, the thing that carries its bytes.
+Every collective torch calls on the group still reaches the methods below
+(torch's base class would forward a missing one to the wire).
 """
 
 from __future__ import annotations
@@ -29,10 +40,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from dt import collectives, transport
 from dt.collectives import coalesced
+from dt.transport.accounting import in_setup
 
 __all__ = ["ProcessGroup", "create"]
 
@@ -54,19 +65,34 @@ def _count(tensors: list[torch.Tensor], sent: bool) -> None:
     """Count a message torch code posted itself (dist.isend, batch_isend_irecv on this group).
 
     Messages of dt calls reach send/recv too, already counted by dt's transport:
-    those run inside a dt call (transport.charge_target() is set), these do not.
+    those run inside a dt call (transport.charge_target() is set), these do not;
+    nor do a group's setup messages (its first collective's: uncounted on any wire).
     """
-    if transport.charge_target() is None:
+    if transport.charge_target() is None and not in_setup():
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         transport.account("send_recv", "torch p2p", sent=nbytes if sent else -1,
                           received=-1 if sent else nbytes, calls=1)
 
 
-def _done(result: Any) -> Any:
-    """A finished torch Work whose future carries `result`."""
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(result)
-    return _create_work_from_future(future)
+def _done(name: str, result: Any) -> transport.Work:
+    """A finished Work whose future carries `result` (a call torch asked to run inline)."""
+    work = transport.Work(name)
+    work.finish(result=result)
+    return work
+
+
+def _settled_by(name: str, future: torch.futures.Future) -> transport.Work:
+    """A Work that completes with `future` (dt's coalesced calls answer async_op with a future)."""
+    work = transport.Work(name)
+
+    def settle(f: torch.futures.Future) -> None:
+        try:
+            work.finish(result=f.value())
+        except Exception as exc:  # noqa: BLE001 - the collective's error, raised again at wait()
+            work.finish(exc=exc)
+
+    future.add_done_callback(settle)
+    return work
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -77,6 +103,9 @@ class ProcessGroup(dist.ProcessGroup):
         # settings.timeout_for reads a group's timeout from `options._timeout`, as on torch's backends.
         self.options = types.SimpleNamespace(_timeout=timeout)
         self.wire = dist.ProcessGroupGloo(dist.PrefixStore("dt-wire/", store), rank, size, timeout)
+        # torch finds a group's devices through its registered backends; without one,
+        # _get_pg_default_device and _get_backend(cpu) raise (see the module's docstring).
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.CUSTOM, self.wire)
         self._group_name = self._group_desc = ""
 
     # -- identity (torch stores these on a backend; this group has none) -----
@@ -117,12 +146,12 @@ class ProcessGroup(dist.ProcessGroup):
                          "NCCL does): pass src to recv")
 
     # -- turning a dt call into a torch Work -----------------------------------
-    def _work(self, run: Any, opts: Any, result: Any) -> Any:
-        """Run the dt collective `run(async_op)`; a torch Work whose future carries `result`."""
+    def _work(self, run: Any, opts: Any, result: Any) -> transport.Work:
+        """Run the dt collective `run(async_op)`; a Work whose future carries `result`."""
         if _async(opts):
-            return _create_work_from_future(run(True).get_future())
+            return run(True)
         run(False)
-        return _done(result)
+        return _done("collective", result)
 
     # -- collectives -----------------------------------------------------------
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
@@ -133,9 +162,10 @@ class ProcessGroup(dist.ProcessGroup):
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
         if _async(opts):  # dt's (like torch's) returns the future itself
-            return _create_work_from_future(collectives.all_reduce_coalesced(tensors, op, self, True))
+            return _settled_by("all_reduce_coalesced",
+                               collectives.all_reduce_coalesced(tensors, op, self, True))
         collectives.all_reduce_coalesced(tensors, op, self)
-        return _done(list(tensors))
+        return _done("all_reduce_coalesced", list(tensors))
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Any:
         t = _one(tensors, "broadcast")
@@ -162,10 +192,10 @@ class ProcessGroup(dist.ProcessGroup):
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Any:
         if _async(opts):  # output_lists[r][i]: rank r's tensor i
-            return _create_work_from_future(
-                collectives.all_gather_coalesced(output_lists, input_list, self, True))
+            return _settled_by("all_gather_coalesced",
+                               collectives.all_gather_coalesced(output_lists, input_list, self, True))
         collectives.all_gather_coalesced(output_lists, input_list, self)
-        return _done(output_lists)
+        return _done("all_gather_coalesced", output_lists)
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> Any:
@@ -229,6 +259,11 @@ class ProcessGroup(dist.ProcessGroup):
         timeout = getattr(opts, "timeout", _UNSET)
         timeout = timeout if timeout is not None and timeout > datetime.timedelta(0) else None
         return self._work(lambda a: collectives.barrier(self, a, timeout=timeout), opts, [])
+
+    def monitored_barrier(self, timeout: datetime.timedelta | None = None,
+                          wait_all_ranks: bool = False) -> None:
+        """dt's monitored barrier: torch's base class would hand it to the gloo wire, past dt."""
+        collectives.monitored_barrier(self, timeout, wait_all_ranks)
 
 
 def create(store: dist.Store, rank: int, size: int, timeout: datetime.timedelta) -> ProcessGroup:

@@ -74,8 +74,9 @@ def _run(g: Group, seconds: float, wait_all_ranks: bool) -> None:
     if missing:
         more = "" if wait_all_ranks else " (the first one missing; wait_all_ranks=True names them all)"
         raise CollectiveTimeout(
-            f"monitored_barrier: rank {g.ranks[0]} waited {seconds:g}s: rank(s) {missing} failed to "
-            f"pass monitoredBarrier{more}: stuck elsewhere, dead, or never called monitored_barrier")
+            f"monitored_barrier: rank {g.ranks[0]}: {transport.timed_out(seconds)}: rank(s) {missing} "
+            f"failed to pass monitoredBarrier{more}: stuck elsewhere, dead, or never called "
+            "monitored_barrier")
     comm.step = 1
     for handle in comm.batch([(transport.SEND, tokens[i], i) for i in range(1, comm.size)]):
         handle.wait()

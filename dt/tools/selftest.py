@@ -6,9 +6,10 @@
 
 Each check is compared with torch's own result on the same backend:
 
-1. every collective x every dt algorithm x {float32, bfloat16, int64, bool} x
-   {0, 1, 7, 1 MiB + 3} elements (smaller sizes with --quick), validation on
-   and off, against torch's collective;
+1. every collective (barrier, gather and scatter too, list forms and tensor
+   forms: dt/tools/selftest_collectives.py) x every dt algorithm x {float32,
+   bfloat16, int64, bool} x {0, 1, 7, 1 MiB + 3} elements (smaller sizes with
+   --quick), validation on and off, against torch's collective;
 2. an asynchronous all-reduce issued on a side stream and read on another
    (the communication thread's stream ordering);
 3. dt's DDP against torch's DDP, and ZeRO 1-3 against one process, 3 steps each;
@@ -28,127 +29,22 @@ import statistics
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dt import args as args_
+from dt.tools.selftest_collectives import check_collectives, rank_device
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
 SIZES = (0, 1, 7, (1 << 20) + 3)
 QUICK_SIZES = (0, 1, 7, 1003)
-
-
-def _device() -> torch.device:
-    from dt.transport import default_device, resolve_group
-
-    return default_device(resolve_group(None))
-
-
-def _data(n: int, dtype: torch.dtype, rank: int, device: torch.device, salt: int = 0) -> torch.Tensor:
-    """Per-rank inputs whose sums stay exact in every dtype (small integers; bool alternates)."""
-    base = (torch.arange(n, device=device) * (rank + 1) + salt + rank) % 5
-    return (base % 2 == 0) if dtype == torch.bool else base.to(dtype)
-
-
-def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    if a.dtype.is_floating_point:
-        return torch.allclose(a.float(), b.float(), rtol=2e-2 if a.dtype == torch.bfloat16 else 1e-5)
-    return torch.equal(a, b)
-
-
-def _collective_cases(p: int, r: int, device: torch.device) -> dict[str, Callable[..., Any]]:
-    """collective -> fn(algorithm, n, dtype) returning (dt's result, torch's result)."""
-    import dt
-
-    root = p - 1
-
-    def all_reduce(algo: str, n: int, dtype: torch.dtype):
-        a = _data(n, dtype, r, device)
-        b = a.clone()
-        dt.all_reduce(a, algorithm=algo)
-        dist.all_reduce(b)
-        return a, b
-
-    def broadcast(algo: str, n: int, dtype: torch.dtype):
-        a = _data(n, dtype, r, device)
-        b = a.clone()
-        dt.broadcast(a, src=root, algorithm=algo)
-        dist.broadcast(b, src=root)
-        return a, b
-
-    def reduce(algo: str, n: int, dtype: torch.dtype):
-        a = _data(n, dtype, r, device)
-        b = a.clone()
-        dt.reduce(a, dst=root, algorithm=algo)
-        dist.reduce(b, dst=root)
-        return (a, b) if r == root else (a[:0], b[:0])
-
-    def all_gather_into_tensor(algo: str, n: int, dtype: torch.dtype):
-        x = _data(n, dtype, r, device)
-        a = torch.empty(n * p, dtype=dtype, device=device)
-        b = torch.empty_like(a)
-        dt.all_gather_into_tensor(a, x, algorithm=algo)
-        dist.all_gather_into_tensor(b, x)
-        return a, b
-
-    def reduce_scatter_tensor(algo: str, n: int, dtype: torch.dtype):
-        x = _data(n * p, dtype, r, device)
-        a = torch.empty(n, dtype=dtype, device=device)
-        b = torch.empty_like(a)
-        dt.reduce_scatter_tensor(a, x, algorithm=algo)
-        dist.reduce_scatter_tensor(b, x)
-        return a, b
-
-    def all_to_all(algo: str, n: int, dtype: torch.dtype):
-        x = _data(n * p, dtype, r, device)
-        a, b = torch.empty_like(x), torch.empty_like(x)
-        dt.all_to_all_single(a, x, algorithm=algo)
-        dist.all_to_all_single(b, x)
-        return a, b
-
-    return {"all_reduce": all_reduce, "broadcast": broadcast, "reduce": reduce,
-            "all_gather_into_tensor": all_gather_into_tensor,
-            "reduce_scatter_tensor": reduce_scatter_tensor, "all_to_all": all_to_all}
-
-
-def check_collectives(sizes: tuple[int, ...]) -> list[tuple[str, bool, str]]:
-    """Check 1: every collective x algorithm x dtype x size, validation on and off."""
-    import dt
-    from dt.collectives.registry import ALGORITHMS, is_alias
-
-    p, r, device = dist.get_world_size(), dist.get_rank(), _device()
-    cases = _collective_cases(p, r, device)
-    out = []
-    for validate in (True, False):
-        dt.set_validation(validate)
-        for collective, fn in cases.items():
-            for algo in sorted(ALGORITHMS.get(collective, {})):
-                if is_alias(collective, algo):
-                    continue
-                bad = []
-                for dname, dtype in DTYPES.items():
-                    for n in sizes:
-                        try:
-                            mine, ref = fn(algo, n, dtype)
-                            if not _same(mine, ref):
-                                bad.append(f"{dname} n={n}: differs from torch")
-                        except Exception as exc:  # noqa: BLE001 - reported, not fatal
-                            bad.append(f"{dname} n={n}: {type(exc).__name__}: {str(exc)[:120]}")
-                out.append((f"{collective}[{algo}] validation {'on' if validate else 'off'}",
-                            not bad, "; ".join(bad[:3])))
-    dt.set_validation(True)
-    return out
 
 
 def check_async_streams() -> list[tuple[str, bool, str]]:
     """Check 2: an async all-reduce issued on one stream, its result read on another."""
     import dt
 
-    r, device = dist.get_rank(), _device()
+    r, device = dist.get_rank(), rank_device()
     x_ref = torch.arange(1 << 16, dtype=torch.float32, device=device) * (r + 1)
     want = x_ref.clone()
     dist.all_reduce(want)
@@ -175,7 +71,7 @@ def check_timing(sizes_bytes: tuple[int, ...] = (4 << 10, 64 << 20),
     import dt
     from dt.device import Stopwatch
 
-    device = _device()
+    device = rank_device()
     out = []
     dt.set_validation(False)
     for nbytes in sizes_bytes:
@@ -217,7 +113,7 @@ def check_training(steps: int = 3) -> list[tuple[str, bool, str]]:
     from dt.parallel.data_parallel import DistributedDataParallel
     from dt.parallel.zero import FullyShardedDataParallel, ZeroOptimizer
 
-    p, r, device = dist.get_world_size(), dist.get_rank(), _device()
+    p, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
     x, y = _batch(device, 4 * p)
     mine = slice(4 * r, 4 * r + 4)
 
@@ -262,7 +158,7 @@ def check_pipeline(activation_bytes: int = 16 << 20) -> list[tuple[str, bool, st
     against the same layers run whole on one rank."""
     from dt.parallel.pipeline import Pipeline, header_groups, stage_module
 
-    p, r, device = dist.get_world_size(), dist.get_rank(), _device()
+    p, r, device = dist.get_world_size(), dist.get_rank(), rank_device()
     if p < 2:
         return [("2-stage pipeline", True, "skipped: needs 2 ranks")]
     width = 256

@@ -32,7 +32,7 @@ from dt.transport.accounting import Counts, TrafficRecord, account, charge_targe
 from dt.transport.asynchronous import Work, submit
 from dt.transport.comm import Comm, Handle
 from dt.transport.connect import board, connect, topology_of
-from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere
+from dt.transport.errors import CollectiveError, CollectiveTimeout, everywhere, is_everywhere, timed_out
 from dt.transport.group import Group, default_device, resolve_group, shared_group
 from dt.transport.p2p import P2POp, P2PWork, batch_isend_irecv, irecv, isend, recv, send
 from dt.transport.parts import part
@@ -96,6 +96,7 @@ __all__ = [
     "set_transport",
     "set_validation",
     "submit",
+    "timed_out",
     "timeout_for",
     "topology_of",
     "traffic",

@@ -6,7 +6,10 @@
 
 Every message the transport posts is counted here, against the outermost
 collective the user called (`charged_to`): a naive all-reduce built from a
-reduce and a broadcast is charged to "all_reduce", once.
+reduce and a broadcast is charged to "all_reduce", once. A group's setup
+(its first collective's connection messages, dt.transport.topology) is no
+one's traffic: `setup()` marks it, so that the dt backend's send/recv, which
+count what torch code posts itself, do not file it under "send_recv".
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Counts", "TrafficRecord", "account", "blocking", "charge_target", "charged_to",
-           "traffic"]
+           "in_setup", "setup", "traffic"]
 
 
 @dataclass
@@ -107,6 +110,22 @@ def charged_to(collective: str, algorithm: str) -> Iterator[None]:
         yield
     finally:
         _scope.name = prev
+
+
+@contextlib.contextmanager
+def setup() -> Iterator[None]:
+    """Messages this thread posts in the block set a group up: uncounted (see `in_setup`)."""
+    prev = getattr(_scope, "setup", False)
+    _scope.setup = True
+    try:
+        yield
+    finally:
+        _scope.setup = prev
+
+
+def in_setup() -> bool:
+    """Whether the current thread is setting a group up (inside `setup()`)."""
+    return bool(getattr(_scope, "setup", False))
 
 
 def blocking(fn: Callable[[], Any]) -> Any:

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dt.transport import accounting
-from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group, default_device
 
 __all__ = ["Work", "submit"]
@@ -67,9 +67,10 @@ class Work(dist.Work):
         if isinstance(timeout, datetime.timedelta):
             timeout = timeout.total_seconds()
         if not self._done.wait(timeout or None):
-            raise CollectiveTimeout(f"{self.name}: not completed within {timeout}s")
+            raise CollectiveTimeout(f"{self.name}: {timed_out(timeout)} for it to complete "
+                                    "(it goes on: wait again)")
         if self._exc is not None:
-            raise CollectiveError(f"async {self.name} failed: {self._exc}") from self._exc
+            raise self._error() from self._exc
         if self.cuda_done is not None:
             torch.cuda.current_stream().wait_event(self.cuda_done)
         return True
@@ -98,9 +99,14 @@ class Work(dist.Work):
                     self._settle(self._future)
             return self._future
 
+    def _error(self) -> CollectiveError:
+        """The collective's error as wait() raises it: a timeout stays a CollectiveTimeout."""
+        kind = CollectiveTimeout if isinstance(self._exc, CollectiveTimeout) else CollectiveError
+        return kind(f"async {self.name} failed: {self._exc}")
+
     def _settle(self, future: torch.futures.Future) -> None:
         if self._exc is not None:
-            future.set_exception(CollectiveError(f"async {self.name} failed: {self._exc}"))
+            future.set_exception(self._error())
         else:
             future.set_result(self._result)
 

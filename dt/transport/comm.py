@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from dt.transport import accounting, liveness, rules, settings
-from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group
 from dt.transport.wire import RECV, SEND, Wire
 
@@ -198,10 +198,10 @@ class Comm:
             failure: liveness.Failure | None = exc.failure
         elif "Timed out" in text or "timeout" in text.lower() and "closure" not in text:
             liveness.announce(liveness.Failure(
-                me, "timeout", f"rank {me} waited {timeout:g}s on rank {peer_global} in {step}, "
-                f"which never answered", peer_global))
+                me, "timeout", f"rank {me} waited on rank {peer_global} in {step}: "
+                f"{timed_out(timeout)}, and it never answered", peer_global))
             raise CollectiveTimeout(
-                f"{msg}: waited {timeout:g}s ({getattr(timeout, 'source', 'dt.transport timeout')}) "
+                f"{msg}: {timed_out(timeout)} ({getattr(timeout, 'source', 'dt.transport timeout')}) "
                 f"with nothing from the peer; it is stuck elsewhere or never called {self.collective}"
             ) from None
         else:

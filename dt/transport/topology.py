@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import torch
 
 from dt import hosts as host_math
-from dt.transport import liveness, settings
-from dt.transport.errors import CollectiveError, CollectiveTimeout
+from dt.transport import accounting, liveness, settings
+from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group, default_device
 from dt.transport.wire import RECV, SEND
 
@@ -133,7 +133,7 @@ def _digest(key: str) -> list[int]:
 def post_and_wait(g: Group, ops: list[tuple[str, torch.Tensor, int]], what: str) -> None:
     """Post [(SEND|RECV, tensor, group peer)] on the group's torch wire, wait for all.
 
-    Uncounted (connection setup); the group's timeout applies, a failure of a
+    Uncounted (connection setup: accounting.setup()); the group's timeout applies, a failure of a
     member announced meanwhile (dt.transport.liveness) ends the wait, and an
     error names this rank, the peer and what was being set up.
     """
@@ -143,7 +143,7 @@ def post_and_wait(g: Group, ops: list[tuple[str, torch.Tensor, int]], what: str)
     timeout = settings.timeout_for(g)
     current = ops[0]  # the operation being waited on, for the error
     try:
-        with liveness.watching(g.ranks, g.pg, g.backend):
+        with accounting.setup(), liveness.watching(g.ranks, g.pg, g.backend):
             works = g.wire.post([(k, t, g.ranks[q]) for k, t, q in ops])
             for op, work in zip(ops, works):
                 current = op
@@ -156,9 +156,10 @@ def post_and_wait(g: Group, ops: list[tuple[str, torch.Tensor, int]], what: str)
             raise CollectiveError(f"{where} failed: {exc.failure.text}") from None
         text = str(exc)
         if "imed out" in text or "timeout" in text.lower():
-            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} waited {timeout:g}s on "
-                                               f"rank {g.ranks[peer]} {what}", g.ranks[peer]))
-            raise CollectiveTimeout(f"{where}: waited {timeout:g}s") from None
+            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} waited on rank "
+                                               f"{g.ranks[peer]} {what}: {timed_out(timeout)}",
+                                               g.ranks[peer]))
+            raise CollectiveTimeout(f"{where}: {timed_out(timeout)}") from None
         failure = liveness.cause(g.ranks)
         if failure is not None:
             raise CollectiveError(f"{where} failed: {failure.text}") from None

@@ -135,8 +135,8 @@ class Call:
         except PeerTimeout as exc:
             self._break(exc)
             behind = [q for q in b.names if q != me]
-            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} timed out in "
-                                               f"{self.collective}[{self.algorithm}] ({exc})",
+            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} in "
+                                               f"{self.collective}[{self.algorithm}]: {exc}",
                                                behind[0] if len(behind) == 1 else liveness.EVERYONE))
             raise CollectiveTimeout(f"{self.where()}: {exc} (dt.transport timeout); a peer is "
                                     f"stuck elsewhere or never called {self.collective}") from None

@@ -43,6 +43,7 @@ from collections.abc import Callable, Sequence
 
 from dt import args
 from dt.transport import liveness, settings
+from dt.transport.errors import timed_out
 from dt.transport.shm.segment import alive
 
 __all__ = ["RANK_BYTES", "PeerFailed", "PeerTimeout", "Sync", "futex_wait", "futex_wake"]
@@ -255,6 +256,5 @@ class Sync:
             self.check(blockers())
             if time.perf_counter() > deadline:
                 waiting = [self.names[j] for j in blockers() if j != me]
-                raise PeerTimeout(f"Timed out after {limit:g}s waiting on rank(s) {waiting} "
-                                  f"for {what()}")
+                raise PeerTimeout(f"{timed_out(limit)} on rank(s) {waiting} for {what()}")
             chunk = min(chunk * 2, 0.05)
