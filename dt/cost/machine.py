@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "figures", "forget",
-           "key", "machine", "save", "spans_hosts", "winners"]
+__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "entries", "figures",
+           "forget", "key", "machine", "reset", "save", "spans_hosts", "winners"]
 
 
 @dataclass(frozen=True)
@@ -70,9 +70,29 @@ def cache_path() -> Path:
 
 def _read_all() -> dict[str, Any]:
     try:
-        return json.loads(cache_path().read_text())
+        data = json.loads(cache_path().read_text())
     except (OSError, ValueError):
         return {}
+    return data if isinstance(data, dict) else {}
+
+
+def entries() -> dict[str, Any]:
+    """Every saved entry by its key (`dt tune --show`); {} when nothing is saved."""
+    return _read_all()
+
+
+def reset() -> int:
+    """Delete the saved figures (`dt tune --reset`): auto and `dt model` use the defaults again.
+
+    Returns how many entries the file held (0: there was none).
+    """
+    count = len(_read_all())
+    try:
+        cache_path().unlink()
+    except FileNotFoundError:
+        pass
+    forget()
+    return count
 
 
 def spans_hosts(topology: str | None) -> bool:
