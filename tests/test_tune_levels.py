@@ -43,13 +43,14 @@ def test_nics_from_the_rails_slowdown():
 
 
 def _marked(hosts: list[int], fn, *args):
-    """fn(*args) with this rank marked as host hosts[rank] and an empty tune cache."""
+    """fn(*args) with this rank marked as host hosts[rank] and an empty tune cache (removed after)."""
     saved = {k: os.environ.get(k) for k in ("DT_HOST", "XDG_CACHE_HOME")}
     os.environ["DT_HOST"] = f"host{hosts[dist.get_rank()]}"
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dt-tune-")  # never the user's figures
     machine.forget()
     try:
-        return fn(*args)
+        with tempfile.TemporaryDirectory(prefix="dt-tune-") as cache:  # never the user's figures
+            os.environ["XDG_CACHE_HOME"] = cache
+            return fn(*args)
     finally:
         machine.forget()
         for k, v in saved.items():
@@ -87,19 +88,17 @@ def test_tune_times_each_level_on_its_pair(run):
 
 def _agreed(hosts: list[int], entries: list[dict]) -> dict:
     saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dt-tune-")
     machine.forget()
     try:
-        for e in entries:
-            machine.save(e)
-        view = transport.resolve_group(marked_group(hosts))
-        lv = view.links.agreed.levels
-        return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
-                "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
+        with tempfile.TemporaryDirectory(prefix="dt-tune-") as cache:  # removed with what was saved
+            os.environ["XDG_CACHE_HOME"] = cache
+            for e in entries:
+                machine.save(e)
+            view = transport.resolve_group(marked_group(hosts))
+            lv = view.links.agreed.levels
+            return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
+                    "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
     finally:
-        path = os.path.join(os.environ["XDG_CACHE_HOME"], "dt", "tune.json")
-        if os.path.exists(path):
-            os.remove(path)
         machine.forget()
         if saved is None:
             os.environ.pop("XDG_CACHE_HOME", None)
