@@ -13,7 +13,8 @@ say so):
 - ring exchange: every rank sends n bytes to its right neighbour while
   receiving n from its left, which is exactly one step of a ring, a doubling
   or a tree algorithm. A 1-element exchange gives alpha (the time of one
-  step); the slope of the time over n = 256 KB .. 16 MB gives beta;
+  step: a latency, timed as below); the slope of the time over
+  n = 256 KB .. 16 MB gives beta;
 - reduction: every rank adds two n-byte float32 buffers; the slope gives gamma
   (dt/bench/harness.py, which the scaling study calls too);
 - the algorithm sweep (unless --no-sweep): every algorithm of all_reduce,
@@ -28,12 +29,21 @@ two more figures for its load/store algorithms: `sync`, the time of one
 synchronisation of the group (a one-shot barrier), and `mem`, the slope of
 a memcpy by every rank at once (1 to 16 MiB: out of cache, as big buffers are).
 
-Noisy figures are rejected, not saved: every curve (exchange time, memcpy
-time, reduction time over size) must grow with size, each point at least
-(1 - 25%) of the one before it, and the smallest exchange may not take
-longer than a larger one (a loaded machine once saved alpha = 4.2 ms while a
-1 MB exchange took 0.58 ms). A curve that fails is measured again, up to
---attempts times; if it still fails, nothing is saved (--force saves anyway).
+Latencies (alpha, sync, the ping-pong) are bursts of back-to-back calls, the
+median of --reps bursts, measured --repeats times: the figure is the fastest
+repeat (noise only adds to a latency), the spread (slowest / fastest) is
+printed and saved with it (dt/tools/tune_curves.py). They are timed in turns
+with whole 4-byte all-reduces (recursive doubling; one-shot on shared
+memory), which they may not exceed.
+
+Noisy or inconsistent figures are refused, not saved (exit 1; --force saves
+them anyway, with the warnings): every curve (exchange time, memcpy time,
+reduction time over size) must grow with size, each point at least (1 - 25%)
+of the one before it (a curve that fails is measured again, up to --attempts
+times); alpha may not exceed a whole 4-byte all-reduce, nor sync a whole
+one-shot all-reduce, by more than 25%; a latency's spread may not exceed
+--max-spread (2). A loaded machine once saved alpha = 3.67 ms, and a sync of
+878 us beside a one-shot all-reduce of 170 us.
 
 Across hosts (a group spanning hosts, e.g. under torchrun on two machines)
 each link level is also timed on its own pair, two ranks of one host and two
@@ -43,8 +53,9 @@ two-level model (dt.cost.levels) and `auto` across hosts price with.
 
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
-keyed by backend and world size (by topology, "gloo:2x2", across hosts), where algorithm="auto" and `dt model
---measured` find them.
+keyed by backend and world size (by topology, "gloo:2x2", across hosts),
+where algorithm="auto" and `dt model --measured` find them. `dt tune --show`
+lists them, `dt tune --reset` deletes them (dt/tools/tune_saved.py).
 """
 
 from __future__ import annotations
