@@ -110,7 +110,7 @@ def test_show_and_reset(cache, capsys):
     assert tune.main(["--show"]) == 0
     out = capsys.readouterr().out
     assert str(cache) in out and "shm:2: measured 2026-12-01T10:00:00Z, load 2.50" in out
-    assert "alpha 200.000 us" in out and "sync 30.000 us" in out
+    assert "alpha 200.0 us beta 1.000 ns/B" in out and "sync 30.0 us" in out
     assert tune.main(["--reset"]) == 0
     assert f"removed {cache} (1 figure set(s))" in capsys.readouterr().out
     assert not cache.exists() and machine.machine("shm", 2) == cost.DEFAULT_SHM_MACHINE  # defaults again

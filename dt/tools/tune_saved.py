@@ -68,9 +68,9 @@ def report(fig: dict[str, Any], out: TextIO | None = None) -> None:
             f"{_size(n)} {best}" for n, best, _ in rows), file=out)
 
 
-def _figure(entry: dict[str, Any], name: str, scale: float, unit: str) -> str:
+def _figure(entry: dict[str, Any], name: str, scale: float, unit: str, digits: int) -> str:
     value = entry.get(name)
-    return f" {name} {value * scale:.3f} {unit}" if isinstance(value, (int, float)) else ""
+    return f" {name} {value * scale:.{digits}f} {unit}" if isinstance(value, (int, float)) else ""
 
 
 def show(out: TextIO | None = None) -> int:
@@ -89,9 +89,9 @@ def show(out: TextIO | None = None) -> int:
         worst = (f", worst spread {max(spreads.values()):.2f}x ({max(spreads, key=spreads.get)})"
                  if spreads else "")
         print(f"  {key}: measured {e.get('measured_at', '?')}{load}{worst};"
-              + _figure(e, "alpha", 1e6, "us") + _figure(e, "beta", 1e9, "ns/B")
-              + _figure(e, "gamma", 1e9, "ns/B") + _figure(e, "sync", 1e6, "us")
-              + _figure(e, "mem", 1e9, "ns/B")
+              + _figure(e, "alpha", 1e6, "us", 1) + _figure(e, "beta", 1e9, "ns/B", 3)
+              + _figure(e, "gamma", 1e9, "ns/B", 3) + _figure(e, "sync", 1e6, "us", 1)
+              + _figure(e, "mem", 1e9, "ns/B", 3)
               + (f"; winners for {len(e['winners'])} collectives" if e.get("winners") else ""), file=out)
     print("  (dt tune --reset deletes them; auto and dt model then use the built-in defaults)", file=out)
     return 0
