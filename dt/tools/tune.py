@@ -379,6 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     from dt.launcher import launch, resolve_world
 
     args.world = resolve_world(args.world, 2)
+    if args.world < 2:
+        parser.error("--world: dt tune times messages between ranks; it needs at least 2, got 1")
 
     if not args.no_sweep:
         print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
