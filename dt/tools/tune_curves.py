@@ -11,9 +11,9 @@ Shared by the whole-group figures (dt/tools/tune.py) and the per-level pairs
   one-shot barrier once measured 878 us where a whole one-shot all-reduce took
   170 us). Noise only ever adds to a latency, so of `repeats` medians the
   figure is the smallest, and the slowest / fastest ratio is its spread;
-- `inconsistent` holds the figures to what they must satisfy: a step no
-  slower than a whole collective of several steps, a spread that says the
-  figure repeats.
+- `inconsistent` holds the figures to what they must satisfy: one step no
+  slower than a whole 4-byte all-reduce, one sync no slower than a whole
+  one-shot all-reduce, a spread that says the figure repeats.
 """
 
 from __future__ import annotations
