@@ -79,8 +79,10 @@ def test_tune_times_each_level_on_its_pair(run):
     torch_wire = combine([r["torch"]["levels"] for r in res])
     assert torch_wire["intra"]["wire"] == "torch"  # the torch-only group: loopback inside a host
     for lv in (*shm.values(), *torch_wire.values()):
-        assert lv["alpha"] > 0 and lv["beta"] >= 0
+        assert lv["alpha"] > 0 and lv["beta"] >= 0 and lv["spread"] >= 1.0  # fastest of the repeats
         assert sorted(map(int, lv["exchange"])) == sorted(tune.EXCHANGE_SIZES)
+    for mine in (r[w]["levels"][level] for r in res for w in ("shm", "torch") for level in r[w]["levels"]):
+        assert mine["exchange"]["4"] == mine["alpha"]  # each end's curve holds its burst-timed alpha
     # the group's figures are the slower end of each pair
     ends = [r["shm"]["levels"]["intra"]["alpha"] for r in res[:2]]
     assert shm["intra"]["alpha"] == max(ends)
