@@ -199,3 +199,18 @@ def test_dt_model_reduces_at_dt_tunes_shared_memory_gamma(cache, capsys):
                         "20GB/s"]) == 0
     out = capsys.readouterr().out
     assert "dt tune (shm, world 8)" in out and _row(out, "one_shot")[5] == "7 ms"  # 7 MB at 1 ns/B
+
+
+def test_a_latency_that_moved_since_the_last_run_is_said(cache, monkeypatch, capsys):
+    from dt.tools.tune_curves import drifted
+
+    assert drifted(_figures(), None) == [] and drifted(_figures(), _figures(alpha=150e-6)) == []
+    why = drifted(_figures(alpha=3.6e-3), dict(_figures(), measured_at="t0", load=2.0))
+    assert len(why) == 1 and "alpha 3600 us differs 18.0x from the 200 us saved (t0, load 2.0)" in why[0]
+    # a second run, steady on its own but 18x the first: saved (it may be the right one), said loudly
+    assert _main_on([{"torch": _figures(sync=None)}] * 2, monkeypatch, "--transport", "torch") == 0
+    slow = _figures(sync=None, alpha=3.6e-3, whole=4e-3)
+    assert _main_on([{"torch": slow}] * 2, monkeypatch, "--transport", "torch") == 0
+    out = capsys.readouterr().out
+    assert "WARNING: alpha 3600 us differs 18.0x from the 200 us saved" in out
+    assert json.loads(cache.read_text())["gloo:2"]["alpha"] == 3.6e-3

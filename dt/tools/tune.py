@@ -43,7 +43,9 @@ of the one before it (a curve that fails is measured again, up to --attempts
 times); alpha may not exceed a whole 4-byte all-reduce, nor sync a whole
 one-shot all-reduce, by more than 25%; a latency's spread may not exceed
 --max-spread (2). A loaded machine once saved alpha = 3.67 ms, and a sync of
-878 us beside a one-shot all-reduce of 170 us.
+878 us beside a one-shot all-reduce of 170 us. Figures that pass but differ
+from the ones saved before by more than --max-spread are saved with a
+warning naming both.
 
 Across hosts (a group spanning hosts, e.g. under torchrun on two machines)
 each link level is also timed on its own pair, two ranks of one host and two
@@ -82,6 +84,7 @@ from dt.tools.tune_curves import (
     MAX_SPREAD,
     REPEATS,
     Latency,
+    drifted,
     inconsistent,
     latencies,
     median_time,
@@ -407,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"the machine is quieter, or --force to save them anyway.")
             status = 1
         elif not args.no_save and os.environ.get("LOCAL_RANK", "0") == "0":  # once per host
+            for moved in drifted(fig, machine.entries().get(machine.key(fig)), args.max_spread):
+                print(f"  WARNING: {moved}; saving the new figures (dt tune --show lists them)")
             print(f"  saved to {machine.save(fig)} (key {machine.key(fig)}"
                   f"{', despite the warnings: --force' if why else ''}); dt tune --show lists the "
                   f"saved figures, dt tune --reset deletes them")

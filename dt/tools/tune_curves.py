@@ -25,8 +25,8 @@ from typing import Any
 
 from dt.bench.harness import barrier, rotated
 
-__all__ = ["BURST", "EXCHANGE_SIZES", "MAX_SPREAD", "REPEATS", "TOLERANCE", "Latency", "inconsistent",
-           "latencies", "median_time", "steady_curve", "unsteady"]
+__all__ = ["BURST", "EXCHANGE_SIZES", "MAX_SPREAD", "REPEATS", "TOLERANCE", "Latency", "drifted",
+           "inconsistent", "latencies", "median_time", "steady_curve", "unsteady"]
 
 EXCHANGE_SIZES = (4, 1 << 18, 1 << 20, 4 << 20, 16 << 20)
 BURST = 10  # back-to-back calls per timed burst: the line-up's skew counts once, not per call
@@ -124,6 +124,30 @@ def inconsistent(fig: dict[str, Any], tolerance: float = TOLERANCE,
         if spread > max_spread:
             why.append(f"{name} does not repeat: its slowest repeat took {spread:.1f}x its fastest "
                        f"(at most {max_spread:g}x)")
+    return why
+
+
+def drifted(fig: dict[str, Any], saved: dict[str, Any] | None, max_spread: float = MAX_SPREAD) -> list[str]:
+    """How the latencies moved since the figures saved under the same key (warnings, not refusals).
+
+    A loaded machine can hold one level for a whole run and another a minute
+    later (the torch wire's alpha once went 3670 / 203 / 289 us over three
+    runs): each run is steady on its own, so only the runs side by side show
+    it. Which one is right the figures cannot say; the person can (--show).
+    """
+    if not saved:
+        return []
+    why = []
+    for name in ("alpha", "sync"):
+        new, old = fig.get(name), saved.get(name)
+        if not new or not isinstance(old, (int, float)) or old <= 0:
+            continue
+        ratio = max(new / old, old / new)
+        if ratio > max_spread:
+            load = saved.get("load")
+            when = f"{saved.get('measured_at', '?')}" + (f", load {load:.1f}" if load is not None else "")
+            why.append(f"{name} {new * 1e6:.0f} us differs {ratio:.1f}x from the {old * 1e6:.0f} us saved "
+                       f"({when}): the machine's load moved between the runs")
     return why
 
 
