@@ -8,6 +8,10 @@ the next. Every run has a timeout; pytest-timeout bounds every test as well.
 
 from __future__ import annotations
 
+import multiprocessing.util
+import os
+import shutil
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +20,31 @@ import pytest
 from dt.launcher import WorkerPool
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_leaked_temp_dirs():
+    """Fails the session if a dt-* temporary directory it made is left behind.
+
+    The session (and every worker it starts: they inherit TMPDIR) makes its
+    temporary files in a directory of its own, so another run's leftovers on
+    a shared machine cannot fail this one; it is removed at the end.
+    """
+    # multiprocessing's own directory for this process stays where it is: it removes it at exit,
+    # after this fixture has removed the private one
+    multiprocessing.util.get_temp_dir()
+    private = tempfile.mkdtemp(prefix="dt-suite-")
+    saved = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"], tempfile.tempdir = private, None
+    yield
+    if saved is None:
+        os.environ.pop("TMPDIR", None)
+    else:
+        os.environ["TMPDIR"] = saved
+    tempfile.tempdir = None
+    left = sorted(name for name in os.listdir(private) if name.startswith("dt-"))
+    shutil.rmtree(private, ignore_errors=True)
+    assert not left, f"the suite left {len(left)} dt-* temporary directories behind: {', '.join(left[:5])}"
 
 
 @pytest.fixture(scope="session")

@@ -30,9 +30,9 @@ def test_auto_prices_both_wires():
 
 def test_load_store_formulas():
     n, p = 1 << 20, 4
-    assert cost.formula("all_reduce", "one_shot", n, p) == (1, n, (p - 1) * n)
-    steps, copied, reduced = cost.formula("all_reduce", "two_shot", n, p)
-    assert steps == 2 and copied == pytest.approx((2 * p - 1) / p * n) and reduced == 3 * n / 4
+    assert cost.formula("all_reduce", "one_shot", n, p) == (1, p * n, (p - 1) * n)  # n in, (p-1) n read
+    steps, moved, reduced = cost.formula("all_reduce", "two_shot", n, p)  # n in, 2(p-1)/p n read
+    assert steps == 2 and moved == pytest.approx((3 * p - 2) / p * n) and reduced == 3 * n / 4
     assert cost.formula("all_reduce", "two_shot", 64 << 20, p, stage_bytes=32 << 20)[0] == 4
     # traffic: two-shot reads 2(p-1)/p n from peers, the ring's bytes in 2 syncs, not 2(p-1) steps
     t = cost.traffic_for("all_reduce", "two_shot", n, 1, p, 0)

@@ -43,13 +43,14 @@ def test_nics_from_the_rails_slowdown():
 
 
 def _marked(hosts: list[int], fn, *args):
-    """fn(*args) with this rank marked as host hosts[rank] and an empty tune cache."""
+    """fn(*args) with this rank marked as host hosts[rank] and an empty tune cache (removed after)."""
     saved = {k: os.environ.get(k) for k in ("DT_HOST", "XDG_CACHE_HOME")}
     os.environ["DT_HOST"] = f"host{hosts[dist.get_rank()]}"
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dt-tune-")  # never the user's figures
     machine.forget()
     try:
-        return fn(*args)
+        with tempfile.TemporaryDirectory(prefix="dt-tune-") as cache:  # never the user's figures
+            os.environ["XDG_CACHE_HOME"] = cache
+            return fn(*args)
     finally:
         machine.forget()
         for k, v in saved.items():
@@ -78,8 +79,10 @@ def test_tune_times_each_level_on_its_pair(run):
     torch_wire = combine([r["torch"]["levels"] for r in res])
     assert torch_wire["intra"]["wire"] == "torch"  # the torch-only group: loopback inside a host
     for lv in (*shm.values(), *torch_wire.values()):
-        assert lv["alpha"] > 0 and lv["beta"] >= 0
+        assert lv["alpha"] > 0 and lv["beta"] >= 0 and lv["spread"] >= 1.0  # fastest of the repeats
         assert sorted(map(int, lv["exchange"])) == sorted(tune.EXCHANGE_SIZES)
+    for mine in (r[w]["levels"][level] for r in res for w in ("shm", "torch") for level in r[w]["levels"]):
+        assert mine["exchange"]["4"] == mine["alpha"]  # each end's curve holds its burst-timed alpha
     # the group's figures are the slower end of each pair
     ends = [r["shm"]["levels"]["intra"]["alpha"] for r in res[:2]]
     assert shm["intra"]["alpha"] == max(ends)
@@ -87,19 +90,17 @@ def test_tune_times_each_level_on_its_pair(run):
 
 def _agreed(hosts: list[int], entries: list[dict]) -> dict:
     saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="dt-tune-")
     machine.forget()
     try:
-        for e in entries:
-            machine.save(e)
-        view = transport.resolve_group(marked_group(hosts))
-        lv = view.links.agreed.levels
-        return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
-                "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
+        with tempfile.TemporaryDirectory(prefix="dt-tune-") as cache:  # removed with what was saved
+            os.environ["XDG_CACHE_HOME"] = cache
+            for e in entries:
+                machine.save(e)
+            view = transport.resolve_group(marked_group(hosts))
+            lv = view.links.agreed.levels
+            return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
+                    "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
     finally:
-        path = os.path.join(os.environ["XDG_CACHE_HOME"], "dt", "tune.json")
-        if os.path.exists(path):
-            os.remove(path)
         machine.forget()
         if saved is None:
             os.environ.pop("XDG_CACHE_HOME", None)

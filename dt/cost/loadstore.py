@@ -15,11 +15,13 @@ in rounds, cut by the same dt.layout functions the algorithms use.
 Time (`loadstore_formula`): steps are priced at the machine's `sync` (one
 shared-memory synchronisation), bytes at `mem` (seconds per byte of memcpy:
 the physical bound), reduced bytes at gamma. The bytes are what a rank
-copies on its critical path: its copy into staging (a user tensor is copied
-in once), the bytes it reads from peers, the copy-out. The staged path is
-priced: every rank must agree on the algorithm, and only the caller knows
-whether its own tensor lives in a shared allocation (zero-copy saves the
-copy-in and adds one sync).
+moves on its critical path: its copy into staging (a user tensor is copied
+in once), every byte it reads from its peers' buffers (the ones it reduces
+too: a load costs a memcpy's byte whatever is done with it, so one-shot's
+(p-1) n reads are never free), the copy-out. gamma is then only the
+arithmetic of the reduction. The staged path is priced: every rank must
+agree on the algorithm, and only the caller knows whether its own tensor
+lives in a shared allocation (zero-copy saves the copy-in and adds one sync).
 """
 
 from __future__ import annotations
@@ -148,8 +150,13 @@ def loadstore_traffic(base: str, algorithm: str, n: int, blocks: list[int], item
 
 def loadstore_formula(base: str, algorithm: str, n: float, p: int,
                       stage_bytes: int | None = None) -> tuple[int, float, float]:
-    """(syncs, bytes copied on the critical path, bytes reduced) for n bytes on p ranks.
+    """(syncs, bytes moved on the critical path, bytes reduced) for n bytes on p ranks.
 
+    Bytes moved = bytes copied (into staging, out of a peer's) + bytes read from
+    peers to reduce them (the reduced column: every reduced byte is loaded from
+    a peer's buffer):
+
+                                 syncs  copied                       read and reduced
         all_reduce one_shot      1      n (copy in)                  (p-1) n
         all_reduce two_shot      2      (2p-1)/p n (in, own, out)    (p-1)/p n
         reduce one_shot          1      n                            (p-1) n
@@ -160,7 +167,8 @@ def loadstore_formula(base: str, algorithm: str, n: float, p: int,
         gather / scatter         1      n
         barrier one_shot         1      0
 
-    Steps times the rounds when n exceeds a staging half.
+    so one-shot all-reduce moves p n bytes (n in, (p-1) n read), two-shot
+    (3p-2)/p n. Steps times the rounds when n exceeds a staging half.
     """
     share = (p - 1) / p * n
     table = {
@@ -175,7 +183,7 @@ def loadstore_formula(base: str, algorithm: str, n: float, p: int,
         "scatter:one_shot": (1, n, 0.0),
         "barrier:one_shot": (1, 0.0, 0.0),
     }
-    steps, nbytes, reduced = table[f"{base}:{algorithm}"]
+    steps, copied, reduced = table[f"{base}:{algorithm}"]
     if stage_bytes and n > stage_bytes:
         steps *= math.ceil(n / stage_bytes)
-    return steps, nbytes, reduced
+    return steps, copied + reduced, reduced

@@ -13,7 +13,8 @@ say so):
 - ring exchange: every rank sends n bytes to its right neighbour while
   receiving n from its left, which is exactly one step of a ring, a doubling
   or a tree algorithm. A 1-element exchange gives alpha (the time of one
-  step); the slope of the time over n = 256 KB .. 16 MB gives beta;
+  step: a latency, timed as below); the slope of the time over
+  n = 256 KB .. 16 MB gives beta;
 - reduction: every rank adds two n-byte float32 buffers; the slope gives gamma
   (dt/bench/harness.py, which the scaling study calls too);
 - the algorithm sweep (unless --no-sweep): every algorithm of all_reduce,
@@ -28,12 +29,23 @@ two more figures for its load/store algorithms: `sync`, the time of one
 synchronisation of the group (a one-shot barrier), and `mem`, the slope of
 a memcpy by every rank at once (1 to 16 MiB: out of cache, as big buffers are).
 
-Noisy figures are rejected, not saved: every curve (exchange time, memcpy
-time, reduction time over size) must grow with size, each point at least
-(1 - 25%) of the one before it, and the smallest exchange may not take
-longer than a larger one (a loaded machine once saved alpha = 4.2 ms while a
-1 MB exchange took 0.58 ms). A curve that fails is measured again, up to
---attempts times; if it still fails, nothing is saved (--force saves anyway).
+Latencies (alpha, sync, the ping-pong) are bursts of back-to-back calls, the
+median of --reps bursts, measured --repeats times: the figure is the fastest
+repeat (noise only adds to a latency), the spread (slowest / fastest) is
+printed and saved with it (dt/tools/tune_curves.py). They are timed in turns
+with whole 4-byte all-reduces (recursive doubling; one-shot on shared
+memory), which they may not exceed.
+
+Noisy or inconsistent figures are refused, not saved (exit 1; --force saves
+them anyway, with the warnings): every curve (exchange time, memcpy time,
+reduction time over size) must grow with size, each point at least (1 - 25%)
+of the one before it (a curve that fails is measured again, up to --attempts
+times); alpha may not exceed a whole 4-byte all-reduce, nor sync a whole
+one-shot all-reduce, by more than 25%; a latency's spread may not exceed
+--max-spread (2). A loaded machine once saved alpha = 3.67 ms, and a sync of
+878 us beside a one-shot all-reduce of 170 us. Figures that pass but differ
+from the ones saved before by more than --max-spread are saved with a
+warning naming both.
 
 Across hosts (a group spanning hosts, e.g. under torchrun on two machines)
 each link level is also timed on its own pair, two ranks of one host and two
@@ -43,8 +55,9 @@ two-level model (dt.cost.levels) and `auto` across hosts price with.
 
 The figures go to a small JSON file in the user's cache directory
 ($XDG_CACHE_HOME/dt/tune.json, else ~/.cache/dt/tune.json; dt.cost.machine),
-keyed by backend and world size (by topology, "gloo:2x2", across hosts), where algorithm="auto" and `dt model
---measured` find them.
+keyed by backend and world size (by topology, "gloo:2x2", across hosts),
+where algorithm="auto" and `dt model --measured` find them. `dt tune --show`
+lists them, `dt tune --reset` deletes them (dt/tools/tune_saved.py).
 """
 
 from __future__ import annotations
@@ -65,33 +78,79 @@ from dt.bench.harness import (
 )
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
-from dt.tools.tune_curves import EXCHANGE_SIZES, median_time, steady_curve, unsteady
+from dt.tools import tune_saved
+from dt.tools.tune_curves import (
+    EXCHANGE_SIZES,
+    MAX_SPREAD,
+    REPEATS,
+    Latency,
+    drifted,
+    inconsistent,
+    latencies,
+    median_time,
+    steady_curve,
+    unsteady,
+)
 
 __all__ = ["main", "measure", "measure_shared", "measure_winners", "unsteady"]
-
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:g} {unit}"
-    return f"{nbytes} B"
-
 
 # ---------------------------------------------------------------------------
 # The micro-benchmarks (run on every rank).
 # ---------------------------------------------------------------------------
 
 
-def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, Any]:
-    """Run the three micro-benchmarks on `group` (its wire); every rank returns them."""
+WHOLE_STEP = "whole all-reduce"
+WHOLE_ONE_SHOT = "whole one-shot all-reduce"
+
+
+def _check_calls(g: Any) -> dict[str, Any]:
+    """Whole 4-byte all-reduces, timed with the latencies: what alpha and sync may not exceed.
+
+    WHOLE_STEP: the all-reduce with the fewest message steps on this wire
+    (recursive doubling: lg p, one at p = 2); WHOLE_ONE_SHOT: one sync, then
+    4-byte reads (shared memory only). Validation is off while they run.
+    """
+    import torch
+
+    import dt
+
+    zero = torch.zeros(1)  # zeros: a sum of many calls stays finite
+    calls = {WHOLE_STEP: lambda: dt.all_reduce(zero, group=g, algorithm="recursive_doubling")}
+    if g.links.board is not None:
+        calls[WHOLE_ONE_SHOT] = lambda: dt.all_reduce(zero, group=g, algorithm="one_shot")
+    return calls
+
+
+def _whole(g: Any, timed: dict[str, Latency]) -> dict[str, Any]:
+    from dt.cost import formula
+
+    whole: dict[str, Any] = {"step": timed[WHOLE_STEP].seconds, "algorithm": "recursive_doubling",
+                             "steps": formula("all_reduce", "recursive_doubling", 4, g.size)[0]}
+    if WHOLE_ONE_SHOT in timed:
+        whole["one_shot"] = timed[WHOLE_ONE_SHOT].seconds
+    return whole
+
+
+def measure(reps: int = 20, group: Any = None, attempts: int = 3,
+            repeats: int = REPEATS) -> dict[str, Any]:
+    """Run the three micro-benchmarks on `group` (its wire); every rank returns them.
+
+    Latencies (the ping-pong, alpha, and on shared memory sync) are bursts of
+    back-to-back calls, the fastest of `repeats` medians (dt/tools/tune_curves.py
+    says why), timed in turns with the whole 4-byte all-reduces they may not
+    exceed. The exchange curve's smallest point is alpha, so the curve rule
+    holds it too.
+    """
     import torch
     import torch.distributed as dist
 
-    from dt.transport import Comm, resolve_group
+    import dt
+    from dt.transport import Comm, resolve_group, set_validation
 
     g = resolve_group(group)
     comm = Comm(g, "tune", "micro-benchmark")
     p, r = comm.size, comm.rank
-    out: dict[str, Any] = {"world": p, "backend": dist.get_backend()}
+    out: dict[str, Any] = {"world": p, "backend": dist.get_backend(), "spread": {}}
 
     # ping-pong between ranks 0 and 1
     one = torch.zeros(1)
@@ -104,26 +163,40 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3) -> dict[str, A
             comm.recv(one, 0)
             comm.send(one, 0)
 
-    out["pingpong_one_way"] = median_time(pingpong, reps) / 2 if p > 1 else 0.0
+    # alpha: one step of a ring of one element, every rank sending and receiving at once;
+    # sync: one synchronisation of a shared-memory group (a one-shot barrier)
+    recv_one = torch.empty(1)
+    calls = {"ping-pong": pingpong, "alpha": lambda: comm.exchange(one, (r + 1) % p, recv_one, (r - 1) % p),
+             **_check_calls(g)}
+    if g.links.board is not None:
+        calls["sync"] = lambda: dt.barrier(group=g, algorithm="one_shot")
+    set_validation(False)  # time the algorithms, not dt's argument check
+    timed = latencies(calls, reps, repeats) if p > 1 else {}
+    set_validation(None)
+    step = timed.get("alpha", Latency(0.0, 1.0, ()))
+    out["pingpong_one_way"] = timed["ping-pong"].seconds / 2 if p > 1 else 0.0
+    out["alpha"], out["spread"]["alpha"] = step.seconds, step.spread
+    if p > 1:
+        out["whole"] = _whole(g, timed)
+    if "sync" in timed:
+        out["sync"], out["spread"]["sync"] = timed["sync"].seconds, timed["sync"].spread
 
-    # ring exchange: one step of a ring, every rank sending and receiving at once
+    # the exchange curve from 256 KiB: beta is its slope
     def exchange_curve() -> dict[int, float]:
-        points: dict[int, float] = {}
-        for nbytes in EXCHANGE_SIZES:
+        points: dict[int, float] = {EXCHANGE_SIZES[0]: step.seconds}
+        for nbytes in EXCHANGE_SIZES[1:]:
             send = torch.ones(max(1, nbytes // 4))
             recv = torch.empty_like(send)
 
-            def step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
+            def one_step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
                 comm.exchange(send, (r + 1) % p, recv, (r - 1) % p)
 
             fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)  # big points are slow and steady
-            points[send.numel() * 4] = median_time(step, fewer) if p > 1 else 0.0
+            points[send.numel() * 4] = median_time(one_step, fewer)
         return points
 
     exchange, out["noisy"] = steady_curve(exchange_curve, attempts) if p > 1 else ({4: 0.0}, None)
     out["exchange"] = {str(k): v for k, v in exchange.items()}
-    small = min(exchange)
-    out["alpha"] = exchange[small]
     out["beta"] = slope({k: v for k, v in exchange.items() if k >= 1 << 18})
 
     # reduction: a + b into a, the harness's gamma (the scaling study measures it the same way)
@@ -137,13 +210,13 @@ MEMCPY_SIZES = (1 << 20, 4 << 20, 16 << 20)
 
 
 def measure_shared(reps: int, group: Any, attempts: int = 3) -> dict[str, Any]:
-    """The load/store figures of a shared-memory group: sync (s) and mem (s/B)."""
+    """A shared-memory group's memcpy figure: mem (s/B), the slope of a copy by every rank at once.
+
+    (Its sync is timed with the other latencies, by `measure`.)
+    """
     import torch
 
-    import dt
-
-    out: dict[str, Any] = {"sync": median_time(lambda: dt.barrier(group=group, algorithm="one_shot"),
-                                                reps)}
+    out: dict[str, Any] = {}
 
     def memcpy_curve() -> dict[int, float]:
         points = {}
@@ -202,7 +275,7 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
 
 
 def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list[str],
-            attempts: int) -> dict[str, Any]:
+            attempts: int, repeats: int = REPEATS) -> dict[str, Any]:
     from dt.bench.harness import wire_group
     from dt.transport import resolve_group, topology_of
 
@@ -210,7 +283,7 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
     for wire in wires:
         g = wire_group(wire)
         shared = resolve_group(g).links.board is not None
-        fig = measure(reps, g, attempts)
+        fig = measure(reps, g, attempts, repeats)
         if shared:
             fig.update(measure_shared(reps, g, attempts))
         if sweep:
@@ -223,45 +296,69 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
         if topology.host_count > 1:  # each level on its own pair (dt/tools/tune_levels.py)
             from dt.tools.tune_levels import measure_levels
 
-            fig["levels"] = measure_levels(g, reps, attempts)
+            fig["levels"] = measure_levels(g, reps, attempts, repeats)
         out[wire] = fig
     return out
 
 
-def _report(fig: dict[str, Any]) -> None:
-    print(f"dt tune: {fig['wire']} wire (saved as {fig['backend']}), world {fig['world']}, "
-          f"{fig['cores']} cores, torch {fig['torch']}")
-    print(f"  ping-pong one-way latency {fig['pingpong_one_way'] * 1e6:9.1f} us")
-    print(f"  alpha (one exchange step) {fig['alpha'] * 1e6:9.1f} us")
-    print(f"  beta                      {fig['beta'] * 1e9:9.3f} ns/byte  "
-          f"({1 / fig['beta'] / 1e9 if fig['beta'] else float('inf'):.2f} GB/s per rank)")
-    print(f"  gamma                     {fig['gamma'] * 1e9:9.3f} ns/byte  "
-          f"({1 / fig['gamma'] / 1e9 if fig['gamma'] else float('inf'):.2f} GB/s reduced)")
-    if "sync" in fig:
-        print(f"  sync (one shared-memory synchronisation) {fig['sync'] * 1e6:9.1f} us")
-        print(f"  mem  (memcpy, every rank at once)        {fig['mem'] * 1e9:9.3f} ns/byte  "
-              f"({1 / fig['mem'] / 1e9 if fig['mem'] else float('inf'):.2f} GB/s)")
-    for level, lv in fig.get("levels", {}).items():
-        print(f"  {level:<5} pair {lv['pair'][0]}-{lv['pair'][1]} ({lv['wire']} wire): alpha "
-              f"{lv['alpha'] * 1e6:.1f} us, beta {lv['beta'] * 1e9:.3f} ns/byte "
-              f"({1 / lv['beta'] / 1e9 if lv['beta'] else float('inf'):.2f} GB/s)")
-    if "nics" in fig:
-        print(f"  NICs a host's ranks share: {fig['nics'] or 'one per rank'} (every rail at once)")
-    print("  exchange step times: " + ", ".join(
-        f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()))
-    for collective, rows in fig.get("winners", {}).items():
-        print(f"  measured fastest {collective}: " + ", ".join(
-            f"{_size(n)} {best}" for n, best, _ in rows))
+def group_figures(results: list[dict[str, Any]], wire: str) -> dict[str, Any]:
+    """The group's figures from every rank's: the slowest rank's (a step waits for the last one).
+
+    Latencies, whole calls and spreads too, so the consistency rule compares
+    like with like; taken the same way on every run.
+    """
+    fig: dict[str, Any] = dict(results[0][wire])
+    for key in ("alpha", "beta", "gamma", "pingpong_one_way", "sync", "mem"):
+        if key in fig:
+            fig[key] = max(res[wire][key] for res in results)
+    for part in ("whole", "spread"):
+        if part in fig:
+            fig[part] = {k: (max(res[wire][part][k] for res in results) if isinstance(v, float) else v)
+                         for k, v in fig[part].items()}
+    fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+    if "levels" in fig:  # across hosts: each level's pair, the slower end of each
+        from dt.cost.levels import nics_from
+        from dt.tools.tune_levels import combine
+
+        fig["levels"] = combine([res[wire].get("levels", {}) for res in results])
+        fig["spread"].update({f"{level} pair alpha": lv["spread"] for level, lv in fig["levels"].items()
+                              if "spread" in lv})
+        rails, inter = fig["levels"].get("rails"), fig["levels"].get("inter")
+        if rails and inter:  # a host's ranks sharing NICs see a slower beta when all send
+            fig["nics"] = nics_from(inter["beta"], rails["beta"], rails["pairs"])
+    return fig
+
+
+def refusals(results: list[dict[str, Any]], wire: str, fig: dict[str, Any],
+             max_spread: float = MAX_SPREAD) -> list[str]:
+    """Why the group's figures may not be saved: a noisy curve on any rank, or inconsistent figures."""
+    noisy = [why for res in results for why in (res[wire].get("noisy"), res[wire].get("noisy_mem"))
+             if why] + [lv["noisy"] for lv in fig.get("levels", {}).values() if lv["noisy"]]
+    return noisy + inconsistent(fig, max_spread=max_spread)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = args_.Parser(prog="dt tune", description=__doc__.splitlines()[0])
+    parser = args_.Parser(
+        prog="dt tune", description=__doc__.splitlines()[0],
+        epilog=f"Figures are saved to {machine.cache_path()} ($XDG_CACHE_HOME/dt/tune.json, else "
+               "~/.cache/dt/tune.json). dt tune --show lists them; dt tune --reset deletes them "
+               "(auto and dt model then use the built-in defaults).")
+    kept = parser.add_mutually_exclusive_group()
+    kept.add_argument("--show", action="store_true", help="print the saved figures and where they are; "
+                      "measure nothing")
+    kept.add_argument("--reset", action="store_true", help="delete the saved figures; measure nothing")
     parser.add_argument("--world", type=args_.world, default=None,
                         help="processes in the group (default 2; under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--reps", type=args_.at_least(1), default=20,
                         help="repetitions per point (median)")
+    parser.add_argument("--repeats", type=args_.at_least(1), default=REPEATS,
+                        help=f"medians per latency figure (alpha, sync): the fastest is kept, the "
+                             f"spread printed (default {REPEATS})")
+    parser.add_argument("--max-spread", type=args_.positive, default=MAX_SPREAD,
+                        help=f"refuse to save a latency whose slowest repeat took more than this "
+                             f"times its fastest (default {MAX_SPREAD:g})")
     parser.add_argument("--no-save", action="store_true", help="print only")
     parser.add_argument("--no-sweep", action="store_true",
                         help="skip timing every algorithm at every size (auto then uses the model only)")
@@ -270,15 +367,23 @@ def main(argv: list[str] | None = None) -> int:
                         help="largest size of the algorithm sweep (default 64 MiB)")
     parser.add_argument("--transport", default="both", choices=("shm", "torch", "both"),
                         help="which wire(s) to measure (default both)")
-    parser.add_argument("--attempts", type=int, default=3, help="re-measure a noisy curve this often")
-    parser.add_argument("--force", action="store_true", help="save even noisy figures")
+    parser.add_argument("--attempts", type=args_.at_least(1), default=3,
+                        help="re-measure a noisy curve this often")
+    parser.add_argument("--force", action="store_true",
+                        help="save even noisy or inconsistent figures (a warning says why)")
     args = parser.parse_args(argv)
+    if args.show:
+        return tune_saved.show()
+    if args.reset:
+        return tune_saved.reset()
 
     import torch
 
     from dt.launcher import launch, resolve_world
 
     args.world = resolve_world(args.world, 2)
+    if args.world < 2:
+        parser.error("--world: dt tune times messages between ranks; it needs at least 2, got 1")
 
     if not args.no_sweep:
         print(f"dt tune: timing every algorithm of {', '.join(SWEEP_COLLECTIVES)} from 1 KiB to "
@@ -288,34 +393,26 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         wires = ["torch"]  # GPU tensors stay on NCCL: no shared-memory wire to measure
     results = launch(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
-                     args.max_bytes, wires, args.attempts, backend=backend, timeout=3600)
+                     args.max_bytes, wires, args.attempts, args.repeats, backend=backend, timeout=3600)
     status = 0
     for wire in wires:
-        # Every rank measured; the group's figures are the slowest rank's (a step
-        # waits for the last one), taken the same way on every run.
-        fig: dict[str, Any] = dict(results[0][wire])
-        for key in ("alpha", "beta", "gamma", "pingpong_one_way", "sync", "mem"):
-            if key in fig:
-                fig[key] = max(res[wire][key] for res in results)
-        fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
-        if "levels" in fig:  # across hosts: each level's pair, the slower end of each
-            from dt.cost.levels import nics_from
-            from dt.tools.tune_levels import combine
-
-            fig["levels"] = combine([res[wire].get("levels", {}) for res in results])
-            rails, inter = fig["levels"].get("rails"), fig["levels"].get("inter")
-            if rails and inter:  # a host's ranks sharing NICs see a slower beta when all send
-                fig["nics"] = nics_from(inter["beta"], rails["beta"], rails["pairs"])
+        fig = group_figures(results, wire)
         fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
                    load=os.getloadavg()[0],
                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        _report(fig)
-        noisy = [why for res in results for why in (res[wire].get("noisy"), res[wire].get("noisy_mem"))
-                 if why] + [lv["noisy"] for lv in fig.get("levels", {}).values() if lv["noisy"]]
-        if noisy and not args.force:
-            print(f"  NOT saved: the figures are too noisy ({noisy[0]}); the machine is loaded "
-                  f"(load average {fig['load']:.1f}). Run again when it is quieter, or --force.")
+        tune_saved.report(fig)
+        why = refusals(results, wire, fig, args.max_spread)
+        for reason in why:
+            print(f"  WARNING: {reason}")
+        if why and not args.force:
+            print(f"  NOT saved: the figures are too noisy or inconsistent (the warnings above; load "
+                  f"average {fig['load']:.1f} on {fig['cores']} cores). Run again when "
+                  f"the machine is quieter, or --force to save them anyway.")
             status = 1
         elif not args.no_save and os.environ.get("LOCAL_RANK", "0") == "0":  # once per host
-            print(f"saved to {machine.save(fig)} (key {machine.key(fig)})")
+            for moved in drifted(fig, machine.entries().get(machine.key(fig)), args.max_spread):
+                print(f"  WARNING: {moved}; saving the new figures (dt tune --show lists them)")
+            print(f"  saved to {machine.save(fig)} (key {machine.key(fig)}"
+                  f"{', despite the warnings: --force' if why else ''}); dt tune --show lists the "
+                  f"saved figures, dt tune --reset deletes them")
     return status

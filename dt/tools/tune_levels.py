@@ -15,25 +15,40 @@ ranks idle:
   slower beta (dt.cost.levels.nics_from turns the two into `nics`).
 
 Each pair exchanges n bytes both ways at once (one step of a ring or a
-doubling algorithm, as the whole-group curve does) at EXCHANGE_SIZES; the
-smallest gives alpha, the slope from 256 KiB up gives beta. The curves are
+doubling algorithm, as the whole-group curve does): alpha from bursts of
+1-element exchanges (the fastest of the repeats, as the whole group's), beta
+the slope of the curve from 256 KiB up. The curves are
 held to the same noise rule as every `dt tune` curve (time grows with size).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from dt.bench.harness import slope
 from dt.hosts import level_pairs, rail_pairs
-from dt.tools.tune_curves import EXCHANGE_SIZES, median_time, steady_curve
+from dt.tools.tune_curves import EXCHANGE_SIZES, REPEATS, latencies, median_time, steady_curve
 
 __all__ = ["combine", "measure_levels"]
 
 
-def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
-    """This rank's figures of each level it timed ({} on ranks in no pair); collective on `group`."""
+def _exchange(comm: Any, peer: int | None, nbytes: int) -> Callable[[], None]:
+    """One exchange of nbytes (float32) with `peer` both ways at once; nothing for a rank in no pair."""
     import torch
+
+    send = torch.ones(max(1, nbytes // 4))
+    recv = torch.empty_like(send)
+
+    def step() -> None:
+        if peer is not None:
+            comm.exchange(send, peer, recv, peer)
+
+    return step
+
+
+def measure_levels(group: Any, reps: int, attempts: int = 3, repeats: int = REPEATS) -> dict[str, Any]:
+    """This rank's figures of each level it timed ({} on ranks in no pair); collective on `group`."""
 
     from dt.transport import Comm, resolve_group, topology_of
 
@@ -48,18 +63,14 @@ def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
     for level, pairs in sorted(runs.items()):
         peer = next((b if g.rank == a else a for a, b in pairs if g.rank in (a, b)), None)
 
-        def curve(peer: int | None = peer) -> dict[int, float]:
-            points: dict[int, float] = {}
-            for nbytes in EXCHANGE_SIZES:
-                send = torch.ones(max(1, nbytes // 4))
-                recv = torch.empty_like(send)
+        # alpha as the whole group's (dt/tools/tune_curves.py): bursts, the fastest of the repeats
+        alpha = latencies({"alpha": _exchange(comm, peer, 4)}, reps, repeats)["alpha"]
 
-                def step(send: torch.Tensor = send, recv: torch.Tensor = recv) -> None:
-                    if peer is not None:
-                        comm.exchange(send, peer, recv, peer)
-
+        def curve(peer: int | None = peer, alpha: float = alpha.seconds) -> dict[int, float]:
+            points = {EXCHANGE_SIZES[0]: alpha}  # the smallest point: the burst-timed latency
+            for nbytes in EXCHANGE_SIZES[1:]:  # ranks in no pair idle, but join each timing's barrier
                 fewer = reps if nbytes < 4 << 20 else max(5, reps // 3)
-                points[send.numel() * 4] = median_time(step, fewer)
+                points[nbytes] = median_time(_exchange(comm, peer, nbytes), fewer)
             return points if peer is not None else {}
 
         points, why = steady_curve(curve, attempts)  # every rank takes part (the verdict is shared)
@@ -69,6 +80,7 @@ def measure_levels(group: Any, reps: int, attempts: int = 3) -> dict[str, Any]:
         out[level] = {"alpha": points[min(points)], "beta": slope({k: v for k, v in points.items()
                                                                    if k >= 1 << 18}),
                       "pair": [g.ranks[q] for q in pairs[0]], "wire": wire, "noisy": why, "pairs": len(pairs),
+                      "spread": alpha.spread,
                       "exchange": {str(k): v for k, v in points.items()}}
     return out
 
@@ -81,7 +93,7 @@ def combine(per_rank: list[dict[str, Any]]) -> dict[str, Any]:
             if level not in out:
                 out[level] = dict(fig)
             else:
-                for k in ("alpha", "beta"):
+                for k in ("alpha", "beta", "spread"):
                     out[level][k] = max(out[level][k], fig[k])
                 out[level]["noisy"] = out[level]["noisy"] or fig["noisy"]
     return out

@@ -4,11 +4,12 @@
 
 prints, per algorithm, the cost model's sequential steps, bytes on the
 critical path per rank, the latency term (steps * alpha), the bandwidth term
-(bytes * beta), the reduction term (reduced bytes * gamma, 0 unless --reduce
-is given) and their total. That example reproduces the textbook figure: ring
-all-reduce of 1 GB on 8 ranks is 14 * 5 us + 2 * 7/8 * 1 GB / 450 GB/s =
-0.07 + 3.89 = 3.96 ms, bandwidth-bound; at --size 1MB it is 70 + 3.9 = 74 us,
-latency-bound, and the doubling algorithms win.
+(bytes * beta), the reduction term (reduced bytes * gamma: 0 unless --reduce
+is given, or a shared-memory wire is described, below) and their total.
+That example reproduces the textbook figure: ring all-reduce of 1 GB on 8
+ranks is 14 * 5 us + 2 * 7/8 * 1 GB / 450 GB/s = 0.07 + 3.89 = 3.96 ms,
+bandwidth-bound; at --size 1MB it is 70 + 3.9 = 74 us, latency-bound, and
+the doubling algorithms win.
 
     dt model all_reduce --size 256KB,1MB,4MB --world 2 --measured
 
@@ -18,7 +19,11 @@ the measured median, for each wire (--transport shm|torch|both, default
 both): on the shared-memory wire the point-to-point algorithms are priced
 with its channels' alpha and beta and the load/store ones (one_shot,
 two_shot) with its `sync` and `mem` figures. Without --measured, --sync and
---memcpy describe a shared-memory wire and add the load/store algorithms.
+--memcpy describe a shared-memory wire and add the load/store algorithms:
+their bytes/rank is what a rank copies in plus what it reads from its peers
+(one-shot all-reduce: n + (p-1) n), priced at the memcpy rate, and what they
+read they also reduce, at --reduce, else dt tune's shared-memory gamma, else
+the default one (said so on the first line): loads are never free.
 
     dt model --hosts 2 --per-host 8 --intra 450GB/s,5us --inter 50GB/s,10us --size 1GB
 
@@ -198,11 +203,17 @@ def main(argv: list[str] | None = None) -> int:
                   f"gamma {saved['gamma'] * 1e9:.3f} ns/B{extra}")
     else:
         alpha, beta = args.latency, 1 / args.bandwidth
-        gamma = 1 / args.reduce if args.reduce else 0.0
         sync, mem = args.sync, (1 / args.memcpy if args.memcpy else None)
+        gamma, whose = (1 / args.reduce, "") if args.reduce else (0.0, "")
+        if not args.reduce and sync and mem:
+            # a shared-memory wire reduces what it loads: never free (dt tune's figure, else the default)
+            shm = cost.machine.machine("shm", args.world)
+            gamma = shm.gamma
+            named = "the shared-memory default" if shm.source == "default" else shm.source
+            whose = f" ({named}; --reduce sets it)"
         figures["model"] = (alpha, beta, gamma, sync, mem)
         print(f"alpha {fmt_time(alpha, 3)} per step, 1/beta {fmt_bytes(1 / beta, 3)}/s per rank"
-              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s" if gamma else ", reduction free")
+              + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s{whose}" if gamma else ", reduction free")
               + (f"; shared memory: sync {fmt_time(sync, 3)}, memcpy {fmt_bytes(1 / mem, 3)}/s"
                  if sync and mem else ""))
     tables = {w: {n: table(args.collective, n, args.world, *fig) for n in sizes}
