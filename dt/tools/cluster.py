@@ -43,6 +43,17 @@ def _parser() -> Parser:
     return p
 
 
+def _list() -> int:
+    """One line per job with something left; one line saying so when there is none."""
+    found, dead = jobs(), set(stale())
+    if not found:
+        print("dt cluster: no jobs: no namespace, link or state file of a simulated cluster is left")
+        return 0
+    for j in found:
+        print(f"{j}  {'stale (owner gone)' if j in dead else 'running'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -51,10 +62,7 @@ def main(argv: list[str]) -> int:
         print(f"dt cluster: {exc}", file=sys.stderr)
         return 2
     if args.action == "list":
-        dead = set(stale())
-        for j in jobs():
-            print(f"{j}  {'stale (owner gone)' if j in dead else 'running'}")
-        return 0
+        return _list()
     if args.action == "down":
         targets = args.job or (jobs() if args.all else stale())
         for j in targets:
