@@ -27,7 +27,8 @@ from typing import Any
 from dt.learn.judge.cases import Case
 from dt.learn.judge.specs import SPECS
 
-__all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter"]
+__all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter",
+           "unlock_rule"]
 
 HERE = Path(__file__).resolve().parent
 EXERCISES = ("ring_all_reduce", "cost_estimate", "ring_reduce_scatter", "ring_all_gather",
@@ -68,7 +69,12 @@ def all_exercises() -> list[Exercise]:
 
 
 def marker(path: str) -> str | None:
-    """The exercise a learner's file says it is (its `# dt exercise: NAME` line), if any."""
+    """The exercise a learner's file is: its `# dt exercise: NAME` line, else its name (NAME.py).
+
+    The header comes first (a file may be named anything); a file that lost it,
+    rewritten from scratch, is still the exercise `dt exercises start` named it
+    after. `unlock_rule` says the same to the learner.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             head = [f.readline() for _ in range(5)]
@@ -78,7 +84,14 @@ def marker(path: str) -> str | None:
         m = MARKER.match(line.strip())
         if m and m.group(1) in EXERCISES:
             return m.group(1)
-    return None
+    stem = Path(path).stem
+    return stem if Path(path).suffix == ".py" and stem in EXERCISES else None
+
+
+def unlock_rule(name: str) -> str:
+    """What opens the reference for `name`, as `marker` and `dt judge` apply it."""
+    return (f"a full `dt judge FILE` (default worlds, sizes and cases) passes, run in this folder, on a "
+            f"FILE that is {name}.py or starts with the line `# dt exercise: {name}`")
 
 
 def cost_lines(ex: Exercise, nbytes: int = 1 << 20, worlds: tuple[int, ...] = (2, 3, 5, 8)) -> list[str]:
