@@ -63,7 +63,8 @@ def primitives(payload_bytes: int) -> dict[str, Any]:
     """
     r, p = dist.get_rank(), dist.get_world_size()
     sizes = split_sizes(ELEMENTS, p)  # the one rule for both the pieces sent and those received
-    start = start_of(r)
+    dev = transport.default_device()  # the rank's GPU under NCCL (which takes no CPU tensor)
+    start = start_of(r).to(dev)
     split = list(start.split(sizes))
     out: dict[str, Any] = {"world": p, "sizes": sizes}
 
@@ -79,31 +80,31 @@ def primitives(payload_bytes: int) -> dict[str, Any]:
     C.all_reduce(summed, algorithm="ring")
     out["all_reduce"] = {"before": [start.tolist()], "after": [summed.tolist()]}
 
-    shard = torch.empty(sizes[r])
+    shard = torch.empty(sizes[r], device=dev)
     C.reduce_scatter(shard, [t.clone() for t in split])
     out["reduce_scatter"] = {"before": _pieces(split), "after": [shard.tolist()]}
 
-    everyone = [torch.empty(ELEMENTS) for _ in range(p)]
+    everyone = [torch.empty(ELEMENTS, device=dev) for _ in range(p)]
     C.all_gather(everyone, start)
     out["all_gather"] = {"before": [start.tolist()], "after": _pieces(everyone)}
 
-    shards = [torch.empty(n) for n in sizes]
+    shards = [torch.empty(n, device=dev) for n in sizes]
     C.all_gather(shards, shard)
     out["reduce_scatter + all_gather"] = {"before": [shard.tolist()], "after": _pieces(shards)}
 
-    gathered = [torch.empty(ELEMENTS) for _ in range(p)] if r == ROOT else None
+    gathered = [torch.empty(ELEMENTS, device=dev) for _ in range(p)] if r == ROOT else None
     C.gather(start, gathered, dst=ROOT)
     out["gather"] = {"before": [start.tolist()], "after": _pieces(gathered) if gathered else None}
 
-    piece = torch.empty(sizes[r])
+    piece = torch.empty(sizes[r], device=dev)
     C.scatter(piece, [t.clone() for t in split] if r == ROOT else None, src=ROOT)
     out["scatter"] = {"before": _pieces(split) if r == ROOT else None, "after": [piece.tolist()]}
 
-    received = [torch.empty(sizes[r]) for _ in range(p)]  # piece r of every rank: sizes[r] each
+    received = [torch.empty(sizes[r], device=dev) for _ in range(p)]  # piece r of every rank: sizes[r] each
     C.all_to_all(received, [t.clone() for t in split])
     out["all_to_all"] = {"before": _pieces(split), "after": _pieces(received)}
 
-    big = torch.ones(payload_bytes // 4)
+    big = torch.ones(payload_bytes // 4, device=dev)
     validating = transport.validation_enabled()
     transport.set_validation(False)  # count only the algorithm's own bytes
     try:
