@@ -3,6 +3,7 @@
     dt cluster up --hosts 2 --per-host 2 --link 1Gbit [--delay 0.1ms] -- python -m dt bench collectives
     dt cluster down [--all | JOB ...]     remove what a killed run left (default: jobs whose owner died)
     dt cluster list                       jobs with something left, and whether their owner lives
+                                          (one line saying so when there are none)
 
 `up` makes the hosts, runs the command on every one under torchrun (each
 host's lines prefixed [h0], [h1], ...), tears everything down however it ends,

@@ -3,12 +3,14 @@
     dt exercises list                      what there is
     dt exercises start ring_all_reduce     ring_all_reduce.py here: statement, cost to reach, skeleton
     dt judge ring_all_reduce.py            the judge knows the exercise from the file's first line
+                                           (or, without it, from the file's name)
     dt exercises hint ring_all_reduce      one hint more each time
     dt exercises solution ring_all_reduce  after a judged pass (or --give-up)
 
 A folder holds `__init__.py` (EXERCISE: the statement, hints and what the
 judge checks), `skeleton.py` (what the learner starts from; its first line,
-`# dt exercise: NAME`, tells the judge which exercise it is) and
+`# dt exercise: NAME`, tells the judge which exercise it is; a file without
+it named NAME.py is NAME too) and
 `solution.py` (the reference, kept out of the skeleton; the tests judge it).
 The cost to reach is never written down here: it is computed from dt.cost
 for the exercise's target algorithm, the same figure the judge holds the
