@@ -100,6 +100,31 @@ def test_solution_opens_after_a_pass_or_on_giving_up(here, capsys):
     assert "lowest_bit" in capsys.readouterr().out
 
 
+def test_a_passing_file_named_like_its_exercise_unlocks_without_the_header(here, capsys):
+    solution = exercises.find("cost_estimate").solution
+    assert not solution.lstrip().startswith("# dt exercise")  # the header is what this file lacks
+    # Named otherwise and headerless, the judge cannot tell which exercise it is: nothing opens,
+    # and the refusal says what would have made it count.
+    (here / "mine.py").write_text(solution)
+    assert exercises.marker("mine.py") is None
+    judge_main(["mine.py"])
+    assert command.main(["solution", "cost_estimate"]) == 1
+    refusal = capsys.readouterr().err
+    assert "cost_estimate.py" in refusal and "# dt exercise: cost_estimate" in refusal
+    assert "cost_estimate" not in state.load()["passed"]
+    # The file `dt exercises start` writes, rewritten without its first line, is still the exercise.
+    (here / "cost_estimate.py").write_text(solution)
+    assert exercises.marker("cost_estimate.py") == "cost_estimate"
+    assert judge_main(["cost_estimate.py"]) == 0
+    assert command.main(["solution", "cost_estimate"]) == 0
+    assert capsys.readouterr().out.endswith(solution)
+    # The header wins over the name.
+    (here / "ring_all_reduce.py").write_text("# dt exercise: chain_broadcast\n")
+    assert exercises.marker("ring_all_reduce.py") == "chain_broadcast"
+    (here / "ring_all_reduce.txt").write_text(solution)  # only a Python file is judged by its name
+    assert exercises.marker("ring_all_reduce.txt") is None
+
+
 @pytest.mark.timeout(240)
 def test_only_a_full_passing_judge_records_the_pass(here, monkeypatch):
     monkeypatch.setattr("dt.learn.judge.command.DEFAULT_WORLDS", (2, 3))  # "full" made cheap

@@ -3,6 +3,7 @@
     dt cluster up --hosts 2 --per-host 2 --link 1Gbit [--delay 0.1ms] -- python -m dt bench collectives
     dt cluster down [--all | JOB ...]     remove what a killed run left (default: jobs whose owner died)
     dt cluster list                       jobs with something left, and whether their owner lives
+                                          (one line saying so when there are none)
 
 `up` makes the hosts, runs the command on every one under torchrun (each
 host's lines prefixed [h0], [h1], ...), tears everything down however it ends,
@@ -43,6 +44,17 @@ def _parser() -> Parser:
     return p
 
 
+def _list() -> int:
+    """One line per job with something left; one line saying so when there is none."""
+    found, dead = jobs(), set(stale())
+    if not found:
+        print("dt cluster: no jobs: no namespace, link or state file of a simulated cluster is left")
+        return 0
+    for j in found:
+        print(f"{j}  {'stale (owner gone)' if j in dead else 'running'}")
+    return 0
+
+
 def main(argv: list[str]) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -57,10 +69,7 @@ def main(argv: list[str]) -> int:
         print(f"dt cluster: {exc}", file=sys.stderr)
         return 2
     if args.action == "list":
-        dead = set(stale())
-        for j in jobs():
-            print(f"{j}  {'stale (owner gone)' if j in dead else 'running'}")
-        return 0
+        return _list()
     if args.action == "down":
         targets = args.job or (jobs() if args.all else stale())
         for j in targets:

@@ -164,9 +164,10 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     zero = f", ZeRO-{args.zero}" if args.zero else ""
     cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
     ep = f" ep={args.ep}" if args.experts else ""
+    # A schedule and micro-batches mean something only with a pipeline to run them through.
+    pipeline = f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, " if args.pp > 1 else ""
     lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({world(args)} processes), "
-             f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, global batch "
-             f"{args.batch_size} x {args.block_size} tokens",
+             f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
              f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)",

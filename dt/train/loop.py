@@ -27,6 +27,7 @@ from dt.parallel.zero import ZeroOptimizer
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.optim import Adam
 from dt.train.placement import LAYOUTS, predict
+from dt.train.progress import Progress
 
 __all__ = ["make_model", "train_worker"]
 
@@ -106,10 +107,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
     per_rank = args.batch_size // args.dp
     bar = None
-    if m.rank == 0 and not args.no_progress:
-        from tqdm import tqdm
-        bar = tqdm(total=args.steps, initial=start, desc=f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}",
-                   unit="step", file=sys.stdout)
+    if m.rank == 0 and not args.no_progress:  # on stderr: stdout is the report's
+        bar = Progress(args.steps, start, f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}")
     losses: list[float] = []
     t_opt = 0.0
     t_start = clock(model.device)
@@ -126,8 +125,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         t_opt += clock(model.device) - t0 - zero_traffic.seconds
         losses.append(loss)
         if bar is not None:
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}")
+            bar.update(loss)
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
             save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep)
     wall = clock(model.device) - t_start

@@ -3,12 +3,14 @@
     dt exercises list                      what there is
     dt exercises start ring_all_reduce     ring_all_reduce.py here: statement, cost to reach, skeleton
     dt judge ring_all_reduce.py            the judge knows the exercise from the file's first line
+                                           (or, without it, from the file's name)
     dt exercises hint ring_all_reduce      one hint more each time
     dt exercises solution ring_all_reduce  after a judged pass (or --give-up)
 
 A folder holds `__init__.py` (EXERCISE: the statement, hints and what the
 judge checks), `skeleton.py` (what the learner starts from; its first line,
-`# dt exercise: NAME`, tells the judge which exercise it is) and
+`# dt exercise: NAME`, tells the judge which exercise it is; a file without
+it named NAME.py is NAME too) and
 `solution.py` (the reference, kept out of the skeleton; the tests judge it).
 The cost to reach is never written down here: it is computed from dt.cost
 for the exercise's target algorithm, the same figure the judge holds the
@@ -27,7 +29,8 @@ from typing import Any
 from dt.learn.judge.cases import Case
 from dt.learn.judge.specs import SPECS
 
-__all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter"]
+__all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter",
+           "unlock_rule"]
 
 HERE = Path(__file__).resolve().parent
 EXERCISES = ("ring_all_reduce", "cost_estimate", "ring_reduce_scatter", "ring_all_gather",
@@ -68,7 +71,12 @@ def all_exercises() -> list[Exercise]:
 
 
 def marker(path: str) -> str | None:
-    """The exercise a learner's file says it is (its `# dt exercise: NAME` line), if any."""
+    """The exercise a learner's file is: its `# dt exercise: NAME` line, else its name (NAME.py).
+
+    The header comes first (a file may be named anything); a file that lost it,
+    rewritten from scratch, is still the exercise `dt exercises start` named it
+    after. `unlock_rule` says the same to the learner.
+    """
     try:
         with open(path, encoding="utf-8") as f:
             head = [f.readline() for _ in range(5)]
@@ -78,7 +86,14 @@ def marker(path: str) -> str | None:
         m = MARKER.match(line.strip())
         if m and m.group(1) in EXERCISES:
             return m.group(1)
-    return None
+    stem = Path(path).stem
+    return stem if Path(path).suffix == ".py" and stem in EXERCISES else None
+
+
+def unlock_rule(name: str) -> str:
+    """What opens the reference for `name`, as `marker` and `dt judge` apply it."""
+    return (f"a full `dt judge FILE` (default worlds, sizes and cases) passes, run in this folder, on a "
+            f"FILE that is {name}.py or starts with the line `# dt exercise: {name}`")
 
 
 def cost_lines(ex: Exercise, nbytes: int = 1 << 20, worlds: tuple[int, ...] = (2, 3, 5, 8)) -> list[str]:

@@ -5,6 +5,7 @@
     dt exercises start NAME           write NAME.py here (the skeleton, statement on top)
     dt exercises hint NAME [--all]    the next hint (remembered in .dt-learn.json)
     dt exercises solution NAME        after `dt judge NAME.py` passed here, or with --give-up
+                                      (NAME.py, or a file starting `# dt exercise: NAME`)
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import os
 import sys
 
 from dt import args as args_
-from dt.learn.exercises import EXERCISES, all_exercises, cost_lines, find, starter, state
+from dt.learn.exercises import EXERCISES, all_exercises, cost_lines, find, starter, state, unlock_rule
 
 __all__ = ["main"]
 
@@ -73,8 +74,8 @@ def _solution(name: str, give_up: bool) -> int:
     ex = find(name)
     data = state.load()
     if name not in data["passed"] and not give_up:
-        print(f"dt exercises: the reference for {name} opens once `dt judge {name}.py` passes in this "
-              f"folder (or: dt exercises solution {name} --give-up)", file=sys.stderr)
+        print(f"dt exercises: the reference for {name} opens once {unlock_rule(name)} "
+              f"(or: dt exercises solution {name} --give-up)", file=sys.stderr)
         return 1
     if name not in data["passed"]:
         data["gave_up"][name] = True
