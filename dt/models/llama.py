@@ -84,7 +84,7 @@ class RMSNorm(nn.Module):
     def __init__(self, dim: int, eps: float = 1e-5):
         super().__init__()
         self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
+        self.weight = nn.Parameter(torch.ones(dim))  # host: moved with the model (.to)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         wide = x.to(torch.promote_types(x.dtype, torch.float32))
@@ -95,8 +95,10 @@ class RMSNorm(nn.Module):
 def rotary_tables(head_dim: int, positions: int, theta: float = 10_000.0,
                   dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin, [positions, head_dim]: angle p * theta^(-2i/d) for pair i, repeated for both halves."""
-    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
-    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)
+    # Built on the host in float64 (angles up to block_size radians keep their digits), then
+    # registered as buffers, which follow the model's .to(device).
+    inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # host: buffer
+    angles = torch.outer(torch.arange(positions, dtype=torch.float64), inv_freq)  # host: buffer
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos().to(dtype), angles.sin().to(dtype)
 

@@ -70,7 +70,7 @@ class Grid:
         self.names = order
         self.sizes = {name: sizes[name] for name in order}
         self.world = math.prod(self.sizes.values())
-        self.numbering = torch.arange(self.world).reshape(tuple(self.sizes.values()))
+        self.numbering = torch.arange(self.world).reshape(tuple(self.sizes.values()))  # host: arithmetic
         self.plane = math.prod(self.sizes.get(a, 1) for a in EXPERT_PLANE)
         if ep < 1 or self.plane % ep:
             raise ValueError(f"Grid: ep = {ep} must divide dp * cp = {self.plane}: expert parallelism "
@@ -116,8 +116,10 @@ class Grid:
     def coords(self, rank: int | None = None) -> dict[str, int]:
         """Every axis' coordinate of `rank` (default this one), then its ep and edp positions."""
         rank = self._rank(rank)
-        out = dict(zip(self.names, (int(i) for i in torch.unravel_index(torch.tensor(rank),
-                                                                         self.numbering.shape))))
+        out: dict[str, int] = {}
+        for name in reversed(self.names):  # the arange's row-major order: last axis fastest
+            rank, out[name] = divmod(rank, self.sizes[name])
+        out = {name: out[name] for name in self.names}
         j = self._plane_index(out)
         out["ep"], out["edp"] = j % self.ep, j // self.ep
         return out
