@@ -27,6 +27,7 @@ from dt.collectives import *  # noqa: F401,F403
 from dt.collectives import __all__ as _collectives_all
 from dt.parallel.grid import Grid
 from dt.parallel.mesh import Mesh, mesh
+from dt.parallel.plan import parallelize
 from dt.transport import (
     CollectiveError,
     CollectiveTimeout,
@@ -48,6 +49,7 @@ __all__ = [
     "ProcessGroup",
     "Work",
     "mesh",
+    "parallelize",
     "set_timeout",
     "set_transport",
     "set_validation",

@@ -1,0 +1,129 @@
+"""dt.parallelize: tensor parallelism applied to a plain model from outside, by a plan.
+
+    model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
+    grid = dt.Grid({"dp": 2, "tp": 2})
+    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
+    logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
+
+A plan maps module-name patterns (fnmatch: `*` matches any run of
+characters, dots included) to styles (dt.parallel.tensor.styles). Each
+matched module is swapped, in the model's own module order, for the
+parallel layer its style makes from it; the model keeps its parameter names,
+and a weight tied between two modules stays one parameter. This is
+torchtitan's parallelize_module with dt's layers, and picotron's module
+swap: the model file never mentions a group.
+
+A plan is checked before anything is swapped: a pattern matching nothing
+(a typo would otherwise leave a layer unsplit, silently correct and slow), a
+module matched twice, one matched inside another, or a weight the plan splits
+that a module outside it shares, are each one clear error.
+
+gpt_plan and llama_plan are the plans of dt's plain models (Megatron's split:
+QKV and the MLP's first matrices by columns, the output projections by rows,
+the vocabulary by rows of the embedding and the head).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from dt.parallel.grid import Grid
+from dt.parallel.tensor.styles import (
+    ColwiseParallel,
+    RowwiseParallel,
+    Style,
+    VocabParallel,
+    VocabParallelHead,
+)
+from dt.transport import resolve_group
+
+__all__ = ["gpt_plan", "llama_plan", "parallelize"]
+
+
+def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Style]]:
+    """(module name, style) for every module the plan names, in module order; bad plans refused."""
+    names = [n for n, _ in model.named_modules() if n]
+    found: dict[str, str] = {}
+    for pattern in plan:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise ValueError(f"plan entry {pattern!r} matches no module of {type(model).__name__}")
+        for n in hits:
+            if n in found:
+                raise ValueError(f"module {n} is matched by two plan entries, {found[n]!r} and {pattern!r}")
+            found[n] = pattern
+    for n in found:
+        outer = next((o for o in found if n.startswith(o + ".")), None)
+        if outer is not None:
+            raise ValueError(f"plan entries {found[outer]!r} and {found[n]!r} match {outer} and {n} inside "
+                             "it: a module is swapped whole or its parts are, not both")
+    # A weight shared with a module outside the plan (a tied head left out) would stay whole there.
+    swapped = {id(p) for n in found for p in model.get_submodule(n).parameters()}
+    for n, module in model.named_modules():
+        if n in found or any(n.startswith(o + ".") for o in found):
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in swapped:
+                where = f"{n}.{pname}" if n else pname
+                raise ValueError(f"{where} shares a weight the plan splits but is not in the plan: add "
+                                 "its module (a tied head: VocabParallelHead)")
+    return [(n, plan[found[n]]) for n in names if n in found]
+
+
+def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str = "tp") -> nn.Module:
+    """Swap `model`'s modules in place for their tensor-parallel selves on grid.group(axis).
+
+    Collective over the world the first time the grid makes that group
+    (Grid.group). Returns the model. Inputs must be the same on every rank of
+    the group (a tensor-parallel group shares its tokens).
+    """
+    matches = _matches(model, plan)  # a bad plan is refused before any group is made
+    group = resolve_group(grid.group(axis))
+    ties: dict[int, nn.Parameter] = {}
+    replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
+    for name, style in matches:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        setattr(parent, child, style.apply(old, group, name, ties))
+        replaced.append(old)
+    return model
+
+
+def _divides(what: str, count: int, tp: int) -> None:
+    if count % tp:
+        raise ValueError(f"tensor parallelism splits attention by whole heads: {what} {count} is not "
+                         f"divisible by tp {tp}")
+
+
+def gpt_plan(cfg: Any, tp: int) -> dict[str, Style]:
+    """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss."""
+    _divides("n_head", cfg.n_head, tp)
+    head = f"layers.{cfg.n_layer + 1}"
+    return {
+        "layers.0.wte": VocabParallel(),
+        "layers.*.attn.query_key_value": ColwiseParallel(),  # per-head rows: whole heads per rank
+        "layers.*.attn.dense": RowwiseParallel(),
+        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(),
+        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(),
+        **({head: VocabParallelHead()} if cfg.tied else {f"{head}.lm_head": ColwiseParallel(True)}),
+    }
+
+
+def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
+    """The plan of dt.models.llama.Llama: query and key/value heads split whole, SwiGLU by columns."""
+    _divides("n_head", cfg.n_head, tp)
+    _divides("n_kv_head", cfg.n_kv_head, tp)
+    return {
+        "embed_tokens": VocabParallel(),
+        "layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
+        "layers.*.self_attn.o_proj": RowwiseParallel(),
+        "layers.*.mlp.gate_proj": ColwiseParallel(),
+        "layers.*.mlp.up_proj": ColwiseParallel(),
+        "layers.*.mlp.down_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(gather_output=True),
+    }

@@ -1,0 +1,127 @@
+"""dt.parallelize: a plain model's modules swapped for tensor-parallel styles by a plan.
+
+At world 2 the parallelized GPT and Llama (tied and untied heads) must compute
+the plain model's logits and loss, and every rank's gradient must be its slice
+of the plain model's, in float64; every rank holds fewer parameters than the
+plain model and the tensor-parallel all-reduces ran. Bad plans are refused
+in one line before anything is swapped.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dt.layout import edges
+from dt.models.llama import Llama, LlamaConfig
+from dt.models.nanogpt import GPT, GPTConfig
+from dt.parallel.grid import Grid
+from dt.parallel.plan import gpt_plan, llama_plan, parallelize
+from dt.parallel.tensor import ColwiseParallel, RowwiseParallel, VocabParallel
+
+TOL = {"rtol": 0, "atol": 1e-12}
+
+
+def _build(kind: str, cfg: dict) -> tuple[nn.Module, object]:
+    if kind == "gpt":
+        c = GPTConfig(**cfg)
+        return GPT(c), c
+    c = LlamaConfig(**cfg)
+    return Llama(c), c
+
+
+def _shard_of(full: torch.Tensor, owner: nn.Module, pname: str, rank: int) -> torch.Tensor:
+    """The slice of a plain tensor that a parallel layer's parameter holds on `rank`."""
+    dim = getattr(owner, "shard_dims", {}).get(pname)
+    if dim is None:
+        return full
+    e = edges(owner.sizes)
+    return full.narrow(dim, e[rank], e[rank + 1] - e[rank])
+
+
+def _against_plain(kind: str, cfg: dict, ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    import dt
+
+    rank = torch.distributed.get_rank()
+    plain, c = _build(kind, cfg)
+    model, _ = _build(kind, cfg)
+    grid = Grid({"tp": 2})
+    plan = gpt_plan(c, 2) if kind == "gpt" else llama_plan(c, 2)
+    names = sorted(model.state_dict())
+    parallelize(model, grid, plan)
+    bad = []
+    if sorted(model.state_dict()) != names:
+        bad.append(f"names changed: {sorted(set(model.state_dict()) ^ set(names))}")
+    if not sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in plain.parameters()):
+        bad.append("no parameter was split")
+    want_logits, want_loss = plain(ids, targets)
+    want_loss.backward()
+    with dt.traffic() as t:
+        logits, loss = model(ids, targets)
+        loss.backward()
+    if t.bytes_sent == 0:
+        bad.append("no tensor-parallel communication ran")
+    for what, got, want in (("logits", logits, want_logits), ("loss", loss, want_loss)):
+        if not torch.allclose(got, want, **TOL):
+            bad.append(f"{what}: off by {(got - want).abs().max().item():.3g}")
+    plain_params = dict(plain.named_parameters())
+    for name, p in model.named_parameters():
+        owner_name, _, pname = name.rpartition(".")
+        owner = model.get_submodule(owner_name)
+        want_w = _shard_of(plain_params[name].detach(), owner, pname, rank)
+        want_g = _shard_of(plain_params[name].grad, owner, pname, rank)
+        if p.shape != want_w.shape or not torch.equal(p.detach(), want_w):
+            bad.append(f"{name}: weights are not the plain model's slice")
+        elif p.grad is None or not torch.allclose(p.grad, want_g, **TOL):
+            bad.append(f"{name}: gradient is not the plain model's slice")
+    if getattr(c, "tied", False):
+        head = model.layers[-1].weight if kind == "gpt" else model.lm_head.weight
+        embedding = model.layers[0].wte.weight if kind == "gpt" else model.embed_tokens.weight
+        if head is not embedding:
+            bad.append("the tied head's weight is no longer the embedding's")
+    return [f"rank {rank} {kind} {cfg}: {b}" for b in bad]
+
+
+CASES = [("gpt", {"vocab_size": 23, "block_size": 8, "n_layer": 2, "n_head": 4, "n_embd": 16,
+                  "tied": True, "seed": 1, "dtype": "float64"}),
+         ("gpt", {"vocab_size": 24, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16,
+                  "tied": False, "seed": 2, "dtype": "float64"}),
+         ("llama", {"vocab_size": 29, "block_size": 8, "n_layer": 2, "n_head": 4, "n_kv_head": 2,
+                    "n_embd": 32, "seed": 3, "dtype": "float64"}),
+         ("llama", {"vocab_size": 30, "block_size": 8, "n_layer": 1, "n_head": 4, "n_kv_head": 2,
+                    "n_embd": 32, "tied": True, "seed": 4, "dtype": "float64"})]
+
+
+def _all_cases(cases: list[tuple[str, dict]], ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    vocab = min(c["vocab_size"] for _, c in cases)
+    return [b for kind, cfg in cases for b in _against_plain(kind, cfg, ids % vocab, targets % vocab)]
+
+
+@pytest.mark.timeout(240)
+def test_parallelized_models_match_the_plain_ones_at_world_2(run):
+    ids = torch.randint(0, 1000, (3, 8), generator=torch.Generator().manual_seed(0))
+    targets = torch.roll(ids, -1, dims=1)
+    assert [b for r in run(2, _all_cases, CASES, ids, targets, timeout=200) for b in r] == []
+
+
+def test_bad_plans_are_refused_in_one_line_before_any_swap():
+    cfg = GPTConfig(n_layer=1)
+    model = GPT(cfg)
+    before = {n: type(m) for n, m in model.named_modules()}
+    grid = Grid({"tp": 2}, rank=0)
+    cases = [({"layers.*.attn.qkv": ColwiseParallel()}, "'layers.\\*.attn.qkv' matches no module"),
+             ({"layers.1.attn.*": ColwiseParallel(), "layers.1.attn.dense": RowwiseParallel()},
+              "matched by two plan entries"),
+             ({"layers.1.attn": ColwiseParallel(), "layers.1.attn.dense": RowwiseParallel()},
+              "inside it"),
+             ({"layers.0.wte": VocabParallel()}, "layers.2.weight shares a weight the plan splits")]
+    for plan, words in cases:
+        with pytest.raises(ValueError, match=words) as e:
+            parallelize(model, grid, plan)
+        assert "\n" not in str(e.value)
+    assert {n: type(m) for n, m in model.named_modules()} == before  # nothing swapped
+    with pytest.raises(ValueError, match="n_head 4 is not divisible by tp 3"):
+        gpt_plan(cfg, 3)
+    with pytest.raises(ValueError, match="n_kv_head 2 is not divisible by tp 4"):
+        llama_plan(LlamaConfig(n_head=4, n_kv_head=2), 4)
