@@ -18,9 +18,12 @@ A plan is checked before anything is swapped: a pattern matching nothing
 module matched twice, one matched inside another, or a weight the plan splits
 that a module outside it shares, are each one clear error.
 
-gpt_plan and llama_plan are the plans of dt's plain models (Megatron's split:
-QKV and the MLP's first matrices by columns, the output projections by rows,
-the vocabulary by rows of the embedding and the head).
+gpt_plan and llama_plan are the plans of dt's plain models, hf_gpt2_plan and
+hf_llama_plan those of Hugging Face transformers' GPT2LMHeadModel and
+LlamaForCausalLM, built from their configs (this module never imports
+transformers). All are Megatron's split: QKV and the MLP's first matrices by
+columns, the output projections by rows, the vocabulary by rows of the
+embedding and the head.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch import nn
 from dt.parallel.grid import Grid
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
+    FusedAttentionParallel,
     RowwiseParallel,
     Style,
     VocabParallel,
@@ -41,7 +45,7 @@ from dt.parallel.tensor.styles import (
 )
 from dt.transport import resolve_group
 
-__all__ = ["gpt_plan", "llama_plan", "parallelize"]
+__all__ = ["gpt_plan", "hf_gpt2_plan", "hf_llama_plan", "llama_plan", "parallelize"]
 
 
 def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Style]]:
@@ -114,16 +118,38 @@ def gpt_plan(cfg: Any, tp: int) -> dict[str, Style]:
     }
 
 
-def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
-    """The plan of dt.models.llama.Llama: query and key/value heads split whole, SwiGLU by columns."""
-    _divides("n_head", cfg.n_head, tp)
-    _divides("n_kv_head", cfg.n_kv_head, tp)
+def _llama(n_head: int, n_kv_head: int, tp: int, body: str) -> dict[str, Style]:
+    """Llama's split, its decoder under `body` (HF nests it in `model.`): heads whole, SwiGLU by columns."""
+    _divides("n_head", n_head, tp)
+    _divides("n_kv_head", n_kv_head, tp)
     return {
-        "embed_tokens": VocabParallel(),
-        "layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
-        "layers.*.self_attn.o_proj": RowwiseParallel(),
-        "layers.*.mlp.gate_proj": ColwiseParallel(),
-        "layers.*.mlp.up_proj": ColwiseParallel(),
-        "layers.*.mlp.down_proj": RowwiseParallel(),
-        "lm_head": ColwiseParallel(gather_output=True),
+        f"{body}embed_tokens": VocabParallel(),
+        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
+        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(),
+        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(),
+        f"{body}layers.*.mlp.up_proj": ColwiseParallel(),
+        f"{body}layers.*.mlp.down_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(gather_output=True),  # tied or not: the embedding's rows
+    }
+
+
+def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
+    """The plan of dt.models.llama.Llama."""
+    return _llama(cfg.n_head, cfg.n_kv_head, tp, "")
+
+
+def hf_llama_plan(config: Any, tp: int) -> dict[str, Style]:
+    """The plan of Hugging Face's LlamaForCausalLM, from its LlamaConfig (no weights needed)."""
+    return _llama(config.num_attention_heads, config.num_key_value_heads, tp, "model.")
+
+
+def hf_gpt2_plan(config: Any, tp: int) -> dict[str, Style]:
+    """The plan of Hugging Face's GPT2LMHeadModel, from its GPT2Config: Conv1D layers, fused q|k|v."""
+    _divides("n_head", config.n_head, tp)
+    return {
+        "transformer.wte": VocabParallel(),
+        "transformer.h.*.attn": FusedAttentionParallel(),
+        "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+        "transformer.h.*.mlp.c_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(gather_output=True),  # tied to wte: the same rows
     }

@@ -57,6 +57,8 @@ from dt.parallel.tensor.mappings import (
 )
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
+    FusedAttentionParallel,
+    FusedColwiseParallel,
     ParallelLMHead,
     RowwiseParallel,
     Style,
@@ -73,6 +75,8 @@ __all__ = [
     "SEQUENCE_DIM",
     "ColumnParallelLinear",
     "ColwiseParallel",
+    "FusedAttentionParallel",
+    "FusedColwiseParallel",
     "ParallelLMHead",
     "ParallelMLP",
     "ParallelSelfAttention",

@@ -8,6 +8,11 @@ weights, so a plain model and its parallel twin compute the same function:
     RowwiseParallel()         nn.Linear -> RowParallelLinear (input columns split; g after)
     VocabParallel()           nn.Embedding -> VocabParallelEmbedding (vocabulary rows split)
     VocabParallelHead()       norm + tied projection -> ParallelLMHead (the same rows as the embedding)
+    FusedColwiseParallel(3)   a fused q | k | v projection, each rank its slice of each block
+    FusedAttentionParallel()  GPT-2's attention: fused QKV and output split, its split width divided
+
+GPT-2's Conv1D (Hugging Face: y = x W + b with W [in, out]) is taken as the
+nn.Linear it is, transposed: its parallel layer holds [out, in] slices.
 
 Column then row is Megatron's block: one all-reduce forward, one backward
 (dt.parallel.tensor). A style never draws random numbers: the weights come
@@ -37,8 +42,8 @@ from dt.parallel.tensor.mappings import copy_to_region, gather_from_region, shar
 from dt.parallel.tensor.vocab import VocabParallelEmbedding
 from dt.transport import Group
 
-__all__ = ["ColwiseParallel", "ParallelLMHead", "RowwiseParallel", "Style", "VocabParallel",
-           "VocabParallelHead"]
+__all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", "ParallelLMHead",
+           "RowwiseParallel", "Style", "VocabParallel", "VocabParallelHead"]
 
 Ties = dict[int, nn.Parameter]
 
@@ -61,6 +66,18 @@ def _expect(module: nn.Module, kind: type, style: Style, name: str) -> None:
                          f"found {type(module).__name__}")
 
 
+def _as_linear(module: nn.Module, style: Style, name: str) -> nn.Linear:
+    """`module` as an nn.Linear: itself, or GPT-2's Conv1D (y = x W + b, W [in, out]) transposed."""
+    if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None \
+            and tuple(module.weight.shape) == (module.nx, module.nf):
+        linear = nn.Linear(module.nx, module.nf, bias=module.bias is not None, device="meta")
+        linear.weight = nn.Parameter(module.weight.detach().t())
+        linear.bias = None if module.bias is None else nn.Parameter(module.bias.detach())
+        return linear
+    _expect(module, nn.Linear, style, name)
+    return module
+
+
 def _tie(layer: nn.Module, attr: str, old: nn.Parameter, ties: Ties) -> None:
     """Use the shard that replaced `old`, if one did (a tied weight stays one parameter)."""
     if id(old) in ties:
@@ -73,20 +90,68 @@ class ColwiseParallel(Style):
         self.gather_output = gather_output
 
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
-        _expect(module, nn.Linear, self, name)
-        layer = ColumnParallelLinear(module.in_features, module.out_features, module.bias is not None,
-                                     self.gather_output, group, full=module)
+        full = _as_linear(module, self, name)
+        layer = ColumnParallelLinear(full.in_features, full.out_features, full.bias is not None,
+                                     self.gather_output, group, full=full)
         _tie(layer, "weight", module.weight, ties)
         return layer
+
+
+class FusedColwiseParallel(Style):
+    """A projection whose output is `parts` blocks side by side (GPT-2's q | k | v), split by columns.
+
+    A plain column split would give rank 0 all of q; each rank must hold its
+    slice of every block instead, [q_r | k_r | v_r]. So the rows are reordered
+    rank by rank first; each rank's contiguous shard is then exactly that.
+    """
+
+    def __init__(self, parts: int = 3):
+        self.parts = parts
+
+    def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
+        full = _as_linear(module, self, name)
+        if full.out_features % (self.parts * group.size):
+            raise ValueError(f"{name}: {full.out_features} outputs do not split into {self.parts} blocks "
+                             f"of whole slices over {group.size} ranks")
+        block, p = full.out_features // self.parts, group.size
+        width = block // p  # rank r's rows of block b: b * block + r * width + [0, width)
+        rows = [b * block + r * width + i for r in range(p) for b in range(self.parts) for i in range(width)]
+        reordered = nn.Linear(full.in_features, full.out_features, full.bias is not None, device="meta")
+        reordered.weight = nn.Parameter(full.weight.detach()[rows])
+        reordered.bias = None if full.bias is None else nn.Parameter(full.bias.detach()[rows])
+        return ColumnParallelLinear(full.in_features, full.out_features, full.bias is not None,
+                                    False, group, full=reordered)
 
 
 class RowwiseParallel(Style):
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
-        _expect(module, nn.Linear, self, name)
-        layer = RowParallelLinear(module.in_features, module.out_features, module.bias is not None,
-                                  input_is_parallel=True, group=group, full=module)
+        full = _as_linear(module, self, name)
+        layer = RowParallelLinear(full.in_features, full.out_features, full.bias is not None,
+                                  input_is_parallel=True, group=group, full=full)
         _tie(layer, "weight", module.weight, ties)
         return layer
+
+
+class FusedAttentionParallel(Style):
+    """An attention module with a fused q|k|v projection `qkv`, an output `out`, and `split` (the
+    width its forward splits the fused output by, GPT-2's split_size): heads split whole."""
+
+    def __init__(self, qkv: str = "c_attn", out: str = "c_proj", split: str = "split_size",
+                 heads: str = "num_heads"):
+        self.qkv, self.out, self.split, self.heads = qkv, out, split, heads
+
+    def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
+        heads = getattr(module, self.heads, None)
+        if not isinstance(heads, int) or heads % group.size:
+            raise ValueError(f"{name}: {self.heads} = {heads} is not divisible by the tensor-parallel "
+                             f"size {group.size}: attention heads are split whole")
+        setattr(module, self.qkv, FusedColwiseParallel(3).apply(getattr(module, self.qkv), group,
+                                                                f"{name}.{self.qkv}", ties))
+        setattr(module, self.out, RowwiseParallel().apply(getattr(module, self.out), group,
+                                                          f"{name}.{self.out}", ties))
+        setattr(module, self.split, getattr(module, self.split) // group.size)
+        setattr(module, self.heads, heads // group.size)
+        return module
 
 
 class VocabParallel(Style):
