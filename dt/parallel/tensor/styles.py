@@ -71,7 +71,7 @@ def _as_linear(module: nn.Module, style: Style, name: str) -> nn.Linear:
     if type(module).__name__ == "Conv1D" and getattr(module, "weight", None) is not None \
             and tuple(module.weight.shape) == (module.nx, module.nf):
         linear = nn.Linear(module.nx, module.nf, bias=module.bias is not None, device="meta")
-        linear.weight = nn.Parameter(module.weight.detach().t())
+        linear.weight = nn.Parameter(module.weight.detach().t().contiguous())
         linear.bias = None if module.bias is None else nn.Parameter(module.bias.detach())
         return linear
     _expect(module, nn.Linear, style, name)
