@@ -40,14 +40,14 @@ def _shard_of(full: torch.Tensor, owner: nn.Module, pname: str, rank: int) -> to
     return full.narrow(dim, e[rank], e[rank + 1] - e[rank])
 
 
-def _against_plain(kind: str, cfg: dict, ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+def _against_plain(kind: str, cfg: dict, sp: bool, ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
     import dt
 
     rank = torch.distributed.get_rank()
     plain, c = _build(kind, cfg)
     model, _ = _build(kind, cfg)
     grid = Grid({"tp": 2})
-    plan = gpt_plan(c, 2) if kind == "gpt" else llama_plan(c, 2)
+    plan = gpt_plan(c, 2, sequence_parallel=sp) if kind == "gpt" else llama_plan(c, 2)
     names = sorted(model.state_dict())
     parallelize(model, grid, plan)
     bad = []
@@ -80,22 +80,25 @@ def _against_plain(kind: str, cfg: dict, ids: torch.Tensor, targets: torch.Tenso
         embedding = model.layers[0].wte.weight if kind == "gpt" else model.embed_tokens.weight
         if head is not embedding:
             bad.append("the tied head's weight is no longer the embedding's")
-    return [f"rank {rank} {kind} {cfg}: {b}" for b in bad]
+    if sp and not any(type(m).__name__ == "SequenceParallelLayerNorm" for m in model.modules()):
+        bad.append("sequence parallel left the layer norms whole")
+    return [f"rank {rank} {kind} sp={sp} {cfg}: {b}" for b in bad]
 
 
-CASES = [("gpt", {"vocab_size": 23, "block_size": 8, "n_layer": 2, "n_head": 4, "n_embd": 16,
-                  "tied": True, "seed": 1, "dtype": "float64"}),
-         ("gpt", {"vocab_size": 24, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16,
-                  "tied": False, "seed": 2, "dtype": "float64"}),
+TIED = {"vocab_size": 23, "block_size": 8, "n_layer": 2, "n_head": 4, "n_embd": 16, "tied": True,
+        "seed": 1, "dtype": "float64"}
+UNTIED = {"vocab_size": 24, "block_size": 8, "n_layer": 1, "n_head": 2, "n_embd": 16, "tied": False,
+          "seed": 2, "dtype": "float64"}
+CASES = [("gpt", TIED, False), ("gpt", UNTIED, False), ("gpt", TIED, True), ("gpt", UNTIED, True),
          ("llama", {"vocab_size": 29, "block_size": 8, "n_layer": 2, "n_head": 4, "n_kv_head": 2,
-                    "n_embd": 32, "seed": 3, "dtype": "float64"}),
+                    "n_embd": 32, "seed": 3, "dtype": "float64"}, False),
          ("llama", {"vocab_size": 30, "block_size": 8, "n_layer": 1, "n_head": 4, "n_kv_head": 2,
-                    "n_embd": 32, "tied": True, "seed": 4, "dtype": "float64"})]
+                    "n_embd": 32, "tied": True, "seed": 4, "dtype": "float64"}, False)]
 
 
-def _all_cases(cases: list[tuple[str, dict]], ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
-    vocab = min(c["vocab_size"] for _, c in cases)
-    return [b for kind, cfg in cases for b in _against_plain(kind, cfg, ids % vocab, targets % vocab)]
+def _all_cases(cases: list[tuple[str, dict, bool]], ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    vocab = min(c["vocab_size"] for _, c, _ in cases)
+    return [b for kind, cfg, sp in cases for b in _against_plain(kind, cfg, sp, ids % vocab, targets % vocab)]
 
 
 @pytest.mark.timeout(240)
@@ -103,6 +106,22 @@ def test_parallelized_models_match_the_plain_ones_at_world_2(run):
     ids = torch.randint(0, 1000, (3, 8), generator=torch.Generator().manual_seed(0))
     targets = torch.roll(ids, -1, dims=1)
     assert [b for r in run(2, _all_cases, CASES, ids, targets, timeout=200) for b in r] == []
+
+
+def _odd_sequence(ids: torch.Tensor) -> str:
+    model = GPT(GPTConfig(**TIED))
+    parallelize(model, Grid({"tp": 2}), gpt_plan(model.cfg, 2, sequence_parallel=True))
+    try:
+        model(ids % 23)
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_sequence_parallel_refuses_a_sequence_that_does_not_split(run):
+    ids = torch.zeros(1, 7, dtype=torch.long)
+    assert run(2, _odd_sequence, ids) == ["layers.0: sequence parallelism splits the sequence evenly: "
+                                          "7 tokens over 2 ranks"] * 2
 
 
 def test_bad_plans_are_refused_in_one_line_before_any_swap():

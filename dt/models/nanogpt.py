@@ -91,10 +91,11 @@ class CausalSelfAttention(nn.Module):
         self.dense = nn.Linear(cfg.n_embd, cfg.n_embd)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
         qkv = self.query_key_value(x)
-        # [b, s, heads * 3d] -> [b, heads, s, 3d] -> q, k, v of [b, heads, s, d]. The head
-        # count comes from the width, so a tensor-parallel shard (whole heads, fewer) runs alike.
+        # [b, s, heads * 3d] -> [b, heads, s, 3d] -> q, k, v of [b, heads, s, d]. The head count
+        # and length come from qkv, so a tensor-parallel shard (whole heads, fewer) runs alike, as
+        # does sequence parallelism (x: this rank's tokens, qkv: the whole sequence's).
+        b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         return self.dense(y.transpose(1, 2).reshape(b, s, -1))

@@ -1,4 +1,4 @@
-"""dt.parallelize: tensor parallelism applied to a plain model from outside, by a plan.
+"""dt.parallelize: tensor (and sequence) parallelism applied to a plain model from outside, by a plan.
 
     model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
     grid = dt.Grid({"dp": 2, "tp": 2})
@@ -39,6 +39,8 @@ from dt.parallel.tensor.styles import (
     ColwiseParallel,
     FusedAttentionParallel,
     RowwiseParallel,
+    SequenceParallelNorm,
+    ShardSequence,
     Style,
     VocabParallel,
     VocabParallelHead,
@@ -60,15 +62,16 @@ def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Sty
             if n in found:
                 raise ValueError(f"module {n} is matched by two plan entries, {found[n]!r} and {pattern!r}")
             found[n] = pattern
+    swaps = [n for n in found if plan[found[n]].replaces]  # a hook-only style may hold styled parts
     for n in found:
-        outer = next((o for o in found if n.startswith(o + ".")), None)
+        outer = next((o for o in swaps if n.startswith(o + ".")), None)
         if outer is not None:
             raise ValueError(f"plan entries {found[outer]!r} and {found[n]!r} match {outer} and {n} inside "
                              "it: a module is swapped whole or its parts are, not both")
     # A weight shared with a module outside the plan (a tied head left out) would stay whole there.
-    swapped = {id(p) for n in found for p in model.get_submodule(n).parameters()}
+    swapped = {id(p) for n in swaps for p in model.get_submodule(n).parameters()}
     for n, module in model.named_modules():
-        if n in found or any(n.startswith(o + ".") for o in found):
+        if n in swaps or any(n.startswith(o + ".") for o in swaps):
             continue
         for pname, p in module.named_parameters(recurse=False):
             if id(p) in swapped:
@@ -104,18 +107,33 @@ def _divides(what: str, count: int, tp: int) -> None:
                          f"divisible by tp {tp}")
 
 
-def gpt_plan(cfg: Any, tp: int) -> dict[str, Style]:
-    """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss."""
+def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False) -> dict[str, Style]:
+    """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
+
+    sequence_parallel: between blocks (the layer norms, the residual stream) each
+    rank holds block/tp tokens; sequences must split evenly over tp.
+    """
     _divides("n_head", cfg.n_head, tp)
+    sp = sequence_parallel
     head = f"layers.{cfg.n_layer + 1}"
-    return {
+    plan: dict[str, Style] = {
         "layers.0.wte": VocabParallel(),
-        "layers.*.attn.query_key_value": ColwiseParallel(),  # per-head rows: whole heads per rank
-        "layers.*.attn.dense": RowwiseParallel(),
-        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(),
-        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(),
-        **({head: VocabParallelHead()} if cfg.tied else {f"{head}.lm_head": ColwiseParallel(True)}),
+        "layers.*.attn.query_key_value": ColwiseParallel(sequence_parallel=sp),  # whole heads per rank
+        "layers.*.attn.dense": RowwiseParallel(sequence_parallel=sp),
+        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(sequence_parallel=sp),
+        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(sequence_parallel=sp),
     }
+    if cfg.tied:
+        plan[head] = VocabParallelHead(sequence_parallel=sp)
+    else:
+        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=True, sequence_parallel=sp)
+    if sp:
+        # The embedding sums token and position rows for the whole sequence, then keeps this rank's.
+        plan["layers.0"] = ShardSequence()
+        plan["layers.*.ln_[12]"] = SequenceParallelNorm()
+        if not cfg.tied:
+            plan[f"{head}.ln_f"] = SequenceParallelNorm()
+    return plan
 
 
 def _llama(n_head: int, n_kv_head: int, tp: int, body: str) -> dict[str, Style]:

@@ -11,6 +11,12 @@ weights, so a plain model and its parallel twin compute the same function:
     FusedColwiseParallel(3)   a fused q | k | v projection, each rank its slice of each block
     FusedAttentionParallel()  GPT-2's attention: fused QKV and output split, its split width divided
 
+Sequence parallel (Korthikanti et al.; dt.parallel.tensor.mappings): between
+blocks each rank keeps s/p tokens. ShardSequence() marks where that starts
+(a hook on the embedding's output), SequenceParallelNorm() runs a LayerNorm
+there, and Colwise/Rowwise/VocabParallelHead(sequence_parallel=True) all-gather
+the tokens going in and reduce-scatter them coming out, in place of f and g.
+
 GPT-2's Conv1D (Hugging Face: y = x W + b with W [in, out]) is taken as the
 nn.Linear it is, transposed: its parallel layer holds [out, in] slices.
 
@@ -37,19 +43,29 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.layout import split_sizes
-from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
-from dt.parallel.tensor.mappings import copy_to_region, gather_from_region, shard_range
+from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, SequenceParallelLayerNorm
+from dt.parallel.tensor.mappings import (
+    SEQUENCE_DIM,
+    copy_to_region,
+    gather_from_region,
+    gather_from_sequence_region,
+    scatter_to_sequence_region,
+    shard_range,
+)
 from dt.parallel.tensor.vocab import VocabParallelEmbedding
 from dt.transport import Group
 
 __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", "ParallelLMHead",
-           "RowwiseParallel", "Style", "VocabParallel", "VocabParallelHead"]
+           "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "VocabParallel",
+           "VocabParallelHead"]
 
 Ties = dict[int, nn.Parameter]
 
 
 class Style(ABC):
     """Turns `module` (named `name` in its model) into its tensor-parallel self on `group`."""
+
+    replaces = True  # False: the style only hooks the module, so modules inside it may be styled too
 
     @abstractmethod
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
@@ -86,13 +102,14 @@ def _tie(layer: nn.Module, attr: str, old: nn.Parameter, ties: Ties) -> None:
 
 
 class ColwiseParallel(Style):
-    def __init__(self, gather_output: bool = False):
-        self.gather_output = gather_output
+    def __init__(self, gather_output: bool = False, sequence_parallel: bool = False):
+        self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
 
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         full = _as_linear(module, self, name)
         layer = ColumnParallelLinear(full.in_features, full.out_features, full.bias is not None,
-                                     self.gather_output, group, full=full)
+                                     self.gather_output, group, sequence_parallel=self.sequence_parallel,
+                                     full=full)
         _tie(layer, "weight", module.weight, ties)
         return layer
 
@@ -124,10 +141,14 @@ class FusedColwiseParallel(Style):
 
 
 class RowwiseParallel(Style):
+    def __init__(self, sequence_parallel: bool = False):
+        self.sequence_parallel = sequence_parallel
+
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         full = _as_linear(module, self, name)
         layer = RowParallelLinear(full.in_features, full.out_features, full.bias is not None,
-                                  input_is_parallel=True, group=group, full=full)
+                                  input_is_parallel=True, group=group,
+                                  sequence_parallel=self.sequence_parallel, full=full)
         _tie(layer, "weight", module.weight, ties)
         return layer
 
@@ -164,6 +185,43 @@ class VocabParallel(Style):
         return layer
 
 
+class SequenceParallelNorm(Style):
+    """nn.LayerNorm -> SequenceParallelLayerNorm: the same weights, run on this rank's tokens,
+    their gradients summed over the group (each rank saw only its share of the tokens)."""
+
+    def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
+        _expect(module, nn.LayerNorm, self, name)
+        if not module.elementwise_affine or module.bias is None or len(module.normalized_shape) != 1:
+            raise ValueError(f"{name}: SequenceParallelNorm takes a LayerNorm over one dimension with a "
+                             "weight and a bias")
+        norm = SequenceParallelLayerNorm(module.normalized_shape[0], module.eps, group,
+                                         dtype=module.weight.dtype, device=module.weight.device)
+        with torch.no_grad():
+            norm.weight.copy_(module.weight)
+            norm.bias.copy_(module.bias)
+        return norm
+
+
+class ShardSequence(Style):
+    """Keep only this rank's tokens of the module's output: where a sequence-parallel region begins.
+
+    A hook, not a swap (the module and what is inside it stay). Forward splits
+    the sequence, backward all-gathers the gradient: (p-1)/p of [b, s, h].
+    """
+
+    replaces = False
+
+    def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
+        def shard(_: nn.Module, __: object, out: torch.Tensor) -> torch.Tensor:
+            if out.shape[SEQUENCE_DIM] % group.size:
+                raise ValueError(f"{name}: sequence parallelism splits the sequence evenly: "
+                                 f"{out.shape[SEQUENCE_DIM]} tokens over {group.size} ranks")
+            return scatter_to_sequence_region(out, group)
+
+        module.register_forward_hook(shard)
+        return module
+
+
 class ParallelLMHead(nn.Module):
     """norm, then logits from this rank's vocabulary rows of `weight`, all-gathered unless asked not to.
 
@@ -172,9 +230,10 @@ class ParallelLMHead(nn.Module):
     """
 
     def __init__(self, norm_name: str, norm: nn.Module, weight: nn.Parameter, vocab_size: int,
-                 group: Group, gather_output: bool = True):
+                 group: Group, gather_output: bool = True, sequence_parallel: bool = False):
         super().__init__()
         self.norm_name, self.group, self.gather_output = norm_name, group, gather_output
+        self.sequence_parallel = sequence_parallel
         setattr(self, norm_name, norm)
         self.weight = weight
         self.sizes = split_sizes(vocab_size, group.size)
@@ -182,7 +241,10 @@ class ParallelLMHead(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # f after the norm, not before: the norm's own gradient must not be summed p times.
-        x = copy_to_region(getattr(self, self.norm_name)(x), self.group)
+        # Sequence parallel: the norm ran on this rank's tokens; all-gather them instead.
+        x = getattr(self, self.norm_name)(x)
+        x = gather_from_sequence_region(x, self.group) if self.sequence_parallel else \
+            copy_to_region(x, self.group)
         logits = F.linear(x, self.weight)
         return gather_from_region(logits, self.group, sizes=self.sizes) if self.gather_output else logits
 
@@ -190,8 +252,10 @@ class ParallelLMHead(nn.Module):
 class VocabParallelHead(Style):
     """A head computing F.linear(norm(x), weight) from attributes `norm` and `weight` (a tied head)."""
 
-    def __init__(self, norm: str = "ln_f", weight: str = "weight", gather_output: bool = True):
+    def __init__(self, norm: str = "ln_f", weight: str = "weight", gather_output: bool = True,
+                 sequence_parallel: bool = False):
         self.norm, self.weight, self.gather_output = norm, weight, gather_output
+        self.sequence_parallel = sequence_parallel
 
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         norm, weight = getattr(module, self.norm, None), getattr(module, self.weight, None)
@@ -205,4 +269,7 @@ class VocabParallelHead(Style):
             start, stop = shard_range(vocab, group)
             shard = nn.Parameter(weight.detach()[start:stop].clone())
             ties[id(weight)] = shard
-        return ParallelLMHead(self.norm, norm, shard, vocab, group, self.gather_output)
+        if self.sequence_parallel:
+            norm = SequenceParallelNorm().apply(norm, group, f"{name}.{self.norm}", ties)
+        return ParallelLMHead(self.norm, norm, shard, vocab, group, self.gather_output,
+                              self.sequence_parallel)
