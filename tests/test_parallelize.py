@@ -144,3 +144,29 @@ def test_bad_plans_are_refused_in_one_line_before_any_swap():
         gpt_plan(cfg, 3)
     with pytest.raises(ValueError, match="n_kv_head 2 is not divisible by tp 4"):
         llama_plan(LlamaConfig(n_head=4, n_kv_head=2), 4)
+
+
+def _bad_styles() -> list[str]:
+    """Errors a style can only find once it holds the module and the group."""
+    from dt.parallel.tensor import SequenceParallelNorm
+
+    grid, out = Grid({"tp": 2}), []
+    twins = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 4))
+    twins[1].weight = twins[0].weight
+    cases = [(nn.Sequential(nn.Embedding(8, 4)), {"0": ColwiseParallel()}),
+             (nn.Sequential(nn.RMSNorm(4)), {"0": SequenceParallelNorm()}),
+             (twins, {"0": ColwiseParallel(), "1": RowwiseParallel()})]
+    for model, plan in cases:
+        try:
+            parallelize(model, grid, plan)
+            out.append("accepted")
+        except ValueError as e:
+            out.append(str(e))
+    return out
+
+
+def test_styles_refuse_what_they_cannot_split(run):
+    got = run(2, _bad_styles)[0]
+    assert got[0] == "0: ColwiseParallel splits a torch.nn.Linear, found Embedding"
+    assert got[1] == "0: SequenceParallelNorm splits a torch.nn.LayerNorm, found RMSNorm"
+    assert got[2] == "a tied weight is split two ways: (2, 4) on one side, (4, 2) on the other"

@@ -97,11 +97,17 @@ def _as_linear(module: nn.Module, style: Style, name: str) -> nn.Linear:
 def _tie(layer: nn.Module, attr: str, old: nn.Parameter, ties: Ties) -> None:
     """Use the shard that replaced `old`, if one did (a tied weight stays one parameter)."""
     if id(old) in ties:
-        setattr(layer, attr, ties[id(old)])
+        shard = ties[id(old)]
+        if shard.shape != getattr(layer, attr).shape:  # e.g. tied to both a row and a column split
+            raise ValueError(f"a tied weight is split two ways: {tuple(shard.shape)} on one side, "
+                             f"{tuple(getattr(layer, attr).shape)} on the other")
+        setattr(layer, attr, shard)
     ties[id(old)] = getattr(layer, attr)
 
 
 class ColwiseParallel(Style):
+    """nn.Linear (or Conv1D) -> ColumnParallelLinear: output rows split; gather_output all-gathers y."""
+
     def __init__(self, gather_output: bool = False, sequence_parallel: bool = False):
         self.gather_output, self.sequence_parallel = gather_output, sequence_parallel
 
@@ -141,6 +147,8 @@ class FusedColwiseParallel(Style):
 
 
 class RowwiseParallel(Style):
+    """nn.Linear (or Conv1D) -> RowParallelLinear: input columns split, the partial outputs summed."""
+
     def __init__(self, sequence_parallel: bool = False):
         self.sequence_parallel = sequence_parallel
 
@@ -176,6 +184,8 @@ class FusedAttentionParallel(Style):
 
 
 class VocabParallel(Style):
+    """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split, the looked-up rows summed."""
+
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         _expect(module, nn.Embedding, self, name)
         if module.padding_idx is not None or module.max_norm is not None:
