@@ -123,9 +123,11 @@ class Attention(nn.Module):
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        b, s, _ = x.shape
-        # Head counts come from the widths, so a tensor-parallel shard (whole heads) runs alike.
-        q = self.q_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x)
+        # Head counts and length come from the projections, so a tensor-parallel shard (whole
+        # heads) runs alike, as would a sequence-parallel one (x: this rank's tokens only).
+        b, s, _ = q.shape
+        q = q.view(b, s, -1, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
