@@ -25,7 +25,9 @@ from types import ModuleType
 from dt.backend import ProcessGroup  # registers the torch.distributed backend "dt"
 from dt.collectives import *  # noqa: F401,F403
 from dt.collectives import __all__ as _collectives_all
+from dt.parallel.grid import Grid
 from dt.parallel.mesh import Mesh, mesh
+from dt.parallel.plan import parallelize
 from dt.transport import (
     CollectiveError,
     CollectiveTimeout,
@@ -42,10 +44,12 @@ __all__ = [
     *_collectives_all,
     "CollectiveError",
     "CollectiveTimeout",
+    "Grid",
     "Mesh",
     "ProcessGroup",
     "Work",
     "mesh",
+    "parallelize",
     "set_timeout",
     "set_transport",
     "set_validation",

@@ -1,1 +1,2 @@
-"""Models trained on a mesh: a small GPT (gpt.py) and its generated text data (data.py)."""
+"""Models: plain ones (nanogpt.py, llama.py, lm.py; no parallelism inside), the mesh GPT (gpt.py),
+and generated text (data.py)."""

@@ -60,6 +60,7 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.layout import SequenceLayout, split_sizes
+from dt.models.nanogpt import seed_layer
 from dt.parallel import pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
@@ -110,7 +111,7 @@ class Placement:
 
 
 def _seed(cfg: GPTConfig, layer: int, part: int) -> None:
-    torch.manual_seed(cfg.seed * 100_003 + layer * 16 + part)
+    seed_layer(cfg, layer, part)  # the plain GPT's rule: both build the same weights
 
 
 class Embedding(nn.Module):

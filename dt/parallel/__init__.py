@@ -9,4 +9,6 @@
 - context/          context parallelism: ring attention and Ulysses over a split sequence
 - exchange.py       the all-to-all and all-reduce as autograd functions (expert/, context/)
 - mesh.py           the dp x cp x ep x tp x pp process grid (ep inside dp x cp)
+- grid.py           the named grid: Grid({"pp": 2, "dp": 2, "tp": 2}), groups by axis names
+- plan.py           dt.parallelize(model, grid, plan): tensor-parallel styles swapped in by name
 """

@@ -29,6 +29,7 @@ parallelism stays inside a node, where links are fastest.
 - layers.py     ColumnParallelLinear, RowParallelLinear, ParallelMLP, SequenceParallelLayerNorm
 - attention.py  ParallelSelfAttention: heads split whole across ranks
 - vocab.py      VocabParallelEmbedding, parallel_lm_logits, vocab_parallel_cross_entropy
+- styles.py     the styles dt.parallelize swaps a plain module for: Colwise, Rowwise, VocabParallel(Head)
 
 Every layer is checked against an unsharded twin built from the same seed
 (torch's nn.Linear / nn.Embedding, or tests/twins.py).
@@ -54,6 +55,18 @@ from dt.parallel.tensor.mappings import (
     scatter_to_sequence_region,
     shard_range,
 )
+from dt.parallel.tensor.styles import (
+    ColwiseParallel,
+    FusedAttentionParallel,
+    FusedColwiseParallel,
+    ParallelLMHead,
+    RowwiseParallel,
+    SequenceParallelNorm,
+    ShardSequence,
+    Style,
+    VocabParallel,
+    VocabParallelHead,
+)
 from dt.parallel.tensor.vocab import (
     VocabParallelEmbedding,
     parallel_lm_logits,
@@ -63,11 +76,21 @@ from dt.parallel.tensor.vocab import (
 __all__ = [
     "SEQUENCE_DIM",
     "ColumnParallelLinear",
+    "ColwiseParallel",
+    "FusedAttentionParallel",
+    "FusedColwiseParallel",
+    "ParallelLMHead",
     "ParallelMLP",
     "ParallelSelfAttention",
     "RowParallelLinear",
+    "RowwiseParallel",
     "SequenceParallelLayerNorm",
+    "SequenceParallelNorm",
+    "ShardSequence",
+    "Style",
+    "VocabParallel",
     "VocabParallelEmbedding",
+    "VocabParallelHead",
     "all_reduce_bytes",
     "collective_bytes",
     "copy_to_region",

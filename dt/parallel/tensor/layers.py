@@ -15,7 +15,8 @@ holds exactly the slices of the torch.nn.Linear constructed right after the
 same seed: the full weight is made on every rank, then split, as Megatron's
 `_initialize_affine_weight_cpu` does. That costs the full weight's memory
 once at construction, and buys a sharded model that can be checked against
-its unsharded twin (tests/twins.py) to the last bit.
+its unsharded twin (tests/twins.py) to the last bit. `full=` hands a layer
+an existing nn.Linear to slice instead (dt.parallelize's module swaps).
 
 Replicated parameters (the row-parallel bias, LayerNorms outside sequence
 parallelism) get identical gradients on every rank of the group, so they
@@ -76,7 +77,7 @@ class ColumnParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  gather_output: bool = False, group: Any = None, *,
                  sequence_parallel: bool = False, dtype: torch.dtype | None = None,
-                 device: Any = None):
+                 device: Any = None, full: nn.Linear | None = None):
         super().__init__()
         self.group = resolve_group(group)
         self.in_features, self.out_features = in_features, out_features
@@ -86,7 +87,7 @@ class ColumnParallelLinear(nn.Module):
         start, stop = shard_range(out_features, self.group)
         self.output_size_per_partition = stop - start
         self.shard_dims = {"weight": 0, "bias": 0}  # split along these dims, by self.sizes (checkpoints)
-        full = _full_linear(in_features, out_features, bias, dtype, device)
+        full = full if full is not None else _full_linear(in_features, out_features, bias, dtype, device)
         self.weight = nn.Parameter(full.weight.detach()[start:stop].clone())
         self.bias = nn.Parameter(full.bias.detach()[start:stop].clone()) if bias else None
 
@@ -135,7 +136,7 @@ class RowParallelLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  input_is_parallel: bool = True, group: Any = None, *,
                  sequence_parallel: bool = False, dtype: torch.dtype | None = None,
-                 device: Any = None):
+                 device: Any = None, full: nn.Linear | None = None):
         super().__init__()
         self.group = resolve_group(group)
         self.in_features, self.out_features = in_features, out_features
@@ -145,7 +146,7 @@ class RowParallelLinear(nn.Module):
         start, stop = shard_range(in_features, self.group)
         self.input_size_per_partition = stop - start
         self.shard_dims = {"weight": 1}  # the bias is whole on every rank
-        full = _full_linear(in_features, out_features, bias, dtype, device)
+        full = full if full is not None else _full_linear(in_features, out_features, bias, dtype, device)
         self.weight = nn.Parameter(full.weight.detach()[:, start:stop].clone())
         self.bias = nn.Parameter(full.bias.detach().clone()) if bias else None
 

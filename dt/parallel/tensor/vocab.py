@@ -41,14 +41,15 @@ class VocabParallelEmbedding(nn.Module):
     """
 
     def __init__(self, num_embeddings: int, embedding_dim: int, group: Any = None, *,
-                 dtype: torch.dtype | None = None, device: Any = None):
+                 dtype: torch.dtype | None = None, device: Any = None, full: nn.Embedding | None = None):
         super().__init__()
         self.group = resolve_group(group)
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.vocab_start, self.vocab_end = shard_range(num_embeddings, self.group)
         self.sizes = split_sizes(num_embeddings, self.group.size)
         self.shard_dims = {"weight": 0}  # rows split by self.sizes (checkpoints)
-        full = nn.Embedding(num_embeddings, embedding_dim, dtype=dtype, device=device)
+        if full is None:
+            full = nn.Embedding(num_embeddings, embedding_dim, dtype=dtype, device=device)
         self.weight = nn.Parameter(full.weight.detach()[self.vocab_start:self.vocab_end].clone())
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:

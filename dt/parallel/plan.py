@@ -1,0 +1,173 @@
+"""dt.parallelize: tensor (and sequence) parallelism applied to a plain model from outside, by a plan.
+
+    model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
+    grid = dt.Grid({"dp": 2, "tp": 2})
+    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
+    logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
+
+A plan maps module-name patterns (fnmatch: `*` matches any run of
+characters, dots included) to styles (dt.parallel.tensor.styles). Each
+matched module is swapped, in the model's own module order, for the
+parallel layer its style makes from it; the model keeps its parameter names,
+and a weight tied between two modules stays one parameter. This is
+torchtitan's parallelize_module with dt's layers, and picotron's module
+swap: the model file never mentions a group.
+
+A plan is checked before anything is swapped: a pattern matching nothing
+(a typo would otherwise leave a layer unsplit, silently correct and slow), a
+module matched twice, one matched inside another, or a weight the plan splits
+that a module outside it shares, are each one clear error.
+
+gpt_plan and llama_plan are the plans of dt's plain models, hf_gpt2_plan and
+hf_llama_plan those of Hugging Face transformers' GPT2LMHeadModel and
+LlamaForCausalLM, built from their configs (this module never imports
+transformers). All are Megatron's split: QKV and the MLP's first matrices by
+columns, the output projections by rows, the vocabulary by rows of the
+embedding and the head.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Mapping
+from typing import Any
+
+from torch import nn
+
+from dt.parallel.grid import Grid
+from dt.parallel.tensor.styles import (
+    ColwiseParallel,
+    FusedAttentionParallel,
+    RowwiseParallel,
+    SequenceParallelNorm,
+    ShardSequence,
+    Style,
+    VocabParallel,
+    VocabParallelHead,
+)
+from dt.transport import resolve_group
+
+__all__ = ["gpt_plan", "hf_gpt2_plan", "hf_llama_plan", "llama_plan", "parallelize"]
+
+
+def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Style]]:
+    """(module name, style) for every module the plan names, in module order; bad plans refused."""
+    names = [n for n, _ in model.named_modules() if n]
+    found: dict[str, str] = {}
+    for pattern in plan:
+        hits = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+        if not hits:
+            raise ValueError(f"plan entry {pattern!r} matches no module of {type(model).__name__}")
+        for n in hits:
+            if n in found:
+                raise ValueError(f"module {n} is matched by two plan entries, {found[n]!r} and {pattern!r}")
+            found[n] = pattern
+    swaps = [n for n in found if plan[found[n]].replaces]  # a hook-only style may hold styled parts
+    for n in found:
+        outer = next((o for o in swaps if n.startswith(o + ".")), None)
+        if outer is not None:
+            raise ValueError(f"plan entries {found[outer]!r} and {found[n]!r} match {outer} and {n} inside "
+                             "it: a module is swapped whole or its parts are, not both")
+    # A weight shared with a module outside the plan (a tied head left out) would stay whole there.
+    swapped = {id(p) for n in swaps for p in model.get_submodule(n).parameters()}
+    for n, module in model.named_modules():
+        if n in swaps or any(n.startswith(o + ".") for o in swaps):
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            if id(p) in swapped:
+                where = f"{n}.{pname}" if n else pname
+                raise ValueError(f"{where} shares a weight the plan splits but is not in the plan: add "
+                                 "its module (a tied head: VocabParallelHead)")
+    return [(n, plan[found[n]]) for n in names if n in found]
+
+
+def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str = "tp") -> nn.Module:
+    """Swap `model`'s modules in place for their tensor-parallel selves on grid.group(axis).
+
+    Collective over the world the first time the grid makes that group
+    (Grid.group). Returns the model. Inputs must be the same on every rank of
+    the group (a tensor-parallel group shares its tokens).
+    """
+    matches = _matches(model, plan)  # a bad plan is refused before any group is made
+    group = resolve_group(grid.group(axis))
+    ties: dict[int, nn.Parameter] = {}
+    replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
+    for name, style in matches:
+        parent_name, _, child = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        old = getattr(parent, child)
+        setattr(parent, child, style.apply(old, group, name, ties))
+        replaced.append(old)
+    return model
+
+
+def _divides(what: str, count: int, tp: int) -> None:
+    if count % tp:
+        raise ValueError(f"tensor parallelism splits attention by whole heads: {what} {count} is not "
+                         f"divisible by tp {tp}")
+
+
+def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False) -> dict[str, Style]:
+    """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
+
+    sequence_parallel: between blocks (the layer norms, the residual stream) each
+    rank holds block/tp tokens; sequences must split evenly over tp.
+    """
+    _divides("n_head", cfg.n_head, tp)
+    sp = sequence_parallel
+    head = f"layers.{cfg.n_layer + 1}"
+    plan: dict[str, Style] = {
+        "layers.0.wte": VocabParallel(),
+        "layers.*.attn.query_key_value": ColwiseParallel(sequence_parallel=sp),  # whole heads per rank
+        "layers.*.attn.dense": RowwiseParallel(sequence_parallel=sp),
+        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(sequence_parallel=sp),
+        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(sequence_parallel=sp),
+    }
+    if cfg.tied:
+        plan[head] = VocabParallelHead(sequence_parallel=sp)
+    else:
+        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=True, sequence_parallel=sp)
+    if sp:
+        # The embedding sums token and position rows for the whole sequence, then keeps this rank's.
+        plan["layers.0"] = ShardSequence()
+        plan["layers.*.ln_[12]"] = SequenceParallelNorm()
+        if not cfg.tied:
+            plan[f"{head}.ln_f"] = SequenceParallelNorm()
+    return plan
+
+
+def _llama(n_head: int, n_kv_head: int, tp: int, body: str) -> dict[str, Style]:
+    """Llama's split, its decoder under `body` (HF nests it in `model.`): heads whole, SwiGLU by columns."""
+    _divides("n_head", n_head, tp)
+    _divides("n_kv_head", n_kv_head, tp)
+    return {
+        f"{body}embed_tokens": VocabParallel(),
+        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
+        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(),
+        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(),
+        f"{body}layers.*.mlp.up_proj": ColwiseParallel(),
+        f"{body}layers.*.mlp.down_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(gather_output=True),  # tied or not: the embedding's rows
+    }
+
+
+def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
+    """The plan of dt.models.llama.Llama."""
+    return _llama(cfg.n_head, cfg.n_kv_head, tp, "")
+
+
+def hf_llama_plan(config: Any, tp: int) -> dict[str, Style]:
+    """The plan of Hugging Face's LlamaForCausalLM, from its LlamaConfig (no weights needed)."""
+    return _llama(config.num_attention_heads, config.num_key_value_heads, tp, "model.")
+
+
+def hf_gpt2_plan(config: Any, tp: int) -> dict[str, Style]:
+    """The plan of Hugging Face's GPT2LMHeadModel, from its GPT2Config: Conv1D layers, fused q|k|v."""
+    _divides("n_head", config.n_head, tp)
+    return {
+        "transformer.wte": VocabParallel(),
+        "transformer.h.*.attn": FusedAttentionParallel(),
+        "transformer.h.*.mlp.c_fc": ColwiseParallel(),
+        "transformer.h.*.mlp.c_proj": RowwiseParallel(),
+        "lm_head": ColwiseParallel(gather_output=True),  # tied to wte: the same rows
+    }
