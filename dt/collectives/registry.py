@@ -22,14 +22,22 @@ ALGORITHMS: dict[str, dict[str, Callable[..., Any]]] = {}
 # Load/store algorithms: they read peers' memory, so they run only on a group
 # whose ranks all share one host segment (dt.transport.connect's board).
 SHARED_MEMORY: set[tuple[str, str]] = set()
+# Fast paths (dt.collectives.plan): prepare(group, numel, dtype, op name) makes, once per call
+# shape on a connected group, the callable that does only the per-call work; None where it cannot.
+Prepare = Callable[[Any, int, Any, str], "Callable[[Any], None] | None"]
+PREPARED: dict[tuple[str, str], Prepare] = {}
 
 
-def algorithm(collective: str, name: str, *, shared_memory: bool = False) -> Callable[[F], F]:
-    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm)."""
+def algorithm(collective: str, name: str, *, shared_memory: bool = False,
+              prepare: Prepare | None = None) -> Callable[[F], F]:
+    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm;
+    prepare: its fast path's maker, see dt.collectives.plan)."""
 
     def register(fn: F) -> F:
         if shared_memory:
             SHARED_MEMORY.add((collective, name))
+        if prepare is not None:
+            PREPARED[(collective, name)] = prepare
 
         @functools.wraps(fn)
         def charged(*args: Any, **kwargs: Any) -> Any:

@@ -81,26 +81,28 @@ class Recorder:
         return out
 
 
-_active: Recorder | None = Recorder() if os.environ.get("DT_NCCL_RULES") == "1" else None
+# The recorder in force in this process, if NCCL's rules are being checked. A module
+# attribute, so a Comm reads it without a call (`active()` says the same).
+recorder: Recorder | None = Recorder() if os.environ.get("DT_NCCL_RULES") == "1" else None
 
 
 def active() -> Recorder | None:
     """The recorder in force in this process, if NCCL's rules are being checked."""
-    return _active
+    return recorder
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[Recorder]:
     """Post as on NCCL and record every batch (see the module docstring)."""
-    global _active
+    global recorder
     import torch.distributed as dist
 
-    prev = _active
-    _active = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
+    prev = recorder
+    recorder = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
     try:
-        yield _active
+        yield recorder
     finally:
-        _active = prev
+        recorder = prev
 
 
 # ---------------------------------------------------------------------------
