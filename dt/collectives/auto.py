@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from dt import cost
 from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
-from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
 from dt.cost.levels import LEVELED, Levels, two_level
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine

@@ -12,7 +12,7 @@ home first (Horovod's and NCCL's two-level schemes):
    rail of local index i (a ring over H ranks, one per host);
 3. all-gather inside each host: every rank gets every piece.
 
-Each phase is an ordinary ring (dt.collectives.ring.ring_pass) run on a
+Each phase is an ordinary ring (dt.collectives.ring_engine.ring_pass) run on a
 part of the group (dt.transport.part): the host part talks over the
 shared-memory wire where the group has one, the rail part over the torch
 wire, and neither knows which. Which piece, rail and destination each rank
@@ -35,7 +35,7 @@ import torch
 
 from dt.collectives.ops import ReduceOp, finish, op_name
 from dt.collectives.registry import algorithm
-from dt.collectives.ring import ring_pass
+from dt.collectives.ring_engine import ring_pass
 from dt.collectives.scratch import scratch
 from dt.hosts import collected_by, delivery, members, owned, pieces, runs
 from dt.layout import edges, split_sizes
