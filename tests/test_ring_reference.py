@@ -35,7 +35,7 @@ def _compare(wire: str) -> list[str]:
         for n in (0, 1, 3, 1000, 4099):
             case += 1
             x = data(case, r, n, dtype, op)
-            if dtype in (torch.float32, torch.float64) and op != "MAX":  # fractions: rounding follows the order
+            if dtype in (torch.float32, torch.float64) and op != "MAX":  # fractions: rounding shows order
                 x = x / 3
             ref, a, b = x.clone(), x.clone(), x.clone()
             dist.all_reduce(ref, op=getattr(dist.ReduceOp, op), group=group.pg)

@@ -31,6 +31,7 @@ import torch.distributed as dist
 
 import dt
 from dt.collectives import barrier as dt_barrier
+from dt.cost.traffic import family
 from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 
@@ -43,15 +44,13 @@ IN_PLACE_ONLY = ("all_reduce", "broadcast", "reduce")  # torch's APIs for these 
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all")  # p blocks of count // p
 # The tensor API each collective is timed through, as dt's registry names it.
 _REGISTRY = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
-_BASE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-         "all_to_all_single": "all_to_all"}
 
 K = TypeVar("K", bound=Hashable)
 
 
 def base_name(collective: str) -> str:
     """'all_gather_into_tensor' -> 'all_gather': the collective whatever API names it."""
-    return _BASE.get(collective, collective)
+    return family(collective)
 
 
 def registry_name(collective: str) -> str:

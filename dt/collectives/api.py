@@ -16,7 +16,19 @@ which in one place
    so bad input fails on every rank with the same message;
 4. runs the algorithm on a contiguous buffer and copies the result back into
    the caller's tensor if that one was not contiguous;
-5. does all of it on the group's communication thread when async_op=True.
+5. does all of it on the group's communication thread when async_op=True;
+6. keeps what it decided for this call shape on the group (dt.collectives.plan).
+
+The reading path of one `dt.all_reduce`, in the order the code runs:
+
+    all_reduce (here)          resolve_group (dt.transport.group), plan.planned
+    planned: Plan.run          validation on: validate.check (the signature's Bruck exchange)
+        the fast path          two_shot / one_shot prepare_all_reduce's run: Board.publish_staged,
+                               Call.sync -> Sync.sync (dt.transport.shm), ops.reduce_rows: done
+    else: the full path        arguments.check_op, as_real, Writable -> launch ->
+                               transport.submit -> job: transport.connect, agreed.agree,
+                               auto.choose, validate, charged_to -> run -> the registered
+                               algorithm (registry.lookup) -> plan.make
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dt import transport
+from dt.collectives.ops import ReduceOp
 from dt.cost.traffic import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,6 +49,36 @@ def algorithm(collective: str, name: str, *, shared_memory: bool = False,
         return charged  # type: ignore[return-value]
 
     return register
+
+
+def equal_blocks(flat: Any, block: int, p: int) -> list[Any]:
+    """p consecutive blocks of `block` elements of the flat tensor (p empty views when block is 0)."""
+    return list(flat.split(block)) if block else [flat[:0]] * p
+
+
+def tensor_forms(name: str, *, all_gather: Callable[..., Any] | None = None,
+                 reduce_scatter: Callable[..., Any] | None = None) -> None:
+    """Register algorithm `name` of all_gather_into_tensor / reduce_scatter_tensor as its list
+    form run on p equal blocks of the flat tensor: the one adapter from list to tensor form."""
+    if all_gather is not None:
+        gather = all_gather
+
+        def all_gather_into_tensor(output: Any, input: Any, group: object = None) -> None:
+            p = transport.resolve_group(group).size
+            gather(equal_blocks(output.view(-1), input.numel(), p), input, group)
+
+        all_gather_into_tensor.__name__ = f"{name}_all_gather_into_tensor"
+        algorithm("all_gather_into_tensor", name)(all_gather_into_tensor)
+    if reduce_scatter is not None:
+        scatter = reduce_scatter
+
+        def reduce_scatter_tensor(output: Any, input: Any, op: object = ReduceOp.SUM,
+                                  group: object = None) -> None:
+            p = transport.resolve_group(group).size
+            scatter(output, equal_blocks(input.view(-1), output.numel(), p), op, group)
+
+        reduce_scatter_tensor.__name__ = f"{name}_reduce_scatter_tensor"
+        algorithm("reduce_scatter_tensor", name)(reduce_scatter_tensor)
 
 
 def register_aliases() -> None:

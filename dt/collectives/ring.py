@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
-from dt.collectives.registry import algorithm
+from dt.collectives.registry import algorithm, tensor_forms
 from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES, ring_pass, segments
 from dt.collectives.scratch import scratch as scratch_buffer
 from dt.layout import split_sizes
@@ -161,20 +161,4 @@ def ring_broadcast(tensor: torch.Tensor, src: int, group: object = None,
         h.wait()
 
 
-@algorithm("all_gather_into_tensor", "ring")
-def ring_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                group: object = None) -> None:
-    """Ring all-gather of equal shards into one flat output (see ring_all_gather)."""
-    p = resolve_group(group).size
-    ring_all_gather(list(output.view(-1).split(input.numel())) if input.numel() else
-                    [output.view(-1)[:0]] * p, input, group)
-
-
-@algorithm("reduce_scatter_tensor", "ring")
-def ring_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                               op: object = ReduceOp.SUM, group: object = None) -> None:
-    """Ring reduce-scatter of p equal slices of `input` (see ring_reduce_scatter)."""
-    p = resolve_group(group).size
-    n = output.numel()
-    ring_reduce_scatter(output, list(input.view(-1).split(n)) if n else [input.view(-1)[:0]] * p,
-                        op, group)
+tensor_forms("ring", all_gather=ring_all_gather, reduce_scatter=ring_reduce_scatter)
