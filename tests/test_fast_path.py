@@ -70,6 +70,12 @@ def _repeated(validate: bool) -> list[str]:
                                 bad.append(f"{algo} {dtype} {op} n={n} call {case}")
                     if full.calls != 1:
                         bad.append(f"{algo} {dtype} {op} n={n}: {full.calls} of 3 calls took the full path")
+        # A leaf that requires grad: its data is written, as by the full path and by torch.
+        w = torch.ones(1000, requires_grad=True)
+        for _ in range(3):
+            dt.all_reduce(w)
+        if not torch.equal(w.detach(), torch.full((1000,), float(p ** 3))):
+            bad.append("a leaf that requires grad")
         # A rank whose tensor is dt.shm_empty's (two_shot publishes it in place) beside
         # ranks on the fast path: they read it where it is, then all close with one more sync.
         for n in (7, 4099):

@@ -61,7 +61,7 @@ class Plan:
         if transport.validation_enabled():
             check(self.group, self.collective, self.signature, None, _CPU)
         try:
-            self.fast(tensor.view(-1))
+            self.fast(tensor.detach().view(-1))  # data, as the full path moves it (no autograd)
         except transport.CollectiveError:
             raise  # the transport has told the other ranks already
         except Exception as exc:
