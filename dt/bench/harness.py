@@ -32,6 +32,7 @@ import torch.distributed as dist
 
 import dt
 from dt.collectives import barrier as dt_barrier
+from dt.cost.traffic import family
 from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 
@@ -47,15 +48,13 @@ ROOTED = ("broadcast", "reduce", "gather", "scatter")  # rank 0 is the root (ncc
 ROOT_RESULT = ("reduce", "gather")  # only the root's buffer holds a result
 # The tensor API each collective is timed through, as dt's registry names it.
 _REGISTRY = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
-_BASE = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-         "all_to_all_single": "all_to_all"}
 
 K = TypeVar("K", bound=Hashable)
 
 
 def base_name(collective: str) -> str:
     """'all_gather_into_tensor' -> 'all_gather': the collective whatever API names it."""
-    return _BASE.get(collective, collective)
+    return family(collective)
 
 
 def registry_name(collective: str) -> str:

@@ -2,7 +2,8 @@
 
 One file per family of algorithms:
 
-- ring.py     ring reduce-scatter / all-gather / all-reduce (one engine), chain broadcast
+- ring.py     ring reduce-scatter / all-gather / all-reduce, chain broadcast; the reference
+              ring first; ring_engine.py its schedule and its two drivers
 - flat.py     one root talks to all: reduce, broadcast, gather, scatter, naive all-reduce
 - bruck.py    latency-optimal all-gather (Bruck) and the dissemination barrier
 - pairwise.py pairwise-exchange all-to-all
@@ -16,7 +17,8 @@ One file per family of algorithms:
 
 api.py holds the torch.distributed-shaped dispatchers, arguments.py what their
 arguments mean, auto.py the choice of algorithm, validate.py the cross-rank
-argument check, ops.py the reductions.
+argument check, plan.py what a connected group decides once per call shape
+(and the fast path that reuses it), ops.py the reductions.
 Built on api.py, with torch.distributed's signatures too: sparse.py (sparse
 COO all-reduce), coalesced.py (many tensors, one collective), objects.py
 (picklable objects), monitored.py (the barrier that names missing ranks);
@@ -81,6 +83,7 @@ from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
 from dt.collectives.registry import ALGORITHMS, register_aliases
 from dt.collectives.ring import (
+    reference_ring_all_reduce,
     ring_all_gather,
     ring_all_reduce,
     ring_broadcast,
@@ -144,6 +147,7 @@ __all__ = [
     "reduce_scatter",
     "reduce_scatter_single",
     "reduce_scatter_tensor",
+    "reference_ring_all_reduce",
     "ring_all_gather",
     "ring_all_reduce",
     "ring_broadcast",

@@ -16,7 +16,19 @@ which in one place
    so bad input fails on every rank with the same message;
 4. runs the algorithm on a contiguous buffer and copies the result back into
    the caller's tensor if that one was not contiguous;
-5. does all of it on the group's communication thread when async_op=True.
+5. does all of it on the group's communication thread when async_op=True;
+6. keeps what it decided for this call shape on the group (dt.collectives.plan).
+
+The reading path of one `dt.all_reduce`, in the order the code runs:
+
+    all_reduce (here)          resolve_group (dt.transport.group), plan.planned
+    planned: Plan.run          validation on: validate.check (the signature's Bruck exchange)
+        the fast path          two_shot / one_shot prepare_all_reduce's run: Board.publish_staged,
+                               Call.sync -> Sync.sync (dt.transport.shm), ops.reduce_rows: done
+    else: the full path        arguments.check_op, as_real, Writable -> launch ->
+                               transport.submit -> job: transport.connect, agreed.agree,
+                               auto.choose, validate, charged_to -> run -> the registered
+                               algorithm (registry.lookup) -> plan.make
 """
 
 from __future__ import annotations
@@ -28,7 +40,7 @@ from typing import Any
 import torch
 
 from dt import transport
-from dt.collectives import agreed, auto, sparse
+from dt.collectives import agreed, auto, plan, sparse
 from dt.collectives.arguments import (
     Writable,
     as_real_all,
@@ -79,10 +91,13 @@ def launch(
     errors: list[str] | None = None,
     device: torch.device | None = None,
     timeout: datetime.timedelta | None = None,
+    plan_key: tuple | None = None,
 ) -> Any:
     """Validate, choose the algorithm, and run `run(algorithm)` in issue order (see the module doc).
 
     `run` returns what the Work's future carries. Returns the Work when async_op, else None.
+    plan_key: (collective, numel, dtype, op, algorithm asked for): once it has run, keep the
+    choice (and the fast path) for this call shape (dt.collectives.plan).
     Other collective modules (coalesced) build their calls on this too.
     """
     errors = list(errors or [])
@@ -113,15 +128,16 @@ def launch(
                          recv=recv, local_error=local_error, device=wire_device)
             with transport.charged_to(collective, algo):
                 try:
-                    return run(algo)  # what the Work's future carries, as torch's
+                    result = run(algo)  # what the Work's future carries, as torch's
                 except transport.CollectiveError:
                     raise  # the transport has told the other ranks already
                 except Exception as exc:
-                    # This rank leaves the collective half done: say so, or its peers wait it out.
-                    transport.liveness.announce(transport.liveness.Failure(
-                        me, "raised", f"rank {me} raised {type(exc).__name__} inside "
-                        f"{collective}[{algo}]: {str(exc).splitlines()[0] if str(exc) else ''}"))
+                    plan.failed(me, collective, algo, exc)
                     raise
+            if plan_key is not None and not local_error:
+                plan.make(g, plan_key, collective, algo, numel=plan_key[1], dtype=dtype, op=op,
+                          root=root, send=send, recv=recv)
+            return result
 
     if local_error and not transport.validation_enabled():
         raise ValueError(f"{collective}: rank {me}: {local_error}")
@@ -136,6 +152,10 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None,
                async_op: bool = False, *, algorithm: str = "auto") -> Any:
     """Reduce `tensor` across the group, in place, on every rank (sparse COO: dt.collectives.sparse)."""
     g = resolve_group(group)
+    key = ("all_reduce", tensor.numel(), tensor.dtype, op, algorithm, tensor.layout)
+    ready = plan.planned(g, key) if not async_op else None
+    if ready is not None and ready.run(tensor):
+        return None
     if tensor.layout == torch.sparse_coo:
         return sparse.all_reduce(tensor, op, g, async_op)
     errors: list[str] = []
@@ -151,7 +171,7 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None,
 
     return launch("all_reduce", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
                    send=[n] * g.size, recv=[n] * g.size, dtype=real.dtype, op=name,
-                   errors=errors, device=tensor.device)
+                   errors=errors, device=tensor.device, plan_key=key if real is tensor else None)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,

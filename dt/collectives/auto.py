@@ -43,11 +43,12 @@ import torch.distributed as dist
 from dt import cost
 from dt.args import env_rule
 from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
-from dt.collectives.ring import DEFAULT_SEGMENT_BYTES
+from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
 from dt.cost.levels import LEVELED, Levels, two_level
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine
 from dt.cost.machine import winners as saved_winners
+from dt.cost.traffic import family
 from dt.transport import Group
 
 
@@ -205,7 +206,7 @@ def across_hosts(collective: str, nbytes: int, group: Group) -> str:
     measured = _nearest(agreed.winners.get(collective), collective, nbytes, False)
     if measured:
         return measured
-    base = collective.replace("_into_tensor", "").replace("_tensor", "")
+    base = family(collective)
     if base in LEVELED:
         return best_two_level(collective, nbytes, hosts, agreed.levels)
     return best(collective, nbytes, group.size, agreed.levels.inter)
@@ -214,7 +215,7 @@ def across_hosts(collective: str, nbytes: int, group: Group) -> str:
 @functools.lru_cache(maxsize=4096)
 def best_two_level(collective: str, nbytes: int, hosts: tuple[int, ...], levels: Levels) -> str:
     """The algorithm the two-level model prices lowest (ties: the first by name); bytes as 1-byte elements."""
-    base = collective.replace("_into_tensor", "").replace("_tensor", "")
+    base = family(collective)
     names = [a for a in LEVELED[base] if a in ALGORITHMS.get(collective, {})]
     numels = nbytes if base == "all_reduce" else nbytes // len(hosts)
     return min(sorted(names), key=lambda a: two_level(base, a, numels, 1, hosts, levels).total)

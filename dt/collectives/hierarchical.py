@@ -12,7 +12,7 @@ home first (Horovod's and NCCL's two-level schemes):
    rail of local index i (a ring over H ranks, one per host);
 3. all-gather inside each host: every rank gets every piece.
 
-Each phase is an ordinary ring (dt.collectives.ring.ring_pass) run on a
+Each phase is an ordinary ring (dt.collectives.ring_engine.ring_pass) run on a
 part of the group (dt.transport.part): the host part talks over the
 shared-memory wire where the group has one, the rail part over the torch
 wire, and neither knows which. Which piece, rail and destination each rank
@@ -34,8 +34,8 @@ from __future__ import annotations
 import torch
 
 from dt.collectives.ops import ReduceOp, finish, op_name
-from dt.collectives.registry import algorithm
-from dt.collectives.ring import ring_pass
+from dt.collectives.registry import algorithm, tensor_forms
+from dt.collectives.ring_engine import ring_pass
 from dt.collectives.scratch import scratch
 from dt.hosts import collected_by, delivery, members, owned, pieces, runs
 from dt.layout import edges, split_sizes
@@ -166,20 +166,5 @@ def hierarchical_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tenso
                 outs[d].copy_(view)
 
 
-@algorithm("all_gather_into_tensor", "hierarchical")
-def hierarchical_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                        group: object = None) -> None:
-    """Hierarchical all-gather of equal shards into one flat output (see hierarchical_all_gather)."""
-    p = resolve_group(group).size
-    hierarchical_all_gather(list(output.view(-1).split(input.numel())) if input.numel() else
-                            [output.view(-1)[:0]] * p, input, group)
-
-
-@algorithm("reduce_scatter_tensor", "hierarchical")
-def hierarchical_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                                       op: object = ReduceOp.SUM, group: object = None) -> None:
-    """Hierarchical reduce-scatter of p equal slices of `input` (see hierarchical_reduce_scatter)."""
-    p = resolve_group(group).size
-    n = output.numel()
-    hierarchical_reduce_scatter(output, list(input.view(-1).split(n)) if n else
-                                [input.view(-1)[:0]] * p, op, group)
+tensor_forms("hierarchical", all_gather=hierarchical_all_gather,
+             reduce_scatter=hierarchical_reduce_scatter)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from dt import args, transport
+from dt.collectives.ops import ReduceOp
 from dt.cost.traffic import ALIASES
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -22,14 +23,22 @@ ALGORITHMS: dict[str, dict[str, Callable[..., Any]]] = {}
 # Load/store algorithms: they read peers' memory, so they run only on a group
 # whose ranks all share one host segment (dt.transport.connect's board).
 SHARED_MEMORY: set[tuple[str, str]] = set()
+# Fast paths (dt.collectives.plan): prepare(group, numel, dtype, op name) makes, once per call
+# shape on a connected group, the callable that does only the per-call work; None where it cannot.
+Prepare = Callable[[Any, int, Any, str], "Callable[[Any], None] | None"]
+PREPARED: dict[tuple[str, str], Prepare] = {}
 
 
-def algorithm(collective: str, name: str, *, shared_memory: bool = False) -> Callable[[F], F]:
-    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm)."""
+def algorithm(collective: str, name: str, *, shared_memory: bool = False,
+              prepare: Prepare | None = None) -> Callable[[F], F]:
+    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm;
+    prepare: its fast path's maker, see dt.collectives.plan)."""
 
     def register(fn: F) -> F:
         if shared_memory:
             SHARED_MEMORY.add((collective, name))
+        if prepare is not None:
+            PREPARED[(collective, name)] = prepare
 
         @functools.wraps(fn)
         def charged(*args: Any, **kwargs: Any) -> Any:
@@ -40,6 +49,36 @@ def algorithm(collective: str, name: str, *, shared_memory: bool = False) -> Cal
         return charged  # type: ignore[return-value]
 
     return register
+
+
+def equal_blocks(flat: Any, block: int, p: int) -> list[Any]:
+    """p consecutive blocks of `block` elements of the flat tensor (p empty views when block is 0)."""
+    return list(flat.split(block)) if block else [flat[:0]] * p
+
+
+def tensor_forms(name: str, *, all_gather: Callable[..., Any] | None = None,
+                 reduce_scatter: Callable[..., Any] | None = None) -> None:
+    """Register algorithm `name` of all_gather_into_tensor / reduce_scatter_tensor as its list
+    form run on p equal blocks of the flat tensor: the one adapter from list to tensor form."""
+    if all_gather is not None:
+        gather = all_gather
+
+        def all_gather_into_tensor(output: Any, input: Any, group: object = None) -> None:
+            p = transport.resolve_group(group).size
+            gather(equal_blocks(output.view(-1), input.numel(), p), input, group)
+
+        all_gather_into_tensor.__name__ = f"{name}_all_gather_into_tensor"
+        algorithm("all_gather_into_tensor", name)(all_gather_into_tensor)
+    if reduce_scatter is not None:
+        scatter = reduce_scatter
+
+        def reduce_scatter_tensor(output: Any, input: Any, op: object = ReduceOp.SUM,
+                                  group: object = None) -> None:
+            p = transport.resolve_group(group).size
+            scatter(output, equal_blocks(input.view(-1), output.numel(), p), op, group)
+
+        reduce_scatter_tensor.__name__ = f"{name}_reduce_scatter_tensor"
+        algorithm("reduce_scatter_tensor", name)(reduce_scatter_tensor)
 
 
 def register_aliases() -> None:

@@ -23,7 +23,7 @@ import torch
 
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
-from dt.collectives.ring import DEFAULT_SEGMENT_BYTES, ring_pass
+from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES, ring_pass
 from dt.collectives.scratch import scratch
 from dt.layout import children, edges, lowest_bit, split_sizes
 from dt.transport import Comm, resolve_group

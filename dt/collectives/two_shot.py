@@ -29,6 +29,9 @@ Cost (dt.cost.two_shot_all_reduce): 2 syncs per round (3 zero-copy);
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from dt import transport
@@ -37,9 +40,93 @@ from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
 from dt.layout import edges, rounds, split_sizes
 from dt.transport import resolve_group
+from dt.transport.shm.board import Round
 
 
-@algorithm("all_reduce", "two_shot", shared_memory=True)
+def _stage(stage: torch.Tensor, chunk: torch.Tensor, e: list[int], me: int, uniform: bool) -> None:
+    """Copy what peers will read of `chunk` into this rank's staging (`stage`, in its dtype)."""
+    if uniform:
+        stage[:chunk.numel()].copy_(chunk)
+    else:  # peers never read my own slice before it is reduced: skip it
+        stage[:e[me]].copy_(chunk[:e[me]])
+        stage[e[me + 1]:chunk.numel()].copy_(chunk[e[me + 1]:])
+
+
+def _reduce_and_gather(call: Any, rnd: Any, chunk: torch.Tensor, e: list[int], me: int, name: str,
+                       zero: bool, stage: torch.Tensor | None) -> None:
+    """Steps 2 and 3 of a round, after sync A: reduce my slice, publish it, sync B, gather."""
+    p, dtype, isz = len(e) - 1, chunk.dtype, chunk.element_size()
+    uniform = p > 2
+    mine = chunk[e[me]:e[me + 1]]
+    if mine.numel():
+        rows = rnd.rows(dtype, e[me], e[me + 1]) if uniform else None
+        if isinstance(rows, torch.Tensor) and not zero:
+            reduce_rows(mine, rows, name)
+        elif isinstance(rows, torch.Tensor):  # my own row is my tensor: reduce aside
+            tmp = scratch(mine.numel(), dtype, mine.device, slot=3)
+            reduce_rows(tmp, rows, name)
+            mine.copy_(tmp)
+        else:  # my slice first (it is the output), then the others in rank order
+            reduce_rows(mine, [mine] + [rnd.view(j, dtype)[e[me]:e[me + 1]]
+                                        for j in range(p) if j != me], name)
+        finish(mine, name, p)
+        if stage is not None:
+            stage[e[me]:e[me + 1]].copy_(mine)
+    rnd.sync()  # B: every slice is reduced
+    for j in range(p):
+        if j != me:
+            if e[j + 1] > e[j]:
+                chunk[e[j]:e[j + 1]].copy_(rnd.view(j, dtype)[e[j]:e[j + 1]])
+            call.count(j, sent=(e[j + 1] - e[j]) * isz, received=(e[me + 1] - e[me]) * isz)
+            call.count(j, sent=(e[me + 1] - e[me]) * isz, received=(e[j + 1] - e[j]) * isz)
+
+
+def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[[torch.Tensor], None] | None:
+    """The one-round staged two-shot all-reduce of n elements with its views made once
+    (dt.collectives.plan): per call the staging copies, four descriptor stores, two syncs, one
+    reduction and the gather's copies. A tensor of dt.shm_empty's, this rank's or a peer's
+    (published in place), sends the call down the general code. None where it takes rounds."""
+    board, p, me = g.links.board, g.size, g.rank
+    isz = dtype.itemsize
+    if board is None or p == 1 or n == 0 or n * isz > board.capacity or (2 * board.capacity) % isz:
+        return None
+    call = board.call("all_reduce", "two_shot")
+    e = edges(split_sizes(n, p))
+    uniform = p > 2
+    lo, hi = e[me], e[me + 1]
+    stage = [board.staging(me, q).view(dtype) for q in (0, 1)]
+    rows = [board.staged_rows(q, dtype, lo, hi) for q in (0, 1)]
+    peers = [j for j in range(p) if j != me]
+    theirs = [[(e[j], e[j + 1], board.staging(j, q).view(dtype)[e[j]:e[j + 1]])
+               for j in peers if e[j + 1] > e[j]] for q in (0, 1)]  # slice j, reduced by rank j
+    mine_of = [[board.staging(j, q).view(dtype)[lo:hi] for j in peers] for q in (0, 1)]
+
+    def run(flat: torch.Tensor) -> None:
+        if board.allocations and board.find(flat) is not None:
+            two_shot_all_reduce(flat, op, g)  # dt.shm_empty's: peers read it in place
+            return
+        q = board.publish_staged(n * isz)
+        _stage(stage[q], flat, e, me, uniform)
+        call.syncs, call.zero_copy = 0, False
+        call.sync()  # A
+        if not board.all_staged(q):  # a peer's tensor is read in place: the general round
+            call.zero_copy = True
+            _reduce_and_gather(call, Round(call, q), flat, e, me, op, False, stage[q])
+            call.finish()
+            return
+        mine = flat[lo:hi]
+        if hi > lo:
+            reduce_rows(mine, rows[q] if uniform else [mine, *mine_of[q]], op)
+            finish(mine, op, p)
+            stage[q][lo:hi].copy_(mine)
+        call.sync()  # B
+        for a, b, theirs_j in theirs[q]:
+            flat[a:b].copy_(theirs_j)
+
+    return run
+
+
+@algorithm("all_reduce", "two_shot", shared_memory=True, prepare=prepare_all_reduce)
 def two_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """All-reduce in place: each rank reduces its 1/p slice from all buffers, then gathers."""
     g = resolve_group(group)
@@ -52,41 +139,14 @@ def two_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: 
     for lo, hi in rounds(flat.numel(), call.board.capacity // isz):
         rnd = call.round()
         chunk = flat[lo:hi]
-        sizes = split_sizes(hi - lo, p)
-        e = edges(sizes)
-        uniform = p > 2
+        e = edges(split_sizes(hi - lo, p))
         stage = None
         if zero:
             rnd.publish(chunk)
         else:
             stage = rnd.staging().view(dtype)
-            if uniform:
-                stage[:hi - lo].copy_(chunk)
-            else:  # peers never read my own slice before it is reduced: skip it
-                stage[:e[me]].copy_(chunk[:e[me]])
-                stage[e[me + 1]:hi - lo].copy_(chunk[e[me + 1]:])
+            _stage(stage, chunk, e, me, p > 2)
             rnd.publish(None, nbytes=(hi - lo) * isz)
         rnd.sync()  # A: every buffer is published
-        mine = chunk[e[me]:e[me + 1]]
-        if mine.numel():
-            rows = rnd.rows(dtype, e[me], e[me + 1]) if uniform else None
-            if isinstance(rows, torch.Tensor) and not zero:
-                reduce_rows(mine, rows, name)
-            elif isinstance(rows, torch.Tensor):  # my own row is my tensor: reduce aside
-                tmp = scratch(mine.numel(), dtype, mine.device, slot=3)
-                reduce_rows(tmp, rows, name)
-                mine.copy_(tmp)
-            else:  # my slice first (it is the output), then the others in rank order
-                reduce_rows(mine, [mine] + [rnd.view(j, dtype)[e[me]:e[me + 1]]
-                                            for j in range(p) if j != me], name)
-            finish(mine, name, p)
-            if stage is not None:
-                stage[e[me]:e[me + 1]].copy_(mine)
-        rnd.sync()  # B: every slice is reduced
-        for j in range(p):
-            if j != me:
-                if sizes[j]:
-                    chunk[e[j]:e[j + 1]].copy_(rnd.view(j, dtype)[e[j]:e[j + 1]])
-                call.count(j, sent=sizes[j] * isz, received=sizes[me] * isz)
-                call.count(j, sent=sizes[me] * isz, received=sizes[j] * isz)
+        _reduce_and_gather(call, rnd, chunk, e, me, name, zero, stage)
     call.finish()  # C, when any rank's own tensor was read

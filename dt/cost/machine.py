@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "cache_path", "entries", "figures",
-           "forget", "key", "machine", "reset", "save", "spans_hosts", "winners"]
+__all__ = ["DEFAULT_MACHINE", "DEFAULT_SHM_MACHINE", "Machine", "REVISION", "cache_path", "entries",
+           "figures", "forget", "key", "machine", "reset", "save", "spans_hosts", "winners"]
 
 
 @dataclass(frozen=True)
@@ -145,6 +145,9 @@ def save(entry: dict[str, Any]) -> Path:
 
 
 _machines: dict[tuple[str, int], Machine] = {}
+# Bumped by forget(): a choice made from the figures read before (a group's cached plans,
+# dt.collectives.plan) is made again. A one-item list, so readers see it without a call.
+REVISION = [0]
 _winners: dict[tuple[str, int], dict[str, Any]] = {}
 
 
@@ -175,3 +178,4 @@ def forget() -> None:
     """Drop the figures read so far (after `dt tune` saves new ones)."""
     _machines.clear()
     _winners.clear()
+    REVISION[0] += 1

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 
 from dt.cost.loadstore import LOADSTORE, loadstore_formula
-from dt.cost.traffic import canonical
+from dt.cost.traffic import canonical, family
 from dt.layout import ceil_log2
 
 __all__ = ["Estimate", "estimate", "formula"]
@@ -71,7 +71,7 @@ def formula(collective: str, algorithm: str, n: float, p: int,
     fold = 0 if p == p2 else 1
     lg2 = p2.bit_length() - 1
     share = (p - 1) / p * n
-    base = collective.replace("_tensor", "").replace("_into", "")
+    base = family(collective)
     key = (base, canonical(base, algorithm))
     if key in LOADSTORE:
         return loadstore_formula(base, key[1], n, p, stage_bytes)

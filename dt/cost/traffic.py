@@ -35,12 +35,14 @@ from dt.layout import (
 
 __all__ = [
     "ALIASES",
+    "FORMS",
     "RankTraffic",
     "binomial_broadcast",
     "binomial_reduce",
     "bruck_all_gather",
     "canonical",
     "dissemination_barrier",
+    "family",
     "flat_broadcast",
     "flat_gather",
     "flat_reduce",
@@ -69,6 +71,17 @@ ALIASES: dict[tuple[str, str], str] = {
     ("gather", "naive"): "flat",
     ("scatter", "naive"): "flat",
 }
+
+
+# The tensor forms of a collective (torch's `_into_tensor`, `_tensor`, `_single` APIs) and the
+# collective each one is: every table keyed by collective looks them up through `family`.
+FORMS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
+         "all_to_all_single": "all_to_all"}
+
+
+def family(collective: str) -> str:
+    """'all_gather_into_tensor' -> 'all_gather': the collective whatever API form names it."""
+    return FORMS.get(collective, collective)
 
 
 def canonical(collective: str, algorithm: str) -> str:
@@ -440,7 +453,7 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
     """
     blocks = [numels] * p if isinstance(numels, int) else list(numels)
     n = numels if isinstance(numels, int) else sum(numels)
-    base = collective.replace("_into_tensor", "").replace("_tensor", "")
+    base = family(collective)
     key = (base, canonical(base, algorithm))
     if key in LOADSTORE:
         return RankTraffic(*loadstore_traffic(base, key[1], n, blocks, itemsize, p, rank, root,

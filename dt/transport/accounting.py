@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["Counts", "TrafficRecord", "account", "blocking", "charge_target", "charged_to",
-           "in_setup", "setup", "traffic"]
+           "in_setup", "open_records", "setup", "traffic"]
 
 
 @dataclass
@@ -56,7 +56,9 @@ class TrafficRecord(Counts):
     seconds: float = 0.0
 
 
-_recorders: list[TrafficRecord] = []
+# The traffic() blocks open now, in any thread (a fast path that counts nothing runs only
+# while this is empty: dt.collectives.plan).
+open_records: list[TrafficRecord] = []
 _recorders_lock = threading.Lock()
 _scope = threading.local()
 
@@ -66,21 +68,21 @@ def traffic() -> Iterator[TrafficRecord]:
     """Count this rank's point-to-point traffic inside the block (all threads)."""
     record = TrafficRecord()
     with _recorders_lock:
-        _recorders.append(record)
+        open_records.append(record)
     try:
         yield record
     finally:
         with _recorders_lock:
-            _recorders.remove(record)
+            open_records.remove(record)
 
 
 def account(collective: str, algorithm: str, sent: int, received: int, calls: int = 0,
             wire: str | None = None) -> None:
     """Add one message (sent or received; -1 means none) and `calls` calls to every open record."""
-    if not _recorders:
+    if not open_records:
         return
     with _recorders_lock:
-        for rec in _recorders:
+        for rec in open_records:
             counts = [rec, rec.by_collective[collective], rec.by_algorithm[f"{collective}:{algorithm}"]]
             if wire is not None:
                 counts.append(rec.by_wire[wire])
@@ -130,7 +132,7 @@ def in_setup() -> bool:
 
 def blocking(fn: Callable[[], Any]) -> Any:
     """Run fn, charging its wall time to the open traffic() records (`seconds`)."""
-    if not _recorders or getattr(_scope, "blocking", False):
+    if not open_records or getattr(_scope, "blocking", False):
         return fn()
     _scope.blocking = True
     t0 = time.perf_counter()
@@ -140,5 +142,5 @@ def blocking(fn: Callable[[], Any]) -> Any:
         _scope.blocking = False
         elapsed = time.perf_counter() - t0
         with _recorders_lock:
-            for rec in _recorders:
+            for rec in open_records:
                 rec.seconds += elapsed

@@ -169,6 +169,7 @@ def _comm_thread(group: Group) -> _CommThread:
             device = default_device(group)
             t = _comm_threads[group.key] = _CommThread(group.key,
                                                        device if device.type == "cuda" else None)
+        group.links.comm = t  # read without a call by a fast path (is anything queued?)
         return t
 
 

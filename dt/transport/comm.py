@@ -81,8 +81,9 @@ class Comm:
         self.step = 0
         # Traffic of a collective built from others (naive all-reduce = reduce +
         # broadcast) is charged to the outermost one, the one the user called.
-        self._charge_to = accounting.charge_target() or (collective, algorithm)
-        self._rules = rules.active()
+        # Asked only while a dt.traffic() block is open: nothing is counted otherwise.
+        self._charge_to = (accounting.open_records and accounting.charge_target()) or (collective, algorithm)
+        self._rules = rules.recorder
         # Receives may go out ahead of their step only where every wire allows it
         # (and not while NCCL's rules are being checked).
         self.ahead = self._rules is None and all(
@@ -123,8 +124,9 @@ class Comm:
             for i, work in zip(idx, works):
                 kind, tensor, peer = ops[i]
                 nbytes = _nbytes(tensor)
-                accounting.account(*self._charge_to, sent=nbytes if kind == SEND else -1,
-                                   received=nbytes if kind == RECV else -1, wire=wire.name)
+                if accounting.open_records:  # counted only inside dt.traffic(): no call otherwise
+                    accounting.account(*self._charge_to, sent=nbytes if kind == SEND else -1,
+                                       received=nbytes if kind == RECV else -1, wire=wire.name)
                 handles[i] = Handle(work, self, "send" if kind == SEND else "receive", peer, nbytes,
                                     self.step)
         return handles  # type: ignore[return-value]

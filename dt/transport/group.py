@@ -41,6 +41,8 @@ class Links:
         self.why_not = ""  # why there is no board
         self.parts: dict[tuple[int, ...], Any] = {}  # sub-groups over these wires (dt.transport.parts)
         self.agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed)
+        self.comm: Any = None  # the group's communication thread, once an async call made one
+        self.plans: dict[tuple, Any] = {}  # decided once per call shape (dt.collectives.plan)
         self.lock = threading.Lock()
 
 

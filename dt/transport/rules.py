@@ -35,7 +35,6 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 from dt import args
 
@@ -83,30 +82,37 @@ class Recorder:
         return out
 
 
-_UNREAD: Any = object()
-_active: Recorder | None = _UNREAD  # DT_NCCL_RULES is read at the first post, not at import
+def _from_environment() -> Recorder | None:
+    # A bad value is refused at the door (dt.args.check_environment: the CLI, the
+    # pool, dt.launcher.init) in one line; an import must not raise it as a traceback.
+    try:
+        return Recorder() if args.env_value("DT_NCCL_RULES", False) else None
+    except ValueError:
+        return None
+
+
+# The recorder in force in this process, if NCCL's rules are being checked. A module
+# attribute, so a Comm reads it without a call (`active()` says the same).
+recorder: Recorder | None = _from_environment()
 
 
 def active() -> Recorder | None:
     """The recorder in force in this process, if NCCL's rules are being checked (DT_NCCL_RULES=1)."""
-    global _active
-    if _active is _UNREAD:
-        _active = Recorder() if args.env_value("DT_NCCL_RULES", False) else None
-    return _active
+    return recorder
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[Recorder]:
     """Post as on NCCL and record every batch (see the module docstring)."""
-    global _active
+    global recorder
     import torch.distributed as dist
 
-    prev = active()
-    _active = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
+    prev = recorder
+    recorder = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
     try:
-        yield _active
+        yield recorder
     finally:
-        _active = prev
+        recorder = prev
 
 
 # ---------------------------------------------------------------------------

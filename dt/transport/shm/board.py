@@ -98,6 +98,26 @@ class Board:
             return a.index, ptr - lo
         return None
 
+    def publish_staged(self, nbytes: int) -> int:
+        """Start a round whose first `nbytes` of staging this rank fills (the fast path's
+        publish: the same round count and descriptor a `Round` writes); return its parity."""
+        self.rounds += 1
+        parity = self.rounds % 2
+        words, i = self.sync.words, self.me * WORDS + DESC + 4 * parity
+        words[i], words[i + 1], words[i + 2], words[i + 3] = _STAGED, 0, nbytes, 0
+        return parity
+
+    def all_staged(self, parity: int) -> bool:
+        """Whether every rank published its staging area (not a shared allocation) this round."""
+        words = self.sync.words
+        return not any(words[j * WORDS + DESC + 4 * parity] for j in range(self.p))
+
+    def staged_rows(self, parity: int, dtype: torch.dtype, lo: int, hi: int) -> torch.Tensor:
+        """Elements [lo, hi) of every rank's staging half `parity`: one strided (p, hi - lo) view."""
+        first = self._staging[0][parity].view(dtype)
+        return first.as_strided((self.p, hi - lo), (2 * self.capacity // first.element_size(), 1),
+                                first.storage_offset() + lo)
+
     def call(self, collective: str, algorithm: str) -> Call:
         if self.broken:
             raise CollectiveError(f"{collective}[{algorithm}]: the group's shared-memory wire is "
@@ -253,8 +273,10 @@ class Round:
         first = self.view(0, dtype)
         if len(descs) == 1 and b.p > 1:
             where = next(iter(descs))[0]
-            stride = 2 * b.capacity if where == _STAGED else b.allocations[where - 1].stride
             isz = first.element_size()
+            if where == _STAGED and (2 * b.capacity) % isz == 0:
+                return b.staged_rows(self.parity, dtype, lo, hi)
+            stride = 2 * b.capacity if where == _STAGED else b.allocations[where - 1].stride
             if stride % isz == 0:
                 return first.as_strided((b.p, hi - lo), (stride // isz, 1), first.storage_offset() + lo)
         return [first[lo:hi]] + [self.view(j, dtype)[lo:hi] for j in range(1, b.p)]

@@ -1,0 +1,184 @@
+"""The planned path (dt.collectives.plan): a call shape's decisions made once, the per-call work alone.
+
+The first all_reduce of a shape goes the full way and leaves a plan on the group;
+the next ones of that shape run the plan's fast path (one_shot, two_shot on the
+board). Checked here: the fast path's results against torch's, call after call,
+at worlds 2, 3 and 4, validation on and off, with a rank whose tensor lives in
+shared memory among plain ones; that it is taken at all (the full path, `launch`,
+is not entered); that it steps aside where the full path is needed (a dt.traffic()
+block, a changed DT_ALGO); and how many of dt's files one call visits (the
+reading path the issue bounds: at most 10 files validation off, 14 on).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dt
+from dt import cost
+from dt.collectives import api
+from dt.transport import resolve_group, set_validation
+from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
+from tests.test_collectives import data
+
+FILES_VALIDATION_OFF = 10  # the issue's targets
+FILES_VALIDATION_ON = 14
+WARM, TRACED = 3, 10  # calls before the traced ones; traced calls (the fewest files counts)
+
+
+class _CountLaunch:
+    """Counts the calls that take the full path (dt.collectives.api.launch)."""
+
+    def __init__(self) -> None:
+        self.calls, self.real = 0, api.launch
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.real(*args, **kwargs)
+
+    def __enter__(self) -> _CountLaunch:
+        api.launch = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        api.launch = self.real
+
+
+def _repeated(validate: bool) -> list[str]:
+    """Every shape three times (the second and third on the plan) against torch."""
+    set_validation(validate)
+    resolve_group(None).links.plans.clear()  # plans an earlier run in this pool made
+    r, p = dist.get_rank(), dist.get_world_size()
+    bad, case = [], 0
+    try:
+        for algo in ("auto", "one_shot", "two_shot"):
+            for dtype, op in ((torch.float32, "SUM"), (torch.float32, "AVG"), (torch.int32, "MAX"),
+                              (torch.bfloat16, "SUM"), (torch.int64, "PRODUCT")):
+                for n in (1, 13, 1009, 65537):
+                    with _CountLaunch() as full:
+                        for _ in range(3):
+                            case += 1
+                            x = data(case, r, n, dtype, op)
+                            ref = x.clone()
+                            dist.all_reduce(ref, op=getattr(dist.ReduceOp, op))
+                            dt.all_reduce(x, op=getattr(dist.ReduceOp, op), algorithm=algo)
+                            if not torch.equal(x, ref):
+                                bad.append(f"{algo} {dtype} {op} n={n} call {case}")
+                    if full.calls != 1:
+                        bad.append(f"{algo} {dtype} {op} n={n}: {full.calls} of 3 calls took the full path")
+        # A leaf that requires grad: its data is written, as by the full path and by torch.
+        w = torch.ones(1000, requires_grad=True)
+        for _ in range(3):
+            dt.all_reduce(w)
+        if not torch.equal(w.detach(), torch.full((1000,), float(p ** 3))):
+            bad.append("a leaf that requires grad")
+        # A rank whose tensor is dt.shm_empty's (two_shot publishes it in place) beside
+        # ranks on the fast path: they read it where it is, then all close with one more sync.
+        for n in (7, 4099):
+            y = dt.shm_empty((n,), dtype=torch.float32)
+            for _ in range(3):
+                case += 1
+                x = data(case, r, n, torch.float32)
+                ref = x.clone()
+                dist.all_reduce(ref)
+                mine = y.copy_(x) if r == 0 else x
+                dt.all_reduce(mine, algorithm="two_shot")
+                if not torch.equal(mine, ref):
+                    bad.append(f"two_shot with rank 0 in shared memory n={n} (world {p})")
+    finally:
+        set_validation(None)
+    return bad
+
+
+@pytest.mark.timeout(330)
+@pytest.mark.parametrize("world", (2, 3, 4))
+@pytest.mark.parametrize("validate", (False, True))
+def test_fast_path_matches_torch_call_after_call(run, world, validate):
+    for failures in run(world, _repeated, validate, timeout=300):
+        assert failures == [], failures[:10]
+
+
+def _steps_aside() -> dict:
+    """A traffic() block and a new DT_ALGO send the call the full way (which counts, re-chooses)."""
+    set_validation(False)
+    p, n = dist.get_world_size(), 1000
+    x = torch.ones(n)
+    out: dict = {}
+    try:
+        dt.all_reduce(x, algorithm="one_shot")  # makes the plans: one_shot asked for,
+        dt.all_reduce(x)  # and auto's choice at 4 KB
+        with _CountLaunch() as full, dt.traffic() as t:
+            dt.all_reduce(x, algorithm="one_shot")
+            dt.all_reduce(x, algorithm="one_shot")
+        out["counted_calls"] = full.calls
+        out["bytes"] = t.bytes_received
+        out["model"] = 2 * cost.traffic_for("all_reduce", "one_shot", n, 4, p, dist.get_rank()).bytes_received
+        os.environ["DT_ALGO"] = "all_reduce=two_shot"
+        try:
+            with _CountLaunch() as full:
+                dt.all_reduce(x)  # chosen again: DT_ALGO changed since auto's plan was made
+                dt.all_reduce(x)  # ... and planned again: the fast path
+        finally:
+            del os.environ["DT_ALGO"]
+        plans = resolve_group(None).links.plans
+        key = ("all_reduce", n, torch.float32, dist.ReduceOp.SUM, "auto", torch.strided)
+        out["chosen"] = plans[key].algorithm
+        out["rechosen_calls"] = full.calls
+        out["value"] = x[0].item()
+    finally:
+        set_validation(None)
+    return out
+
+
+def test_fast_path_steps_aside_for_traffic_and_dt_algo(run):
+    for res in run(2, _steps_aside):
+        assert res["counted_calls"] == 2  # dt.traffic() open: the full path, which counts
+        assert res["bytes"] == res["model"]
+        assert res["chosen"] == "two_shot" and res["rechosen_calls"] == 1
+        assert res["value"] == 2.0 ** 6  # six all-reduces of ones at world 2
+
+
+def _files_per_call(validate: bool, nbytes: int) -> dict:
+    """dt's files one connected all_reduce visits (rank 0's profile hook), fewest of TRACED calls.
+
+    The fewest: a call whose peer is late also runs the wait's failure checks
+    (liveness, the segment's pid check), which belong to waiting, not to the path.
+    """
+    set_validation(validate)
+    root = os.path.dirname(dt.__file__)
+    t = torch.ones(nbytes // 4)
+    best: set[str] | None = None
+    try:
+        for _ in range(WARM):
+            dt.all_reduce(t)  # connects the group, makes the plan
+        for _ in range(TRACED):
+            files: set[str] = set()
+
+            def hook(frame, event, arg, files=files):
+                if event == "call" and frame.f_code.co_filename.startswith(root):
+                    files.add(os.path.relpath(frame.f_code.co_filename, root))
+
+            sys.setprofile(hook)
+            try:
+                dt.all_reduce(t)
+            finally:
+                sys.setprofile(None)
+            if best is None or len(files) < len(best):
+                best = files
+    finally:
+        set_validation(None)
+    return {"files": sorted(best or ()), "value": t[0].item()}
+
+
+@pytest.mark.parametrize("validate, bound", ((False, FILES_VALIDATION_OFF), (True, FILES_VALIDATION_ON)))
+def test_one_call_visits_few_files(run, validate, bound):
+    res = run(2, _files_per_call, validate, 256 * 1024)
+    assert res[0]["value"] == res[1]["value"] == 2.0 ** (WARM + TRACED)
+    files = res[0]["files"]
+    assert "collectives/plan.py" in files  # the planned path, not the full one
+    assert len(files) <= bound, files
