@@ -125,7 +125,7 @@ class Study:
     # -- measuring -----------------------------------------------------------
     def measure(self) -> None:
         units = self.plan()
-        if self.progress:
+        if self.progress and sys.stderr.isatty():  # a redrawn bar in a log is a frame per unit
             from tqdm import tqdm
 
             self.bar = tqdm(total=len(units), desc="scaling study", unit="run", dynamic_ncols=True,
