@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt.models.lm import lm_loss, sample
+from dt.models.lm import LanguageModel, lm_loss
 
 __all__ = ["Llama", "LlamaConfig", "RMSNorm", "apply_rotary", "rotary_tables"]
 
@@ -166,7 +166,7 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Llama(nn.Module):
+class Llama(LanguageModel):
     """embed_tokens, layers, norm, lm_head; forward returns (logits, mean loss or None)."""
 
     def __init__(self, cfg: LlamaConfig):
@@ -203,11 +203,3 @@ class Llama(nn.Module):
             return logits, None
         return logits, lm_loss(logits, targets)
 
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    @torch.no_grad()
-    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to ids [b, s] (temperature 0: the most likely)."""
-        return sample(self, ids, self.cfg.block_size, max_new_tokens, temperature, top_k, generator)

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["lm_loss", "sample"]
+__all__ = ["LanguageModel", "lm_loss", "sample"]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -41,3 +41,19 @@ def sample(model: nn.Module, ids: torch.Tensor, block_size: int, max_new_tokens:
             nxt = torch.multinomial(logits.softmax(-1), 1, generator=generator)
         ids = torch.cat([ids, nxt], dim=1)
     return ids
+
+
+class LanguageModel(nn.Module):
+    """What every plain model here shares: its size and its sampling (`cfg.block_size` the context)."""
+
+    cfg: object
+
+    def num_params(self) -> int:
+        """Parameters counted once (a tied head's weight is the embedding's)."""
+        return sum(p.numel() for p in self.parameters())
+
+    @torch.no_grad()
+    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append max_new_tokens sampled tokens to ids [b, s] (temperature 0: the most likely)."""
+        return sample(self, ids, self.cfg.block_size, max_new_tokens, temperature, top_k, generator)

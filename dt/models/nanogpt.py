@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt.models.lm import lm_loss, sample
+from dt.models.lm import LanguageModel, lm_loss
 
 __all__ = ["GPT", "GPTConfig", "seed_layer"]
 
@@ -146,7 +146,7 @@ class Head(nn.Module):
         return self.lm_head(x) if self.lm_head is not None else F.linear(x, self.weight)
 
 
-class GPT(nn.Module):
+class GPT(LanguageModel):
     """layers = [Embedding, Block x n_layer, Head]; forward returns (logits, mean loss or None)."""
 
     def __init__(self, cfg: GPTConfig):
@@ -169,13 +169,4 @@ class GPT(nn.Module):
             return x, None
         return x, lm_loss(x, targets)
 
-    def num_params(self) -> int:
-        """Parameters counted once (the tied head's weight is the embedding's)."""
-        return sum(p.numel() for p in self.parameters())
-
-    @torch.no_grad()
-    def generate(self, ids: torch.Tensor, max_new_tokens: int, temperature: float = 1.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Append max_new_tokens sampled tokens to ids [b, s] (temperature 0: the most likely)."""
-        return sample(self, ids, self.cfg.block_size, max_new_tokens, temperature, top_k, generator)
 
