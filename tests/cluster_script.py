@@ -31,5 +31,8 @@ for n in (1, 1000, 65537):
     dist.all_reduce(ref)  # the reference only
     assert torch.allclose(mine, ref, rtol=1e-5, atol=1e-5), f"rank {rank}: all_reduce of {n} differs"
 dist.barrier()
-print(f"cluster-ok rank {rank} hosts {list(topo.hosts)}", flush=True)
+# One write per line: print() writes the text and its newline apart, and two ranks of a host
+# share the pipe, so under load one rank's line could land between another's text and newline.
+sys.stdout.write(f"cluster-ok rank {rank} hosts {list(topo.hosts)}\n")
+sys.stdout.flush()
 dist.destroy_process_group()
