@@ -58,7 +58,7 @@ def test_case_shapes():
     assert rs.per == 1 and rs.count == 5 and rs.output.numel() == 1
     assert H.Case("all_reduce", 0, p=2, r=0).count == 0
     assert H.registry_name("all_gather") == "all_gather_into_tensor"
-    assert H.base_name("reduce_scatter_tensor") == "reduce_scatter"
+    assert cost.family("reduce_scatter_tensor") == "reduce_scatter"  # the one name rule (was H.base_name)
     g = H.Case("gather", 10, p=4, r=1)  # nccl-tests: the size is the root's whole buffer
     assert g.per == 2 and g.count == 8 and g.output.numel() == 8 and not g.has_result
     sc = H.Case("scatter", 10, p=4, r=1)

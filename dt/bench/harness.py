@@ -32,11 +32,12 @@ import torch.distributed as dist
 
 import dt
 from dt.collectives import barrier as dt_barrier
-from dt.cost.traffic import family
+from dt.collectives.registry import ALGORITHMS
+from dt.cost.records import FORMS, family
 from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 
-__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "base_name", "group_wires",
+__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "group_wires",
            "reduction_seconds_per_byte", "registry_name", "rotated", "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
@@ -46,21 +47,15 @@ IN_PLACE_ONLY = ("all_reduce", "broadcast", "reduce")  # torch's APIs for these 
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")  # p blocks of count // p
 ROOTED = ("broadcast", "reduce", "gather", "scatter")  # rank 0 is the root (nccl-tests' root 0)
 ROOT_RESULT = ("reduce", "gather")  # only the root's buffer holds a result
-# The tensor API each collective is timed through, as dt's registry names it.
-_REGISTRY = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor"}
 
 K = TypeVar("K", bound=Hashable)
 
 
-def base_name(collective: str) -> str:
-    """'all_gather_into_tensor' -> 'all_gather': the collective whatever API names it."""
-    return family(collective)
-
-
 def registry_name(collective: str) -> str:
-    """The name dt's registry and `auto` know the timed API by ('all_gather' -> ..._into_tensor)."""
-    base = base_name(collective)
-    return _REGISTRY.get(base, base)
+    """The name dt's registry and `auto` know the timed API by ('all_gather' -> ..._into_tensor):
+    the collective's tensor form where algorithms are registered for one (Case times that form)."""
+    base = family(collective)
+    return next((form for form, of in FORMS.items() if of == base and form in ALGORITHMS), base)
 
 
 def wire_group(name: str) -> Any:
@@ -108,7 +103,7 @@ class Case:
     def __init__(self, collective: str, count: int, dtype: torch.dtype = torch.float32,
                  op: str = "SUM", p: int | None = None, r: int | None = None,
                  shared: Any = None):
-        c = base_name(collective)
+        c = family(collective)
         if c not in COLLECTIVES:
             raise ValueError(f"no harness for {collective!r}; one of {COLLECTIVES}")
         self.p = dist.get_world_size() if p is None else p

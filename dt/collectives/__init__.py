@@ -81,7 +81,7 @@ from dt.collectives.one_shot import one_shot_all_reduce, one_shot_reduce_scatter
 from dt.collectives.one_shot_copy import one_shot_all_gather, one_shot_all_to_all, one_shot_broadcast
 from dt.collectives.ops import ReduceOp
 from dt.collectives.pairwise import pairwise_all_to_all
-from dt.collectives.registry import ALGORITHMS, register_aliases
+from dt.collectives.registry import ALGORITHMS
 from dt.collectives.ring import (
     reference_ring_all_reduce,
     ring_all_gather,
@@ -93,8 +93,6 @@ from dt.collectives.ring import (
 from dt.collectives.tree import binomial_broadcast, binomial_reduce, scatter_allgather_broadcast
 from dt.collectives.two_shot import two_shot_all_reduce
 from dt.transport import P2POp, batch_isend_irecv, irecv, isend, recv, send
-
-register_aliases()
 
 __all__ = [
     "ALGORITHMS",

@@ -44,11 +44,11 @@ from dt import cost
 from dt.args import env_rule
 from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
 from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
-from dt.cost.levels import LEVELED, Levels, two_level
+from dt.cost.levels import Levels, two_level
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine
 from dt.cost.machine import winners as saved_winners
-from dt.cost.traffic import family
+from dt.cost.records import LEVELED, family, record_for
 from dt.transport import Group
 
 
@@ -62,7 +62,7 @@ def _backend() -> str:
 
 
 def candidates(collective: str, shared_memory: bool | None = None) -> list[str]:
-    """Registered algorithms for `collective` the cost model can price, sorted by name.
+    """Registered algorithms for `collective` whose record has a formula, sorted by name.
 
     shared_memory: True on a group with a shared segment (load/store algorithms
     included), False elsewhere (excluded), None: all of them (for listing).
@@ -73,11 +73,8 @@ def candidates(collective: str, shared_memory: bool | None = None) -> list[str]:
             continue
         if shared_memory is False and needs_shared_memory(collective, name):
             continue
-        try:
-            cost.formula(collective, name, 1.0, 2)
-        except KeyError:
-            continue
-        out.append(name)
+        if record_for(collective, name).formula is not None:
+            out.append(name)
     return out
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from dt.collectives.registry import algorithm
+from dt import cost
+from dt.collectives.registry import algorithm, joined, tensor_forms
 from dt.collectives.ring import ring_all_gather
+from dt.cost import levels, textbook
 from dt.transport import Comm, default_device, resolve_group
 
 
@@ -43,14 +45,9 @@ def _bruck_gather(comm: Comm, output: torch.Tensor, input: torch.Tensor) -> None
     out[:r].copy_(rotated[p - r:])
 
 
-@algorithm("all_gather_into_tensor", "bruck")
-def bruck_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                 group: object = None) -> None:
-    """output = concatenation of every rank's equal-sized `input`, in rank order."""
-    _bruck_gather(Comm(resolve_group(group), "all_gather_into_tensor", "bruck"), output, input)
-
-
-@algorithm("all_gather", "bruck")
+@algorithm("all_gather", "bruck", formula=textbook.bruck_all_gather, levels=levels.bruck_all_gather,
+           traffic=lambda c: (cost.bruck_all_gather(c.blocks[0], c.itemsize, c.p) if len(set(c.blocks)) == 1
+                              else cost.ring_all_gather(c.blocks, c.itemsize, c.rank, c.segment_elems)))
 def bruck_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                      group: object = None) -> None:
     """tensor_list[i] = rank i's tensor, by Bruck, when every entry has the same length.
@@ -63,14 +60,19 @@ def bruck_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     if len(set(sizes)) > 1:
         ring_all_gather(tensor_list, tensor, g)
         return
-    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
+    flat = joined([t.view(-1) for t in tensor_list])  # tensor_forms' blocks: gathered in place
+    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device) if flat is None else flat
     _bruck_gather(Comm(g, "all_gather", "bruck"), out, tensor)
-    if sizes[0]:
+    if flat is None and sizes[0]:
         for t, part in zip(tensor_list, out.split(sizes[0])):
             t.view(-1).copy_(part)
 
 
-@algorithm("barrier", "dissemination")
+(bruck_all_gather_into_tensor,) = tensor_forms("bruck", all_gather=bruck_all_gather)
+
+
+@algorithm("barrier", "dissemination", formula=textbook.dissemination_barrier,
+           traffic=lambda c: cost.dissemination_barrier(c.p))
 def dissemination_barrier(group: object = None) -> None:
     """In round k every rank signals rank r+2^k and waits for rank r-2^k.
 

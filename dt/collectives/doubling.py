@@ -33,9 +33,11 @@ from collections.abc import Callable
 
 import torch
 
+from dt import cost
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
-from dt.collectives.registry import algorithm
+from dt.collectives.registry import algorithm, joined, tensor_forms
 from dt.collectives.scratch import scratch
+from dt.cost import levels, textbook
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, split_sizes
 from dt.transport import RECV, SEND, Comm, Group, Handle, resolve_group, topology_of
 
@@ -136,7 +138,9 @@ def _fold_out(comm: Comm, fold: Fold, flat: torch.Tensor, step: int) -> None:
         comm.send(flat, fold.partner)
 
 
-@algorithm("all_reduce", "recursive_doubling")
+@algorithm("all_reduce", "recursive_doubling", formula=textbook.recursive_doubling_all_reduce,
+           levels=levels.doubling_all_reduce,
+           traffic=lambda c: cost.recursive_doubling_all_reduce(c.n, c.itemsize, c.p, c.rank))
 def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
                                   group: object = None) -> None:
     """All-reduce in place by recursive doubling (whole buffer exchanged each step).
@@ -185,7 +189,9 @@ def spans_hosts(g: Group) -> bool:
     return g.size > 1 and topology_of(g).host_count > 1
 
 
-@algorithm("all_reduce", "rabenseifner")
+@algorithm("all_reduce", "rabenseifner", formula=textbook.rabenseifner_all_reduce,
+           levels=levels.doubling_all_reduce,
+           traffic=lambda c: cost.rabenseifner_all_reduce(c.n, c.itemsize, c.p, c.rank, c.spans_hosts))
 def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
                             group: object = None) -> None:
     """All-reduce in place: recursive-halving reduce-scatter + recursive-doubling all-gather.
@@ -306,34 +312,30 @@ def doubling_all_gather_flat(comm: Comm, out: torch.Tensor, sizes: list[int]) ->
         _fold_out(comm, fold, out, step)
 
 
-@algorithm("all_gather_into_tensor", "recursive_doubling")
-def recursive_doubling_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                              group: object = None) -> None:
-    """output = every rank's equal-sized input, in rank order, by recursive doubling.
-
-    Cost (dt.cost.recursive_doubling_all_gather): lg p' steps (+2 when p is
-    not a power of two); (p-1)/p n bytes sent per rank for a power of two.
-    """
-    comm = Comm(resolve_group(group), "all_gather_into_tensor", "recursive_doubling")
-    out, block = output.view(-1), input.numel()
-    out[comm.rank * block:(comm.rank + 1) * block].copy_(input.reshape(-1))
-    doubling_all_gather_flat(comm, out, [block] * comm.size)
-
-
-@algorithm("all_gather", "recursive_doubling")
+@algorithm("all_gather", "recursive_doubling", formula=textbook.recursive_doubling_all_gather,
+           levels=levels.recursive_doubling_all_gather,
+           traffic=lambda c: cost.recursive_doubling_all_gather(c.blocks, c.itemsize, c.rank))
 def recursive_doubling_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                                   group: object = None) -> None:
     """tensor_list[i] = rank i's tensor (entries may differ), by recursive doubling.
 
-    The blocks are gathered in one flat buffer (so each step is one message)
-    and copied out. Cost as recursive_doubling_all_gather_into_tensor, with n =
-    the sum of the entries.
+    The blocks are gathered in one flat buffer (so each step is one message):
+    the entries themselves when they lie back to back (the tensor form's), else
+    a buffer copied out. Cost (dt.cost.recursive_doubling_all_gather): lg p' steps
+    (+2 when p is not a power of two); (p-1)/p n bytes sent per rank for a power
+    of two, n = the sum of the entries.
     """
     comm = Comm(resolve_group(group), "all_gather", "recursive_doubling")
     sizes = [t.numel() for t in tensor_list]
-    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device)
+    flat = joined([t.view(-1) for t in tensor_list])
+    out = torch.empty(sum(sizes), dtype=tensor.dtype, device=tensor.device) if flat is None else flat
     parts = list(out.split(sizes))
     parts[comm.rank].copy_(tensor.reshape(-1))
     doubling_all_gather_flat(comm, out, sizes)
-    for t, part in zip(tensor_list, parts):
-        t.view(-1).copy_(part)
+    if flat is None:
+        for t, part in zip(tensor_list, parts):
+            t.view(-1).copy_(part)
+
+
+(recursive_doubling_all_gather_into_tensor,) = tensor_forms("recursive_doubling",
+                                                            all_gather=recursive_doubling_all_gather)

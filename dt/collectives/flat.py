@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import torch
 
+from dt import cost
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
+from dt.cost import levels, textbook
 from dt.transport import Comm, resolve_group
 
 
-@algorithm("reduce", "flat")
+@algorithm("reduce", "flat", aliases=("naive",), formula=textbook.flat_reduce,
+           traffic=lambda c: cost.flat_reduce(c.n, c.itemsize, c.p, c.rank, c.root))
 def flat_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
                 group: object = None) -> None:
     """Every rank sends its tensor to `dst`, which reduces them in rank order.
@@ -50,7 +53,8 @@ def flat_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
     finish(flat, name, comm.size)
 
 
-@algorithm("broadcast", "flat")
+@algorithm("broadcast", "flat", aliases=("naive",), formula=textbook.flat_broadcast,
+           traffic=lambda c: cost.flat_broadcast(c.n, c.itemsize, c.p, c.rank, c.root))
 def flat_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
     """The root sends the whole tensor to each rank in turn (all posted at once).
 
@@ -70,7 +74,8 @@ def flat_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None
         comm.recv(flat, root)
 
 
-@algorithm("all_reduce", "naive")
+@algorithm("all_reduce", "naive", formula=textbook.naive_all_reduce, levels=levels.naive_all_reduce,
+           traffic=lambda c: cost.naive_all_reduce(c.n, c.itemsize, c.p, c.rank))
 def naive_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """Reduce to group rank 0, then broadcast from it.
 
@@ -84,7 +89,8 @@ def naive_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: obj
     flat_broadcast(tensor, root, group=g)
 
 
-@algorithm("gather", "flat")
+@algorithm("gather", "flat", aliases=("naive",), formula=textbook.flat_gather,
+           traffic=lambda c: cost.flat_gather(c.blocks, c.itemsize, c.rank, c.root))
 def flat_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int,
                 group: object = None) -> None:
     """Every rank sends its tensor to `dst`, which receives them all at once.
@@ -106,7 +112,8 @@ def flat_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, ds
         h.wait()
 
 
-@algorithm("scatter", "flat")
+@algorithm("scatter", "flat", aliases=("naive",), formula=textbook.flat_gather,
+           traffic=lambda c: cost.flat_scatter(c.blocks, c.itemsize, c.rank, c.root))
 def flat_scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int,
                  group: object = None) -> None:
     """The root sends entry i of scatter_list to rank i (all posted at once).

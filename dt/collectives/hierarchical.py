@@ -37,6 +37,8 @@ from dt.collectives.ops import ReduceOp, finish, op_name
 from dt.collectives.registry import algorithm, tensor_forms
 from dt.collectives.ring_engine import ring_pass
 from dt.collectives.scratch import scratch
+from dt.cost import levels
+from dt.cost.traffic import hierarchical_traffic
 from dt.hosts import collected_by, delivery, members, owned, pieces, runs
 from dt.layout import edges, split_sizes
 from dt.transport import Comm, Group, part, resolve_group, topology_of
@@ -54,7 +56,7 @@ def _rail(g: Group, owners: tuple[int, ...], collective: str) -> Comm:
     return Comm(part(g, owners), collective, "hierarchical:rail")
 
 
-@algorithm("all_reduce", "hierarchical")
+@algorithm("all_reduce", "hierarchical", traffic=hierarchical_traffic, levels=levels.hierarchical)
 def hierarchical_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """All-reduce in place: reduce-scatter in the host, all-reduce on rails across hosts, all-gather.
 
@@ -96,7 +98,7 @@ def _views(buf: torch.Tensor, pack: list[int], numels: list[int]) -> dict[int, t
     return out
 
 
-@algorithm("reduce_scatter", "hierarchical")
+@algorithm("reduce_scatter", "hierarchical", traffic=hierarchical_traffic, levels=levels.hierarchical)
 def hierarchical_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                                 op: object = ReduceOp.SUM, group: object = None) -> None:
     """output on rank r = reduction of input_list[r]: reduce-scatter in the host, then across hosts.
@@ -131,7 +133,7 @@ def hierarchical_reduce_scatter(output: torch.Tensor, input_list: list[torch.Ten
     finish(out, name, g.size)
 
 
-@algorithm("all_gather", "hierarchical")
+@algorithm("all_gather", "hierarchical", traffic=hierarchical_traffic, levels=levels.hierarchical)
 def hierarchical_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                             group: object = None) -> None:
     """All-gather across hosts among the owners of each rail, then inside each host.

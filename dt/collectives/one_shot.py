@@ -33,8 +33,10 @@ import torch
 
 from dt import transport
 from dt.collectives.ops import ReduceOp, finish, op_name, reduce_rows
-from dt.collectives.registry import algorithm
+from dt.collectives.registry import algorithm, joined, tensor_forms
 from dt.collectives.scratch import scratch
+from dt.cost import loadstore
+from dt.cost.loadstore import loadstore_traffic
 from dt.layout import edges, rounds
 from dt.transport import resolve_group
 
@@ -91,7 +93,9 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
     return run
 
 
-@algorithm("all_reduce", "one_shot", shared_memory=True, prepare=prepare_all_reduce)
+@algorithm("all_reduce", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_all_reduce,
+           prepare=prepare_all_reduce)
 def one_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """Every rank copies its tensor into staging, syncs, and reduces all p copies into its own.
 
@@ -116,7 +120,8 @@ def one_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: 
                 call.count(j, sent=(hi - lo) * isz, received=(hi - lo) * isz)
 
 
-@algorithm("reduce", "one_shot", shared_memory=True)
+@algorithm("reduce", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_reduce)
 def one_shot_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
                     group: object = None) -> None:
     """Every rank publishes its tensor; the root reduces all p into its own after one sync.
@@ -191,7 +196,8 @@ def reduce_scatter_blocks(call: Any, output: torch.Tensor, blocks: list[torch.Te
     call.finish()
 
 
-@algorithm("reduce_scatter", "one_shot", shared_memory=True)
+@algorithm("reduce_scatter", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_reduce_scatter)
 def one_shot_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                             op: object = ReduceOp.SUM, group: object = None) -> None:
     """Rank r reduces block r of every rank's input_list (blocks may differ in length).
@@ -207,38 +213,14 @@ def one_shot_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor]
         return
     call = transport.board(g, "reduce_scatter", "one_shot")
     blocks = [t.reshape(-1) for t in input_list]
-    reduce_scatter_blocks(call, output, blocks, _joined(blocks), name, g.rank)
+    reduce_scatter_blocks(call, output, blocks, joined(blocks), name, g.rank)
 
 
-def _joined(blocks: list[torch.Tensor]) -> torch.Tensor | None:
-    """One tensor over all the blocks when they lie back to back in memory (ZeRO's flat
-    gradients split into shards), so a shared allocation can be read in place; else None."""
-    if not blocks or not all(b.is_contiguous() for b in blocks):
-        return None
-    isz, at = blocks[0].element_size(), blocks[0].data_ptr()
-    for b in blocks:
-        if b.data_ptr() != at and b.numel():
-            return None
-        at += b.numel() * isz
-    return blocks[0].as_strided((sum(b.numel() for b in blocks),), (1,))
+tensor_forms("one_shot", reduce_scatter=one_shot_reduce_scatter, shared_memory=True)
 
 
-@algorithm("reduce_scatter_tensor", "one_shot", shared_memory=True)
-def one_shot_reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor,
-                                   op: object = ReduceOp.SUM, group: object = None) -> None:
-    """reduce_scatter of p equal slices of `input`; zero-copy when `input` is dt.shm_empty's."""
-    g = resolve_group(group)
-    name, n = op_name(op), output.numel()
-    flat = input.reshape(-1)
-    if g.size == 1:
-        output.view(-1).copy_(flat)
-        return
-    call = transport.board(g, "reduce_scatter_tensor", "one_shot")
-    reduce_scatter_blocks(call, output, [flat[i * n:(i + 1) * n] for i in range(g.size)], flat,
-                          name, g.rank)
-
-
-@algorithm("barrier", "one_shot", shared_memory=True)
+@algorithm("barrier", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_barrier)
 def one_shot_barrier(group: object = None) -> None:
     """Every rank arrives and waits for all: one sync, no data. Cost: 1 sync."""
     g = resolve_group(group)

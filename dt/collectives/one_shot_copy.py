@@ -25,7 +25,9 @@ from typing import Any
 import torch
 
 from dt import transport
-from dt.collectives.registry import algorithm
+from dt.collectives.registry import algorithm, tensor_forms
+from dt.cost import loadstore
+from dt.cost.loadstore import loadstore_traffic
 from dt.layout import TABLE_BYTES, rounds, table_elems
 from dt.transport import resolve_group
 
@@ -54,7 +56,8 @@ def gather_blocks(call: Any, outputs: list[torch.Tensor], mine: torch.Tensor, me
     call.finish()
 
 
-@algorithm("all_gather", "one_shot", shared_memory=True)
+@algorithm("all_gather", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_all_gather)
 def one_shot_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                         group: object = None) -> None:
     """tensor_list[j] = rank j's tensor, copied straight out of rank j's published buffer.
@@ -69,21 +72,11 @@ def one_shot_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
     gather_blocks(transport.board(g, "all_gather", "one_shot"), outputs, tensor.reshape(-1), g.rank)
 
 
-@algorithm("all_gather_into_tensor", "one_shot", shared_memory=True)
-def one_shot_all_gather_into_tensor(output: torch.Tensor, input: torch.Tensor,
-                                    group: object = None) -> None:
-    """output = every rank's equal-sized input in rank order; zero-copy from dt.shm_empty inputs."""
-    g = resolve_group(group)
-    n, flat = input.numel(), output.view(-1)
-    outputs = [flat[i * n:(i + 1) * n] for i in range(g.size)]
-    if g.size == 1:
-        outputs[0].copy_(input.reshape(-1))
-        return
-    gather_blocks(transport.board(g, "all_gather_into_tensor", "one_shot"), outputs,
-                  input.reshape(-1), g.rank)
+tensor_forms("one_shot", all_gather=one_shot_all_gather, shared_memory=True)
 
 
-@algorithm("broadcast", "one_shot", shared_memory=True)
+@algorithm("broadcast", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_broadcast)
 def one_shot_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
     """The root publishes its tensor; every other rank copies it after one sync.
 
@@ -162,7 +155,8 @@ def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
     return None if t is None else t.reshape(-1)
 
 
-@algorithm("all_to_all", "one_shot", shared_memory=True)
+@algorithm("all_to_all", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_all_to_all)
 def one_shot_all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor],
                         group: object = None) -> None:
     """output_list[j] on rank r = input_list[r] of rank j, each copied once out of rank j's area.
@@ -178,7 +172,8 @@ def one_shot_all_to_all(output_list: list[torch.Tensor], input_list: list[torch.
     exchange(call, [_flat(t) for t in input_list], outs, g.rank, outs[0].dtype)
 
 
-@algorithm("gather", "one_shot", shared_memory=True)
+@algorithm("gather", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_gather)
 def one_shot_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int,
                     group: object = None) -> None:
     """Every rank publishes its tensor; the root copies each out. Cost: 1 sync per round."""
@@ -193,7 +188,8 @@ def one_shot_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None
     exchange(transport.board(g, "gather", "one_shot"), sends, recvs, me, tensor.dtype)
 
 
-@algorithm("scatter", "one_shot", shared_memory=True)
+@algorithm("scatter", "one_shot", shared_memory=True,
+           traffic=loadstore_traffic, formula=loadstore.one_shot_gather)
 def one_shot_scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int,
                      group: object = None) -> None:
     """The root publishes every rank's piece; each copies its own. Cost: 1 sync per round."""

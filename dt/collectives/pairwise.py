@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import torch
 
+from dt import cost
 from dt.collectives.registry import algorithm
+from dt.cost import textbook
 from dt.transport import Comm, resolve_group
 
 
-@algorithm("all_to_all", "pairwise")
+@algorithm("all_to_all", "pairwise", formula=textbook.pairwise_all_to_all,
+           traffic=lambda c: cost.pairwise_all_to_all(c.blocks, c.received_blocks, c.itemsize, c.rank))
 def pairwise_all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor],
                         group: object = None) -> None:
     """output_list[j] on rank r receives input_list[r] of rank j (blocks may differ in length)."""

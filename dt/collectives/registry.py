@@ -1,21 +1,36 @@
-"""Algorithms by name: what `algorithm=` in the dispatchers chooses from.
+"""Algorithms by name: what `algorithm=` in the dispatchers chooses from, and what each costs.
 
 Each algorithm is a plain function with torch.distributed's signature for
 its collective (e.g. `ring_all_reduce(tensor, op=ReduceOp.SUM, group=None)`),
-registered with `@algorithm("all_reduce", "ring")`. Called directly, it runs
-with no cross-rank validation and no async; through the dispatcher it gets
-both. Its traffic is charged to its collective either way.
+registered with one record beside it:
+
+    @algorithm("all_reduce", "ring", traffic=..., formula=textbook.ring_all_reduce,
+               levels=levels.ring_all_reduce)
+
+Called directly, it runs with no cross-rank validation and no async; through
+the dispatcher it gets both. Its traffic is charged to its collective either way.
+
+The record's arithmetic lives in dt.cost (cost is below collectives in the layer
+order, and dt.cost must not import dt.collectives): `traffic` takes a
+dt.cost.records.Call and returns the exact per-rank RankTraffic, `formula` the
+textbook (steps, bytes, reduced bytes), `levels` the two-level schedule. The
+decorator hands them down to dt.cost.records, the one table `traffic_for`,
+`formula`, `schedule`, LEVELED and `auto`'s candidates all read; so the arrow
+points one way (collectives -> cost), and an algorithm is added in its own file
+only. A tensor form (`all_gather_into_tensor` ...) is priced as its collective's
+record (dt.cost.family); `tensor_forms` makes it from the list form.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from dt import args, transport
 from dt.collectives.ops import ReduceOp
-from dt.cost.traffic import ALIASES
+from dt.cost import records
+from dt.cost.records import ALIASES, COSTS, CostRecord, Formula, Schedule, Traffic, family
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -27,12 +42,18 @@ SHARED_MEMORY: set[tuple[str, str]] = set()
 # shape on a connected group, the callable that does only the per-call work; None where it cannot.
 Prepare = Callable[[Any, int, Any, str], "Callable[[Any], None] | None"]
 PREPARED: dict[tuple[str, str], Prepare] = {}
+POINT_TO_POINT = ("shm", "torch")  # the wires a point-to-point algorithm runs on (dt.transport)
 
 
-def algorithm(collective: str, name: str, *, shared_memory: bool = False,
+def algorithm(collective: str, name: str, *, traffic: Traffic | None = None, formula: Formula | None = None,
+              levels: Schedule | None = None, aliases: tuple[str, ...] = (), shared_memory: bool = False,
               prepare: Prepare | None = None) -> Callable[[F], F]:
-    """Register fn as `algorithm=name` of `collective` (shared_memory: a load/store algorithm;
-    prepare: its fast path's maker, see dt.collectives.plan)."""
+    """Register fn as `algorithm=name` of `collective`, with its cost record.
+
+    traffic, formula, levels: dt.cost's functions for it (see the module doc; a tensor
+    form takes its collective's); aliases: other names that select it; shared_memory: a
+    load/store algorithm; prepare: its fast path's maker, see dt.collectives.plan.
+    """
 
     def register(fn: F) -> F:
         if shared_memory:
@@ -45,7 +66,12 @@ def algorithm(collective: str, name: str, *, shared_memory: bool = False,
             with transport.charged_to(collective, name):
                 return fn(*args, **kwargs)
 
-        ALGORITHMS.setdefault(collective, {})[name] = charged
+        table = ALGORITHMS.setdefault(collective, {})
+        for each in (name, *aliases):
+            table[each] = charged
+        if family(collective) == collective:
+            wires = ("shm",) if shared_memory else POINT_TO_POINT
+            records.register(CostRecord(collective, name, traffic, formula, levels, wires), aliases)
         return charged  # type: ignore[return-value]
 
     return register
@@ -57,9 +83,15 @@ def equal_blocks(flat: Any, block: int, p: int) -> list[Any]:
 
 
 def tensor_forms(name: str, *, all_gather: Callable[..., Any] | None = None,
-                 reduce_scatter: Callable[..., Any] | None = None) -> None:
+                 reduce_scatter: Callable[..., Any] | None = None,
+                 shared_memory: bool = False) -> tuple[Callable[..., Any], ...]:
     """Register algorithm `name` of all_gather_into_tensor / reduce_scatter_tensor as its list
-    form run on p equal blocks of the flat tensor: the one adapter from list to tensor form."""
+    form run on p equal blocks of the flat tensor: the one adapter from list to tensor form.
+
+    The blocks are views that lie back to back, so a list form that gathers into (or reads
+    from) one flat buffer can use the tensor itself (`joined`). Returns the registered
+    forms (all-gather's, then reduce-scatter's)."""
+    made = []
     if all_gather is not None:
         gather = all_gather
 
@@ -68,7 +100,8 @@ def tensor_forms(name: str, *, all_gather: Callable[..., Any] | None = None,
             gather(equal_blocks(output.view(-1), input.numel(), p), input, group)
 
         all_gather_into_tensor.__name__ = f"{name}_all_gather_into_tensor"
-        algorithm("all_gather_into_tensor", name)(all_gather_into_tensor)
+        made.append(algorithm("all_gather_into_tensor", name,
+                              shared_memory=shared_memory)(all_gather_into_tensor))
     if reduce_scatter is not None:
         scatter = reduce_scatter
 
@@ -78,18 +111,50 @@ def tensor_forms(name: str, *, all_gather: Callable[..., Any] | None = None,
             scatter(output, equal_blocks(input.view(-1), output.numel(), p), op, group)
 
         reduce_scatter_tensor.__name__ = f"{name}_reduce_scatter_tensor"
-        algorithm("reduce_scatter_tensor", name)(reduce_scatter_tensor)
+        made.append(algorithm("reduce_scatter_tensor", name,
+                              shared_memory=shared_memory)(reduce_scatter_tensor))
+    return tuple(made)
 
 
-def register_aliases() -> None:
-    """Make each alias in dt.cost.ALIASES ("naive" broadcast = "flat") selectable by name.
+def joined(blocks: list[Any]) -> Any:
+    """One flat tensor over all the blocks when they lie back to back in memory (the views
+    `tensor_forms` passes; ZeRO's flat gradients split into shards), so a list form can work
+    in that memory directly; else None."""
+    if not blocks or not all(b.is_contiguous() for b in blocks):
+        return None
+    isz, at = blocks[0].element_size(), blocks[0].data_ptr()
+    for b in blocks:
+        if b.data_ptr() != at and b.numel():
+            return None
+        at += b.numel() * isz
+    return blocks[0].as_strided((sum(b.numel() for b in blocks),), (1,))
 
-    Called once every algorithm is registered (dt/collectives/__init__.py).
+
+def unpriced(algorithms: Mapping[str, Mapping[str, Any]] | None = None,
+             costs: Mapping[tuple[str, str], CostRecord] | None = None) -> list[str]:
+    """What the registry and the cost tables disagree on, one line each (empty: they agree).
+
+    Every registered algorithm needs a record with its exact traffic and a price (a
+    textbook formula, or a two-level schedule); every record must name a registered
+    algorithm. Defaults: this registry and dt.cost's table.
     """
-    for (collective, alias), target in ALIASES.items():
-        table = ALGORITHMS.get(collective, {})
-        if target in table:
-            table[alias] = table[target]
+    algorithms = ALGORITHMS if algorithms is None else algorithms
+    costs = COSTS if costs is None else costs
+    wrong = []
+    for collective in sorted(algorithms):
+        base = family(collective)
+        for name in sorted(algorithms[collective]):
+            record = costs.get((base, ALIASES.get((base, name), name)))
+            if record is None:
+                wrong.append(f"{collective} {name}: registered without a cost record")
+            elif record.traffic is None:
+                wrong.append(f"{collective} {name}: registered without traffic=")
+            elif record.formula is None and record.levels is None:
+                wrong.append(f"{collective} {name}: registered without formula= (or levels=)")
+    for collective, name in sorted(costs):
+        if name not in algorithms.get(collective, {}):
+            wrong.append(f"{collective} {name}: a cost record names no registered algorithm")
+    return wrong
 
 
 def needs_shared_memory(collective: str, name: str) -> bool:

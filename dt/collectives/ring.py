@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import torch
 
+from dt import cost
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm, tensor_forms
 from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES, ring_pass, segments
 from dt.collectives.scratch import scratch as scratch_buffer
+from dt.cost import levels, textbook
 from dt.layout import split_sizes
 from dt.transport import RECV, SEND, Comm, resolve_group
 
@@ -69,7 +71,8 @@ def _flat_chunks(flat: torch.Tensor, sizes: list[int]) -> list[torch.Tensor]:
     return list(flat.split(sizes))
 
 
-@algorithm("all_reduce", "ring")
+@algorithm("all_reduce", "ring", formula=textbook.ring_all_reduce, levels=levels.ring_all_reduce,
+           traffic=lambda c: cost.ring_all_reduce(c.n, c.itemsize, c.p, c.rank, c.segment_elems))
 def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None,
                     *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
     """Ring all-reduce in place: reduce-scatter then all-gather, one ring_pass of two laps.
@@ -82,7 +85,8 @@ def ring_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: obje
     ring_pass(comm, chunks, first=-1, op=op_name(op), segment_bytes=segment_bytes, laps=2)
 
 
-@algorithm("reduce_scatter", "ring")
+@algorithm("reduce_scatter", "ring", formula=textbook.ring_reduce_scatter, levels=levels.ring_reduce_scatter,
+           traffic=lambda c: cost.ring_reduce_scatter(c.blocks, c.itemsize, c.rank, c.segment_elems))
 def ring_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                         op: object = ReduceOp.SUM, group: object = None,
                         *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
@@ -105,7 +109,8 @@ def ring_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
         output.view(-1).copy_(sources[0])
 
 
-@algorithm("all_gather", "ring")
+@algorithm("all_gather", "ring", formula=textbook.ring_all_gather, levels=levels.ring_all_gather,
+           traffic=lambda c: cost.ring_all_gather(c.blocks, c.itemsize, c.rank, c.segment_elems))
 def ring_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: object = None,
                     *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
     """Ring all-gather into tensor_list (entries may differ in length).
@@ -120,7 +125,8 @@ def ring_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group
     ring_pass(comm, chunks, first=0, segment_bytes=segment_bytes)
 
 
-@algorithm("broadcast", "ring")
+@algorithm("broadcast", "ring", formula=textbook.ring_broadcast,
+           traffic=lambda c: cost.ring_broadcast(c.n, c.itemsize, c.p, c.rank, c.root, c.segment_elems))
 def ring_broadcast(tensor: torch.Tensor, src: int, group: object = None,
                    *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
     """Pipelined chain from `src` (a global rank) along the ring.

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import torch
 
+from dt import cost
 from dt.collectives.ops import ReduceOp, combine, finish, op_name
 from dt.collectives.registry import algorithm
 from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES, ring_pass
 from dt.collectives.scratch import scratch
+from dt.cost import textbook
 from dt.layout import children, edges, lowest_bit, split_sizes
 from dt.transport import Comm, resolve_group
 
 
-@algorithm("broadcast", "binomial")
+@algorithm("broadcast", "binomial", formula=textbook.binomial_broadcast,
+           traffic=lambda c: cost.binomial_broadcast(c.n, c.itemsize, c.p, c.rank, c.root))
 def binomial_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
     """Broadcast from `src` (a global rank) down a binomial tree.
 
@@ -56,7 +59,8 @@ def binomial_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> 
         h.wait()
 
 
-@algorithm("reduce", "binomial")
+@algorithm("reduce", "binomial", formula=textbook.binomial_reduce,
+           traffic=lambda c: cost.binomial_reduce(c.n, c.itemsize, c.p, c.rank, c.root))
 def binomial_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
                     group: object = None) -> None:
     """Reduce onto `dst` (a global rank) up a binomial tree; only dst's tensor is written.
@@ -96,7 +100,9 @@ def binomial_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
         finish(acc, name, p)
 
 
-@algorithm("broadcast", "scatter_allgather")
+@algorithm("broadcast", "scatter_allgather", formula=textbook.scatter_allgather_broadcast,
+           traffic=lambda c: cost.scatter_allgather_broadcast(c.n, c.itemsize, c.p, c.rank, c.root,
+                                                              c.segment_elems))
 def scatter_allgather_broadcast(tensor: torch.Tensor, src: int, group: object = None,
                                 *, segment_bytes: int = DEFAULT_SEGMENT_BYTES) -> None:
     """Broadcast from `src`: binomial scatter of p pieces, then ring all-gather.

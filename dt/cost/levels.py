@@ -39,17 +39,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dt.cost.machine import Machine
+from dt.cost.records import LEVELED, Call, call_of, record_for
 from dt.hosts import members, phases
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, ring_received, split_sizes
 
-__all__ = ["LEVELED", "Levels", "nics_from", "TwoLevelEstimate", "level_bytes", "schedule", "two_level"]
+__all__ = ["LEVELED", "Levels", "nics_from", "TwoLevelEstimate", "level_bytes", "schedule", "two_level",
+           "hierarchical", "naive_all_reduce", "doubling_all_reduce", "bruck_all_gather",
+           "recursive_doubling_all_gather", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
 Message = tuple[int, int, int]  # (sender, receiver, bytes): group ranks
 Step = tuple[list[Message], bool]  # the step's messages; whether it reduces what it receives
-
-LEVELED = {"all_reduce": ("hierarchical", "naive", "rabenseifner", "recursive_doubling", "ring"),
-           "reduce_scatter": ("hierarchical", "ring"),
-           "all_gather": ("bruck", "hierarchical", "recursive_doubling", "ring")}
 
 
 @dataclass(frozen=True)
@@ -134,60 +133,84 @@ def schedule(collective: str, algorithm: str, numels: int | list[int], itemsize:
     """Every message of one call, step by step, as the algorithm posts it (all ranks).
 
     numels: the buffer's elements (all_reduce); every rank's block, or one int for
-    equal blocks (reduce_scatter, all_gather).
+    equal blocks (reduce_scatter, all_gather). The algorithm's record (`levels=`,
+    declared beside it) names the function below that lists them.
     """
-    p = len(hosts)
-    blocks = [numels] * p if isinstance(numels, int) else list(numels)
-    n = numels if collective == "all_reduce" and isinstance(numels, int) else sum(blocks)
-    if p == 1:
+    if len(hosts) == 1:
         return []
-    if algorithm == "hierarchical":
-        return _hierarchical(collective, [n] if collective == "all_reduce" else blocks, itemsize, hosts)
-    ranks = tuple(range(p))
-    if collective == "all_reduce" and algorithm == "ring":
-        return _ring(ranks, split_sizes(n, p), itemsize, -1, 2, True)
-    if collective == "reduce_scatter" and algorithm == "ring":
-        return _ring(ranks, blocks, itemsize, -1, 1, True)
-    if collective == "all_gather" and algorithm == "ring":
-        return _ring(ranks, blocks, itemsize, 0, 1, False)
-    if collective == "all_reduce" and algorithm == "naive":
-        nb = n * itemsize
-        return [([(r, 0, nb) for r in range(1, p)], True), ([(0, r, nb) for r in range(1, p)], False)]
-    if collective == "all_gather" and algorithm == "bruck":
-        out, d = [], 1
-        while d < p:
-            out.append(([(r, (r - d) % p, min(d, p - d) * blocks[0] * itemsize) for r in range(p)], False))
-            d *= 2
-        return out
+    listed = record_for(collective, algorithm).levels
+    if listed is None:
+        raise KeyError(f"no two-level schedule for {collective} {algorithm}")
+    return listed(call_of(collective, algorithm, numels, itemsize, len(hosts), 0, hosts=hosts))
+
+
+# The `levels=` of each algorithm's record: its messages, every rank's, step by step.
+
+def hierarchical(c: Call) -> list[Step]:
+    """Rings inside each host and on the rails (dt.hosts.phases)."""
+    return _hierarchical(c.collective, [c.n] if c.collective == "all_reduce" else c.blocks, c.itemsize,
+                         c.placed)
+
+
+def ring_all_reduce(c: Call) -> list[Step]:
+    return _ring(tuple(range(c.p)), split_sizes(c.n, c.p), c.itemsize, -1, 2, True)
+
+
+def ring_reduce_scatter(c: Call) -> list[Step]:
+    return _ring(tuple(range(c.p)), c.blocks, c.itemsize, -1, 1, True)
+
+
+def ring_all_gather(c: Call) -> list[Step]:
+    return _ring(tuple(range(c.p)), c.blocks, c.itemsize, 0, 1, False)
+
+
+def naive_all_reduce(c: Call) -> list[Step]:
+    nb = c.n * c.itemsize
+    return [([(r, 0, nb) for r in range(1, c.p)], True), ([(0, r, nb) for r in range(1, c.p)], False)]
+
+
+def bruck_all_gather(c: Call) -> list[Step]:
+    out, d, p = [], 1, c.p
+    while d < p:
+        out.append(([(r, (r - d) % p, min(d, p - d) * c.blocks[0] * c.itemsize) for r in range(p)], False))
+        d *= 2
+    return out
+
+
+def doubling_all_reduce(c: Call) -> list[Step]:
+    """Recursive doubling (whole buffer each round) or Rabenseifner (halving, then doubling)."""
+    p, n, itemsize = c.p, c.n, c.itemsize
+    fold = Fold(p, 0)
+    # partner order reversed across hosts, as the collectives run it
+    virtual = [Fold(p, 0, c.spans_hosts).real(v) for v in range(fold.p2)]
+    nb = n * itemsize
+    fin, fout = _fold_steps(p, [nb] * p, nb, True)
+    if c.algorithm == "recursive_doubling":
+        body = [([(virtual[v], virtual[v ^ (1 << k)], nb) for v in range(fold.p2)], True)
+                for k in range(fold.rounds)]
+    else:
+        e = edges(split_sizes(n, fold.p2))
+        plans = [halving_doubling(v, fold.p2) for v in range(fold.p2)]
+        body = []
+        for k in range(2 * fold.rounds):
+            msgs = []
+            for v in range(fold.p2):
+                st = (plans[v][0] + plans[v][1])[k]
+                msgs.append((virtual[v], virtual[st.peer], (e[st.mine[1]] - e[st.mine[0]]) * itemsize))
+            body.append((msgs, k < fold.rounds))
+    return fin + body + fout
+
+
+def recursive_doubling_all_gather(c: Call) -> list[Step]:
+    p, blocks, itemsize = c.p, c.blocks, c.itemsize
     fold = Fold(p, 0)
     virtual = [fold.real(v) for v in range(fold.p2)]
-    if collective == "all_reduce" and algorithm in ("recursive_doubling", "rabenseifner"):
-        spans = len(set(hosts)) > 1  # partner order reversed across hosts, as the collectives run it
-        virtual = [Fold(p, 0, spans).real(v) for v in range(fold.p2)]
-        nb = n * itemsize
-        fin, fout = _fold_steps(p, [nb] * p, nb, True)
-        if algorithm == "recursive_doubling":
-            body = [([(virtual[v], virtual[v ^ (1 << k)], nb) for v in range(fold.p2)], True)
-                    for k in range(fold.rounds)]
-        else:
-            e = edges(split_sizes(n, fold.p2))
-            plans = [halving_doubling(v, fold.p2) for v in range(fold.p2)]
-            body = []
-            for k in range(2 * fold.rounds):
-                msgs = []
-                for v in range(fold.p2):
-                    st = (plans[v][0] + plans[v][1])[k]
-                    msgs.append((virtual[v], virtual[st.peer], (e[st.mine[1]] - e[st.mine[0]]) * itemsize))
-                body.append((msgs, k < fold.rounds))
-        return fin + body + fout
-    if collective == "all_gather" and algorithm == "recursive_doubling":
-        e = edges(blocks)
-        fin, fout = _fold_steps(p, [b * itemsize for b in blocks], n * itemsize, False)
-        body = [([(virtual[v], virtual[st.peer], (e[fold.lo(st.mine[1])] - e[fold.lo(st.mine[0])]) * itemsize)
-                  for v in range(fold.p2) for st in [doubling_gather(v, fold.p2)[k]]], False)
-                for k in range(fold.rounds)]
-        return fin + body + fout
-    raise KeyError(f"no two-level schedule for {collective} {algorithm}")
+    e = edges(blocks)
+    fin, fout = _fold_steps(p, [b * itemsize for b in blocks], sum(blocks) * itemsize, False)
+    body = [([(virtual[v], virtual[st.peer], (e[fold.lo(st.mine[1])] - e[fold.lo(st.mine[0])]) * itemsize)
+              for v in range(fold.p2) for st in [doubling_gather(v, fold.p2)[k]]], False)
+            for k in range(fold.rounds)]
+    return fin + body + fout
 
 
 def level_bytes(steps: list[Step], hosts: tuple[int, ...]) -> dict[str, list[int]]:

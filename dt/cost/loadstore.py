@@ -12,7 +12,7 @@ counts, on the "shm" wire,
 A buffer larger than a staging half (`stage_bytes`; None: unbounded) goes
 in rounds, cut by the same dt.layout functions the algorithms use.
 
-Time (`loadstore_formula`): steps are priced at the machine's `sync` (one
+Time (the formulas below, each its record's `formula`): steps are priced at the machine's `sync` (one
 shared-memory synchronisation), bytes at `mem` (seconds per byte of memcpy:
 the physical bound), reduced bytes at gamma. The bytes are what a rank
 moves on its critical path: its copy into staging (a user tensor is copied
@@ -28,16 +28,12 @@ from __future__ import annotations
 
 import math
 
+from dt.cost.records import Call, Counts, RankTraffic
 from dt.layout import rounds, split_sizes, table_elems
 
-__all__ = ["LOADSTORE", "loadstore_formula", "loadstore_traffic"]
-
-LOADSTORE = {
-    ("all_reduce", "one_shot"), ("all_reduce", "two_shot"), ("reduce", "one_shot"),
-    ("reduce_scatter", "one_shot"), ("all_gather", "one_shot"), ("broadcast", "one_shot"),
-    ("all_to_all", "one_shot"), ("gather", "one_shot"), ("scatter", "one_shot"),
-    ("barrier", "one_shot"),
-}
+__all__ = ["loadstore_traffic", "one_shot_all_gather", "one_shot_all_reduce", "one_shot_all_to_all",
+           "one_shot_barrier", "one_shot_broadcast", "one_shot_gather", "one_shot_reduce",
+           "one_shot_reduce_scatter", "two_shot_all_reduce"]
 
 
 class _Count:
@@ -107,23 +103,23 @@ def _exchange(c: _Count, send: list[int], recv: list[int], rank: int, per: int) 
                 c.peer(max(0, min(per, send[j] - lo)), max(0, min(per, recv[j] - lo)))
 
 
-def loadstore_traffic(base: str, algorithm: str, n: int, blocks: list[int], itemsize: int, p: int,
-                      rank: int, root: int = 0, stage_bytes: int | None = None,
-                      recv: list[int] | None = None) -> tuple[int, int, int, int, int]:
-    """(bytes_sent, bytes_received, messages_sent, messages_received, steps) of one call.
+def loadstore_traffic(call: Call) -> RankTraffic:
+    """The traffic record of every load/store algorithm: one call's reads, as dt.traffic() counts.
 
-    n: the tensor's elements (all_reduce, reduce, broadcast); blocks: every rank's
+    call.n: the tensor's elements (all_reduce, reduce, broadcast); call.blocks: every rank's
     block (all_gather, reduce_scatter, gather, scatter) or this rank's send blocks
-    (all_to_all, with `recv` its receive blocks).
+    (all_to_all, with call.recv_numels its receive blocks).
     """
-    c = _Count(itemsize)
+    base, n, blocks, p, rank, root = call.collective, call.n, call.blocks, call.p, call.rank, call.root
+    stage_bytes, recv = call.stage_bytes, call.recv_numels
+    c = _Count(call.itemsize)
     if p == 1:
-        return 0, 0, 0, 0, 0
-    key = (base, algorithm)
+        return RankTraffic(0, 0, 0, 0, 0)
+    key = (base, call.algorithm)
     most = max([n] + blocks + (recv or []))
-    per = _per(stage_bytes, itemsize, most)
+    per = _per(stage_bytes, call.itemsize, most)
     if base == "all_reduce" and n:
-        _all_reduce(c, algorithm, n, p, rank, per)
+        _all_reduce(c, call.algorithm, n, p, rank, per)
     elif key == ("reduce", "one_shot") and n:
         _rooted(c, n, p, rank, root, per, to_root=True)
     elif key == ("broadcast", "one_shot") and n:
@@ -134,27 +130,27 @@ def loadstore_traffic(base: str, algorithm: str, n: int, blocks: list[int], item
         _blocks(c, blocks, rank, per, reduce=False)
     elif base in ("all_to_all", "gather", "scatter"):
         if base == "all_to_all":
-            send, got = blocks, recv if recv is not None else blocks
+            send, got = blocks, call.received_blocks
         elif base == "gather":
             send = [blocks[rank] if j == root else 0 for j in range(p)]
             got = blocks if rank == root else [0] * p
         else:
             send = blocks if rank == root else [0] * p
             got = [blocks[rank] if j == root else 0 for j in range(p)]
-        per = table_elems(stage_bytes, p, itemsize) if stage_bytes else max(1, most)
+        per = table_elems(stage_bytes, p, call.itemsize) if stage_bytes else max(1, most)
         _exchange(c, send, got, rank, per)
     elif key == ("barrier", "one_shot"):
         c.steps = 1
-    return c.sent, c.received, c.msgs_sent, c.msgs_received, c.steps
+    return RankTraffic(c.sent, c.received, c.msgs_sent, c.msgs_received, c.steps)
 
 
-def loadstore_formula(base: str, algorithm: str, n: float, p: int,
-                      stage_bytes: int | None = None) -> tuple[int, float, float]:
-    """(syncs, bytes moved on the critical path, bytes reduced) for n bytes on p ranks.
+def _staged(syncs: int, copied: float, reduced: float, n: float, stage_bytes: int | None) -> Counts:
+    """(syncs, bytes moved on the critical path, bytes reduced) of one call: syncs times the
+    rounds when n exceeds a staging half.
 
     Bytes moved = bytes copied (into staging, out of a peer's) + bytes read from
     peers to reduce them (the reduced column: every reduced byte is loaded from
-    a peer's buffer):
+    a peer's buffer). For n bytes on p ranks, the formulas below:
 
                                  syncs  copied                       read and reduced
         all_reduce one_shot      1      n (copy in)                  (p-1) n
@@ -168,22 +164,49 @@ def loadstore_formula(base: str, algorithm: str, n: float, p: int,
         barrier one_shot         1      0
 
     so one-shot all-reduce moves p n bytes (n in, (p-1) n read), two-shot
-    (3p-2)/p n. Steps times the rounds when n exceeds a staging half.
+    (3p-2)/p n.
     """
-    share = (p - 1) / p * n
-    table = {
-        "all_reduce:one_shot": (1, n, (p - 1) * n),
-        "all_reduce:two_shot": (2, share + n / p + share, share),
-        "reduce:one_shot": (1, n, (p - 1) * n),
-        "reduce_scatter:one_shot": (1, n, share),
-        "all_gather:one_shot": (1, n / p + n, 0.0),
-        "broadcast:one_shot": (1, 2 * n, 0.0),
-        "all_to_all:one_shot": (1, n / p + 2 * share, 0.0),
-        "gather:one_shot": (1, n, 0.0),
-        "scatter:one_shot": (1, n, 0.0),
-        "barrier:one_shot": (1, 0.0, 0.0),
-    }
-    steps, copied, reduced = table[f"{base}:{algorithm}"]
     if stage_bytes and n > stage_bytes:
-        steps *= math.ceil(n / stage_bytes)
-    return steps, copied + reduced, reduced
+        syncs *= math.ceil(n / stage_bytes)
+    return syncs, copied + reduced, reduced
+
+
+# The formula of each load/store algorithm's record: (n, p, segment_bytes, stage_bytes).
+
+def one_shot_all_reduce(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, n, (p - 1) * n, n, stage)
+
+
+def two_shot_all_reduce(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    share = (p - 1) / p * n
+    return _staged(2, share + n / p + share, share, n, stage)
+
+
+def one_shot_reduce(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, n, (p - 1) * n, n, stage)
+
+
+def one_shot_reduce_scatter(n: float, p: int, _segment: int | None = None,
+                            stage: int | None = None) -> Counts:
+    return _staged(1, n, (p - 1) / p * n, n, stage)
+
+
+def one_shot_all_gather(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, n / p + n, 0.0, n, stage)
+
+
+def one_shot_broadcast(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, 2 * n, 0.0, n, stage)
+
+
+def one_shot_all_to_all(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, n / p + 2 * (p - 1) / p * n, 0.0, n, stage)
+
+
+def one_shot_gather(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    """Gather or scatter by loads: n through the root's staging."""
+    return _staged(1, n, 0.0, n, stage)
+
+
+def one_shot_barrier(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
+    return _staged(1, 0.0, 0.0, n, stage)

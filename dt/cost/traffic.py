@@ -1,13 +1,14 @@
 """What each collective moves, per rank, as arithmetic.
 
-Every algorithm in dt.collectives has an entry here that says, for a given
-rank, how many bytes it sends and receives, how many messages, and how many
-sequential steps the algorithm takes. The tests hold the transport's
+Every point-to-point algorithm in dt.collectives has a function here that says,
+for a given rank, how many bytes it sends and receives, how many messages, and
+how many sequential steps the algorithm takes; the algorithm's record
+(`@algorithm(..., traffic=...)` beside it, dt.cost.records) names the function. The tests hold the transport's
 measured counts (dt.traffic()) to these numbers exactly; dt.cost.time turns
 them into seconds.
 
-`traffic_for(collective, algorithm, ...)` is the one table everything else
-(the tensor-parallel layers, ZeRO, the study, `dt model`) asks. The schedules
+`traffic_for(collective, algorithm, ...)` is what everything else (the
+tensor-parallel layers, ZeRO, the study, `dt model`) asks: it calls the record's function. The schedules
 themselves (shards, folds, trees) come from dt.layout, the same functions the
 algorithms post their messages from.
 
@@ -17,9 +18,7 @@ reduce-scatter: the whole gathered / scattered buffer, as nccl-tests counts).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from dt.cost.loadstore import LOADSTORE, loadstore_traffic
+from dt.cost.records import ALIASES, FORMS, Call, RankTraffic, call_of, canonical, family, record_for
 from dt.hosts import phases
 from dt.layout import (
     Fold,
@@ -40,6 +39,8 @@ __all__ = [
     "binomial_broadcast",
     "binomial_reduce",
     "bruck_all_gather",
+    "call_of",
+    "Call",
     "canonical",
     "dissemination_barrier",
     "family",
@@ -48,6 +49,7 @@ __all__ = [
     "flat_reduce",
     "flat_scatter",
     "hierarchical",
+    "hierarchical_traffic",
     "naive_all_reduce",
     "pairwise_all_to_all",
     "rabenseifner_all_reduce",
@@ -60,51 +62,6 @@ __all__ = [
     "scatter_allgather_broadcast",
     "traffic_for",
 ]
-
-# The original design called the flat (one-root) algorithms "naive"; the
-# name stays selectable for broadcast, reduce, gather and scatter as an alias
-# of "flat". ("naive" all-reduce is its own algorithm: flat reduce + flat
-# broadcast.) The registry, auto and the model all read this one table.
-ALIASES: dict[tuple[str, str], str] = {
-    ("broadcast", "naive"): "flat",
-    ("reduce", "naive"): "flat",
-    ("gather", "naive"): "flat",
-    ("scatter", "naive"): "flat",
-}
-
-
-# The tensor forms of a collective (torch's `_into_tensor`, `_tensor`, `_single` APIs) and the
-# collective each one is: every table keyed by collective looks them up through `family`.
-FORMS = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
-         "all_to_all_single": "all_to_all"}
-
-
-def family(collective: str) -> str:
-    """'all_gather_into_tensor' -> 'all_gather': the collective whatever API form names it."""
-    return FORMS.get(collective, collective)
-
-
-def canonical(collective: str, algorithm: str) -> str:
-    """The algorithm an alias stands for ("naive" broadcast is "flat"); others unchanged."""
-    return ALIASES.get((collective, algorithm), algorithm)
-
-
-@dataclass(frozen=True)
-class RankTraffic:
-    """One rank's share of one collective call, predicted (dt.traffic() measures it)."""
-
-    bytes_sent: int
-    bytes_received: int
-    messages_sent: int
-    messages_received: int
-    steps: int  # sequential communication steps (latency terms)
-
-    def __add__(self, other: RankTraffic) -> RankTraffic:
-        """One call after the other: bytes, messages and steps add up."""
-        return RankTraffic(self.bytes_sent + other.bytes_sent, self.bytes_received + other.bytes_received,
-                           self.messages_sent + other.messages_sent,
-                           self.messages_received + other.messages_received, self.steps + other.steps)
-
 
 _NONE = RankTraffic(0, 0, 0, 0, 0)
 
@@ -175,12 +132,6 @@ def ring_all_gather(chunk_numels: list[int], itemsize: int, rank: int,
     return _one_lap(sent, recv, itemsize, segment_elems)
 
 
-def _plus(a: RankTraffic, b: RankTraffic) -> RankTraffic:
-    return RankTraffic(a.bytes_sent + b.bytes_sent, a.bytes_received + b.bytes_received,
-                   a.messages_sent + b.messages_sent, a.messages_received + b.messages_received,
-                   a.steps + b.steps)
-
-
 def ring_all_reduce(numel: int, itemsize: int, p: int, rank: int,
                     segment_elems: int | None = None) -> RankTraffic:
     """Ring all-reduce = ring reduce-scatter + ring all-gather.
@@ -189,8 +140,8 @@ def ring_all_reduce(numel: int, itemsize: int, p: int, rank: int,
     Steps: 2(p-1).
     """
     chunks = split_sizes(numel, p)
-    return _plus(ring_reduce_scatter(chunks, itemsize, rank, segment_elems),
-                 ring_all_gather(chunks, itemsize, rank, segment_elems))
+    return (ring_reduce_scatter(chunks, itemsize, rank, segment_elems)
+            + ring_all_gather(chunks, itemsize, rank, segment_elems))
 
 
 def ring_broadcast(numel: int, itemsize: int, p: int, rank: int, root: int,
@@ -242,8 +193,7 @@ def naive_all_reduce(numel: int, itemsize: int, p: int, rank: int, root: int = 0
     Two hops of latency (the ring takes 2(p-1)), but the root's bytes grow
     linearly with p.
     """
-    return _plus(flat_reduce(numel, itemsize, p, rank, root),
-                 flat_broadcast(numel, itemsize, p, rank, root))
+    return flat_reduce(numel, itemsize, p, rank, root) + flat_broadcast(numel, itemsize, p, rank, root)
 
 
 def flat_gather(numels: list[int], itemsize: int, rank: int, root: int) -> RankTraffic:
@@ -435,6 +385,12 @@ def hierarchical(collective: str, numels: list[int], itemsize: int, hosts: tuple
     return total
 
 
+def hierarchical_traffic(c: Call) -> RankTraffic:
+    """The hierarchical algorithms' record: `hierarchical` on the call's blocks and hosts."""
+    numels = [c.n] if c.collective == "all_reduce" else c.blocks
+    return hierarchical(c.collective, numels, c.itemsize, c.placed, c.rank, c.segment_elems)
+
+
 def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsize: int, p: int,
                 rank: int, root: int = 0, segment_elems: int | None = None,
                 recv_numels: list[int] | None = None, stage_bytes: int | None = None,
@@ -449,44 +405,12 @@ def traffic_for(collective: str, algorithm: str, numels: int | list[int], itemsi
     Load/store algorithms (dt.cost.loadstore) count peer reads on the shared-memory
     wire, in rounds of `stage_bytes` (the group's staging half; None: one round).
     `hosts` (hosts[r]: group rank r's host; default: one host) places the ranks for the
-    hierarchical algorithms.
+    hierarchical algorithms. The function that counts is the algorithm's record's
+    (dt.cost.records, declared beside the algorithm).
     """
-    blocks = [numels] * p if isinstance(numels, int) else list(numels)
-    n = numels if isinstance(numels, int) else sum(numels)
-    base = family(collective)
-    key = (base, canonical(base, algorithm))
-    if key in LOADSTORE:
-        return RankTraffic(*loadstore_traffic(base, key[1], n, blocks, itemsize, p, rank, root,
-                                              stage_bytes, recv_numels))
-    table = {
-        ("all_reduce", "ring"): lambda: ring_all_reduce(n, itemsize, p, rank, segment_elems),
-        ("all_reduce", "naive"): lambda: naive_all_reduce(n, itemsize, p, rank),
-        ("all_reduce", "recursive_doubling"): lambda: recursive_doubling_all_reduce(n, itemsize, p, rank),
-        ("all_reduce", "rabenseifner"): lambda: rabenseifner_all_reduce(n, itemsize, p, rank,
-                                                                        len(set(hosts or (0,))) > 1),
-        ("reduce_scatter", "ring"): lambda: ring_reduce_scatter(blocks, itemsize, rank, segment_elems),
-        ("all_gather", "ring"): lambda: ring_all_gather(blocks, itemsize, rank, segment_elems),
-        ("all_gather", "recursive_doubling"): lambda: recursive_doubling_all_gather(blocks, itemsize, rank),
-        ("all_gather", "bruck"): lambda: (bruck_all_gather(blocks[0], itemsize, p)
-                                          if len(set(blocks)) == 1
-                                          else ring_all_gather(blocks, itemsize, rank, segment_elems)),
-        ("broadcast", "flat"): lambda: flat_broadcast(n, itemsize, p, rank, root),
-        ("broadcast", "ring"): lambda: ring_broadcast(n, itemsize, p, rank, root, segment_elems),
-        ("broadcast", "binomial"): lambda: binomial_broadcast(n, itemsize, p, rank, root),
-        ("broadcast", "scatter_allgather"):
-            lambda: scatter_allgather_broadcast(n, itemsize, p, rank, root, segment_elems),
-        ("reduce", "flat"): lambda: flat_reduce(n, itemsize, p, rank, root),
-        ("reduce", "binomial"): lambda: binomial_reduce(n, itemsize, p, rank, root),
-        ("gather", "flat"): lambda: flat_gather(blocks, itemsize, rank, root),
-        ("scatter", "flat"): lambda: flat_scatter(blocks, itemsize, rank, root),
-        ("all_to_all", "pairwise"):
-            lambda: pairwise_all_to_all(blocks, blocks if recv_numels is None else recv_numels,
-                                        itemsize, rank),
-        ("barrier", "dissemination"): lambda: dissemination_barrier(p),
-    }
-    for c in ("all_reduce", "reduce_scatter", "all_gather"):
-        table[(c, "hierarchical")] = lambda c=c: hierarchical(  # type: ignore[misc]
-            c, [n] if c == "all_reduce" else blocks, itemsize, hosts or (0,) * p, rank, segment_elems)
-    if key not in table:
+    counted = record_for(collective, algorithm).traffic
+    if counted is None:
         raise KeyError(f"no per-rank traffic model for {collective} {algorithm}")
-    return table[key]()
+    return counted(call_of(collective, algorithm, numels, itemsize, p, rank, root=root,
+                           segment_elems=segment_elems, recv_numels=recv_numels,
+                           stage_bytes=stage_bytes, hosts=hosts))
