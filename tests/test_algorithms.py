@@ -1,4 +1,4 @@
-"""Every algorithm of issue 3 against torch.distributed, and its traffic against the cost model.
+"""Every point-to-point algorithm against torch.distributed, and its traffic against the cost model.
 
 Each world size runs ONE worker call that loops over all cases (sizes 0, 1,
 3, 7, 17, 1000, 65537, every op, a few dtypes, two roots) and returns the
@@ -18,14 +18,19 @@ import torch.distributed as dist
 import dt
 from dt import cost
 from dt.collectives import auto
+from dt.collectives.registry import names
 from dt.collectives.ring import ring_all_gather, ring_all_reduce, ring_reduce_scatter
 
 WORLDS = (1, 2, 3, 4, 5, 8)
 SIZES = (0, 1, 3, 7, 17, 1000, 65537)
 OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
-ALL_REDUCE = ("ring", "recursive_doubling", "rabenseifner")
-ALL_GATHER = ("recursive_doubling", "bruck", "ring")
-BROADCAST = ("binomial", "scatter_allgather", "ring")
+# The registry's point-to-point algorithms, less those another file tests in full (the flat
+# ones, "naive" too: tests/test_collectives.py; hierarchical: tests/test_hierarchical.py; the
+# load/store ones: tests/test_shm_algorithms.py). A new algorithm joins these by registering.
+ELSEWHERE = {"flat", "naive", "hierarchical"}
+ALL_REDUCE, ALL_GATHER, BROADCAST, REDUCE = (
+    tuple(a for a in names(c, loadstore=False) if a not in ELSEWHERE)
+    for c in ("all_reduce", "all_gather", "broadcast", "reduce"))
 
 
 def _data(n: int, rank: int, seed: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -102,12 +107,13 @@ def _correctness_worker() -> list[str]:
             for op in ("SUM", "MAX", "PRODUCT"):
                 ref = x.clone()
                 dist.reduce(ref, root, getattr(dist.ReduceOp, op))
-                y = x.clone()
-                dt.reduce(y, root, op, algorithm="binomial")
-                if r == root and not torch.equal(y, ref):
-                    bad.append(f"reduce binomial n={n} root={root} {op}")
-                if r != root and not torch.equal(y, x):
-                    bad.append(f"reduce binomial n={n} root={root} {op}: non-root tensor written")
+                for algo in REDUCE:
+                    y = x.clone()
+                    dt.reduce(y, root, op, algorithm=algo)
+                    if r == root and not torch.equal(y, ref):
+                        bad.append(f"reduce {algo} n={n} root={root} {op}")
+                    if r != root and not torch.equal(y, x):
+                        bad.append(f"reduce {algo} n={n} root={root} {op}: non-root tensor written")
     # The pipelined ring with segments much smaller than a chunk (5 elements):
     # reduce-scatter, all-gather and all-reduce through the one engine.
     for n in (17, 1000):
@@ -169,34 +175,30 @@ def _traffic_worker() -> list[str]:
         if got != want:
             bad.append(f"{label}: measured {got}, model {want}")
 
+    # Every algorithm's model is its record's (cost.traffic_for); the record names the exact
+    # function (test_traffic_for_dispatches_to_the_exact_models holds them equal).
     for n in (0, 5, 17, 1000):
         x = _data(n, r, 1)
-        for algo, model in (("ring", cost.ring_all_reduce(n, 4, p, r)),
-                            ("recursive_doubling", cost.recursive_doubling_all_reduce(n, 4, p, r)),
-                            ("rabenseifner", cost.rabenseifner_all_reduce(n, 4, p, r))):
-            check(f"all_reduce {algo} n={n}", model, "all_reduce", algo,
-                  dt.all_reduce, x.clone(), algorithm=algo)
+        for algo in ALL_REDUCE:
+            check(f"all_reduce {algo} n={n}", cost.traffic_for("all_reduce", algo, n, 4, p, r),
+                  "all_reduce", algo, dt.all_reduce, x.clone(), algorithm=algo)
         check(f"segmented ring n={n}", cost.ring_all_reduce(n, 4, p, r, segment_elems=3),
               "all_reduce", "ring", ring_all_reduce, x.clone(), segment_bytes=12)
         out = torch.empty(n * p)
-        for algo, model in (("recursive_doubling", cost.recursive_doubling_all_gather([n] * p, 4, r)),
-                            ("bruck", cost.bruck_all_gather(n, 4, p)),
-                            ("ring", cost.ring_all_gather([n] * p, 4, r))):
-            check(f"all_gather_into_tensor {algo} n={n}", model, "all_gather_into_tensor", algo,
-                  dt.all_gather_into_tensor, out, x, algorithm=algo)
         sizes = [n + i for i in range(p)]
-        check(f"all_gather uneven recursive_doubling n={n}",
-              cost.recursive_doubling_all_gather(sizes, 4, r), "all_gather", "recursive_doubling",
-              dt.all_gather, [torch.empty(s) for s in sizes], torch.zeros(sizes[r]),
-              algorithm="recursive_doubling")
+        for algo in ALL_GATHER:
+            check(f"all_gather_into_tensor {algo} n={n}", cost.traffic_for("all_gather", algo, n, 4, p, r),
+                  "all_gather_into_tensor", algo, dt.all_gather_into_tensor, out, x, algorithm=algo)
+            check(f"all_gather uneven {algo} n={n}", cost.traffic_for("all_gather", algo, sizes, 4, p, r),
+                  "all_gather", algo, dt.all_gather, [torch.empty(s) for s in sizes],
+                  torch.zeros(sizes[r]), algorithm=algo)
         for root in sorted({0, p - 1}):
-            check(f"broadcast binomial n={n} root={root}", cost.binomial_broadcast(n, 4, p, r, root),
-                  "broadcast", "binomial", dt.broadcast, x.clone(), root, algorithm="binomial")
-            check(f"broadcast scatter_allgather n={n} root={root}",
-                  cost.scatter_allgather_broadcast(n, 4, p, r, root), "broadcast",
-                  "scatter_allgather", dt.broadcast, x.clone(), root, algorithm="scatter_allgather")
-            check(f"reduce binomial n={n} root={root}", cost.binomial_reduce(n, 4, p, r, root),
-                  "reduce", "binomial", dt.reduce, x.clone(), root, algorithm="binomial")
+            for collective, run, algos in (("broadcast", dt.broadcast, BROADCAST),
+                                           ("reduce", dt.reduce, REDUCE)):
+                for algo in algos:
+                    check(f"{collective} {algo} n={n} root={root}",
+                          cost.traffic_for(collective, algo, n, 4, p, r, root=root), collective, algo,
+                          run, x.clone(), root, algorithm=algo)
     return bad
 
 
@@ -295,6 +297,18 @@ def test_bench_collectives_tiny_sweep(tmp_path):
 def test_traffic_for_dispatches_to_the_exact_models():
     for p in (2, 3, 5, 8):
         for r in range(p):
+            assert cost.traffic_for("all_reduce", "ring", 1000, 4, p, r) == \
+                cost.ring_all_reduce(1000, 4, p, r)
+            assert cost.traffic_for("all_reduce", "recursive_doubling", 1000, 4, p, r) == \
+                cost.recursive_doubling_all_reduce(1000, 4, p, r)
+            uneven = [3 + i for i in range(p)]
+            assert cost.traffic_for("all_gather", "recursive_doubling", uneven, 4, p, r) == \
+                cost.recursive_doubling_all_gather(uneven, 4, r)
+            assert cost.traffic_for("all_gather", "ring", 7, 4, p, r) == cost.ring_all_gather([7] * p, 4, r)
+            assert cost.traffic_for("broadcast", "scatter_allgather", 9, 4, p, r, root=p - 1) == \
+                cost.scatter_allgather_broadcast(9, 4, p, r, p - 1)
+            assert cost.traffic_for("reduce", "binomial", 9, 4, p, r, root=p - 1) == \
+                cost.binomial_reduce(9, 4, p, r, p - 1)
             assert cost.traffic_for("all_reduce", "rabenseifner", 1000, 4, p, r) == \
                 cost.rabenseifner_all_reduce(1000, 4, p, r)
             assert cost.traffic_for("all_gather_into_tensor", "bruck", 7, 4, p, r) == \

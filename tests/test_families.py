@@ -1,7 +1,7 @@
 """A collective's tensor forms are the collective: one function (dt.cost.family) says so for every table.
 
 traffic_for, formula, auto's candidates and the bench all look a form up through it,
-and the tensor forms of ring and hierarchical come from one adapter (registry.tensor_forms).
+and every tensor form comes from one adapter (registry.tensor_forms).
 """
 
 from __future__ import annotations
@@ -29,3 +29,6 @@ def test_every_registered_tensor_form_has_its_list_form():
     for name in ("ring", "hierarchical"):  # the adapter's: named after what they run
         assert ALGORITHMS["all_gather_into_tensor"][name].__name__ == f"{name}_all_gather_into_tensor"
         assert ALGORITHMS["reduce_scatter_tensor"][name].__name__ == f"{name}_reduce_scatter_tensor"
+    for form in ("all_gather_into_tensor", "reduce_scatter_tensor"):  # every tensor form is the adapter's
+        for name, fn in ALGORITHMS[form].items():
+            assert fn.__name__ == f"{name}_{form}" and fn.__qualname__.startswith("tensor_forms."), fn

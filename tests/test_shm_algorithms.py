@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 import dt
+from dt.collectives.registry import names
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_collectives import DTYPES, OPS, data
 
@@ -45,7 +46,7 @@ def _place(x: torch.Tensor, shared: bool, group) -> torch.Tensor:
 def _all_reduce_cases(group, sizes, dtypes, shared_ranks, ops=OPS) -> list[str]:
     r = dist.get_rank()
     bad, case = [], 0
-    for algo in ("one_shot", "two_shot"):
+    for algo in names("all_reduce", loadstore=True):  # one_shot, two_shot
         for dtype in dtypes:
             for op in ops:
                 if (op == "AVG" and not dtype.is_floating_point) or (dtype == torch.bool and op == "AVG"):

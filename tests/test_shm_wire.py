@@ -19,6 +19,7 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.collectives import auto
+from dt.collectives.registry import names
 from dt.launcher import WorkerError
 from dt.transport.shm import segment
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
@@ -51,7 +52,7 @@ def _mixed(hosts: list[int]) -> dict:
     out: dict = {"hosts": list(transport.topology_of(view).hosts),
                  "wires": [view.wire_for(q).name for q in range(p)], "bad": []}
     n = 300_000 + r % 2  # 1.2 MB: many slots on the shm side
-    for algo in ("ring", "rabenseifner", "recursive_doubling", "naive", "auto"):
+    for algo in [a for a in names("all_reduce", loadstore=False) if a != "hierarchical"] + ["auto"]:
         x = data(3, r, 300_001, torch.float32)
         ref = x.clone()
         dist.all_reduce(ref, group=g)
@@ -66,7 +67,7 @@ def _mixed(hosts: list[int]) -> dict:
             out["ring_model_shm_sent"] = model.bytes_sent if right_same else 0
             out["ring_total"] = (t.bytes_sent, model.bytes_sent)
         out.setdefault("picked", []).append(auto.choose("all_reduce", "auto", 4 * n, view))
-    for a in ("bruck", "ring", "recursive_doubling"):
+    for a in [a for a in names("all_gather", loadstore=False) if a != "hierarchical"]:
         x = data(4, r, 50_000, torch.int64)
         o, ref = torch.empty(50_000 * p, dtype=torch.int64), torch.empty(50_000 * p, dtype=torch.int64)
         dist.all_gather_into_tensor(ref, x, group=g)
@@ -150,7 +151,7 @@ def _loadstore_traffic() -> list[str]:
             bad.append(f"{label}: measured {mine} model {want}")
 
     for n in (0, 1, 3, 1000, 4099):
-        for algo in ("one_shot", "two_shot"):
+        for algo in names("all_reduce", loadstore=True):
             with dt.traffic() as t:
                 dt.all_reduce(torch.ones(n), algorithm=algo)
             check(f"all_reduce {algo} n={n}", t, "all_reduce", algo, n, 4)

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from dt import hosts as H
 from dt import transport
 from dt.cost import machine
-from dt.cost.levels import nics_from
+from dt.cost.levels import LEVELED, nics_from
 from dt.tools import tune
 from dt.tools.tune_levels import combine
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
@@ -154,7 +154,7 @@ def test_model_measured_across_hosts_prints_both_columns(run, capsys):
     whatif_hosts.print_measured("all_reduce", [4096, 1 << 16], res)
     out = capsys.readouterr().out
     assert out.count("all_reduce, 65.5 KB, 2 hosts, 4 ranks") == 2  # both wires
-    for algo in ("hierarchical", "rabenseifner", "recursive_doubling", "ring", "naive"):
+    for algo in LEVELED["all_reduce"]:
         assert out.count(f"  {algo}") + out.count(f"  {algo} *") >= 4, out
     assert "meas/pred" in out and "no `dt tune` figures" in out  # defaults, said so
 

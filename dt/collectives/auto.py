@@ -42,7 +42,7 @@ import torch.distributed as dist
 
 from dt import cost
 from dt.args import env_rule
-from dt.collectives.registry import ALGORITHMS, is_alias, needs_shared_memory
+from dt.collectives.registry import ALGORITHMS, names, needs_shared_memory
 from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
 from dt.cost.levels import Levels, two_level
 from dt.cost.machine import Machine
@@ -67,15 +67,8 @@ def candidates(collective: str, shared_memory: bool | None = None) -> list[str]:
     shared_memory: True on a group with a shared segment (load/store algorithms
     included), False elsewhere (excluded), None: all of them (for listing).
     """
-    out = []
-    for name in sorted(ALGORITHMS.get(collective, {})):
-        if is_alias(collective, name):
-            continue
-        if shared_memory is False and needs_shared_memory(collective, name):
-            continue
-        if record_for(collective, name).formula is not None:
-            out.append(name)
-    return out
+    listed = names(collective, loadstore=False if shared_memory is False else None)
+    return [name for name in listed if record_for(collective, name).formula is not None]
 
 
 def predictions(collective: str, nbytes: int, group_size: int, fig: Machine,

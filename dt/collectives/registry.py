@@ -157,6 +157,14 @@ def unpriced(algorithms: Mapping[str, Mapping[str, Any]] | None = None,
     return wrong
 
 
+def names(collective: str, *, loadstore: bool | None = None) -> list[str]:
+    """The algorithms registered for `collective`, aliases left out, sorted (loadstore: True
+    only the load/store ones, False only the point-to-point ones, None all): what the
+    tests' and the tools' lists of algorithms are made from."""
+    return [name for name in sorted(ALGORITHMS.get(collective, {})) if not is_alias(collective, name)
+            and loadstore in (None, needs_shared_memory(collective, name))]
+
+
 def needs_shared_memory(collective: str, name: str) -> bool:
     return (collective, name) in SHARED_MEMORY
 
