@@ -1,9 +1,12 @@
 """What distributed training costs, as arithmetic: bytes, messages, steps and time.
 
-- traffic.py    per-rank bytes/messages/steps of every algorithm (the one table)
+- records.py    every algorithm's cost record (traffic, formula, two-level schedule, wires), declared
+                beside the algorithm (dt.collectives' @algorithm): the one table the rest reads
+- traffic.py    per-rank bytes/messages/steps of every point-to-point algorithm; traffic_for
 - time.py       the alpha-beta-gamma model: steps, critical-path bytes, reduced bytes -> seconds
+- textbook.py   each point-to-point algorithm's closed form (the reference table)
 - bandwidth.py  algbw and busbw as nccl-tests report them
-- levels.py    the two-level model: bytes inside and across hosts, time as the slower level's
+- levels.py     the two-level model: bytes inside and across hosts, time as the slower level's
 - loadstore.py  the shared-memory (load/store) algorithms' reads, syncs and copies
 - memory.py     memory communication holds (the ring's scratch buffers)
 - machine.py    this machine's alpha, beta, gamma (sync, mem for shared memory) and measured
