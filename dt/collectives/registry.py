@@ -16,8 +16,14 @@ dt.cost.records.Call and returns the exact per-rank RankTraffic, `formula` the
 textbook (steps, bytes, reduced bytes), `levels` the two-level schedule. The
 decorator hands them down to dt.cost.records, the one table `traffic_for`,
 `formula`, `schedule`, LEVELED and `auto`'s candidates all read; so the arrow
-points one way (collectives -> cost), and an algorithm is added in its own file
-only. A tensor form (`all_gather_into_tensor` ...) is priced as its collective's
+points one way (collectives -> cost), and adding an algorithm edits its own file
+(plus its arithmetic in dt.cost, which no table names). Why this way round: a
+table kept here would need traffic_for and formula to move up into the
+collectives, and everything that prices without running (ZeRO's formulas, the
+study, `dt model`, the judge) would then import them; a table kept in dt.cost
+beside the arithmetic would leave the algorithm's file silent about its cost and
+bring back the string-keyed tables. `unpriced()` says where registry and records
+disagree (tests/test_registry.py). A tensor form (`all_gather_into_tensor` ...) is priced as its collective's
 record (dt.cost.family); `tensor_forms` makes it from the list form.
 """
 
