@@ -94,4 +94,5 @@ def test_a_cost_record_without_its_algorithm_is_named():
     costs = {**COSTS, ("all_reduce", "ghost"): record}
     assert registry.unpriced(costs=costs) == ["all_reduce ghost: a cost record names no registered algorithm"]
     algorithms = {**ALGORITHMS, "all_reduce": {**ALGORITHMS["all_reduce"], "unrecorded": print}}
-    assert registry.unpriced(algorithms=algorithms) == ["all_reduce unrecorded: registered without a cost record"]
+    assert registry.unpriced(algorithms=algorithms) == [
+        "all_reduce unrecorded: registered without a cost record"]

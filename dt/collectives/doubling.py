@@ -139,7 +139,7 @@ def _fold_out(comm: Comm, fold: Fold, flat: torch.Tensor, step: int) -> None:
 
 
 @algorithm("all_reduce", "recursive_doubling", formula=textbook.recursive_doubling_all_reduce,
-           levels=levels.doubling_all_reduce,
+           levels=levels.recursive_doubling_all_reduce,
            traffic=lambda c: cost.recursive_doubling_all_reduce(c.n, c.itemsize, c.p, c.rank))
 def recursive_doubling_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
                                   group: object = None) -> None:
@@ -190,7 +190,7 @@ def spans_hosts(g: Group) -> bool:
 
 
 @algorithm("all_reduce", "rabenseifner", formula=textbook.rabenseifner_all_reduce,
-           levels=levels.doubling_all_reduce,
+           levels=levels.rabenseifner_all_reduce,
            traffic=lambda c: cost.rabenseifner_all_reduce(c.n, c.itemsize, c.p, c.rank, c.spans_hosts))
 def rabenseifner_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM,
                             group: object = None) -> None:

@@ -36,7 +36,6 @@ from dt.collectives.ops import ReduceOp, finish, op_name, reduce_rows
 from dt.collectives.registry import algorithm, joined, tensor_forms
 from dt.collectives.scratch import scratch
 from dt.cost import loadstore
-from dt.cost.loadstore import loadstore_traffic
 from dt.layout import edges, rounds
 from dt.transport import resolve_group
 
@@ -94,7 +93,7 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
 
 
 @algorithm("all_reduce", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_all_reduce,
+           traffic=loadstore.one_shot_all_reduce_traffic, formula=loadstore.one_shot_all_reduce,
            prepare=prepare_all_reduce)
 def one_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """Every rank copies its tensor into staging, syncs, and reduces all p copies into its own.
@@ -121,7 +120,7 @@ def one_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: 
 
 
 @algorithm("reduce", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_reduce)
+           traffic=loadstore.one_shot_reduce_traffic, formula=loadstore.one_shot_reduce)
 def one_shot_reduce(tensor: torch.Tensor, dst: int, op: object = ReduceOp.SUM,
                     group: object = None) -> None:
     """Every rank publishes its tensor; the root reduces all p into its own after one sync.
@@ -197,7 +196,7 @@ def reduce_scatter_blocks(call: Any, output: torch.Tensor, blocks: list[torch.Te
 
 
 @algorithm("reduce_scatter", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_reduce_scatter)
+           traffic=loadstore.one_shot_reduce_scatter_traffic, formula=loadstore.one_shot_reduce_scatter)
 def one_shot_reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor],
                             op: object = ReduceOp.SUM, group: object = None) -> None:
     """Rank r reduces block r of every rank's input_list (blocks may differ in length).
@@ -220,7 +219,7 @@ tensor_forms("one_shot", reduce_scatter=one_shot_reduce_scatter, shared_memory=T
 
 
 @algorithm("barrier", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_barrier)
+           traffic=loadstore.one_shot_barrier_traffic, formula=loadstore.one_shot_barrier)
 def one_shot_barrier(group: object = None) -> None:
     """Every rank arrives and waits for all: one sync, no data. Cost: 1 sync."""
     g = resolve_group(group)

@@ -27,7 +27,6 @@ import torch
 from dt import transport
 from dt.collectives.registry import algorithm, tensor_forms
 from dt.cost import loadstore
-from dt.cost.loadstore import loadstore_traffic
 from dt.layout import TABLE_BYTES, rounds, table_elems
 from dt.transport import resolve_group
 
@@ -57,7 +56,7 @@ def gather_blocks(call: Any, outputs: list[torch.Tensor], mine: torch.Tensor, me
 
 
 @algorithm("all_gather", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_all_gather)
+           traffic=loadstore.one_shot_all_gather_traffic, formula=loadstore.one_shot_all_gather)
 def one_shot_all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor,
                         group: object = None) -> None:
     """tensor_list[j] = rank j's tensor, copied straight out of rank j's published buffer.
@@ -76,7 +75,7 @@ tensor_forms("one_shot", all_gather=one_shot_all_gather, shared_memory=True)
 
 
 @algorithm("broadcast", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_broadcast)
+           traffic=loadstore.one_shot_broadcast_traffic, formula=loadstore.one_shot_broadcast)
 def one_shot_broadcast(tensor: torch.Tensor, src: int, group: object = None) -> None:
     """The root publishes its tensor; every other rank copies it after one sync.
 
@@ -156,7 +155,7 @@ def _flat(t: torch.Tensor | None) -> torch.Tensor | None:
 
 
 @algorithm("all_to_all", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_all_to_all)
+           traffic=loadstore.one_shot_all_to_all_traffic, formula=loadstore.one_shot_all_to_all)
 def one_shot_all_to_all(output_list: list[torch.Tensor], input_list: list[torch.Tensor],
                         group: object = None) -> None:
     """output_list[j] on rank r = input_list[r] of rank j, each copied once out of rank j's area.
@@ -173,7 +172,7 @@ def one_shot_all_to_all(output_list: list[torch.Tensor], input_list: list[torch.
 
 
 @algorithm("gather", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_gather)
+           traffic=loadstore.one_shot_gather_traffic, formula=loadstore.one_shot_gather)
 def one_shot_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None, dst: int,
                     group: object = None) -> None:
     """Every rank publishes its tensor; the root copies each out. Cost: 1 sync per round."""
@@ -189,7 +188,7 @@ def one_shot_gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None
 
 
 @algorithm("scatter", "one_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.one_shot_gather)
+           traffic=loadstore.one_shot_scatter_traffic, formula=loadstore.one_shot_gather)
 def one_shot_scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None, src: int,
                      group: object = None) -> None:
     """The root publishes every rank's piece; each copies its own. Cost: 1 sync per round."""

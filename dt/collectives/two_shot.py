@@ -39,7 +39,6 @@ from dt.collectives.ops import ReduceOp, finish, op_name, reduce_rows
 from dt.collectives.registry import algorithm
 from dt.collectives.scratch import scratch
 from dt.cost import loadstore
-from dt.cost.loadstore import loadstore_traffic
 from dt.layout import edges, rounds, split_sizes
 from dt.transport import resolve_group
 from dt.transport.shm.board import Round
@@ -129,7 +128,7 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
 
 
 @algorithm("all_reduce", "two_shot", shared_memory=True,
-           traffic=loadstore_traffic, formula=loadstore.two_shot_all_reduce,
+           traffic=loadstore.two_shot_all_reduce_traffic, formula=loadstore.two_shot_all_reduce,
            prepare=prepare_all_reduce)
 def two_shot_all_reduce(tensor: torch.Tensor, op: object = ReduceOp.SUM, group: object = None) -> None:
     """All-reduce in place: each rank reduces its 1/p slice from all buffers, then gathers."""

@@ -44,7 +44,8 @@ from dt.hosts import members, phases
 from dt.layout import Fold, doubling_gather, edges, halving_doubling, ring_received, split_sizes
 
 __all__ = ["LEVELED", "Levels", "nics_from", "TwoLevelEstimate", "level_bytes", "schedule", "two_level",
-           "hierarchical", "naive_all_reduce", "doubling_all_reduce", "bruck_all_gather",
+           "hierarchical", "naive_all_reduce", "rabenseifner_all_reduce", "recursive_doubling_all_reduce",
+           "bruck_all_gather",
            "recursive_doubling_all_gather", "ring_all_gather", "ring_all_reduce", "ring_reduce_scatter"]
 
 Message = tuple[int, int, int]  # (sender, receiver, bytes): group ranks
@@ -177,28 +178,41 @@ def bruck_all_gather(c: Call) -> list[Step]:
     return out
 
 
-def doubling_all_reduce(c: Call) -> list[Step]:
-    """Recursive doubling (whole buffer each round) or Rabenseifner (halving, then doubling)."""
-    p, n, itemsize = c.p, c.n, c.itemsize
-    fold = Fold(p, 0)
-    # partner order reversed across hosts, as the collectives run it
-    virtual = [Fold(p, 0, c.spans_hosts).real(v) for v in range(fold.p2)]
-    nb = n * itemsize
-    fin, fout = _fold_steps(p, [nb] * p, nb, True)
-    if c.algorithm == "recursive_doubling":
-        body = [([(virtual[v], virtual[v ^ (1 << k)], nb) for v in range(fold.p2)], True)
-                for k in range(fold.rounds)]
-    else:
-        e = edges(split_sizes(n, fold.p2))
-        plans = [halving_doubling(v, fold.p2) for v in range(fold.p2)]
-        body = []
-        for k in range(2 * fold.rounds):
-            msgs = []
-            for v in range(fold.p2):
-                st = (plans[v][0] + plans[v][1])[k]
-                msgs.append((virtual[v], virtual[st.peer], (e[st.mine[1]] - e[st.mine[0]]) * itemsize))
-            body.append((msgs, k < fold.rounds))
+def _folded_all_reduce(c: Call, body: list[Step]) -> list[Step]:
+    """The fold's step in and out around the power-of-two body (every rank's whole buffer)."""
+    nb = c.n * c.itemsize
+    fin, fout = _fold_steps(c.p, [nb] * c.p, nb, True)
     return fin + body + fout
+
+
+def _virtual(c: Call) -> tuple[Fold, list[int]]:
+    """The fold of rank 0 and the real rank of each virtual one (partner order reversed across
+    hosts, as the collectives run it)."""
+    fold = Fold(c.p, 0)
+    return fold, [Fold(c.p, 0, c.spans_hosts).real(v) for v in range(fold.p2)]
+
+
+def recursive_doubling_all_reduce(c: Call) -> list[Step]:
+    """The whole buffer exchanged with the partner at distance 2^k in round k."""
+    fold, virtual = _virtual(c)
+    nb = c.n * c.itemsize
+    return _folded_all_reduce(c, [([(virtual[v], virtual[v ^ (1 << k)], nb) for v in range(fold.p2)], True)
+                                  for k in range(fold.rounds)])
+
+
+def rabenseifner_all_reduce(c: Call) -> list[Step]:
+    """Recursive halving (reducing), then recursive doubling of the reduced pieces."""
+    fold, virtual = _virtual(c)
+    e = edges(split_sizes(c.n, fold.p2))
+    plans = [halving_doubling(v, fold.p2) for v in range(fold.p2)]
+    body = []
+    for k in range(2 * fold.rounds):
+        msgs = []
+        for v in range(fold.p2):
+            st = (plans[v][0] + plans[v][1])[k]
+            msgs.append((virtual[v], virtual[st.peer], (e[st.mine[1]] - e[st.mine[0]]) * c.itemsize))
+        body.append((msgs, k < fold.rounds))
+    return _folded_all_reduce(c, body)
 
 
 def recursive_doubling_all_gather(c: Call) -> list[Step]:

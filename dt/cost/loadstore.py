@@ -10,9 +10,11 @@ counts, on the "shm" wire,
 - steps: synchronisations (every rank waits for every other once per step).
 
 A buffer larger than a staging half (`stage_bytes`; None: unbounded) goes
-in rounds, cut by the same dt.layout functions the algorithms use.
+in rounds, cut by the same dt.layout functions the algorithms use. Each
+algorithm's record (beside it in dt/collectives/) names its `*_traffic`
+function here and its formula (named after the algorithm).
 
-Time (the formulas below, each its record's `formula`): steps are priced at the machine's `sync` (one
+Time (the formulas): steps are priced at the machine's `sync` (one
 shared-memory synchronisation), bytes at `mem` (seconds per byte of memcpy:
 the physical bound), reduced bytes at gamma. The bytes are what a rank
 moves on its critical path: its copy into staging (a user tensor is copied
@@ -26,14 +28,19 @@ lives in a shared allocation (zero-copy saves the copy-in and adds one sync).
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 
 from dt.cost.records import Call, Counts, RankTraffic
 from dt.layout import rounds, split_sizes, table_elems
 
-__all__ = ["loadstore_traffic", "one_shot_all_gather", "one_shot_all_reduce", "one_shot_all_to_all",
-           "one_shot_barrier", "one_shot_broadcast", "one_shot_gather", "one_shot_reduce",
-           "one_shot_reduce_scatter", "two_shot_all_reduce"]
+__all__ = ["one_shot_all_gather", "one_shot_all_gather_traffic", "one_shot_all_reduce",
+           "one_shot_all_reduce_traffic", "one_shot_all_to_all", "one_shot_all_to_all_traffic",
+           "one_shot_barrier", "one_shot_barrier_traffic", "one_shot_broadcast", "one_shot_broadcast_traffic",
+           "one_shot_gather", "one_shot_gather_traffic", "one_shot_reduce", "one_shot_reduce_scatter",
+           "one_shot_reduce_scatter_traffic", "one_shot_reduce_traffic", "one_shot_scatter_traffic",
+           "two_shot_all_reduce", "two_shot_all_reduce_traffic"]
 
 
 class _Count:
@@ -56,13 +63,40 @@ def _per(stage_bytes: int | None, itemsize: int, numel: int) -> int:
     return stage_bytes // itemsize if stage_bytes else max(1, numel)
 
 
-def _all_reduce(c: _Count, algorithm: str, n: int, p: int, rank: int, per: int) -> None:
-    for lo, hi in rounds(n, per):
-        if algorithm == "one_shot":
-            c.steps += 1
-            for _ in range(p - 1):
-                c.peer(hi - lo, hi - lo)
-            continue
+def _counted(count: Callable[[_Count, Call, int], None]) -> Callable[[Call], RankTraffic]:
+    """A record's traffic from the count of its reads: nothing on one rank; `per` (the third
+    argument) is the elements of one round, a staging half's worth or the largest buffer."""
+
+    @functools.wraps(count)
+    def traffic(call: Call) -> RankTraffic:
+        c = _Count(call.itemsize)
+        if call.p > 1:
+            most = max([call.n] + call.blocks + (call.recv_numels or []))
+            count(c, call, _per(call.stage_bytes, call.itemsize, most))
+        return RankTraffic(c.sent, c.received, c.msgs_sent, c.msgs_received, c.steps)
+
+    return traffic
+
+
+# The `traffic=` of each load/store algorithm's record. call.n: the tensor's elements
+# (all_reduce, reduce, broadcast); call.blocks: every rank's block (all_gather,
+# reduce_scatter, gather, scatter) or this rank's send blocks (all_to_all, with
+# call.recv_numels its receive blocks).
+
+@_counted
+def one_shot_all_reduce_traffic(c: _Count, call: Call, per: int) -> None:
+    """Each round: one sync, then every peer's whole round read and reduced."""
+    for lo, hi in rounds(call.n, per):
+        c.steps += 1
+        for _ in range(call.p - 1):
+            c.peer(hi - lo, hi - lo)
+
+
+@_counted
+def two_shot_all_reduce_traffic(c: _Count, call: Call, per: int) -> None:
+    """Each round: two syncs; rank r reduces slice r of every peer, then reads the reduced slices."""
+    p, rank = call.p, call.rank
+    for lo, hi in rounds(call.n, per):
         c.steps += 2
         sizes = split_sizes(hi - lo, p)
         for j in range(p):
@@ -71,16 +105,26 @@ def _all_reduce(c: _Count, algorithm: str, n: int, p: int, rank: int, per: int) 
                 c.peer(sizes[rank], sizes[j])  # gather: the reduced slices
 
 
-def _rooted(c: _Count, n: int, p: int, rank: int, root: int, per: int, to_root: bool) -> None:
+def _rooted(c: _Count, call: Call, per: int, to_root: bool) -> None:
     """reduce (every rank read by the root) or broadcast (the root read by every rank)."""
-    for lo, hi in rounds(n, per):
+    for lo, hi in rounds(call.n, per):
         c.steps += 1
         k = hi - lo
-        if rank == root:
-            for _ in range(p - 1):
+        if call.rank == call.root:
+            for _ in range(call.p - 1):
                 c.peer(0, k) if to_root else c.peer(k, 0)
         else:
             c.peer(k, 0) if to_root else c.peer(0, k)
+
+
+@_counted
+def one_shot_reduce_traffic(c: _Count, call: Call, per: int) -> None:
+    _rooted(c, call, per, to_root=True)
+
+
+@_counted
+def one_shot_broadcast_traffic(c: _Count, call: Call, per: int) -> None:
+    _rooted(c, call, per, to_root=False)
 
 
 def _blocks(c: _Count, blocks: list[int], rank: int, per: int, reduce: bool) -> None:
@@ -94,54 +138,50 @@ def _blocks(c: _Count, blocks: list[int], rank: int, per: int, reduce: bool) -> 
                 c.peer(pieces[j], pieces[rank]) if reduce else c.peer(pieces[rank], pieces[j])
 
 
-def _exchange(c: _Count, send: list[int], recv: list[int], rank: int, per: int) -> None:
-    """all_to_all / gather / scatter: pieces of at most `per` elements per peer per round."""
+@_counted
+def one_shot_reduce_scatter_traffic(c: _Count, call: Call, per: int) -> None:
+    # each round stages every rank's piece of all p blocks: a p-th of a half per block
+    _blocks(c, call.blocks, call.rank, max(1, per // call.p) if call.stage_bytes else per, reduce=True)
+
+
+@_counted
+def one_shot_all_gather_traffic(c: _Count, call: Call, per: int) -> None:
+    _blocks(c, call.blocks, call.rank, per, reduce=False)
+
+
+def _exchange(c: _Count, call: Call, send: list[int], recv: list[int]) -> None:
+    """all_to_all / gather / scatter: pieces of at most a table's share per peer per round."""
+    most = max([call.n] + call.blocks + (call.recv_numels or []))
+    per = table_elems(call.stage_bytes, call.p, call.itemsize) if call.stage_bytes else max(1, most)
     c.steps += max(1, math.ceil(max([0] + send + recv) / per))
     for j in range(len(send)):
-        if j != rank:
+        if j != call.rank:
             for lo in range(0, max(send[j], recv[j]), per):
                 c.peer(max(0, min(per, send[j] - lo)), max(0, min(per, recv[j] - lo)))
 
 
-def loadstore_traffic(call: Call) -> RankTraffic:
-    """The traffic record of every load/store algorithm: one call's reads, as dt.traffic() counts.
+@_counted
+def one_shot_all_to_all_traffic(c: _Count, call: Call, per: int) -> None:
+    _exchange(c, call, call.blocks, call.received_blocks)
 
-    call.n: the tensor's elements (all_reduce, reduce, broadcast); call.blocks: every rank's
-    block (all_gather, reduce_scatter, gather, scatter) or this rank's send blocks
-    (all_to_all, with call.recv_numels its receive blocks).
-    """
-    base, n, blocks, p, rank, root = call.collective, call.n, call.blocks, call.p, call.rank, call.root
-    stage_bytes, recv = call.stage_bytes, call.recv_numels
-    c = _Count(call.itemsize)
-    if p == 1:
-        return RankTraffic(0, 0, 0, 0, 0)
-    key = (base, call.algorithm)
-    most = max([n] + blocks + (recv or []))
-    per = _per(stage_bytes, call.itemsize, most)
-    if base == "all_reduce" and n:
-        _all_reduce(c, call.algorithm, n, p, rank, per)
-    elif key == ("reduce", "one_shot") and n:
-        _rooted(c, n, p, rank, root, per, to_root=True)
-    elif key == ("broadcast", "one_shot") and n:
-        _rooted(c, n, p, rank, root, per, to_root=False)
-    elif key == ("reduce_scatter", "one_shot") and max(blocks):
-        _blocks(c, blocks, rank, max(1, per // p) if stage_bytes else per, reduce=True)
-    elif key == ("all_gather", "one_shot") and max(blocks):
-        _blocks(c, blocks, rank, per, reduce=False)
-    elif base in ("all_to_all", "gather", "scatter"):
-        if base == "all_to_all":
-            send, got = blocks, call.received_blocks
-        elif base == "gather":
-            send = [blocks[rank] if j == root else 0 for j in range(p)]
-            got = blocks if rank == root else [0] * p
-        else:
-            send = blocks if rank == root else [0] * p
-            got = [blocks[rank] if j == root else 0 for j in range(p)]
-        per = table_elems(stage_bytes, p, call.itemsize) if stage_bytes else max(1, most)
-        _exchange(c, send, got, rank, per)
-    elif key == ("barrier", "one_shot"):
-        c.steps = 1
-    return RankTraffic(c.sent, c.received, c.msgs_sent, c.msgs_received, c.steps)
+
+@_counted
+def one_shot_gather_traffic(c: _Count, call: Call, per: int) -> None:
+    p, rank, root, blocks = call.p, call.rank, call.root, call.blocks
+    _exchange(c, call, [blocks[rank] if j == root else 0 for j in range(p)],
+              blocks if rank == root else [0] * p)
+
+
+@_counted
+def one_shot_scatter_traffic(c: _Count, call: Call, per: int) -> None:
+    p, rank, root, blocks = call.p, call.rank, call.root, call.blocks
+    _exchange(c, call, blocks if rank == root else [0] * p,
+              [blocks[rank] if j == root else 0 for j in range(p)])
+
+
+@_counted
+def one_shot_barrier_traffic(c: _Count, call: Call, per: int) -> None:
+    c.steps = 1
 
 
 def _staged(syncs: int, copied: float, reduced: float, n: float, stage_bytes: int | None) -> Counts:
