@@ -40,6 +40,7 @@ def test_a_record_is_dt_costs_arithmetic():
             assert fn is None or fn.__module__.startswith("dt.cost."), (record.name, fn)
         assert record.wires in (("shm",), registry.POINT_TO_POINT)
         assert (record.wires == ("shm",)) == registry.needs_shared_memory(record.collective, record.name)
+        assert (record.wires == ("shm",)) == ((record.collective, record.name) in records.LOADSTORE)
 
 
 def test_tables_are_the_records():
@@ -63,7 +64,7 @@ def _scratch_registry(monkeypatch: pytest.MonkeyPatch) -> None:
     costs: dict = {}
     for module, name, empty in ((registry, "ALGORITHMS", {}), (registry, "SHARED_MEMORY", set()),
                                 (registry, "COSTS", costs), (records, "COSTS", costs),
-                                (records, "LEVELED", {})):
+                                (records, "LEVELED", {}), (records, "LOADSTORE", set())):
         monkeypatch.setattr(module, name, empty)
 
 

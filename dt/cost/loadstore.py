@@ -32,10 +32,10 @@ import functools
 import math
 from collections.abc import Callable
 
-from dt.cost.records import Call, Counts, RankTraffic
+from dt.cost.records import LOADSTORE, Call, Counts, RankTraffic
 from dt.layout import rounds, split_sizes, table_elems
 
-__all__ = ["one_shot_all_gather", "one_shot_all_gather_traffic", "one_shot_all_reduce",
+__all__ = ["LOADSTORE", "one_shot_all_gather", "one_shot_all_gather_traffic", "one_shot_all_reduce",
            "one_shot_all_reduce_traffic", "one_shot_all_to_all", "one_shot_all_to_all_traffic",
            "one_shot_barrier", "one_shot_barrier_traffic", "one_shot_broadcast", "one_shot_broadcast_traffic",
            "one_shot_gather", "one_shot_gather_traffic", "one_shot_reduce", "one_shot_reduce_scatter",

@@ -25,8 +25,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ALIASES", "COSTS", "FORMS", "LEVELED", "Call", "CostRecord", "RankTraffic", "canonical",
-           "call_of", "family", "record_for", "register"]
+__all__ = ["ALIASES", "COSTS", "FORMS", "LEVELED", "LOADSTORE", "Call", "CostRecord", "RankTraffic",
+           "call_of", "canonical", "family", "record_for", "register"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +108,8 @@ COSTS: dict[tuple[str, str], CostRecord] = {}
 ALIASES: dict[tuple[str, str], str] = {}
 # Every collective the two-level model prices, and its algorithms (those with a `levels` record).
 LEVELED: dict[str, tuple[str, ...]] = {}
+# The load/store algorithms (wires ("shm",)), as (collective, name): priced at sync and mem.
+LOADSTORE: set[tuple[str, str]] = set()
 
 # The tensor forms of a collective (torch's `_into_tensor`, `_tensor`, `_single` APIs) and the
 # collective each one is: every table keyed by collective looks them up through `family`.
@@ -130,6 +132,8 @@ def register(record: CostRecord, aliases: tuple[str, ...] = ()) -> None:
     COSTS[(record.collective, record.name)] = record
     for alias in aliases:
         ALIASES[(record.collective, alias)] = record.name
+    if record.wires == ("shm",):
+        LOADSTORE.add((record.collective, record.name))
     if record.levels is not None:
         LEVELED[record.collective] = tuple(sorted({*LEVELED.get(record.collective, ()), record.name}))
 
