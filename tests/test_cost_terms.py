@@ -44,6 +44,14 @@ def test_software_charges_messages_beyond_a_steps_send_and_receive():
     assert _est("one_shot", 4, o).terms == Terms()  # load/store: no messages posted
 
 
+def test_a_load_store_reduction_reads_each_byte_once():
+    # one-shot on 4: 3n read from the peers and reduced; the add (gamma) holds those reads
+    o = Overheads(fused=0.3e-9)
+    e = cost.estimate("all_reduce", "one_shot", N, 4, alpha=20e-6, beta=0.3e-9, gamma=GAMMA, overheads=o)
+    assert e.terms.sharing == pytest.approx(-3 * N * 0.3e-9)
+    assert e.total == pytest.approx(20e-6 + N * 0.3e-9 + 3 * N * GAMMA)  # copy-in at mem, reads in the add
+
+
 def test_wake_is_charged_per_step_that_outlasts_the_spin():
     o = Overheads(wake=50e-6, spin=200e-6)
     # ring on 4, 4 MiB: every one of 6 steps moves 1 MiB, 1.05 ms at 1 ns/B > 200 us
@@ -76,7 +84,7 @@ def test_oversubscription_is_taken_out_of_the_latency_not_added():
 
 def test_terms_without_a_schedule_spread_the_bytes_over_the_steps():
     # broadcast binomial has no two-level schedule: 2 steps of n each on 4 ranks
-    t = terms("broadcast", "binomial", N, 4, 2, 2 * N, BETA, GAMMA, Overheads(wake=1e-5, spin=1e-4))
+    t = terms("broadcast", "binomial", N, 4, 2, 2 * N, 0.0, BETA, GAMMA, Overheads(wake=1e-5, spin=1e-4))
     assert t.wake == pytest.approx(2e-5) and t.sharing == 0.0
 
 
@@ -134,3 +142,16 @@ def test_tunes_quick_term_benchmarks_agree_on_every_rank(run):
             assert f["oversub"] == 0.0  # 2 ranks, a core each: nothing waits for one
         assert set(f["raw"]) >= {"fan 1", "fan 2", "fan 4", "late", "prompt", "copy alone", "add all"}
     assert res[0]["torch"]["spin"] == 0.0 and res[0]["shm"]["spin"] == default_spin(2)
+
+
+def test_tune_saves_the_shared_memory_wires_mem_as_the_fused_read():
+    from dt.tools import tune
+
+    def rank(mem: float) -> dict:
+        return {"shm": {"world": 2, "backend": "gloo", "wire": "shm", "alpha": 1e-4, "beta": 1e-9,
+                        "gamma": 1e-9, "pingpong_one_way": 1e-4, "sync": 2e-5, "mem": mem,
+                        "spread": {}, "terms": {"post": 1e-5, "solo": 0.8}}}
+
+    fig = tune.group_figures([rank(0.2e-9), rank(0.3e-9)], "shm")
+    assert fig["terms"]["fused"] == fig["mem"] == 0.3e-9  # the slowest rank's mem prices both
+    assert Overheads.from_saved(fig) == Overheads(post=1e-5, solo=0.8, fused=0.3e-9)

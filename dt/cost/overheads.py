@@ -36,10 +36,17 @@ with a micro-benchmark that is not a collective):
   term shrinks by as much: it says how much of the latency is the cores,
   and moves no total.
 
-The load/store algorithms (one_shot, two_shot) post no messages, their
+The load/store algorithms (one_shot, two_shot) post no messages and their
 ranks copy and sync together (what `sync` and `mem` were measured doing),
-so every term is 0 for them. All figures 0 (the default): the plain model,
-exactly (the reference's 3.96 ms ring).
+so software, wake and oversubscription are 0 for them. Their sharing term
+is the read a reduction does not pay twice: the model charges each byte
+read from a peer at `mem` and each byte reduced at gamma, but a reduced
+byte is read by the add itself (out += peer, the add `dt tune` times:
+gamma holds its loads), so `fused` (dt tune: the wire's mem) is taken off
+per reduced byte:  sharing = -fused * reduced.
+
+All figures at their defaults: the plain model, exactly (the reference's
+3.96 ms ring).
 """
 
 from __future__ import annotations
@@ -65,6 +72,7 @@ class Overheads:
     solo: float = 1.0  # a byte copied by one rank alone / by all ranks at once
     solo_reduce: float = 1.0  # a byte reduced by one rank alone / by all ranks at once
     oversub: float = 0.0  # of each step's alpha, the wait for a core (more ranks than cores)
+    fused: float = 0.0  # load/store: s/B of a peer's read the add's gamma already holds
 
     @classmethod
     def from_saved(cls, saved: dict[str, Any] | None) -> Overheads:
@@ -132,13 +140,15 @@ def _shared(per_rank: list[int], p: int, solo: float) -> float:
     return max(max(per_rank), sum(per_rank) / at_once) * solo
 
 
-def terms(collective: str, algorithm: str, nbytes: float, p: int, steps: int, nb: float,
+def terms(collective: str, algorithm: str, nbytes: float, p: int, steps: int, nb: float, reduced: float,
           beta: float, gamma: float, o: Overheads) -> Terms:
-    """The four terms of one call of n bytes on p ranks (steps, nb: dt.cost.formula's)."""
+    """The four terms of one call of n bytes on p ranks (steps, nb, reduced: dt.cost.formula's)."""
     base = family(collective)
     name = canonical(base, algorithm)
-    if p <= 1 or (base, name) in LOADSTORE or steps == 0:
+    if p <= 1 or steps == 0:
         return NO_TERMS
+    if (base, name) in LOADSTORE:
+        return Terms(sharing=-o.fused * reduced)
     software = o.post * max(0, _posted(base, name, nbytes, p) - 2 * steps) if o.post else 0.0
     per_step = _step_bytes(base, name, nbytes, p)
     wake = sharing = 0.0

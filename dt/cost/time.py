@@ -128,7 +128,7 @@ def estimate(collective: str, algorithm: str, nbytes: float, p: int, *, alpha: f
     the latency term, not added to it.
     """
     steps, nb, red = formula(collective, algorithm, nbytes, p, segment_bytes, stage_bytes)
-    extra = (terms(collective, algorithm, nbytes, p, steps, nb, beta, gamma, overheads)
+    extra = (terms(collective, algorithm, nbytes, p, steps, nb, red, beta, gamma, overheads)
              if overheads is not None else NO_TERMS)
     return Estimate(steps, nb, red, steps * alpha - extra.oversubscription, nb * beta, red * gamma, extra)
 

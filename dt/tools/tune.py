@@ -320,6 +320,8 @@ def group_figures(results: list[dict[str, Any]], wire: str) -> dict[str, Any]:
             fig[part] = {k: (max(res[wire][part][k] for res in results) if isinstance(v, float) else v)
                          for k, v in fig[part].items()}
     fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+    if "terms" in fig and "mem" in fig:  # a load/store reduction's reads are in its add (dt.cost.overheads)
+        fig["terms"] = dict(fig["terms"], fused=fig["mem"])
     if "levels" in fig:  # across hosts: each level's pair, the slower end of each
         from dt.cost.levels import nics_from
         from dt.tools.tune_levels import combine
