@@ -73,6 +73,10 @@ def test_sharing_credits_the_naive_root_copying_alone():
     for algorithm in ("ring", "recursive_doubling", "rabenseifner"):  # every rank copies in every step
         assert _est(algorithm, 4, o).terms.sharing == pytest.approx(0.0, abs=1e-12)
     assert _est("naive", 4, Overheads(solo=2.0)).terms.sharing == 0.0  # alone never slower
+    # company far dearer than alone (p * solo < 1): every rank moving alike still costs what was measured
+    for algorithm in ("ring", "recursive_doubling"):
+        assert _est(algorithm, 2, Overheads(solo=0.15, solo_reduce=0.14)).terms.sharing == pytest.approx(
+            0.0, abs=1e-12)
 
 
 def test_oversubscription_is_taken_out_of_the_latency_not_added():

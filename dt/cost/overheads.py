@@ -136,8 +136,10 @@ def _step_bytes(collective: str, algorithm: str, nbytes: float,
 def _shared(per_rank: list[int], p: int, solo: float) -> float:
     """Bytes-worth of one step when the ranks share the host's bandwidth (see the module doc)."""
     solo = min(1.0, solo)  # alone is never slower than in company (a noisy figure is not believed)
-    at_once = max(1.0, p * solo)
-    return max(max(per_rank), sum(per_rank) / at_once) * solo
+    if solo <= 0:
+        return float(max(per_rank))
+    # p * solo may be under 1 (company costing more than p times alone): all p moving b still gives b
+    return max(max(per_rank), sum(per_rank) / (p * solo)) * solo
 
 
 def terms(collective: str, algorithm: str, nbytes: float, p: int, steps: int, nb: float, reduced: float,

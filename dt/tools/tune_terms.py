@@ -77,21 +77,26 @@ def _reply(comm: Any, r: int, delay: float) -> Any:
     return reply
 
 
-def _copy_slopes(r: int, sizes: tuple[int, ...], reps: int) -> dict[str, float]:
-    """Slopes (s/B) of a memcpy and an add, by rank 0 alone and by every rank at once."""
+def _copy_slopes(r: int, sizes: tuple[int, ...], reps: int, repeats: int) -> dict[str, float]:
+    """Slopes (s/B) of a memcpy and an add, by rank 0 alone and by every rank at once.
+
+    All of them timed in turns (dt/tools/tune_curves.latencies), so a load that
+    drifts hits alone and together alike: their ratio is what matters.
+    """
     import torch
 
-    out = {}
-    for name in ("copy", "add"):
-        for who in ("alone", "all"):
-            points = {}
-            for nbytes in sizes:
-                a, b = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+    calls, kinds = {}, []
+    for nbytes in sizes:
+        a, b = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
+        for name in ("copy", "add"):
+            for who in ("alone", "all"):
                 busy = who == "all" or r == 0
-                fn = (lambda a=a, b=b: b.copy_(a)) if name == "copy" else (lambda a=a, b=b: a.add_(b))
-                points[nbytes] = median_time(fn if busy else (lambda: None), reps)
-            out[f"{name} {who}"] = slope(points)
-    return out
+                op = (lambda a=a, b=b: b.copy_(a)) if name == "copy" else (lambda a=a, b=b: a.add_(b))
+                calls[f"{name} {who} {nbytes}"] = op if busy else (lambda: None)
+                kinds.append((name, who))
+    timed = latencies(calls, reps, repeats, burst=2)
+    return {f"{name} {who}": slope({n: timed[f"{name} {who} {n}"].seconds for n in sizes})
+            for name, who in dict.fromkeys(kinds)}
 
 
 def _ratio(alone: float, together: float) -> float:
@@ -128,7 +133,8 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     late = median_time(_reply(comm, r, LATE), reps)
     prompt = median_time(_reply(comm, r, 0.0), reps)
     set_validation(None)
-    slopes = _copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4))
+    slopes = _copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4),
+                          1 if quick else repeats)
     raw = {f"fan {k}": timed[f"fan {k}"].seconds for k in fans}
     raw.update(pair=timed["pair"].seconds, all=timed["all"].seconds, late=late, prompt=prompt, **slopes)
     # every rank takes the slowest rank's figure (rank 0's waits on rank 1 and the other way round)
