@@ -159,3 +159,23 @@ def test_tune_saves_the_shared_memory_wires_mem_as_the_fused_read():
     fig = tune.group_figures([rank(0.2e-9), rank(0.3e-9)], "shm")
     assert fig["terms"]["fused"] == fig["mem"] == 0.3e-9  # the slowest rank's mem prices both
     assert Overheads.from_saved(fig) == Overheads(post=1e-5, solo=0.8, fused=0.3e-9)
+
+
+def test_tune_quick_is_short_and_measures_the_quick_terms(tmp_path, monkeypatch):
+    import dt.launcher
+    from dt.tools import tune
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    asked = {}
+
+    def launch(fn, world, reps, sweep, sweep_reps, max_bytes, wires, attempts, repeats, terms, **kw):
+        asked.update(reps=reps, sweep=sweep, repeats=repeats, terms=terms)
+        raise SystemExit(0)  # what was asked is the point; nothing is measured
+
+    monkeypatch.setattr(dt.launcher, "launch", launch)
+    with pytest.raises(SystemExit):
+        tune.main(["--quick", "--no-save"])
+    assert asked == {"reps": 3, "sweep": False, "repeats": 1, "terms": "quick"}
+    with pytest.raises(SystemExit):
+        tune.main(["--no-terms", "--no-sweep", "--no-save"])
+    assert asked["terms"] == "none" and asked["reps"] == 20
