@@ -141,3 +141,23 @@ def test_recompute_and_bad_input():
         step_flops(arch, recompute="some")
     with pytest.raises(ValueError, match="layer 9 is not one of"):
         layer_forward(arch, 9)
+
+
+def test_a_plan_model_shape_reads_like_the_config():
+    from dataclasses import dataclass
+
+    @dataclass(frozen=True)
+    class Shape:  # dt.plan.model.ModelShape's fields (the planner's model description)
+        n_layer: int = 2
+        n_head: int = 4
+        n_embd: int = 64
+        vocab: int = 256
+        ffn: int = 0
+        gated: bool = False
+        tied: bool = True
+        experts: int = 0
+        top_k: int = 1
+
+    assert Decoder.of(Shape(), 64) == gpt_arch(256, 64, 2, 64, 4)
+    with pytest.raises(ValueError, match="needs seq_len"):
+        Decoder.of(Shape())

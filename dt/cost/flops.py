@@ -76,7 +76,13 @@ class Decoder:
 
     @classmethod
     def of(cls, cfg: Any, seq_len: int | None = None) -> Decoder:
-        """From a dt GPTConfig (nanogpt.py or gpt.py) or LlamaConfig; seq_len defaults to block_size."""
+        """From a dt GPTConfig (nanogpt.py or gpt.py) or LlamaConfig (seq_len defaults to
+        block_size), or from dt.plan's ModelShape (vocab, ffn, gated, experts; give seq_len)."""
+        if hasattr(cfg, "vocab"):  # dt.plan.model.ModelShape: dt's block, gated = SwiGLU
+            return cls(vocab_size=cfg.vocab, seq_len=_given(seq_len), n_layer=cfg.n_layer,
+                       n_embd=cfg.n_embd, n_head=cfg.n_head, n_kv_head=cfg.n_head,
+                       ffn_hidden=cfg.ffn or 4 * cfg.n_embd, gated=cfg.gated, n_experts=cfg.experts,
+                       top_k=cfg.top_k, tied=cfg.tied)
         llama = hasattr(cfg, "n_kv_head")
         h = cfg.n_embd
         return cls(vocab_size=cfg.vocab_size, seq_len=seq_len or cfg.block_size, n_layer=cfg.n_layer,
@@ -84,6 +90,12 @@ class Decoder:
                    ffn_hidden=cfg.ffn_hidden if llama else 4 * h, gated=llama,
                    n_experts=getattr(cfg, "n_experts", 0), top_k=getattr(cfg, "top_k", 1),
                    tied=cfg.tied, position_table=not llama, bias=not llama)
+
+
+def _given(seq_len: int | None) -> int:
+    if not seq_len:
+        raise ValueError("a model shape without a block size needs seq_len")
+    return seq_len
 
 
 def _arch(model: Decoder | Any, seq_len: int | None = None) -> Decoder:
