@@ -102,3 +102,42 @@ def test_splits_and_recompute():
         layer_activation_bytes(arch, 1, b, e, attention="flash")
     with pytest.raises(ValueError, match="mixture-of-experts"):
         layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e)
+
+
+def measured_stash(cases: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
+    """(stage, stages, peak stash) of the runtime for each (schedule, m, v)."""
+    from torch import nn
+
+    from dt.parallel.pipeline import Pipeline, stage_module
+    out = []
+    for name, m, v in cases:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(8)])
+        pipe = Pipeline(stage_module(model, None, virtual=v))
+        x, y = torch.randn(8, 3), torch.randn(8, 3)
+        pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None,
+                        torch.nn.functional.mse_loss, micro_batches=m, schedule_name=name)
+        out.append((pipe.stage, pipe.stages, pipe.stats.peak_stash))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_peak_stash_replays_the_runtime(run, world):
+    from dt.parallel.pipeline import peak_stash
+    cases = [("gpipe", 4, 1), ("1f1b", 1, 1), ("1f1b", 3, 1), ("1f1b", 8, 1), ("interleaved", 4, 2),
+             ("interleaved", 2, 2)]
+    for rank in run(world, measured_stash, cases):
+        for (name, m, v), (stage, stages, measured) in zip(cases, rank):
+            assert peak_stash(name, stages, stage, m, v) == measured, (name, m, v, stage)
+    assert peak_stash("1f1b", 4, 0, 8) == 4 and peak_stash("1f1b", 4, 3, 8) == 1  # p - s
+    assert peak_stash("gpipe", 4, 2, 8) == 8
+
+
+def test_peak_stash_bytes_weighs_the_chunks():
+    from dt.parallel.pipeline import peak_stash_bytes, stash_profile
+    # interleaved p=2, m=2, v=2 on stage 0: F(0,0) F(0,1) F(1,0) F(1,1), then the backwards
+    assert stash_profile("interleaved", 2, 0, 2, 2, [10.0, 1.0])[:4] == [10, 20, 21, 22]
+    assert peak_stash_bytes("interleaved", 2, 0, 2, [10.0, 1.0]) == 22
+    assert peak_stash_bytes("1f1b", 4, 0, 8, [5.0]) == 20
+    with pytest.raises(ValueError, match="one figure per chunk"):
+        stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])
