@@ -31,6 +31,7 @@ LAYERS = [
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
     ("dt.models",),
     ("dt.train",),
+    ("dt.plan",),  # `dt plan`: the whole-step model, on the trainer's rules
     ("dt.bench",),
     ("dt.learn",),  # exercises, the judge, the quiz: on top of everything they teach
     ("dt.tools", "dt.__main__"),
