@@ -107,8 +107,9 @@ def train_step_memory(dp: int, tp: int, pp: int, micro_batches: int, batch: int)
     return {"stage": mesh.pp_rank, "peak": live.peak, **held}
 
 
-@pytest.mark.parametrize("world,dp,tp,pp,m,batch", [(1, 1, 1, 1, 1, 4), (1, 1, 1, 1, 2, 4), (2, 2, 1, 1, 1, 4),
-                                                    (2, 1, 1, 2, 2, 4), (2, 1, 2, 1, 1, 4)])
+@pytest.mark.parametrize("world,dp,tp,pp,m,batch", [(1, 1, 1, 1, 1, 4), (1, 1, 1, 1, 2, 4),
+                                                    (2, 2, 1, 1, 1, 4), (2, 1, 1, 2, 2, 4),
+                                                    (2, 1, 2, 1, 1, 4)])
 @pytest.mark.timeout(240)
 def test_rank_memory_predicts_the_measured_step(run, world, dp, tp, pp, m, batch):
     from dt.parallel.rank_memory import rank_memory
