@@ -13,6 +13,10 @@
                 winners (`dt tune` saves them)
 - moe.py        a mixture-of-experts layer's two all-to-alls (expert parallel)
 - context.py    Ulysses' all-to-alls and ring attention's passes (context parallel)
+- flops.py      FLOPs of dt's decoders per layer and kind: forward, backward, recompute, splits
+- activations.py  bytes autograd keeps per layer (tp, sp, cp, recompute), to the byte of dt's layers
+- devices.py    the catalogue: A100, H100, H200 peak FLOP/s, HBM, NVLink, NIC, each with its source
+- compute_rate.py  this machine's matmul rate per shape and thread count (`dt tune` saves it)
 
 Everything is importable from here: `from dt import cost; cost.ring_all_reduce(...)`.
 The shard and schedule arithmetic the counts are built on lives in dt.layout.
@@ -32,3 +36,11 @@ __all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "
            "Estimate", "Levels", "Machine", "TwoLevelEstimate", "level_bytes", "schedule", "two_level",
            "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
            "moe_layer_traffic", "ring_attention_traffic", "ulysses_traffic"]
+
+# The planner's arithmetic (appended: each a module of its own, re-exported here).
+from dt.cost.activations import layer_activation_bytes, stage_activation_bytes  # noqa: E402
+from dt.cost.devices import DEVICES, Device, device  # noqa: E402
+from dt.cost.flops import Decoder, StepFlops, layer_forward, step_flops, train_flops_per_token  # noqa: E402
+
+__all__ += ["DEVICES", "Decoder", "Device", "StepFlops", "device", "layer_activation_bytes", "layer_forward",
+            "stage_activation_bytes", "step_flops", "train_flops_per_token"]

@@ -79,6 +79,7 @@ from dt.bench.harness import (
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
 from dt.tools import tune_saved
+from dt.tools.tune_compute import after_tune
 from dt.tools.tune_curves import (
     EXCHANGE_SIZES,
     MAX_SPREAD,
@@ -430,4 +431,4 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  saved to {machine.save(fig)} (key {machine.key(fig)}"
                   f"{', despite the warnings: --force' if why else ''}); dt tune --show lists the "
                   f"saved figures, dt tune --reset deletes them")
-    return status
+    return after_tune(args, status)  # the matmul rates (dt/tools/tune_compute.py)
