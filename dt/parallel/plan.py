@@ -34,6 +34,8 @@ from typing import Any
 
 from torch import nn
 
+from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
+from dt.parallel.expert.style import ExpertParallel
 from dt.parallel.grid import Grid
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
@@ -45,7 +47,6 @@ from dt.parallel.tensor.styles import (
     VocabParallel,
     VocabParallelHead,
 )
-from dt.transport import resolve_group
 
 __all__ = ["gpt_plan", "hf_gpt2_plan", "hf_llama_plan", "llama_plan", "parallelize"]
 
@@ -82,21 +83,23 @@ def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Sty
 
 
 def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str = "tp") -> nn.Module:
-    """Swap `model`'s modules in place for their tensor-parallel selves on grid.group(axis).
+    """Swap `model`'s modules in place for their parallel selves: each style's group is
+    style.group_on(grid, axis), grid.group(axis) unless the style names its own axis
+    (experts: "ep", context: "cp").
 
     Collective over the world the first time the grid makes that group
     (Grid.group). Returns the model. Inputs must be the same on every rank of
     the group (a tensor-parallel group shares its tokens).
     """
     matches = _matches(model, plan)  # a bad plan is refused before any group is made
-    group = resolve_group(grid.group(axis))
+    groups = {id(style): style.group_on(grid, axis) for _, style in matches}  # every rank, same order
     ties: dict[int, nn.Parameter] = {}
     replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
     for name, style in matches:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
-        setattr(parent, child, style.apply(old, group, name, ties))
+        setattr(parent, child, style.apply(old, groups[id(style)], name, ties))
         replaced.append(old)
     return model
 
@@ -107,22 +110,46 @@ def _divides(what: str, count: int, tp: int) -> None:
                          f"divisible by tp {tp}")
 
 
-def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False) -> dict[str, Style]:
+def _context(cfg: Any, tp: int, cp: int, kind: str, positions: str) -> dict[str, Style]:
+    """Context parallel over cp ranks: attention's core across them, `positions` and the loss per share."""
+    if cp == 1:
+        return {}
+    if kind == "ulysses" and (cfg.n_head // tp) % cp:
+        raise ValueError(f"Ulysses splits each tensor-parallel rank's {cfg.n_head // tp} heads over cp {cp}: "
+                         "n_head must divide by tp * cp; use cp_attention='ring'")
+    return {"layers.*.attn.attend": ContextParallel(cfg.block_size, kind),
+            positions: SharePositions(cfg.block_size), "loss": ShareLoss(cfg.block_size)}
+
+
+def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
+             cp_attention: str = "ring") -> dict[str, Style]:
     """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
 
     sequence_parallel: between blocks (the layer norms, the residual stream) each
     rank holds block/tp tokens; sequences must split evenly over tp.
+    Mixture-of-experts blocks (cfg.n_experts > 0) are expert parallel over the
+    grid's "ep" group (replicated over tp: their tokens are). cp > 1: context
+    parallel over "cp" (cp_attention "ring" or "ulysses"; inputs split by
+    dt.parallel.context.style.shard_sequence).
     """
     _divides("n_head", cfg.n_head, tp)
     sp = sequence_parallel
+    experts = getattr(cfg, "n_experts", 0)
+    if experts and sp:
+        raise ValueError("sequence parallelism splits a sequence's tokens over tp, but a mixture of "
+                         "experts routes whole sequences: use sequence_parallel=False with n_experts")
     head = f"layers.{cfg.n_layer + 1}"
     plan: dict[str, Style] = {
         "layers.0.wte": VocabParallel(),
         "layers.*.attn.query_key_value": ColwiseParallel(sequence_parallel=sp),  # whole heads per rank
         "layers.*.attn.dense": RowwiseParallel(sequence_parallel=sp),
-        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(sequence_parallel=sp),
-        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(sequence_parallel=sp),
     }
+    if experts:
+        plan["layers.*.mlp"] = ExpertParallel(cfg.block_size)
+    else:
+        plan["layers.*.mlp.dense_h_to_4h"] = ColwiseParallel(sequence_parallel=sp)
+        plan["layers.*.mlp.dense_4h_to_h"] = RowwiseParallel(sequence_parallel=sp)
+    plan |= _context(cfg, tp, cp, cp_attention, "layers.0.wpe")
     if cfg.tied:
         plan[head] = VocabParallelHead(sequence_parallel=sp)
     else:

@@ -37,6 +37,7 @@ whole logits unchanged (its backward keeps each rank's slice of the gradient).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ from dt.parallel.tensor.mappings import (
     shard_range,
 )
 from dt.parallel.tensor.vocab import VocabParallelEmbedding
-from dt.transport import Group
+from dt.transport import Group, resolve_group
 
 __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", "ParallelLMHead",
            "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "VocabParallel",
@@ -63,9 +64,18 @@ Ties = dict[int, nn.Parameter]
 
 
 class Style(ABC):
-    """Turns `module` (named `name` in its model) into its tensor-parallel self on `group`."""
+    """Turns `module` (named `name` in its model) into its parallel self on `group`."""
 
     replaces = True  # False: the style only hooks the module, so modules inside it may be styled too
+    axis: str | None = None  # the grid axis its group runs along; None: dt.parallelize's axis=
+
+    def group_on(self, grid: Any, axis: str) -> Any:
+        """What apply's `group` is on `grid` (a dt.Grid): by default the group along self.axis
+        (or `axis`). A style needing more than one group (experts under context
+        parallelism) returns what it needs; collective over the world, as Grid.group is."""
+        name = self.axis or axis
+        # An axis the grid does not have is one of size 1: each rank alone (Grid.group() of no axes).
+        return resolve_group(grid.group(name) if name in grid.sizes or name in ("ep", "edp") else grid.group())
 
     @abstractmethod
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
