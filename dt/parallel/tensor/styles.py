@@ -75,7 +75,8 @@ class Style(ABC):
         parallelism) returns what it needs; collective over the world, as Grid.group is."""
         name = self.axis or axis
         # An axis the grid does not have is one of size 1: each rank alone (Grid.group() of no axes).
-        return resolve_group(grid.group(name) if name in grid.sizes or name in ("ep", "edp") else grid.group())
+        has = name in grid.sizes or name in ("ep", "edp")
+        return resolve_group(grid.group(name) if has else grid.group())
 
     @abstractmethod
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
