@@ -37,6 +37,8 @@ from torch import nn
 from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.expert.style import ExpertParallel
 from dt.parallel.grid import Grid
+from dt.parallel.recompute import Recompute
+from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
     FusedAttentionParallel,
@@ -110,19 +112,30 @@ def _divides(what: str, count: int, tp: int) -> None:
                          f"divisible by tp {tp}")
 
 
-def _context(cfg: Any, tp: int, cp: int, kind: str, positions: str) -> dict[str, Style]:
+def _context(cfg: Any, tp: int, cp: int, kind: str, attend: str, positions: str) -> dict[str, Style]:
     """Context parallel over cp ranks: attention's core across them, `positions` and the loss per share."""
     if cp == 1:
         return {}
     if kind == "ulysses" and (cfg.n_head // tp) % cp:
         raise ValueError(f"Ulysses splits each tensor-parallel rank's {cfg.n_head // tp} heads over cp {cp}: "
                          "n_head must divide by tp * cp; use cp_attention='ring'")
-    return {"layers.*.attn.attend": ContextParallel(cfg.block_size, kind),
-            positions: SharePositions(cfg.block_size), "loss": ShareLoss(cfg.block_size)}
+    return {attend: ContextParallel(cfg.block_size, kind), positions: SharePositions(cfg.block_size),
+            "loss": ShareLoss(cfg.block_size)}
+
+
+def _loss_parallel(cfg: Any, on: bool) -> dict[str, Style]:
+    """The loss on this rank's vocabulary slice of the logits (the head then gathers nothing)."""
+    return {"loss.per_token": VocabParallelLoss(cfg.vocab_size)} if on else {}
+
+
+def _recompute(blocks: range, on: bool) -> dict[str, Style]:
+    """Every block recomputed in backward (dt.parallel.recompute)."""
+    return {f"layers.{i}": Recompute() for i in blocks} if on else {}
 
 
 def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
-             cp_attention: str = "ring") -> dict[str, Style]:
+             cp_attention: str = "ring", recompute: bool = False,
+             loss_parallel: bool = False) -> dict[str, Style]:
     """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
 
     sequence_parallel: between blocks (the layer norms, the residual stream) each
@@ -130,7 +143,9 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
     Mixture-of-experts blocks (cfg.n_experts > 0) are expert parallel over the
     grid's "ep" group (replicated over tp: their tokens are). cp > 1: context
     parallel over "cp" (cp_attention "ring" or "ulysses"; inputs split by
-    dt.parallel.context.style.shard_sequence).
+    dt.parallel.context.style.shard_sequence). recompute: every block's
+    activations recomputed in backward. loss_parallel: the loss reads
+    vocabulary-sharded logits (the model returns this rank's vocabulary slice).
     """
     _divides("n_head", cfg.n_head, tp)
     sp = sequence_parallel
@@ -149,38 +164,57 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
     else:
         plan["layers.*.mlp.dense_h_to_4h"] = ColwiseParallel(sequence_parallel=sp)
         plan["layers.*.mlp.dense_4h_to_h"] = RowwiseParallel(sequence_parallel=sp)
-    plan |= _context(cfg, tp, cp, cp_attention, "layers.0.wpe")
     if cfg.tied:
-        plan[head] = VocabParallelHead(sequence_parallel=sp)
+        plan[head] = VocabParallelHead(gather_output=not loss_parallel, sequence_parallel=sp)
     else:
-        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=True, sequence_parallel=sp)
+        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=not loss_parallel, sequence_parallel=sp)
     if sp:
         # The embedding sums token and position rows for the whole sequence, then keeps this rank's.
         plan["layers.0"] = ShardSequence()
         plan["layers.*.ln_[12]"] = SequenceParallelNorm()
         if not cfg.tied:
             plan[f"{head}.ln_f"] = SequenceParallelNorm()
+    plan |= _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
+    plan |= _loss_parallel(cfg, loss_parallel)
+    plan |= _recompute(range(1, cfg.n_layer + 1), recompute)
     return plan
 
 
-def _llama(n_head: int, n_kv_head: int, tp: int, body: str) -> dict[str, Style]:
+def _llama(n_head: int, n_kv_head: int, tp: int, body: str, sp: bool = False,
+           gather: bool = True) -> dict[str, Style]:
     """Llama's split, its decoder under `body` (HF nests it in `model.`): heads whole, SwiGLU by columns."""
     _divides("n_head", n_head, tp)
     _divides("n_kv_head", n_kv_head, tp)
     return {
-        f"{body}embed_tokens": VocabParallel(),
-        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
-        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(),
-        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(),
-        f"{body}layers.*.mlp.up_proj": ColwiseParallel(),
-        f"{body}layers.*.mlp.down_proj": RowwiseParallel(),
-        "lm_head": ColwiseParallel(gather_output=True),  # tied or not: the embedding's rows
+        f"{body}embed_tokens": VocabParallel(sequence_parallel=sp),
+        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.up_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.down_proj": RowwiseParallel(sequence_parallel=sp),
+        # tied or not: the embedding's rows
+        "lm_head": ColwiseParallel(gather_output=gather, sequence_parallel=sp),
     }
 
 
-def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
-    """The plan of dt.models.llama.Llama."""
-    return _llama(cfg.n_head, cfg.n_kv_head, tp, "")
+def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
+               cp_attention: str = "ring", recompute: bool = False,
+               loss_parallel: bool = False) -> dict[str, Style]:
+    """The plan of dt.models.llama.Llama; the options are gpt_plan's.
+
+    sequence_parallel: the RMSNorms and the residual stream on block/tp tokens
+    per rank (each of q, k, v all-gathers its input: three gathers where a
+    fused projection would need one).
+    """
+    sp = sequence_parallel
+    plan = _llama(cfg.n_head, cfg.n_kv_head, tp, "", sp, gather=not loss_parallel)
+    if sp:
+        plan["layers.*_layernorm"] = SequenceParallelRMSNorm()  # input_ and post_attention_layernorm
+        plan["norm"] = SequenceParallelRMSNorm()
+    plan |= _context(cfg, tp, cp, cp_attention, "layers.*.self_attn.attend", "rotary")
+    plan |= _loss_parallel(cfg, loss_parallel)
+    plan |= _recompute(range(cfg.n_layer), recompute)
+    return plan
 
 
 def hf_llama_plan(config: Any, tp: int) -> dict[str, Style]:

@@ -195,7 +195,15 @@ class FusedAttentionParallel(Style):
 
 
 class VocabParallel(Style):
-    """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split, the looked-up rows summed."""
+    """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split, the looked-up rows summed.
+
+    sequence_parallel: the embedding's output is where the sequence-parallel region
+    begins (ShardSequence's hook on it: each rank keeps its tokens), as Llama's
+    embed_tokens is, with no module around it to hook.
+    """
+
+    def __init__(self, sequence_parallel: bool = False):
+        self.sequence_parallel = sequence_parallel
 
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         _expect(module, nn.Embedding, self, name)
@@ -203,7 +211,7 @@ class VocabParallel(Style):
             raise ValueError(f"{name}: VocabParallel splits a plain nn.Embedding (no padding_idx, max_norm)")
         layer = VocabParallelEmbedding(module.num_embeddings, module.embedding_dim, group, full=module)
         _tie(layer, "weight", module.weight, ties)
-        return layer
+        return ShardSequence().apply(layer, group, name, ties) if self.sequence_parallel else layer
 
 
 class SequenceParallelNorm(Style):
