@@ -16,11 +16,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from dt.layout import edges, split_sizes
+from dt.models.llama import Llama, LlamaConfig
 from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.context.style import sequence_layout, shard_sequence
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, dense_axes, split_parameters
 from dt.parallel.grid import Grid
-from dt.parallel.plan import gpt_plan, parallelize
+from dt.parallel.plan import gpt_plan, llama_plan, parallelize
 from tests.test_parallelize import _shard_of
 
 TOL = {"rtol": 0, "atol": 1e-12}
@@ -45,16 +47,20 @@ def _sync(model: torch.nn.Module, grid: Grid, loss: torch.Tensor) -> torch.Tenso
     return loss
 
 
+MODELS = {"gpt": (GPT, GPTConfig, gpt_plan), "llama": (Llama, LlamaConfig, llama_plan)}
+
+
 def against_plain(cfg: dict, sizes: dict, ep: int, plan_kw: dict, ids: torch.Tensor,
-                  targets: torch.Tensor, labels: tuple[str, ...]) -> list[str]:
-    """What differs, on this rank, between the parallelized plain GPT and the plain one."""
+                  targets: torch.Tensor, labels: tuple[str, ...], kind: str = "gpt") -> list[str]:
+    """What differs, on this rank, between the parallelized plain model and the plain one."""
     import dt
 
     rank, grid = dist.get_rank(), Grid(sizes, ep=ep)
-    plain, model = GPT(GPTConfig(**cfg)), GPT(GPTConfig(**cfg))
+    build, config, make_plan = MODELS[kind]
+    plain, model = build(config(**cfg)), build(config(**cfg))
     names = set(model.state_dict())
     rng = torch.random.get_rng_state()
-    parallelize(model, grid, gpt_plan(model.cfg, sizes.get("tp", 1), **plan_kw))
+    parallelize(model, grid, make_plan(model.cfg, sizes.get("tp", 1), **plan_kw))
     bad = [] if torch.equal(rng, torch.random.get_rng_state()) else ["parallelize drew random numbers"]
     if not set(model.state_dict()) <= names:
         bad.append(f"new names: {sorted(set(model.state_dict()) - names)}")
@@ -70,7 +76,11 @@ def against_plain(cfg: dict, sizes: dict, ep: int, plan_kw: dict, ids: torch.Ten
     if missing:
         bad.append(f"no traffic under {missing}")
     positions = sequence_layout(ids.shape[1], cp).positions(at.get("cp", 0)) if cp > 1 else slice(None)
-    for what, got, want in (("loss", loss, want_loss), ("logits", logits, want_logits[rows][:, positions])):
+    want_logits = want_logits[rows][:, positions]
+    if plan_kw.get("loss_parallel"):  # this rank's vocabulary slice
+        e = edges(split_sizes(cfg["vocab_size"], sizes.get("tp", 1)))
+        want_logits = want_logits[..., e[at.get("tp", 0)]:e[at.get("tp", 0) + 1]]
+    for what, got, want in (("loss", loss, want_loss), ("logits", logits, want_logits)):
         if not torch.allclose(got, want, **TOL):
             bad.append(f"{what}: off by {(got - want).abs().max().item():.3g}")
     plain_params = dict(plain.named_parameters())
@@ -84,7 +94,7 @@ def against_plain(cfg: dict, sizes: dict, ep: int, plan_kw: dict, ids: torch.Ten
         elif p.grad is None or not torch.allclose(p.grad, want_g, **TOL):
             off = "none" if p.grad is None else f"{(p.grad - want_g).abs().max().item():.3g}"
             bad.append(f"{name}: gradient is not the plain model's (off by {off})")
-    return [f"rank {rank} {sizes} ep={ep} {plan_kw}: {b}" for b in bad]
+    return [f"rank {rank} {kind} {sizes} ep={ep} {plan_kw}: {b}" for b in bad]
 
 
 def _moe_layers(cfg: dict, sizes: dict, ep: int) -> list[object]:
