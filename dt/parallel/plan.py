@@ -1,17 +1,20 @@
-"""dt.parallelize: tensor (and sequence) parallelism applied to a plain model from outside, by a plan.
+"""dt.parallelize: parallelism applied to a plain model from outside, by a plan.
 
     model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
-    grid = dt.Grid({"dp": 2, "tp": 2})
-    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
-    logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
+    grid = dt.Grid({"dp": 2, "cp": 2, "tp": 2}, ep=2)
+    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp"), cp=grid.size("cp")))
+    logits, loss = model(shard_sequence(ids, grid), shard_sequence(targets, grid))
 
 A plan maps module-name patterns (fnmatch: `*` matches any run of
-characters, dots included) to styles (dt.parallel.tensor.styles). Each
-matched module is swapped, in the model's own module order, for the
-parallel layer its style makes from it; the model keeps its parameter names,
+characters, dots included) to styles (dt.parallel.tensor.styles and each
+parallel package's style.py). Each matched module is swapped, in the
+model's own module order, for the parallel layer its style makes from it
+(or, for a hook-only style, hooked); the model keeps its parameter names,
 and a weight tied between two modules stays one parameter. This is
 torchtitan's parallelize_module with dt's layers, and picotron's module
-swap: the model file never mentions a group.
+swap: the model file never mentions a group. Each style runs on the group
+of its own axis (Style.axis: "ep" for experts, "cp" for context; the
+tensor-parallel ones on parallelize's axis=, "tp" by default).
 
 A plan is checked before anything is swapped: a pattern matching nothing
 (a typo would otherwise leave a layer unsplit, silently correct and slow), a
@@ -23,7 +26,25 @@ hf_llama_plan those of Hugging Face transformers' GPT2LMHeadModel and
 LlamaForCausalLM, built from their configs (this module never imports
 transformers). All are Megatron's split: QKV and the MLP's first matrices by
 columns, the output projections by rows, the vocabulary by rows of the
-embedding and the head.
+embedding and the head. gpt_plan and llama_plan add, each by one line:
+experts (cfg.n_experts > 0: dt.parallel.expert.style), context parallel
+(cp=, cp_attention=: dt.parallel.context.style), the loss on vocab-sharded
+logits (loss_parallel=: dt.parallel.tensor.loss) and per-block recompute
+(recompute=: dt.parallel.recompute).
+
+What a training step does around a model parallelized this way:
+- inputs: every rank of a tp x cp block gets the same whole sequences (its dp
+  slice of the batch); under cp each keeps shard_sequence(ids, grid) and
+  shard_sequence(targets, grid) (dt.parallel.context.style).
+- the loss is the module `model.loss` (logits, targets): a pipeline's last
+  stage calls it on the head's output; under cp it returns this rank's share,
+  scaled so that the cp ranks' values average to the sequences' mean.
+- micro-batches: call dt.models.moe.set_batch_sequences(model, B) with the
+  batch's B sequences when each micro-batch's loss is weighted by its share.
+- gradients: dt.parallel.expert.style.split_parameters(model) -> (dense,
+  experts). Dense: average over grid.group(*dense_axes(grid)) (dp x cp).
+  Experts: SUM over grid.group(EXPERT_GROUP) ("edp"), then divide by
+  grid.plane (dp * cp). The loss to report: its average over dp x cp.
 """
 
 from __future__ import annotations
