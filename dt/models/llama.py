@@ -206,6 +206,15 @@ class Llama(LanguageModel):
         self.rotary = Rotary(cfg.head_dim, cfg.block_size, cfg.rope_theta, dtype)
         self.loss = NextTokenLoss()  # a module, so a plan can swap it (vocab-parallel, context-parallel)
 
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        """The rotary tables for positions 0..block_size-1 (rotary(positions) looks them up)."""
+        return self.rotary.cos
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        return self.rotary.sin
+
     def forward(self, ids: torch.Tensor,
                 targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         s = ids.shape[1]

@@ -1,20 +1,17 @@
-"""dt.parallelize: parallelism applied to a plain model from outside, by a plan.
+"""dt.parallelize: tensor (and sequence) parallelism applied to a plain model from outside, by a plan.
 
     model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
-    grid = dt.Grid({"dp": 2, "cp": 2, "tp": 2}, ep=2)
-    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp"), cp=grid.size("cp")))
-    logits, loss = model(shard_sequence(ids, grid), shard_sequence(targets, grid))
+    grid = dt.Grid({"dp": 2, "tp": 2})
+    dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
+    logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
 
 A plan maps module-name patterns (fnmatch: `*` matches any run of
-characters, dots included) to styles (dt.parallel.tensor.styles and each
-parallel package's style.py). Each matched module is swapped, in the
-model's own module order, for the parallel layer its style makes from it
-(or, for a hook-only style, hooked); the model keeps its parameter names,
+characters, dots included) to styles (dt.parallel.tensor.styles). Each
+matched module is swapped, in the model's own module order, for the
+parallel layer its style makes from it; the model keeps its parameter names,
 and a weight tied between two modules stays one parameter. This is
 torchtitan's parallelize_module with dt's layers, and picotron's module
-swap: the model file never mentions a group. Each style runs on the group
-of its own axis (Style.axis: "ep" for experts, "cp" for context; the
-tensor-parallel ones on parallelize's axis=, "tp" by default).
+swap: the model file never mentions a group.
 
 A plan is checked before anything is swapped: a pattern matching nothing
 (a typo would otherwise leave a layer unsplit, silently correct and slow), a
@@ -26,25 +23,7 @@ hf_llama_plan those of Hugging Face transformers' GPT2LMHeadModel and
 LlamaForCausalLM, built from their configs (this module never imports
 transformers). All are Megatron's split: QKV and the MLP's first matrices by
 columns, the output projections by rows, the vocabulary by rows of the
-embedding and the head. gpt_plan and llama_plan add, each by one line:
-experts (cfg.n_experts > 0: dt.parallel.expert.style), context parallel
-(cp=, cp_attention=: dt.parallel.context.style), the loss on vocab-sharded
-logits (loss_parallel=: dt.parallel.tensor.loss) and per-block recompute
-(recompute=: dt.parallel.recompute).
-
-What a training step does around a model parallelized this way:
-- inputs: every rank of a tp x cp block gets the same whole sequences (its dp
-  slice of the batch); under cp each keeps shard_sequence(ids, grid) and
-  shard_sequence(targets, grid) (dt.parallel.context.style).
-- the loss is the module `model.loss` (logits, targets): a pipeline's last
-  stage calls it on the head's output; under cp it returns this rank's share,
-  scaled so that the cp ranks' values average to the sequences' mean.
-- micro-batches: call dt.models.moe.set_batch_sequences(model, B) with the
-  batch's B sequences when each micro-batch's loss is weighted by its share.
-- gradients: dt.parallel.expert.style.split_parameters(model) -> (dense,
-  experts). Dense: average over grid.group(*dense_axes(grid)) (dp x cp).
-  Experts: SUM over grid.group(EXPERT_GROUP) ("edp"), then divide by
-  grid.plane (dp * cp). The loss to report: its average over dp x cp.
+embedding and the head.
 """
 
 from __future__ import annotations
@@ -71,7 +50,8 @@ from dt.parallel.tensor.styles import (
     VocabParallelHead,
 )
 
-__all__ = ["gpt_plan", "hf_gpt2_plan", "hf_llama_plan", "llama_plan", "parallelize"]
+__all__ = ["gpt_context", "gpt_experts", "gpt_plan", "gpt_recompute", "hf_gpt2_plan", "hf_llama_plan",
+           "llama_context", "llama_plan", "llama_recompute", "parallelize"]
 
 
 def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Style]]:
@@ -106,15 +86,14 @@ def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Sty
 
 
 def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str = "tp") -> nn.Module:
-    """Swap `model`'s modules in place for their parallel selves: each style's group is
-    style.group_on(grid, axis), grid.group(axis) unless the style names its own axis
-    (experts: "ep", context: "cp").
+    """Swap `model`'s modules in place for their tensor-parallel selves on grid.group(axis).
 
     Collective over the world the first time the grid makes that group
     (Grid.group). Returns the model. Inputs must be the same on every rank of
     the group (a tensor-parallel group shares its tokens).
     """
     matches = _matches(model, plan)  # a bad plan is refused before any group is made
+    # Each style's group: grid.group(axis) unless it runs on its own axis (Style.axis: "ep", "cp").
     groups = {id(style): style.group_on(grid, axis) for _, style in matches}  # every rank, same order
     ties: dict[int, nn.Parameter] = {}
     replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
@@ -135,6 +114,8 @@ def _divides(what: str, count: int, tp: int) -> None:
 
 def _context(cfg: Any, tp: int, cp: int, kind: str, attend: str, positions: str) -> dict[str, Style]:
     """Context parallel over cp ranks: attention's core across them, `positions` and the loss per share."""
+    if cp < 1:
+        raise ValueError(f"cp must be a whole number >= 1, got {cp}")
     if cp == 1:
         return {}
     if kind == "ulysses" and (cfg.n_head // tp) % cp:
@@ -149,14 +130,39 @@ def _loss_parallel(cfg: Any, on: bool) -> dict[str, Style]:
     return {"loss.per_token": VocabParallelLoss(cfg.vocab_size)} if on else {}
 
 
-def _recompute(blocks: range, on: bool) -> dict[str, Style]:
+def _recompute(blocks: range) -> dict[str, Style]:
     """Every block recomputed in backward (dt.parallel.recompute)."""
-    return {f"layers.{i}": Recompute() for i in blocks} if on else {}
+    return {f"layers.{i}": Recompute() for i in blocks}
+
+
+def gpt_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
+    """dt.models.nanogpt.GPT's context-parallel entries (styles on "cp"; empty at cp 1)."""
+    return _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
+
+
+def gpt_experts(cfg: Any) -> dict[str, Style]:
+    """dt.models.nanogpt.GPT's expert-parallel entry (on "ep"; empty without experts)."""
+    return {"layers.*.mlp": ExpertParallel(cfg.block_size)} if getattr(cfg, "n_experts", 0) else {}
+
+
+def gpt_recompute(cfg: Any) -> dict[str, Style]:
+    """Every block of dt.models.nanogpt.GPT recomputed in backward."""
+    return _recompute(range(1, cfg.n_layer + 1))
+
+
+def llama_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
+    """dt.models.llama.Llama's context-parallel entries (styles on "cp"; empty at cp 1)."""
+    return _context(cfg, tp, cp, cp_attention, "layers.*.self_attn.attend", "rotary")
+
+
+def llama_recompute(cfg: Any) -> dict[str, Style]:
+    """Every decoder layer of dt.models.llama.Llama recomputed in backward."""
+    return _recompute(range(cfg.n_layer))
 
 
 def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
-             cp_attention: str = "ring", recompute: bool = False,
-             loss_parallel: bool = False) -> dict[str, Style]:
+             cp_attention: str = "ring", recompute: bool = False, loss_parallel: bool = False,
+             experts: bool = True) -> dict[str, Style]:
     """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
 
     sequence_parallel: between blocks (the layer norms, the residual stream) each
@@ -167,11 +173,22 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
     dt.parallel.context.style.shard_sequence). recompute: every block's
     activations recomputed in backward. loss_parallel: the loss reads
     vocabulary-sharded logits (the model returns this rank's vocabulary slice).
+    Each mode is one line below, from a function of its own (gpt_context,
+    gpt_experts, gpt_recompute), so a caller applying the modes one at a time
+    (experts=False, cp=1, recompute=False here) takes those parts alone.
+
+    A training step around the parallelized model: under cp, every rank of a
+    cp group takes the same whole sequences and keeps shard_sequence(ids, grid)
+    and shard_sequence(targets, grid); its loss function is `model.loss` (cp's
+    rescaling and loss_parallel live there, so a pipeline's last stage must call
+    it, not lm_loss); micro-batches: dt.models.moe.set_batch_sequences(model, B);
+    gradients: dt.parallel.expert.style.split_parameters(model) -> dense (average
+    over dp x cp, dense_axes(grid)) and experts (SUM over EXPERT_GROUP "edp",
+    then / grid.plane).
     """
     _divides("n_head", cfg.n_head, tp)
     sp = sequence_parallel
-    experts = getattr(cfg, "n_experts", 0)
-    if experts and sp:
+    if getattr(cfg, "n_experts", 0) and sp:
         raise ValueError("sequence parallelism splits a sequence's tokens over tp, but a mixture of "
                          "experts routes whole sequences: use sequence_parallel=False with n_experts")
     head = f"layers.{cfg.n_layer + 1}"
@@ -180,9 +197,7 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
         "layers.*.attn.query_key_value": ColwiseParallel(sequence_parallel=sp),  # whole heads per rank
         "layers.*.attn.dense": RowwiseParallel(sequence_parallel=sp),
     }
-    if experts:
-        plan["layers.*.mlp"] = ExpertParallel(cfg.block_size)
-    else:
+    if not getattr(cfg, "n_experts", 0):
         plan["layers.*.mlp.dense_h_to_4h"] = ColwiseParallel(sequence_parallel=sp)
         plan["layers.*.mlp.dense_4h_to_h"] = RowwiseParallel(sequence_parallel=sp)
     if cfg.tied:
@@ -195,9 +210,10 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
         plan["layers.*.ln_[12]"] = SequenceParallelNorm()
         if not cfg.tied:
             plan[f"{head}.ln_f"] = SequenceParallelNorm()
-    plan |= _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
+    plan |= gpt_experts(cfg) if experts else {}
+    plan |= gpt_context(cfg, tp, cp, cp_attention)
     plan |= _loss_parallel(cfg, loss_parallel)
-    plan |= _recompute(range(1, cfg.n_layer + 1), recompute)
+    plan |= gpt_recompute(cfg) if recompute else {}
     return plan
 
 
@@ -232,9 +248,9 @@ def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 
     if sp:
         plan["layers.*_layernorm"] = SequenceParallelRMSNorm()  # input_ and post_attention_layernorm
         plan["norm"] = SequenceParallelRMSNorm()
-    plan |= _context(cfg, tp, cp, cp_attention, "layers.*.self_attn.attend", "rotary")
+    plan |= llama_context(cfg, tp, cp, cp_attention)
     plan |= _loss_parallel(cfg, loss_parallel)
-    plan |= _recompute(range(cfg.n_layer), recompute)
+    plan |= llama_recompute(cfg) if recompute else {}
     return plan
 
 
