@@ -18,8 +18,11 @@ A hook, not a swap: the block keeps its class, names and parameters (its
 instance's forward is wrapped), so the tensor- and context-parallel styles
 swap the modules inside it as without recompute, and their collectives run
 again, in the same order on every rank, when the block is recomputed.
-One consequence: counters a block updates in forward (an MoE's routing
-statistics, `counted`) count the recomputed forward too.
+Apply it to the whole model before a pipeline cut (gpt_recompute(cfg), whose
+names are the model's): the wrapped blocks travel into their stages, and no
+recompute region spans a stage boundary. One consequence: counters a block
+updates in forward (an MoE's routing statistics, `counted`) count the
+recomputed forward too.
 """
 
 from __future__ import annotations

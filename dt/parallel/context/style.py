@@ -35,6 +35,10 @@ part from its tokens, so dense gradients are averaged over the dp x cp plane
 (grid.group("dp", "cp")), the same average the step takes over dp.
 A mixture of experts under cp needs its router to see whole sequences:
 dt.parallel.expert.style's ExpertParallel(seq_len) does that.
+A pipeline that cuts the model into layers keeps these hooks (they sit on the
+model's own modules): Llama's layers must take their tables from
+`model.rotary(torch.arange(s))`, which SharePositions hooks, and the last
+stage's loss must be `model.loss`, which ShareLoss hooks.
 Cost per rank: dt.cost.ring_attention_traffic or dt.cost.ulysses_traffic per
 attention layer.
 """
