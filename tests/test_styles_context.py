@@ -39,6 +39,18 @@ def test_context_parallel_gpt_is_the_plain_one(run, world, cases):
     assert [b for r in run(world, _cases, cases, ids, targets, timeout=260) for b in r] == []
 
 
+def _sequence_parallel_inside_cp(ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    cfg = {**BASE, "block_size": 12}  # 6 tokens per cp rank, 3 per tp rank between blocks
+    return against_plain(cfg, {"cp": 2, "tp": 2}, 1, {"cp": 2, "sequence_parallel": True}, ids, targets,
+                         ("ring_attention",))
+
+
+@pytest.mark.timeout(200)
+def test_sequence_parallel_composes_with_context_parallel(run):
+    ids, targets = _batch(3, 4, 12, BASE["vocab_size"])
+    assert [b for r in run(4, _sequence_parallel_inside_cp, ids, targets, timeout=160) for b in r] == []
+
+
 def _wrong_length(ids: torch.Tensor) -> str:
     model = GPT(GPTConfig(**BASE))
     grid = Grid({"cp": 2})
