@@ -179,6 +179,11 @@ def _plain_and_parallel_moe(seed: int) -> list[str]:
         bad.append("balance losses differ")
     if plain.counted != layer.counted or plain.counted["dropped"] == 0:
         bad.append(f"routing stats {plain.counted} vs {layer.counted}")
+    (y_plain * x).sum().backward()
+    (y * x).sum().backward()
+    theirs = dict(plain.named_parameters())
+    bad += [f"{n}: gradient differs" for n, p in layer.named_parameters()
+            if not torch.equal(p.grad, theirs[n].grad)]
     return bad
 
 
