@@ -62,7 +62,18 @@ def _wrong_length(ids: torch.Tensor) -> str:
     return "accepted"
 
 
-def test_context_parallel_refuses_a_sequence_of_another_length(run):
+def _wrong_grid() -> str:
+    model = GPT(GPTConfig(**BASE))
+    try:
+        parallelize(model, Grid({"dp": 2, "cp": 1}), gpt_plan(model.cfg, 1, cp=2))
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_context_parallel_refuses_another_length_or_grid(run):
+    assert run(2, _wrong_grid)[0] == ("a context-parallel plan for cp = 2 on Grid({'dp': 2, 'cp': 1}), whose "
+                                      "cp group holds 1 rank(s): make the plan with the grid's cp")
     got = run(2, _wrong_length, torch.zeros(1, 8, dtype=torch.long))
     assert got[0] == ("layers.0.wpe: cp rank 0 of 2 holds 5 tokens of a sequence of 10, got 4: give every "
                       "cp rank whole sequences of seq_len tokens and keep its share with shard_sequence")
