@@ -201,3 +201,37 @@ def test_avg_bus_bandwidth_is_nccl_tests_mean_over_sizes_and_modes():
     print_avg(_data(rows), out)
     assert out.getvalue().splitlines() == ["# Avg bus bandwidth    : 3 GB/s  ring",
                                            "# Avg bus bandwidth    : 5 GB/s  pairwise"]
+
+
+def test_compare_deepspeed_skips_in_one_line_when_it_cannot_run(monkeypatch, capsys):
+    """Not importable, or its C++ op does not build: one line on stderr, and the sweep goes on
+    without it (DeepSpeed is optional); an op that builds keeps it in."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "deepspeed.accelerator", None)
+    assert _cfg("--compare", "deepspeed", "-b", "4K", "-e", "4K")["deepspeed"] is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compare deepspeed skipped: deepspeed does not import" in err[0]
+
+    class Builder:
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
+
+        def load(self) -> None:
+            if self.fails:
+                raise RuntimeError("Error building extension 'deepspeed_shm_comm'\nninja: build stopped")
+
+    for fails in (True, False):
+        fake = types.ModuleType("deepspeed.accelerator")
+        fake.get_accelerator = lambda fails=fails: types.SimpleNamespace(  # type: ignore[attr-defined]
+            create_op_builder=lambda name: Builder(fails))
+        monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+        monkeypatch.setitem(sys.modules, "deepspeed.accelerator", fake)
+        assert bc.deepspeed_builds() is (not fails)
+        err = capsys.readouterr().err.strip().splitlines()
+        if fails:
+            assert err == ["# --compare deepspeed skipped: its shared-memory op (ShareMemCommBuilder) "
+                           "did not build (RuntimeError: Error building extension 'deepspeed_shm_comm')"]
+        else:
+            assert err == []

@@ -69,6 +69,8 @@ class Board:
         self._starts: list[int] = []  # this rank's part of each allocation, by address
         self._sorted: list[Allocation] = []
         self.broken: str | None = None
+        # Each rank's descriptor "where" word, per parity (a fast path's all_staged reads them).
+        self._where = [[j * WORDS + DESC + 4 * q for j in range(self.p)] for q in (0, 1)]
 
     # -- staging and allocations ------------------------------------------------
     def staging(self, rank: int, parity: int) -> torch.Tensor:
@@ -109,7 +111,10 @@ class Board:
     def all_staged(self, parity: int) -> bool:
         """Whether every rank published its staging area (not a shared allocation) this round."""
         words = self.sync.words
-        return not any(words[j * WORDS + DESC + 4 * parity] for j in range(self.p))
+        for i in self._where[parity]:
+            if words[i]:
+                return False
+        return True
 
     def staged_rows(self, parity: int, dtype: torch.dtype, lo: int, hi: int) -> torch.Tensor:
         """Elements [lo, hi) of every rank's staging half `parity`: one strided (p, hi - lo) view."""
