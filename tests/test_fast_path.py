@@ -22,7 +22,7 @@ import torch.distributed as dist
 import dt
 from dt import cost
 from dt.collectives import api
-from dt.transport import resolve_group, set_validation
+from dt.transport import resolve_group, set_validation, shared_group
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_collectives import data
 
@@ -238,3 +238,42 @@ def test_one_call_runs_few_python_functions(run, nbytes):
     calls = res[0]["calls"]
     assert "run" in calls and "launch" not in calls  # the planned path, not the full one
     assert len(calls) <= CALLS_BOUND[nbytes], calls
+
+
+def _decided_before_queued() -> dict:
+    """Where auto's choice runs for async calls (the caller's thread, before the job is queued),
+    and whether a new group is connected by the time its first (async) call returns."""
+    import threading
+
+    from dt.collectives import auto
+
+    set_validation(False)
+    g = shared_group(range(dist.get_world_size()), "test_fast_path: decided before queued")
+    threads: list[str] = []
+    real = auto.choose
+
+    def choose(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    auto.choose = choose
+    try:
+        x = torch.ones(1000)
+        work = dt.all_reduce(x, group=g, async_op=True)
+        connected = resolve_group(g).links.topology is not None  # before waiting on the work
+        work.wait()
+        works = [dt.all_reduce(x, group=g, async_op=True, algorithm=a) for a in ("auto", "ring")]
+        for w in works:
+            w.wait()
+    finally:
+        auto.choose = real
+        set_validation(None)
+    return {"connected": connected, "threads": threads, "main": threading.main_thread().name,
+            "value": x[0].item()}
+
+
+def test_the_algorithm_is_chosen_before_the_job_is_queued(run):
+    for res in run(2, _decided_before_queued):
+        assert res["connected"]  # the first call connected the group on the caller's thread
+        assert res["threads"] and set(res["threads"]) == {res["main"]}, res["threads"]
+        assert res["value"] == 8.0  # three all-reduces of ones at world 2
