@@ -147,6 +147,8 @@ def decide(collective: str, g: Group, algorithm: str, nbytes: int, device: torch
     Runs on the caller's thread: a group's first call connects it before any job of it is
     queued, so issue order holds; later calls find it connected (one attribute read).
     """
+    if algorithm != "auto" and not local_error:
+        lookup(collective, algorithm)  # an unknown name fails here, before any message
     links = g.links
     if links.topology is None or (links.agreed is None and links.topology.host_count > 1):
         with transport.call_timeout(timeout):
@@ -155,7 +157,7 @@ def decide(collective: str, g: Group, algorithm: str, nbytes: int, device: torch
     if local_error:
         return algorithm  # validation reports the error on every rank; nothing runs
     algo = auto.choose(collective, algorithm, nbytes, g, device=device)
-    lookup(collective, algo)  # unknown names fail here, before any message
+    lookup(collective, algo)  # DT_ALGO's or auto's pick exists for this collective
     return algo
 
 
