@@ -235,3 +235,19 @@ def test_compare_deepspeed_skips_in_one_line_when_it_cannot_run(monkeypatch, cap
                            "did not build (RuntimeError: Error building extension 'deepspeed_shm_comm')"]
         else:
             assert err == []
+
+
+def test_per_call_figures_of_a_planned_all_reduce(run, capsys):
+    """python -m dt.bench.collectives_percall: the traced call is the planned one (few dt files,
+    the same at every rank), times are positive; a bad size is refused in one line (exit 2)."""
+    from dt.bench import collectives_percall as pc
+
+    for figures in run(2, pc.per_call, [4096, 65536], 5, False):
+        for f in figures.values():
+            assert 0 < f["files"] <= 10 and f["python"] > 0 and f["c"] > 0
+            assert f["cpu_us"] > 0 and f["wall_us"] > 0
+    with pytest.raises(SystemExit) as stop:
+        pc.main(["--sizes", "4Q"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sizes" in err[0] and "'4Q'" in err[0]
