@@ -201,3 +201,53 @@ def test_avg_bus_bandwidth_is_nccl_tests_mean_over_sizes_and_modes():
     print_avg(_data(rows), out)
     assert out.getvalue().splitlines() == ["# Avg bus bandwidth    : 3 GB/s  ring",
                                            "# Avg bus bandwidth    : 5 GB/s  pairwise"]
+
+
+def test_compare_deepspeed_skips_in_one_line_when_it_cannot_run(monkeypatch, capsys):
+    """Not importable, or its C++ op does not build: one line on stderr, and the sweep goes on
+    without it (DeepSpeed is optional); an op that builds keeps it in."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # import raises ImportError
+    monkeypatch.setitem(sys.modules, "deepspeed.accelerator", None)
+    assert _cfg("--compare", "deepspeed", "-b", "4K", "-e", "4K")["deepspeed"] is False
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--compare deepspeed skipped: deepspeed does not import" in err[0]
+
+    class Builder:
+        def __init__(self, fails: bool) -> None:
+            self.fails = fails
+
+        def load(self) -> None:
+            if self.fails:
+                raise RuntimeError("Error building extension 'deepspeed_shm_comm'\nninja: build stopped")
+
+    for fails in (True, False):
+        fake = types.ModuleType("deepspeed.accelerator")
+        fake.get_accelerator = lambda fails=fails: types.SimpleNamespace(  # type: ignore[attr-defined]
+            create_op_builder=lambda name: Builder(fails))
+        monkeypatch.setitem(sys.modules, "deepspeed", types.ModuleType("deepspeed"))
+        monkeypatch.setitem(sys.modules, "deepspeed.accelerator", fake)
+        assert bc.deepspeed_builds() is (not fails)
+        err = capsys.readouterr().err.strip().splitlines()
+        if fails:
+            assert err == ["# --compare deepspeed skipped: its shared-memory op (ShareMemCommBuilder) "
+                           "did not build (RuntimeError: Error building extension 'deepspeed_shm_comm')"]
+        else:
+            assert err == []
+
+
+def test_per_call_figures_of_a_planned_all_reduce(run, capsys):
+    """python -m dt.bench.collectives_percall: the traced call is the planned one (few dt files,
+    the same at every rank), times are positive; a bad size is refused in one line (exit 2)."""
+    from dt.bench import collectives_percall as pc
+
+    for figures in run(2, pc.per_call, [4096, 65536], 5, False):
+        for f in figures.values():
+            assert 0 < f["files"] <= 10 and f["python"] > 0 and f["c"] > 0
+            assert f["cpu_us"] > 0 and f["wall_us"] > 0
+    with pytest.raises(SystemExit) as stop:
+        pc.main(["--sizes", "4Q"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--sizes" in err[0] and "'4Q'" in err[0]

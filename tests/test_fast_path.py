@@ -22,7 +22,7 @@ import torch.distributed as dist
 import dt
 from dt import cost
 from dt.collectives import api
-from dt.transport import resolve_group, set_validation
+from dt.transport import resolve_group, set_validation, shared_group
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_collectives import data
 
@@ -182,3 +182,98 @@ def test_one_call_visits_few_files(run, validate, bound):
     files = res[0]["files"]
     assert "collectives/plan.py" in files  # the planned path, not the full one
     assert len(files) <= bound, files
+
+
+# Python functions one planned all_reduce runs at world 2, validation off, what waiting adds
+# not counted (it depends on the peer's timing): measured 18 (one_shot, 4 KiB) and 22
+# (two_shot, 256 KiB); 27 and 41 before this round's cuts.
+CALLS_BOUND = {4096: 20, 256 * 1024: 24}
+# dt.transport.shm.sync's functions that run only when a peer is late or asleep: the wait
+# (with all it calls), whether a core is spare to spin on, ringing a sleeping peer's bell.
+WAITING = ("wait", "__call__", "futex_wake")
+
+
+def _python_calls_per_call(nbytes: int) -> dict:
+    """Python functions (dt's, torch's, the standard library's) one planned all_reduce calls on
+    rank 0, not counting WAITING's (a late peer: the futex, the timeout, the death checks
+    belong to waiting); the fewest of TRACED calls."""
+    set_validation(False)
+    t = torch.ones(nbytes // 4)
+    best: list[str] | None = None
+    try:
+        for _ in range(WARM):
+            dt.all_reduce(t)
+        for _ in range(TRACED):
+            names: list[str] = []
+            depth = [0]  # > 0 inside Sync.wait
+
+            def hook(frame, event, arg, names=names, depth=depth):
+                code = frame.f_code
+                waiting = code.co_name == "wait" and code.co_filename.endswith("shm/sync.py")
+                if event == "call":
+                    if depth[0] == 0 and not (code.co_name in WAITING
+                                              and code.co_filename.endswith("shm/sync.py")):
+                        names.append(code.co_name)
+                    if waiting or depth[0]:
+                        depth[0] += 1
+                elif event == "return" and depth[0]:
+                    depth[0] -= 1
+
+            sys.setprofile(hook)
+            try:
+                dt.all_reduce(t)
+            finally:
+                sys.setprofile(None)
+            if best is None or len(names) < len(best):
+                best = names
+    finally:
+        set_validation(None)
+    return {"calls": best or [], "value": t[0].item()}
+
+
+@pytest.mark.parametrize("nbytes", sorted(CALLS_BOUND))  # one_shot, two_shot
+def test_one_call_runs_few_python_functions(run, nbytes):
+    res = run(2, _python_calls_per_call, nbytes)
+    assert res[0]["value"] == res[1]["value"] == 2.0 ** (WARM + TRACED)
+    calls = res[0]["calls"]
+    assert "run" in calls and "launch" not in calls  # the planned path, not the full one
+    assert len(calls) <= CALLS_BOUND[nbytes], calls
+
+
+def _decided_before_queued() -> dict:
+    """Where auto's choice runs for async calls (the caller's thread, before the job is queued),
+    and whether a new group is connected by the time its first (async) call returns."""
+    import threading
+
+    from dt.collectives import auto
+
+    set_validation(False)
+    g = shared_group(range(dist.get_world_size()), "test_fast_path: decided before queued")
+    threads: list[str] = []
+    real = auto.choose
+
+    def choose(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return real(*args, **kwargs)
+
+    auto.choose = choose
+    try:
+        x = torch.ones(1000)
+        work = dt.all_reduce(x, group=g, async_op=True)
+        connected = resolve_group(g).links.topology is not None  # before waiting on the work
+        work.wait()
+        works = [dt.all_reduce(x, group=g, async_op=True, algorithm=a) for a in ("auto", "ring")]
+        for w in works:
+            w.wait()
+    finally:
+        auto.choose = real
+        set_validation(None)
+    return {"connected": connected, "threads": threads, "main": threading.main_thread().name,
+            "value": x[0].item()}
+
+
+def test_the_algorithm_is_chosen_before_the_job_is_queued(run):
+    for res in run(2, _decided_before_queued):
+        assert res["connected"]  # the first call connected the group on the caller's thread
+        assert res["threads"] and set(res["threads"]) == {res["main"]}, res["threads"]
+        assert res["value"] == 8.0  # three all-reduces of ones at world 2

@@ -69,7 +69,7 @@ from dt.collectives import auto
 from dt.device import DEVICES, backend_for
 from dt.launcher import launch, resolve_world
 
-__all__ = ["main", "parse_args", "run", "sweep_config"]
+__all__ = ["deepspeed_builds", "main", "parse_args", "run", "sweep_config"]
 
 
 def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
@@ -80,19 +80,38 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
         transports = ["torch"]  # GPU tensors stay on NCCL
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
-    deepspeed = "deepspeed" in (args.compare or "").split(",")
-    if deepspeed:
-        try:
-            import deepspeed as _ds  # noqa: F401
-        except ImportError:
-            print("# deepspeed is not installed: --compare deepspeed skipped", file=sys.stderr)
-            deepspeed = False
+    deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
     sizes = [0] if coll == "barrier" else sweep_sizes(args.b, args.e, args.f)
     return {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
             "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
             "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only,
             "transports": transports, "shared": args.shared, "deepspeed": deepspeed,
             "token": str(os.getpid() % 50000 + 10000), "stream": True}
+
+
+def deepspeed_builds() -> bool:
+    """Whether DeepSpeed's shared-memory all-reduce can run here: importable, and its C++ op
+    built (JIT, ninja + g++, about a minute the first time; cached in TORCH_EXTENSIONS_DIR,
+    where the ranks then load it). Else one line on stderr says why, and the bench goes on
+    without it (DeepSpeed is no requirement of dt's)."""
+    try:
+        from deepspeed.accelerator import get_accelerator
+    except Exception as exc:  # ImportError, or a deepspeed that fails on import
+        print(f"# --compare deepspeed skipped: deepspeed does not import here "
+              f"({type(exc).__name__}: {_first_line(exc)})", file=sys.stderr)
+        return False
+    try:
+        get_accelerator().create_op_builder("ShareMemCommBuilder").load()
+    except Exception as exc:  # a failed compile raises RuntimeError, a missing tool others
+        print(f"# --compare deepspeed skipped: its shared-memory op (ShareMemCommBuilder) did not "
+              f"build ({type(exc).__name__}: {_first_line(exc)})", file=sys.stderr)
+        return False
+    return True
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else "no message"
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -190,6 +209,8 @@ def main(argv: list[str] | None = None) -> int:
     data = run(args)
     print_avg(data, sys.stdout)
     summary(data, sys.stdout)
+    # The machine may be shared: the load at the end beside the header's at the start.
+    print("# load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(data, fh, indent=1)

@@ -6,29 +6,29 @@ or group_src/group_dst ranks in the group; any subgroup), then dt's own
 keyword-only `algorithm=` to pick how it runs. Like torch it returns None,
 or with async_op=True a Work (wait, is_completed, get_future). Complex
 tensors travel and reduce as pairs of reals, as torch does; sparse COO
-all-reduce goes to dt.collectives.sparse. Each call goes through `launch`,
-which in one place
+all-reduce goes to dt.collectives.sparse.
 
-1. works out what this rank will send to and expects from every other rank,
-   and whether its arguments are valid (arguments.py);
-2. picks the algorithm ("auto" asks dt.collectives.auto);
-3. checks the signature against every other rank's (dt.collectives.validate),
-   so bad input fails on every rank with the same message;
-4. runs the algorithm on a contiguous buffer and copies the result back into
-   the caller's tensor if that one was not contiguous;
-5. does all of it on the group's communication thread when async_op=True;
-6. keeps what it decided for this call shape on the group (dt.collectives.plan).
+The reading path of one `dt.all_reduce`, in the order the code runs (each
+step calls only the ones below it; nothing climbs back up):
 
-The reading path of one `dt.all_reduce`, in the order the code runs:
-
-    all_reduce (here)          resolve_group (dt.transport.group), plan.planned
-    planned: Plan.run          validation on: validate.check (the signature's Bruck exchange)
-        the fast path          two_shot / one_shot prepare_all_reduce's run: Board.publish_staged,
-                               Call.sync -> Sync.sync (dt.transport.shm), ops.reduce_rows: done
-    else: the full path        arguments.check_op, as_real, Writable -> launch ->
-                               transport.submit -> job: transport.connect, agreed.agree,
-                               auto.choose, validate, charged_to -> run -> the registered
-                               algorithm (registry.lookup) -> plan.make
+    all_reduce (here)              resolve_group (dt.transport.group), then plan.planned:
+                                   a call shape this group has run before has a Plan
+    1. the fast path               Plan.run (plan.py): validate.check when validation is on,
+                                   then the algorithm's prepared run (one_shot.py / two_shot.py
+                                   prepare_all_reduce): Board.publish_staged, a copy into
+                                   staging, Call.sync -> Sync.sync (dt.transport.shm), one
+                                   reduction: done
+    2. else the full path, on this rank's thread:
+       arguments               check_op, as_real, Writable (arguments.py): what this rank
+                               sends and expects, and what is wrong with its arguments
+       launch -> decide        the group's first call connects it (transport.connect: hosts,
+                               wires; agreed.agree: figures across hosts), then
+                               auto.choose / registry.lookup: the algorithm
+       transport.submit(job)   inline, or on the group's thread in issue order (async_op)
+       job                     validate (the signature's exchange), then run(algo): the
+                               registered algorithm (e.g. ring.py, one_shot.py) on a
+                               contiguous buffer, Writable.copy_back; then plan.make keeps
+                               the shape's decisions for the fast path next time
 """
 
 from __future__ import annotations
@@ -107,22 +107,17 @@ def launch(
                       f"{wire_device.type} tensors" + (" (a meta tensor has no data)"
                                                        if device.type == "meta" else ""))
     local_error = "; ".join(errors) if errors else None
-    if algorithm != "auto" and not local_error:
-        lookup(collective, algorithm)  # unknown names fail here, before any message
     me = g.ranks[g.rank]
+    if local_error and not transport.validation_enabled():
+        raise ValueError(f"{collective}: rank {me}: {local_error}")
+    algo = decide(collective, g, algorithm, nbytes, device, timeout, local_error)
+    check = transport.validation_enabled()
 
     def job() -> Any:
+        """What runs in issue order (on the group's thread when async): the signature's
+        exchange, then the algorithm already chosen; nothing in it decides anything."""
         with transport.call_timeout(timeout):
-            # The group's first collective connects it (finds its hosts, gives each
-            # peer its wire): here, at the same point on every rank. auto then
-            # chooses wire and algorithm together (dt.collectives.auto).
-            transport.connect(g, collective)
-            agreed.agree(g)  # a group spanning hosts: rank 0's figures, once (auto decides from them)
-            algo = algorithm
-            if not local_error:
-                algo = auto.choose(collective, algorithm, nbytes, g, device=device)
-                lookup(collective, algo)
-            if transport.validation_enabled():
+            if check:
                 # The signature travels on the group's own device, whatever the caller passed.
                 validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
                          recv=recv, local_error=local_error, device=wire_device)
@@ -139,10 +134,31 @@ def launch(
                           root=root, send=send, recv=recv)
             return result
 
-    if local_error and not transport.validation_enabled():
-        raise ValueError(f"{collective}: rank {me}: {local_error}")
     work = transport.submit(g, collective, job, async_op)
     return work if async_op else None
+
+
+def decide(collective: str, g: Group, algorithm: str, nbytes: int, device: torch.device | None,
+           timeout: datetime.timedelta | None, local_error: str | None) -> str:
+    """Everything a call decides before it is queued: the group connected (its wires found,
+    its figures agreed across hosts: once, at its first collective, at the same point on
+    every rank), then the algorithm (auto's choice from those figures, or the one named).
+
+    Runs on the caller's thread: a group's first call connects it before any job of it is
+    queued, so issue order holds; later calls find it connected (one attribute read).
+    """
+    if algorithm != "auto" and not local_error:
+        lookup(collective, algorithm)  # an unknown name fails here, before any message
+    links = g.links
+    if links.topology is None or (links.agreed is None and links.topology.host_count > 1):
+        with transport.call_timeout(timeout):
+            transport.connect(g, collective)
+            agreed.agree(g)  # a group spanning hosts: rank 0's figures, once (auto decides from them)
+    if local_error:
+        return algorithm  # validation reports the error on every rank; nothing runs
+    algo = auto.choose(collective, algorithm, nbytes, g, device=device)
+    lookup(collective, algo)  # DT_ALGO's or auto's pick exists for this collective
+    return algo
 
 
 # ---------------------------------------------------------------------------

@@ -79,7 +79,11 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
         return None
     call = board.call("all_reduce", "one_shot")  # what a failed sync's error names
     stage = [board.staging(g.rank, q)[:n * isz].view(dtype) for q in (0, 1)]
+    # Two ranks: the pair as two views made now (indexing a (2, n) view per call makes two);
+    # more: one strided (p, n) view, one kernel.
     rows = [board.staged_rows(q, dtype, 0, n) for q in (0, 1)]
+    rows = [list(r.unbind(0)) if p == 2 else r for r in rows]
+    avg = op == "AVG"
 
     def run(flat: torch.Tensor) -> None:
         q = board.publish_staged(n * isz)
@@ -87,7 +91,8 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
         call.syncs = 0
         call.sync()
         reduce_rows(flat, rows[q], op)
-        finish(flat, op, p)
+        if avg:
+            finish(flat, op, p)
 
     return run
 

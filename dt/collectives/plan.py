@@ -60,8 +60,11 @@ class Plan:
             return False
         if transport.validation_enabled():
             check(self.group, self.collective, self.signature, None, _CPU)
+        # The data, as the full path moves it (no autograd); a plain 1-D tensor as it is
+        # (each view is a tensor made per call).
+        flat = tensor if tensor.dim() == 1 and not tensor.requires_grad else tensor.detach().view(-1)
         try:
-            self.fast(tensor.detach().view(-1))  # data, as the full path moves it (no autograd)
+            self.fast(flat)
         except transport.CollectiveError:
             raise  # the transport has told the other ranks already
         except Exception as exc:

@@ -101,13 +101,20 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
     theirs = [[(e[j], e[j + 1], board.staging(j, q).view(dtype)[e[j]:e[j + 1]])
                for j in peers if e[j + 1] > e[j]] for q in (0, 1)]  # slice j, reduced by rank j
     mine_of = [[board.staging(j, q).view(dtype)[lo:hi] for j in peers] for q in (0, 1)]
+    # What peers read of this rank's buffer before the reduction: all of it (p > 2: the
+    # uniform rows), else all but its own slice; the empty spans dropped (a copy is a call).
+    spans = [(0, n)] if uniform else [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
+    staged = [[(a, b, stage[q][a:b]) for a, b in spans] for q in (0, 1)]
+    mine_staged = [stage[q][lo:hi] for q in (0, 1)]
+    avg = op == "AVG"
 
     def run(flat: torch.Tensor) -> None:
         if board.allocations and board.find(flat) is not None:
             two_shot_all_reduce(flat, op, g)  # dt.shm_empty's: peers read it in place
             return
         q = board.publish_staged(n * isz)
-        _stage(stage[q], flat, e, me, uniform)
+        for a, b, to in staged[q]:
+            to.copy_(flat[a:b])
         call.syncs, call.zero_copy = 0, False
         call.sync()  # A
         if not board.all_staged(q):  # a peer's tensor is read in place: the general round
@@ -115,11 +122,12 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
             _reduce_and_gather(call, Round(call, q), flat, e, me, op, False, stage[q])
             call.finish()
             return
-        mine = flat[lo:hi]
         if hi > lo:
+            mine = flat[lo:hi]
             reduce_rows(mine, rows[q] if uniform else [mine, *mine_of[q]], op)
-            finish(mine, op, p)
-            stage[q][lo:hi].copy_(mine)
+            if avg:
+                finish(mine, op, p)
+            mine_staged[q].copy_(mine)
         call.sync()  # B
         for a, b, theirs_j in theirs[q]:
             flat[a:b].copy_(theirs_j)

@@ -28,7 +28,6 @@ regions, which a single reduction kernel reads in one pass.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -70,6 +69,8 @@ class Board:
         self._starts: list[int] = []  # this rank's part of each allocation, by address
         self._sorted: list[Allocation] = []
         self.broken: str | None = None
+        # Each rank's descriptor "where" word, per parity (a fast path's all_staged reads them).
+        self._where = [[j * WORDS + DESC + 4 * q for j in range(self.p)] for q in (0, 1)]
 
     # -- staging and allocations ------------------------------------------------
     def staging(self, rank: int, parity: int) -> torch.Tensor:
@@ -110,7 +111,10 @@ class Board:
     def all_staged(self, parity: int) -> bool:
         """Whether every rank published its staging area (not a shared allocation) this round."""
         words = self.sync.words
-        return not any(words[j * WORDS + DESC + 4 * parity] for j in range(self.p))
+        for i in self._where[parity]:
+            if words[i]:
+                return False
+        return True
 
     def staged_rows(self, parity: int, dtype: torch.dtype, lo: int, hi: int) -> torch.Tensor:
         """Elements [lo, hi) of every rank's staging half `parity`: one strided (p, hi - lo) view."""
@@ -145,14 +149,11 @@ class Call:
         return (f"rank {b.names[b.me]} (group rank {b.me} of {b.p}) in "
                 f"{self.collective}[{self.algorithm}] at sync {self.syncs}")
 
-    def _guard(self, fn: Callable[[], None]) -> None:
-        """Run a wait; turn its failure into the CollectiveError every rank's peers hear of."""
-        self.syncs += 1
+    def _failed(self, exc: BaseException) -> None:
+        """Turn a failed wait into the CollectiveError every rank's peers hear of."""
         b = self.board
         me = b.names[b.me]
-        try:
-            fn()
-        except PeerTimeout as exc:
+        if isinstance(exc, PeerTimeout):
             self._break(exc)
             behind = [q for q in b.names if q != me]
             liveness.announce(liveness.Failure(me, "timeout", f"rank {me} in "
@@ -160,14 +161,13 @@ class Call:
                                                behind[0] if len(behind) == 1 else liveness.EVERYONE))
             raise CollectiveTimeout(f"{self.where()}: {exc} (dt.transport timeout); a peer is "
                                     f"stuck elsewhere or never called {self.collective}") from None
-        except (PeerFailed, liveness.PeerFailed) as exc:
-            self._break(exc)
-            failure = exc.failure if isinstance(exc, liveness.PeerFailed) else None
-            text = failure.text if failure is not None else str(exc)
-            liveness.announce(liveness.Failure(
-                me, "gave up", f"rank {me} gave up in {self.collective}[{self.algorithm}] because "
-                f"{text}", failure.rank if failure is not None else liveness.EVERYONE))
-            raise CollectiveError(f"{self.where()}: {text}") from None
+        self._break(exc)
+        failure = exc.failure if isinstance(exc, liveness.PeerFailed) else None
+        text = failure.text if failure is not None else str(exc)
+        liveness.announce(liveness.Failure(
+            me, "gave up", f"rank {me} gave up in {self.collective}[{self.algorithm}] because "
+            f"{text}", failure.rank if failure is not None else liveness.EVERYONE))
+        raise CollectiveError(f"{self.where()}: {text}") from None
 
     def _break(self, exc: BaseException) -> None:
         b = self.board
@@ -175,10 +175,17 @@ class Call:
             b.broken = f"{self.where()}: {exc}"
             b.sync.fail()
 
+    def _timeout(self) -> float:
+        return settings.timeout_for(self.board.group)
+
     def sync(self) -> None:
         """Arrive and wait for every rank of the group (its timeout: settings.timeout_for,
         asked only if the wait comes to sleeping)."""
-        self._guard(lambda: self.board.sync.sync(self.where, lambda: settings.timeout_for(self.board.group)))
+        self.syncs += 1
+        try:
+            self.board.sync.sync(self.where, self._timeout)
+        except (PeerTimeout, PeerFailed, liveness.PeerFailed) as exc:
+            self._failed(exc)
 
     def arrive(self) -> None:
         """Arrive without waiting (a rank that needs nothing more from this sync)."""

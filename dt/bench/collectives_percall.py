@@ -1,0 +1,110 @@
+"""What one planned all-reduce costs this rank: Python calls, files, CPU and wall time per call.
+
+    python -m dt.bench.collectives_percall --world 2 --sizes 4KiB,64KiB,256KiB --calls 3000
+
+On a connected group (warm-up calls first, so each shape has its plan: dt.collectives.plan),
+rank 0 traces one call with a profile hook (sys.setprofile: Python functions and C functions
+called, and which of dt's files they are in), then times `--calls` calls back to back with no
+barrier between them: the median wall time (time.perf_counter) and CPU time of the calling
+thread (time.thread_time). The CPU figure is what the call itself costs; the wall figure adds
+waiting for the peers. Validation is off unless --validate (as `dt bench collectives` times).
+The load average is printed beside the figures (a shared machine inflates both).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import dt
+from dt import args as args_
+from dt.launcher import launch, resolve_world
+from dt.transport import set_validation
+
+__all__ = ["main", "per_call"]
+
+WARM = 20  # calls before tracing: connect, choose, plan
+
+
+def _traced(x: torch.Tensor) -> dict[str, int]:
+    """One call under a profile hook: Python calls, C calls, dt files visited."""
+    root = os.path.dirname(dt.__file__)
+    counts = {"python": 0, "c": 0}
+    files: set[str] = set()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            counts["python"] += 1
+            if frame.f_code.co_filename.startswith(root):
+                files.add(frame.f_code.co_filename)
+        elif event == "c_call":
+            counts["c"] += 1
+
+    sys.setprofile(hook)
+    try:
+        dt.all_reduce(x)
+    finally:
+        sys.setprofile(None)
+    return {**counts, "files": len(files)}
+
+
+def per_call(sizes: list[int], calls: int, validate: bool) -> dict[int, dict[str, float]]:
+    """This rank's figures per size (bytes of float32), every rank calling alike."""
+    set_validation(validate)
+    out: dict[int, dict[str, float]] = {}
+    try:
+        for nbytes in sizes:
+            x = torch.ones(max(1, nbytes // 4))
+            for _ in range(WARM):
+                dt.all_reduce(x)
+            dist.barrier()
+            traced = _traced(x)
+            dist.barrier()
+            wall, cpu = [], []
+            for _ in range(calls):
+                t0, c0 = time.perf_counter(), time.thread_time()
+                dt.all_reduce(x)
+                cpu.append(time.thread_time() - c0)
+                wall.append(time.perf_counter() - t0)
+            out[nbytes] = {**traced, "wall_us": statistics.median(wall) * 1e6,
+                           "cpu_us": statistics.median(cpu) * 1e6}
+    finally:
+        set_validation(None)
+    return out
+
+
+def _sizes(text: str) -> list[int]:
+    """Comma-separated sizes, each read as dt.args.size reads one (a bad one: its one-line error)."""
+    return [args_.size(part) for part in text.split(",") if part.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = args_.Parser(prog="python -m dt.bench.collectives_percall", description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=args_.world, default=None, help="ranks (default 2)")
+    parser.add_argument("--sizes", type=_sizes, default="4KiB,64KiB,256KiB",
+                        help="message sizes, comma-separated (default 4KiB,64KiB,256KiB)")
+    parser.add_argument("--calls", type=args_.at_least(1), default=3000, help="timed calls per size")
+    parser.add_argument("--validate", action="store_true", help="cross-rank validation on")
+    a = parser.parse_args(argv)
+    world = resolve_world(a.world, 2)
+    before = os.getloadavg()[0]
+    figures = launch(per_call, world, a.sizes, a.calls, a.validate)[0]
+    print(f"# dt.all_reduce per call, rank 0, world {world}, float32 sum, auto, validation "
+          f"{'on' if a.validate else 'off'}; medians of {a.calls} calls; load average "
+          f"{before:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(f"# {'size (B)':>10} {'python calls':>12} {'C calls':>8} {'dt files':>8} {'cpu (us)':>9} "
+          f"{'wall (us)':>9}")
+    for nbytes, f in figures.items():
+        print(f"  {nbytes:>10} {f['python']:>12} {f['c']:>8} {f['files']:>8} {f['cpu_us']:>9.1f} "
+              f"{f['wall_us']:>9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
