@@ -104,12 +104,19 @@ def _ratio(alone: float, together: float) -> float:
     return min(1.0, alone / together) if together > 0 else 1.0
 
 
-def _spin(g: Any, p: int) -> float:
-    if g.links.board is None:
-        return 0.0  # the torch wire: gloo's waits sleep at once
+def _spin(g: Any, r: int, pair: tuple[int, int]) -> float:
+    """How long the pair's waits spin: shared memory's (dt.transport.shm.sync) for the ranks of
+    this rank's host; none on the torch wire or between hosts (gloo's waits sleep at once)."""
+    from dt.transport import topology_of
+
+    topology = topology_of(g)
+    wires = g.links.wires or ()
+    if topology.hosts[pair[0]] != topology.hosts[pair[1]] or (
+            g.links.board is None and not any(w.name == "shm" for w in wires)):
+        return 0.0
     from dt.transport.shm.sync import default_spin
 
-    return default_spin(p)
+    return default_spin(topology.per_host[topology.hosts[r]])
 
 
 def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: bool = False,
@@ -149,7 +156,7 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     dt.all_reduce(agreed, op=dt.ReduceOp.MAX, algorithm="naive")
     raw = dict(zip(names, agreed.tolist()))
     post = slope({2 * k: raw[f"fan {k}"] for k in fans})  # 2 messages (a send, a receive) per k
-    return {"post": post, "wake": max(0.0, raw["late"] - LATE - raw["prompt"]), "spin": _spin(g, p),
+    return {"post": post, "wake": max(0.0, raw["late"] - LATE - raw["prompt"]), "spin": _spin(g, r, pair),
             "solo": _ratio(raw["copy alone"], raw["copy all"]) if copies else 1.0,
             "solo_reduce": _ratio(raw["add alone"], raw["add all"]) if copies else 1.0,
             "oversub": max(0.0, raw["all"] - raw["pair"]) if p > cores() else 0.0,
