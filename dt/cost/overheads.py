@@ -45,8 +45,10 @@ byte is read by the add itself (out += peer, the add `dt tune` times:
 gamma holds its loads), so `fused` (dt tune: the wire's mem) is taken off
 per reduced byte:  sharing = -fused * reduced.
 
-All figures at their defaults: the plain model, exactly (the reference's
-3.96 ms ring).
+`level_terms` prices the same terms on two link levels (dt.cost.levels'
+schedule, each message on its level's figures). No figure is fitted to a
+collective's timings. All figures at their defaults: the plain model,
+exactly (the reference's 3.96 ms ring).
 """
 
 from __future__ import annotations
