@@ -7,10 +7,10 @@ the group's wire:
 - post: ranks 0 and 1 post k one-element sends and k receives to each
   other at once (k = 1, 2, 4, 8); the slope of a burst's time over k, per
   message posted (2 per k), is the software cost of one more message;
-- wake: rank 1 busy-waits `late` seconds (longer than any spin) before it
-  sends one element to rank 0, whose wait has gone to sleep by then; what
-  rank 0 waits beyond `late`, less the same reply sent at once, is the
-  wake-up. `spin` is how long the wire's waits spin first (shared memory:
+- wake: rank 1 busy-waits twice the wire's spin (2 ms where waits do not
+  spin) before it sends one element to rank 0, whose wait has gone to
+  sleep by then; what rank 0 waits beyond that, less the same reply sent
+  at once, is the wake-up. `spin` is how long the wire's waits spin first (shared memory:
   dt.transport.shm.sync.default_spin; the torch wire's waits sleep at once);
 - solo, solo_reduce: a memcpy (an add) by rank 0 alone while the others
   sleep in a barrier, against every rank at once: the ratio of the slopes
@@ -36,10 +36,17 @@ __all__ = ["FANS", "measure_terms"]
 FANS = (1, 2, 4, 8)  # messages posted at once each way, for the per-message slope
 COPY_SIZES = (1 << 20, 4 << 20, 16 << 20)
 QUICK_COPY_SIZES = (1 << 18, 1 << 20)
-LATE = 2e-3  # how late the late reply comes: beyond the 200 us spin, well under a time slice
+LATE = 2e-3  # how late the late reply comes where waits do not spin (the torch wire)
 
 
-def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
+def late_by(spin: float) -> float:
+    """How late the late reply comes: twice the spin, a wait just past it (what the wake term
+    charges: a step a little longer than the spin), else LATE. A 2 ms delay beside a 200 us spin
+    measured 5.2 ms of wake-up at load 20, where the collectives' own waits cost far less."""
+    return 2 * spin if spin > 0 else LATE
+
+
+def _fan_calls(comm: Any, r: int, fans: tuple[int, ...], pair: tuple[int, int]) -> dict[str, Any]:
     import torch
 
     from dt.transport import RECV, SEND
@@ -50,8 +57,8 @@ def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
         recvs = [torch.empty(1) for _ in range(k)]
 
         def fan(sends: list = sends, recvs: list = recvs) -> None:
-            if r < 2:
-                peer = 1 - r
+            if r in pair:
+                peer = pair[1] if r == pair[0] else pair[0]
                 ops = [(SEND, t, peer) for t in sends] + [(RECV, t, peer) for t in recvs]
                 for handle in comm.batch(ops):
                     handle.wait()
@@ -60,19 +67,19 @@ def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
     return calls
 
 
-def _reply(comm: Any, r: int, delay: float) -> Any:
+def _reply(comm: Any, r: int, delay: float, pair: tuple[int, int]) -> Any:
     import torch
 
     one = torch.zeros(1)
 
     def reply() -> None:
-        if r == 0:
-            comm.recv(one, 1)
-        elif r == 1:
+        if r == pair[0]:
+            comm.recv(one, pair[1])
+        elif r == pair[1]:
             end = time.perf_counter() + delay  # busy: a sleep would add its own timer slack
             while time.perf_counter() < end:
                 pass
-            comm.send(one, 0)
+            comm.send(one, pair[0])
 
     return reply
 
@@ -104,16 +111,28 @@ def _ratio(alone: float, together: float) -> float:
     return min(1.0, alone / together) if together > 0 else 1.0
 
 
-def _spin(g: Any, p: int) -> float:
-    if g.links.board is None:
-        return 0.0  # the torch wire: gloo's waits sleep at once
+def _spin(g: Any, r: int, pair: tuple[int, int]) -> float:
+    """How long the pair's waits spin: shared memory's (dt.transport.shm.sync) for the ranks of
+    this rank's host; none on the torch wire or between hosts (gloo's waits sleep at once)."""
+    from dt.transport import topology_of
+
+    topology = topology_of(g)
+    wires = g.links.wires or ()
+    if topology.hosts[pair[0]] != topology.hosts[pair[1]] or (
+            g.links.board is None and not any(w.name == "shm" for w in wires)):
+        return 0.0
     from dt.transport.shm.sync import default_spin
 
-    return default_spin(p)
+    return default_spin(topology.per_host[topology.hosts[r]])
 
 
-def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: bool = False) -> dict[str, Any]:
-    """The terms' figures on `group` (its wire), the same on every rank (see the module doc)."""
+def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: bool = False,
+                  pair: tuple[int, int] = (0, 1), copies: bool = True) -> dict[str, Any]:
+    """The terms' figures on `group` (its wire), the same on every rank (see the module doc).
+
+    `pair`: the two ranks the messages go between (across hosts: one on each, for the
+    link between hosts); copies=False skips solo (memory is a host's, not a link's).
+    """
     import torch
 
     import dt
@@ -125,16 +144,18 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     p, r = comm.size, comm.rank
     fans = FANS[:3] if quick else FANS
     one, got = torch.zeros(1), torch.empty(1)
-    calls = {**_fan_calls(comm, r, fans),
-             "pair": lambda: comm.exchange(one, 1 - r, got, 1 - r) if r < 2 else None,
+    other = {pair[0]: pair[1], pair[1]: pair[0]}
+    calls = {**_fan_calls(comm, r, fans, pair),
+             "pair": lambda: comm.exchange(one, other[r], got, other[r]) if r in other else None,
              "all": lambda: comm.exchange(one, (r + 1) % p, got, (r - 1) % p)}
     set_validation(False)
     timed = latencies(calls, reps, 1 if quick else repeats)
-    late = median_time(_reply(comm, r, LATE), reps)
-    prompt = median_time(_reply(comm, r, 0.0), reps)
+    spin = _spin(g, r, pair)
+    late = median_time(_reply(comm, r, late_by(spin), pair), reps)
+    prompt = median_time(_reply(comm, r, 0.0, pair), reps)
     set_validation(None)
-    slopes = _copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4),
-                          1 if quick else repeats)
+    slopes = (_copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4),
+                           1 if quick else repeats) if copies else {})
     raw = {f"fan {k}": timed[f"fan {k}"].seconds for k in fans}
     raw.update(pair=timed["pair"].seconds, all=timed["all"].seconds, late=late, prompt=prompt, **slopes)
     # every rank takes the slowest rank's figure (rank 0's waits on rank 1 and the other way round)
@@ -143,8 +164,8 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     dt.all_reduce(agreed, op=dt.ReduceOp.MAX, algorithm="naive")
     raw = dict(zip(names, agreed.tolist()))
     post = slope({2 * k: raw[f"fan {k}"] for k in fans})  # 2 messages (a send, a receive) per k
-    return {"post": post, "wake": max(0.0, raw["late"] - LATE - raw["prompt"]), "spin": _spin(g, p),
-            "solo": _ratio(raw["copy alone"], raw["copy all"]),
-            "solo_reduce": _ratio(raw["add alone"], raw["add all"]),
+    return {"post": post, "wake": max(0.0, raw["late"] - late_by(spin) - raw["prompt"]), "spin": spin,
+            "solo": _ratio(raw["copy alone"], raw["copy all"]) if copies else 1.0,
+            "solo_reduce": _ratio(raw["add alone"], raw["add all"]) if copies else 1.0,
             "oversub": max(0.0, raw["all"] - raw["pair"]) if p > cores() else 0.0,
             "raw": raw}
