@@ -116,6 +116,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": dict(step_fn.times), "bytes_sent": dict(step_fn.bytes_sent), "steps": steps,
             "peak_stash": step_fn.stats["peak_stash"], "moe": step_fn.stats.get("moe", {}),
+            "grad_norm": step_fn.stats.get("grad_norm"),
             "placement": placement,
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}
