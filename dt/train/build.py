@@ -22,6 +22,7 @@ from dt.models.llama import Llama, LlamaConfig
 from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.grid import Grid
 from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, llama_blocks, llama_plan, parallelize
+from dt.train.legacy import build_legacy
 from dt.train.optim import Adam
 from dt.train.step import TrainStep, make_optimizer
 
@@ -64,9 +65,7 @@ def plain_model(args: argparse.Namespace, vocab_size: int) -> tuple[torch.nn.Mod
 def build(args: argparse.Namespace, vocab_size: int) -> Built:
     """Collective over the world: every rank builds the model and makes the grid's groups."""
     if args.cp > 1 or args.experts:
-        from dt.train.legacy import build_legacy
-
-        return build_legacy(args, vocab_size)
+        return Built(**build_legacy(args, vocab_size))
     grid = grid_of(args)
     model, cfg = plain_model(args, vocab_size)
     llama = isinstance(model, Llama)
