@@ -32,7 +32,6 @@ sum, the loss) and bubble (waiting on pipeline neighbours).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -169,10 +168,7 @@ class TrainStep:
             all_reduce(loss_t, op=ReduceOp.AVG, group=self.dp_group)
         if self.pp_group.size > 1:
             broadcast(loss_t, src=self.pp_group.global_rank(self.pp_group.size - 1), group=self.pp_group)
-        value = float(loss_t.item())
-        if not math.isfinite(value) and self.precision is None:
-            raise FloatingPointError(f"the loss is {value}: the run diverged (try a smaller --lr)")
-        return value
+        return float(loss_t.item())
 
     def _account(self, stats: pipeline.PipelineStepStats, pipe: Any, tied: Any, opt: Any,
                  exposed: float, comm: float, opt_s: float) -> None:
