@@ -76,9 +76,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n-head", type=one, default=4)
     p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
-    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
-                   help="ZeRO stage over the data-parallel group: 1 shards Adam's state (stages 2 and 3 "
-                        "are dt.parallel.zero's, for models without a pipeline)")
+    p.add_argument("--model", choices=["gpt", "llama"], default="gpt",
+                   help="the plain model to train (dt.models.nanogpt, dt.models.llama)")
+    p.add_argument("--n-kv-head", type=one, default=None,
+                   help="Llama's key/value heads (grouped-query attention; default --n-head)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+                   help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
+                        "state sharded), 2 ZeRO (gradients too)")
+    p.add_argument("--clip", type=args_.positive, default=None,
+                   help="clip gradients to this global norm (over every axis)")
     p.add_argument("--lr", type=args_.positive, default=3e-3)
     p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -134,9 +140,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--ep > 1 needs --experts (an MoE model)")
     if args.experts and not args.top_k <= args.experts:
         p.error(f"--top-k must be between 1 and --experts {args.experts}")
-    if args.zero and (args.cp > 1 or args.experts):
-        p.error("--zero shards Adam over the dp group alone; with --cp or --experts the gradients are "
-                "synchronised over dp x cp and the experts' replicas (edp): use --zero 0")
+    if args.model == "llama" and (args.cp > 1 or args.experts):
+        p.error("--model llama trains on dp, tp and pp; --cp and --experts are the GPT's for now")
+    if args.model == "llama" and args.n_head % (args.n_kv_head or args.n_head):
+        p.error(f"--n-head {args.n_head} must be a multiple of --n-kv-head {args.n_kv_head}")
+    if args.model == "llama" and (args.n_kv_head or args.n_head) % args.tp:
+        p.error(f"--n-kv-head {args.n_kv_head} must be divisible by --tp {args.tp} (whole heads per rank)")
+    if args.model == "llama" and (args.n_embd // args.n_head) % 2:
+        p.error(f"--model llama needs an even head size: --n-embd {args.n_embd} / --n-head {args.n_head}")
+    if (args.clip or args.zero) and args.experts:
+        p.error("--clip and --zero run on the training step (dt.train.step), which does not train "
+                "--experts yet (their gradients sync over the experts' replicas, edp): drop one")
     if args.aux_loss_coef < 0:
         p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
     if args.cp > 1 and args.block_size < 2 * args.cp:
