@@ -18,8 +18,11 @@ from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
 from dt.train.loop import train_worker
+from dt.train.metrics import plot_loss
+from dt.train.options import add_trainer_options, trainer_options_problem
 
 __all__ = ["main", "parse_args", "report"]
 
@@ -96,6 +99,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torch threads per process (default: the launcher's cores // processes; "
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
+    add_trainer_options(p)
     args = p.parse_args(argv)
     defaults = LONG_CONTEXT if args.long_context else {"block_size": 32, "batch_size": 16}
     for key, value in defaults.items():
@@ -144,6 +148,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "rank two chunks of every sequence (at least 2 * cp tokens)")
     if args.cp > 1 and args.cp_attention == "ulysses" and args.n_head % (args.tp * args.cp):
         p.error(f"Ulysses needs --n-head {args.n_head} divisible by tp * cp = {args.tp * args.cp}")
+    problem = trainer_options_problem(args)
+    if problem:
+        p.error(problem)
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if args_.launched_by_torchrun() else world(args)
     too_big = why_it_cannot_fit(args, ranks_here, on_gpu=backend_for(args.device) == "nccl")
     if too_big:
@@ -170,6 +177,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
+             *[f"validation loss {v:.4f} at step {n}" for n, v in r0.get("val_losses", [])[-1:]],
              f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)",
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
@@ -223,6 +231,11 @@ def world(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:  # --data: tokenized once, here, before any process starts (None: generated text)
+        args.data_dir = prepare_data(args)
+    except (ValueError, OSError) as e:  # unreadable, not UTF-8, too short for a validation split
+        print(f"dt train: error: {e}", file=sys.stderr)
+        return 2
     try:
         if args.checkpoint:
             check_directory(args.checkpoint)  # before any process starts
@@ -239,4 +252,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
+        if args.plot and results[0]["metrics"]:
+            plot_loss(results[0]["metrics"], args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
+            print(f"loss curve: {args.plot}")
     return 0

@@ -20,14 +20,16 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.device import clock
-from dt.models.data import CharData
 from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
 from dt.parallel.zero import ZeroOptimizer
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
+from dt.train.dataset import open_data, save_tokenizer
+from dt.train.evaluate import parallel_gpt_loss
+from dt.train.hooks import StepHooks
 from dt.train.optim import Adam
 from dt.train.placement import LAYOUTS, predict
-from dt.train.progress import Progress
+from dt.train.precision import Precision
 
 __all__ = ["make_model", "train_worker"]
 
@@ -94,7 +96,7 @@ def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] |
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    data = CharData(seed=args.seed)
+    data = open_data(args)
     model, optimizer = make_model(args, data.vocab_size)
     m = model.mesh
     start, loaded = 0, None
@@ -105,10 +107,12 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             if m.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
+    if args.checkpoint and m.rank == 0:  # dt sample reads it beside the checkpoints
+        save_tokenizer(data, args.checkpoint)
     per_rank = args.batch_size // args.dp
-    bar = None
-    if m.rank == 0 and not args.no_progress:  # on stderr: stdout is the report's
-        bar = Progress(args.steps, start, f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}")
+    precision = Precision(getattr(args, "precision", "float32"), model.device)
+    hooks = StepHooks(args, data, lambda x, y: parallel_gpt_loss(model, x, y), rank=m.rank,
+                      dp_rank=m.dp_rank, start=start, desc=f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}")
     losses: list[float] = []
     t_opt = 0.0
     t_start = clock(model.device)
@@ -116,7 +120,9 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         x, y = data.batch(step, args.batch_size, args.block_size)
         sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
         optimizer.zero_grad()
-        loss = model.train_step(x[sl], y[sl])
+        hooks.begin(step, optimizer)
+        with precision.autocast():
+            loss = model.train_step(x[sl], y[sl])
         t0 = clock(model.device)
         with transport.traffic() as zero_traffic:  # ZeRO's reduce-scatter and all-gather
             optimizer.step()
@@ -124,13 +130,11 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         model.times["communication"] += zero_traffic.seconds
         t_opt += clock(model.device) - t0 - zero_traffic.seconds
         losses.append(loss)
-        if bar is not None:
-            bar.update(loss)
+        hooks.end(step, loss, {**model.times, "compute": model.times["compute"] + t_opt})
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
             save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep)
-    wall = clock(model.device) - t_start
-    if bar is not None:
-        bar.close()
+    wall = clock(model.device) - t_start - hooks.eval_s  # training's time: validation apart
+    hooks.close()
     if args.checkpoint and start < args.steps:
         save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
     steps = args.steps - start
@@ -140,6 +144,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
+            "val_losses": hooks.val_losses, "metrics": hooks.log.records if m.rank == 0 else [],
             "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(), "placement": placement,
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer", "make_tokenizer"]
+__all__ = ["BPETokenizer", "ByteTokenizer", "CharTokenizer", "Tokenizer", "load_tokenizer", "make_tokenizer"]
 
 KINDS = ("byte", "bpe")
 
@@ -62,6 +62,38 @@ class ByteTokenizer:
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps({"kind": "byte"}) + "\n")
+
+
+class CharTokenizer:
+    """One id per character of a fixed alphabet: dt.models.data's generated text (`dt train` without
+    --data). Text outside the alphabet is refused in one line; it has no ids."""
+
+    kind = "chars"
+
+    def __init__(self, chars: Sequence[str]):
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        missing = sorted(set(text) - self.stoi.keys())
+        if missing:
+            raise ValueError(f"characters outside the model's alphabet: {''.join(missing)!r} (it was "
+                             f"trained on generated text of {len(self.chars)} characters: "
+                             f"{''.join(self.chars)!r})")
+        return [self.stoi[c] for c in text]
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(json.dumps({"kind": "chars", "chars": self.chars}) + "\n")
 
 
 class BPETokenizer:
@@ -133,6 +165,8 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         raise ValueError(f"{path}: not a saved tokenizer (a JSON {type(data).__name__}, not an object)")
     if data.get("kind") == "byte":
         return ByteTokenizer()
+    if data.get("kind") == "chars" and isinstance(data.get("chars"), list):
+        return CharTokenizer(data["chars"])
     if "model" not in data:
         raise ValueError(f"{path}: not a saved tokenizer (neither dt's byte tokenizer nor `tokenizers` JSON)")
     return BPETokenizer(_tokenizers().Tokenizer.from_str(json.dumps(data)))

@@ -1,0 +1,63 @@
+"""Validation loss: the mean loss over --eval-batches held-out batches, forward only, on any mesh.
+
+    val = validation_loss(forward_loss, data, args, dp_rank)
+
+Every data-parallel rank takes its slice of the same validation batches (as
+training does), so the figure is the same on every mesh and the same as one
+process's; `forward_loss(tokens, targets)` is the model's loss on this rank's
+slice, already averaged over the mesh (every rank returns the global mean).
+Batch i of validation is the same at every evaluation: the curve moves because
+the model does, not because the sample did.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+
+import torch
+
+from dt.collectives import all_reduce, broadcast
+from dt.collectives.ops import ReduceOp
+from dt.models.gpt import ParallelGPT
+from dt.train.dataset import TrainData
+
+__all__ = ["parallel_gpt_loss", "validation_loss"]
+
+ForwardLoss = Callable[[torch.Tensor, torch.Tensor], float]
+
+
+def validation_loss(forward_loss: ForwardLoss, data: TrainData, args: argparse.Namespace,
+                    dp_rank: int) -> float:
+    """The mean over the validation batches of the global batch's loss (every rank: the same)."""
+    per_rank = args.batch_size // args.dp
+    sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    total = 0.0
+    for i in range(args.eval_batches):
+        x, y = data.val_batch(i, args.batch_size, args.block_size)
+        total += forward_loss(x[sl], y[sl])
+    return total / args.eval_batches
+
+
+@torch.no_grad()
+def parallel_gpt_loss(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+    """ParallelGPT's loss on this rank's slice, forward only, averaged as its train_step averages it.
+
+    The pipeline runs its forward-only schedule; the last stage's vocab-parallel
+    cross-entropy is averaged over dp x cp and broadcast along the pipeline.
+    """
+    m = model.mesh
+    tokens, targets = tokens.to(model.device), targets.to(model.device)
+    if m.cp > 1:  # this rank's share of every sequence, as in training
+        pos = torch.tensor(model.place.layout.positions(m.cp_rank), device=model.device)
+        tokens, targets = tokens[:, pos], targets[:, pos]
+    logits = model.pipe.forward(tokens if m.is_first_stage else None, model.micro_batches)
+    dtype = getattr(torch, model.cfg.dtype)
+    loss = torch.zeros(1, dtype=dtype, device=model.device)
+    if m.is_last_stage:
+        loss += model.loss_fn(logits, targets)
+        if m.dp * m.cp > 1:
+            all_reduce(loss, op=ReduceOp.AVG, group=m.dp_cp_group)
+    if m.pp > 1:
+        broadcast(loss, src=m.pp_ranks[-1], group=m.pp_group)
+    return float(loss.item())

@@ -1,0 +1,92 @@
+"""`dt train --metrics FILE`: one JSON line per step; `--plot PNG`: the loss curve drawn from them.
+
+    {"step": 12, "loss": 2.31, "lr": 0.0029, "grad_norm": 0.84, "tokens_per_s": 5120.0,
+     "mfu": 0.0123, "time": {"compute": 0.041, "communication": 0.012, "bubble": 0.0}}
+    {"step": 20, ..., "val_loss": 2.40}          # on the steps validation ran (--eval-every)
+
+`step` counts steps done (1 after the first); `time` is the step's seconds by
+part (dt.train.loop's split), `tokens_per_s` the global batch's tokens over the
+step's wall time. A resumed run appends to the file: the steps continue. Only
+rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
+
+MFU = model FLOPs per token (dt.cost.flops.train_flops_per_token: forward and
+backward, no recompute) x tokens/s / peak FLOP/s of the whole world (one device's
+peak x the devices). What the peak is, and where it came from, is the run's to say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["MetricsLog", "mfu", "plot_loss", "read_metrics"]
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    """The fraction of the peak the model's own arithmetic used."""
+    return flops_per_token * tokens_per_s / peak_flops if peak_flops > 0 else math.nan
+
+
+class MetricsLog:
+    """Appends one JSON object per record to `path` (None: keeps them in memory only)."""
+
+    def __init__(self, path: str | Path | None):
+        self.records: list[dict[str, Any]] = []
+        self.file: IO[str] | None = open(path, "a") if path else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; ValueError naming the line that is not one."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{n}: not a JSON line") from None
+            if not isinstance(rec, dict) or "step" not in rec or "loss" not in rec:
+                raise ValueError(f"{path}:{n}: not a dt train metrics record (no step and loss)")
+            out.append(rec)
+    return out
+
+
+def plot_loss(records: Sequence[dict[str, Any]], png: str | Path, title: str = "dt train") -> None:
+    """Training loss per step and validation loss where measured, saved as a PNG (headless)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib); --metrics does not") from None
+    matplotlib.use("Agg")  # no display: a file, never a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    try:
+        ax.plot([r["step"] for r in records], [r["loss"] for r in records], lw=1, label="train")
+        val = [r for r in records if r.get("val_loss") is not None]
+        if val:
+            ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", ms=3, label="validation")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per token)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png)
+    finally:
+        plt.close(fig)
