@@ -26,10 +26,14 @@ from dt.parallel.checkpoint import Checkpoint, CheckpointError, Loaded, load, lo
 __all__ = ["load_checkpoint", "lock_directory", "save_checkpoint"]
 
 
-def save_checkpoint(path: str, model: ParallelGPT, optimizer: Any, step: int, keep: int = 3) -> str:
-    """Collective: save this rank's shards as PATH/step-NNNNNNNN; keep the newest `keep`."""
+def save_checkpoint(path: str, model: ParallelGPT, optimizer: Any, step: int, keep: int = 3,
+                    extra: dict[str, Any] | None = None) -> str:
+    """Collective: save this rank's shards as PATH/step-NNNNNNNN; keep the newest `keep`.
+
+    `extra` joins the manifest's meta (dt train's tokenizer, which dt sample reads).
+    """
     return save(path, step, model, optimizer, keep=keep,
-                meta={"trainer": "dt train", "model": model.cfg.as_dict()})
+                meta={"trainer": "dt train", "model": model.cfg.as_dict(), **(extra or {})})
 
 
 def _same_model(model: ParallelGPT) -> Any:

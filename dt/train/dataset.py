@@ -36,10 +36,8 @@ from dt.models.data import CharData, generate_text
 from dt.train.corpus import Corpus, open_corpus, prepare
 from dt.train.tokenizer import CharTokenizer, Tokenizer, make_tokenizer
 
-__all__ = ["TOKENIZER_FILE", "GeneratedData", "TextData", "TrainData", "corpus_dir", "open_data",
-           "prepare_data", "save_tokenizer"]
+__all__ = ["GeneratedData", "TextData", "TrainData", "corpus_dir", "open_data", "prepare_data"]
 
-TOKENIZER_FILE = "tokenizer.json"  # in a --checkpoint DIR, beside its step folders: what dt sample reads
 VAL_CHARS = 50_000  # held-out generated text: plenty of distinct windows for a few batches
 
 
@@ -132,11 +130,3 @@ def open_data(args: argparse.Namespace) -> TrainData:
         return GeneratedData(seed=args.seed)
     return TextData(open_corpus(path, seed=args.seed))
 
-
-def save_tokenizer(data: TrainData, checkpoint: str | Path) -> Path:
-    """Write the run's tokenizer into its checkpoint directory (whole, or not at all)."""
-    final = Path(checkpoint) / TOKENIZER_FILE
-    partial = final.with_name(f".{TOKENIZER_FILE}.{os.getpid()}")
-    data.tokenizer.save(partial)
-    os.replace(partial, final)
-    return final

@@ -24,7 +24,7 @@ from dt.models.gpt import GPTConfig, ParallelGPT
 from dt.parallel.mesh import mesh as build_mesh
 from dt.parallel.zero import ZeroOptimizer
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
-from dt.train.dataset import open_data, save_tokenizer
+from dt.train.dataset import open_data
 from dt.train.evaluate import parallel_gpt_loss
 from dt.train.hooks import StepHooks
 from dt.train.optim import Adam
@@ -107,8 +107,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             if m.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
-    if args.checkpoint and m.rank == 0:  # dt sample reads it beside the checkpoints
-        save_tokenizer(data, args.checkpoint)
+    saved_with = {"tokenizer": data.tokenizer.to_json()}  # in the manifest: dt sample reads it
     per_rank = args.batch_size // args.dp
     precision = Precision(getattr(args, "precision", "float32"), model.device)
     hooks = StepHooks(args, data, lambda x, y: parallel_gpt_loss(model, x, y), rank=m.rank,
@@ -132,11 +131,11 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         losses.append(loss)
         hooks.end(step, loss, {**model.times, "compute": model.times["compute"] + t_opt})
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep)
+            save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep, saved_with)
     wall = clock(model.device) - t_start - hooks.eval_s  # training's time: validation apart
     hooks.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep)
+        save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep, saved_with)
     steps = args.steps - start
     placement = _placement(args, model)  # after the loop: the world group is connected only now
     times = dict(model.times)
