@@ -179,6 +179,15 @@ class DistributedDataParallel(nn.Module):
                     t.register_hook(self._output_grad_ready)
         return out
 
+    def sync_next_backward(self, sync: bool) -> None:
+        """Whether the coming backward synchronises, decided at backward time, not forward's.
+
+        A pipeline runs several micro-batches' forwards before their backwards
+        (1F1B, GPipe): only a chunk's last backward of the step synchronises, and
+        the schedule knows which that is only when it gets there (dt.train.step).
+        """
+        self._sync_this_backward = sync
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Backward inside this block accumulates local gradients and moves nothing."""

@@ -27,6 +27,10 @@ after a worker died resumes the same way. One machine, or a shared filesystem.
 
 - cli.py         the command line: parse_args, main, the report rank 0 prints
 - loop.py        one rank's training loop (train_worker)
+- build.py       the plain model, its grid and plan, the step and optimizer a run trains with
+- step.py        TrainStep: one step apart from the model (pipeline, gradient sync, clipping, accounting)
+- clip.py        gradient clipping by the global norm over every axis
+- legacy.py      --cp / --experts: dt.models.gpt.ParallelGPT's own step, until their styles land
 - optim.py       Adam, written out
 - checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
 """
@@ -35,6 +39,7 @@ from dt.train.checkpoint import load_checkpoint, save_checkpoint
 from dt.train.cli import main, parse_args, report
 from dt.train.loop import make_model, train_worker
 from dt.train.optim import Adam
+from dt.train.step import TrainStep, make_optimizer
 
-__all__ = ["Adam", "load_checkpoint", "main", "make_model", "parse_args", "report", "save_checkpoint",
-           "train_worker"]
+__all__ = ["Adam", "TrainStep", "load_checkpoint", "main", "make_model", "make_optimizer", "parse_args",
+           "report", "save_checkpoint", "train_worker"]

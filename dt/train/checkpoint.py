@@ -20,37 +20,38 @@ from __future__ import annotations
 
 from typing import Any
 
-from dt.models.gpt import ParallelGPT
 from dt.parallel.checkpoint import Checkpoint, CheckpointError, Loaded, load, lock_directory, save
 
 __all__ = ["load_checkpoint", "lock_directory", "save_checkpoint"]
 
 
-def save_checkpoint(path: str, model: ParallelGPT, optimizer: Any, step: int, keep: int = 3,
+def save_checkpoint(path: str, model: Any, optimizer: Any, step: int, cfg: Any, keep: int = 3,
                     extra: dict[str, Any] | None = None) -> str:
     """Collective: save this rank's shards as PATH/step-NNNNNNNN; keep the newest `keep`.
 
+    `model` says where its tensors sit (checkpoint_places: dt.parallel.plan.Parallel);
+    `cfg` is the plain model's config, recorded so that another model is refused on load.
     `extra` joins the manifest's meta (dt train's tokenizer, which dt sample reads).
     """
     return save(path, step, model, optimizer, keep=keep,
-                meta={"trainer": "dt train", "model": model.cfg.as_dict(), **(extra or {})})
+                meta={"trainer": "dt train", "model": cfg.as_dict(), **(extra or {})})
 
 
-def _same_model(model: ParallelGPT) -> Any:
+def _same_model(cfg: Any) -> Any:
     def check(ckpt: Checkpoint) -> None:
         where = f"checkpoint {ckpt.path}"
         if ckpt.meta.get("trainer") != "dt train":
             raise CheckpointError(f"{where}: not saved by dt train (trainer {ckpt.meta.get('trainer')!r})")
-        theirs, mine = ckpt.meta.get("model", {}), model.cfg.as_dict()
+        theirs, mine = ckpt.meta.get("model", {}), cfg.as_dict()
         diff = [f"{k} {theirs.get(k)!r} there, {v!r} here" for k, v in mine.items() if theirs.get(k) != v]
         if diff:
             raise CheckpointError(f"{where}: saved for another model ({', '.join(diff)})")
     return check
 
 
-def load_checkpoint(path: str, model: ParallelGPT, optimizer: Any) -> Loaded | None:
+def load_checkpoint(path: str, model: Any, optimizer: Any, cfg: Any) -> Loaded | None:
     """Collective: load the newest good checkpoint under PATH, resharded to this mesh.
 
     None when PATH holds none yet. The learning rate stays this run's (--lr).
     """
-    return load(path, model, optimizer, hyperparameters=False, check=_same_model(model))
+    return load(path, model, optimizer, hyperparameters=False, check=_same_model(cfg))

@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+import torch
+
 from dt import args as args_
 from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
@@ -21,7 +23,7 @@ from dt.parallel.pipeline import bubble_fraction
 from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
 from dt.train.loop import train_worker
-from dt.train.metrics import plot_loss
+from dt.train.metrics import job_peak_flops, mfu, plot_loss
 from dt.train.options import add_trainer_options, trainer_options_problem
 
 __all__ = ["main", "parse_args", "report"]
@@ -79,9 +81,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n-head", type=one, default=4)
     p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
-    p.add_argument("--zero", type=int, choices=[0, 1], default=0,
-                   help="ZeRO stage over the data-parallel group: 1 shards Adam's state (stages 2 and 3 "
-                        "are dt.parallel.zero's, for models without a pipeline)")
+    p.add_argument("--model", choices=["gpt", "llama"], default="gpt",
+                   help="the plain model to train (dt.models.nanogpt, dt.models.llama)")
+    p.add_argument("--n-kv-head", type=one, default=None,
+                   help="Llama's key/value heads (grouped-query attention; default --n-head)")
+    p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
+                   help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
+                        "state sharded), 2 ZeRO (gradients too)")
+    p.add_argument("--clip", type=args_.positive, default=None,
+                   help="clip gradients to this global norm (over every axis)")
     p.add_argument("--lr", type=args_.positive, default=3e-3)
     p.add_argument("--seed", type=args_.at_least(0), default=0)
     p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
@@ -138,6 +146,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--ep > 1 needs --experts (an MoE model)")
     if args.experts and not args.top_k <= args.experts:
         p.error(f"--top-k must be between 1 and --experts {args.experts}")
+    if args.model == "llama" and (args.cp > 1 or args.experts):
+        p.error("--model llama trains on dp, tp and pp; --cp and --experts are the GPT's for now")
+    if args.model == "llama" and args.n_head % (args.n_kv_head or args.n_head):
+        p.error(f"--n-head {args.n_head} must be a multiple of --n-kv-head {args.n_kv_head}")
+    if args.model == "llama" and (args.n_kv_head or args.n_head) % args.tp:
+        p.error(f"--n-kv-head {args.n_kv_head} must be divisible by --tp {args.tp} (whole heads per rank)")
+    if args.model == "llama" and (args.n_embd // args.n_head) % 2:
+        p.error(f"--model llama needs an even head size: --n-embd {args.n_embd} / --n-head {args.n_head}")
+    if (args.clip or args.zero == 2) and (args.cp > 1 or args.experts):
+        p.error("--clip and --zero 2 run on the new training step: dp, tp and pp (not --cp, --experts)")
     if args.zero and (args.cp > 1 or args.experts):
         p.error("--zero shards Adam over the dp group alone; with --cp or --experts the gradients are "
                 "synchronised over dp x cp and the experts' replicas (edp): use --zero 0")
@@ -178,7 +196,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
              *[f"validation loss {v:.4f} at step {n}" for n, v in r0.get("val_losses", [])[-1:]],
-             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)",
+             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)" + _mfu(args, r0),
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
@@ -208,6 +226,15 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _mfu(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+    """MFU beside the throughput, with what it divides by."""
+    fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
+    if not fpt or not peak:
+        return ""
+    return (f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}% ({fpt / 1e6:.2f} MFLOP per token; "
+            f"peak: {args.peak_source})")
+
+
 def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
     """The two layouts' predicted tp + dp time per step, next to this run's measured communication."""
     pred = pl["predicted"]
@@ -231,6 +258,10 @@ def world(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    on_gpu = backend_for(args.device) == "nccl"
+    args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
+        args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
+        torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision))
     try:  # --data: tokenized once, here, before any process starts (None: generated text)
         args.data_dir = prepare_data(args)
     except (ValueError, OSError) as e:  # unreadable, not UTF-8, too short for a validation split

@@ -1,6 +1,6 @@
 """Validation loss: the mean loss over --eval-batches held-out batches, forward only, on any mesh.
 
-    val = validation_loss(forward_loss, data, args, dp_rank)
+    val = validation_loss(forward_loss_of(run), data, args, dp_rank)
 
 Every data-parallel rank takes its slice of the same validation batches (as
 training does), so the figure is the same on every mesh and the same as one
@@ -13,7 +13,9 @@ the model does, not because the sample did.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -21,8 +23,10 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.models.gpt import ParallelGPT
 from dt.train.dataset import TrainData
+from dt.train.legacy import LegacyStep
+from dt.train.step import TrainStep
 
-__all__ = ["parallel_gpt_loss", "validation_loss"]
+__all__ = ["ForwardLoss", "forward_loss_of", "parallel_gpt_loss", "train_step_loss", "validation_loss"]
 
 ForwardLoss = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -37,6 +41,36 @@ def validation_loss(forward_loss: ForwardLoss, data: TrainData, args: argparse.N
         x, y = data.val_batch(i, args.batch_size, args.block_size)
         total += forward_loss(x[sl], y[sl])
     return total / args.eval_batches
+
+
+def forward_loss_of(run: Any) -> ForwardLoss:
+    """The forward-only loss of a built run (dt.train.build.Built): its TrainStep's, or ParallelGPT's."""
+    if isinstance(run.step, LegacyStep):
+        return lambda x, y: parallel_gpt_loss(run.step.model, x, y)
+    return lambda x, y: train_step_loss(run.step, x, y)
+
+
+@torch.no_grad()
+def train_step_loss(step: TrainStep, tokens: torch.Tensor, targets: torch.Tensor) -> float:
+    """A TrainStep's loss on this rank's slice, forward only, averaged as the step averages its loss.
+
+    The step's pipeline runs its forward-only schedule (under the step's autocast);
+    the last stage applies the step's loss_fn, averaged over the data-parallel axes and
+    broadcast from the last stage along the pipeline, as the training loss is.
+    """
+    autocast = step.precision.autocast if step.precision is not None else contextlib.nullcontext
+    x = tokens.to(step.device) if step.first else None
+    with autocast():
+        logits = step.pipe.forward(x, step.micro_batches)
+        loss = torch.zeros(1, dtype=step.params[0].dtype if step.params else torch.float32,
+                           device=step.device)
+        if step.last:
+            loss += step.loss_fn(logits, targets.to(step.device)).to(loss.dtype)
+    if step.last and step.dp > 1:
+        all_reduce(loss, op=ReduceOp.AVG, group=step.dp_group)
+    if step.pp_group.size > 1:
+        broadcast(loss, src=step.pp_group.global_rank(step.pp_group.size - 1), group=step.pp_group)
+    return float(loss.item())
 
 
 @torch.no_grad()

@@ -20,36 +20,20 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.device import clock
-from dt.models.gpt import GPTConfig, ParallelGPT
-from dt.parallel.mesh import mesh as build_mesh
-from dt.parallel.zero import ZeroOptimizer
+from dt.train.build import Built, build
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.dataset import open_data
-from dt.train.evaluate import parallel_gpt_loss
+from dt.train.evaluate import forward_loss_of
 from dt.train.hooks import StepHooks
-from dt.train.optim import Adam
-from dt.train.placement import LAYOUTS, predict
-from dt.train.precision import Precision
+from dt.train.metrics import model_flops_per_token
+from dt.train.placement import predict
 
 __all__ = ["make_model", "train_worker"]
 
 
-def make_model(args: argparse.Namespace, vocab_size: int) -> tuple[ParallelGPT, Any]:
-    mesh = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep,
-                      tp_across=LAYOUTS[getattr(args, "layout", "tp-inside")])
-    cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
-                    n_head=args.n_head, n_embd=args.n_embd, tied=not args.untied, seed=args.seed,
-                    dtype=args.dtype, n_experts=args.experts, top_k=args.top_k,
-                    capacity_factor=args.capacity_factor, aux_loss_coef=args.aux_loss_coef)
-    model = ParallelGPT(cfg, mesh, micro_batches=args.micro_batches, schedule=args.schedule,
-                        virtual=args.virtual, cp_attention=args.cp_attention)
-    if args.zero:  # Adam's state sharded over the dp group; gradients reduce-scattered in step()
-        model.dp_sync = False
-        optimizer: Any = ZeroOptimizer(model.stage.parameters(), Adam, stage=1, group=mesh.dp_group,
-                                       lr=args.lr)
-    else:
-        optimizer = Adam(model.stage.parameters(), lr=args.lr)
-    return model, optimizer
+def make_model(args: argparse.Namespace, vocab_size: int) -> Built:
+    """The model, its grid, step and optimizer for `args` (dt.train.build)."""
+    return build(args, vocab_size)
 
 
 def train_worker(args: argparse.Namespace) -> dict[str, Any]:
@@ -69,7 +53,7 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
         torch.set_num_threads(threads)  # a reused worker (tests) gets its setting back
 
 
-def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] | None:
+def _placement(args: argparse.Namespace, run: Built) -> dict[str, Any] | None:
     """Across hosts: both mesh layouts' predicted tp and dp time per step (dt.train.placement).
 
     Collective over the world (it connects the world group: its hosts, rank 0's figures).
@@ -77,17 +61,17 @@ def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] |
     import dt
     from dt.collectives import agreed
 
-    if model.mesh.world < 2:
+    if run.world < 2:
         return None
     # A group of its own, connected here: its hosts are found as this run sees them (the
     # world group may have connected long before, in a reused process, under other hosts).
-    group = dist.new_group(list(range(model.mesh.world)))
+    group = dist.new_group(list(range(run.world)))
     dt.barrier(group=group, algorithm="dissemination")  # connects it: its topology, agreed below
     view = transport.resolve_group(group)
     fig = agreed.agree(view)
     if fig is None:  # one host
         return None
-    params = list(model.stage.parameters())
+    params = run.parameters
     itemsize = params[0].element_size() if params else 4
     grad_bytes = sum(p.numel() * p.element_size() for p in params)
     hosts = tuple(transport.topology_of(view).hosts)
@@ -97,53 +81,47 @@ def _placement(args: argparse.Namespace, model: ParallelGPT) -> dict[str, Any] |
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     data = open_data(args)
-    model, optimizer = make_model(args, data.vocab_size)
-    m = model.mesh
+    run = make_model(args, data.vocab_size)
+    step_fn, optimizer = run.step, run.optimizer
     start, loaded = 0, None
     if args.checkpoint:
-        loaded = load_checkpoint(args.checkpoint, model, optimizer)
+        loaded = load_checkpoint(args.checkpoint, run.saved, optimizer, run.cfg)
         if loaded is not None:
             start = loaded.step
-            if m.rank == 0:
+            if run.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
     saved_with = {"tokenizer": data.tokenizer.to_json()}  # in the manifest: dt sample reads it
     per_rank = args.batch_size // args.dp
-    precision = Precision(getattr(args, "precision", "float32"), model.device)
-    hooks = StepHooks(args, data, lambda x, y: parallel_gpt_loss(model, x, y), rank=m.rank,
-                      dp_rank=m.dp_rank, start=start, desc=f"dp{m.dp} cp{m.cp} ep{m.ep} tp{m.tp} pp{m.pp}")
+    dp_rank = run.coords[0]
+    hooks = StepHooks(args, data, forward_loss_of(run), rank=run.rank, dp_rank=dp_rank, start=start,
+                      desc=f"dp{args.dp} cp{args.cp} ep{args.ep} tp{args.tp} pp{args.pp}",
+                      flops_per_token=model_flops_per_token(run.cfg),
+                      peak_flops=getattr(args, "peak_total", None))
     losses: list[float] = []
-    t_opt = 0.0
-    t_start = clock(model.device)
+    t_start = clock(run.device)
     for step in range(start, args.steps):
         x, y = data.batch(step, args.batch_size, args.block_size)
-        sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
-        optimizer.zero_grad()
-        hooks.begin(step, optimizer)
-        with precision.autocast():
-            loss = model.train_step(x[sl], y[sl])
-        t0 = clock(model.device)
-        with transport.traffic() as zero_traffic:  # ZeRO's reduce-scatter and all-gather
-            optimizer.step()
-        model.bytes_sent["data"] += zero_traffic.bytes_sent
-        model.times["communication"] += zero_traffic.seconds
-        t_opt += clock(model.device) - t0 - zero_traffic.seconds
+        sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+        hooks.begin(step, optimizer)  # this step's learning rate
+        loss = step_fn(x[sl], y[sl])  # forward, backward, sync, optimizer step
         losses.append(loss)
-        hooks.end(step, loss, {**model.times, "compute": model.times["compute"] + t_opt})
+        hooks.end(step, loss, step_fn.times, step_fn.stats.get("grad_norm"))  # validation, metrics
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, model, optimizer, step + 1, args.keep, saved_with)
-    wall = clock(model.device) - t_start - hooks.eval_s  # training's time: validation apart
+            save_checkpoint(args.checkpoint, run.saved, optimizer, step + 1, run.cfg, args.keep, saved_with)
+    wall = clock(run.device) - t_start - hooks.eval_s  # training's time: validation apart
     hooks.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, model, optimizer, args.steps, args.keep, saved_with)
+        save_checkpoint(args.checkpoint, run.saved, optimizer, args.steps, run.cfg, args.keep, saved_with)
     steps = args.steps - start
-    placement = _placement(args, model)  # after the loop: the world group is connected only now
-    times = dict(model.times)
-    times["compute"] += t_opt
-    return {"rank": m.rank, "coords": m.coords(), "losses": losses, "start": start, "wall_s": wall,
+    placement = _placement(args, run)  # after the loop: the world group is connected only now
+    return {"rank": run.rank, "coords": run.coords, "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
-            "times": times, "bytes_sent": dict(model.bytes_sent), "steps": steps,
-            "val_losses": hooks.val_losses, "metrics": hooks.log.records if m.rank == 0 else [],
-            "peak_stash": model.pipe.stats.peak_stash, "moe": model.moe_stats(), "placement": placement,
+            "times": dict(step_fn.times), "bytes_sent": dict(step_fn.bytes_sent), "steps": steps,
+            "peak_stash": step_fn.stats["peak_stash"], "moe": step_fn.stats.get("moe", {}),
+            "grad_norm": step_fn.stats.get("grad_norm"), "skipped": step_fn.stats.get("skipped", 0),
+            "val_losses": hooks.val_losses, "metrics": hooks.log.records if run.rank == 0 else [],
+            "flops_per_token": hooks.flops_per_token,
+            "placement": placement,
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}

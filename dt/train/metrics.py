@@ -22,7 +22,55 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["MetricsLog", "mfu", "plot_loss", "read_metrics"]
+import torch
+
+from dt.cost.flops import train_flops_per_token
+from dt.device import clock
+
+__all__ = ["MetricsLog", "job_peak_flops", "measure_matmul_flops", "mfu", "model_flops_per_token",
+           "plot_loss", "read_metrics"]
+
+
+def model_flops_per_token(cfg: Any) -> float | None:
+    """Forward + backward FLOPs per token of the model `cfg` describes (dt.cost.flops: the one formula)."""
+    try:
+        return train_flops_per_token(cfg)
+    except (AttributeError, TypeError):  # a config the formula cannot read: no MFU, rather than a wrong one
+        return None
+
+
+def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                         n: int = 512, seconds: float = 0.3) -> float:
+    """This process's sustained FLOP/s on an n x n matmul (its threads, as it runs now): MFU's peak on
+    a CPU, where no datasheet figure applies to a shared, hyper-threaded, throttled box."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.mm(a, b)  # warm: threads started, kernels chosen
+    done, t0 = 0, clock(torch.device(device))
+    while True:
+        torch.mm(a, b)
+        done += 1
+        elapsed = clock(torch.device(device)) - t0
+        if elapsed >= seconds:
+            return 2 * n ** 3 * done / elapsed
+
+
+def job_peak_flops(per_device: float | None, world: int, device: str,
+                   dtype: torch.dtype) -> tuple[float, str]:
+    """MFU's denominator for a run of `world` processes, and where it came from.
+
+    Given per device (--peak-flops, a datasheet's figure): that x world. Else measured
+    here: on a GPU, one device's sustained matmul x world; on the CPU the whole host's
+    (every thread this process may use), since the ranks share its cores.
+    """
+    if per_device is not None:
+        return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
+    if device == "cuda":
+        rate = measure_matmul_flops("cuda", dtype, n=4096)
+        return rate * world, f"a {dtype} 4096^2 matmul measured at start, {rate / 1e12:.1f} TFLOP/s x {world}"
+    rate = measure_matmul_flops("cpu", torch.float32)
+    return rate, (f"a float32 512^2 matmul measured at start on {torch.get_num_threads()} threads "
+                  f"(the host's ranks share them): {rate / 1e9:.1f} GFLOP/s")
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:

@@ -34,13 +34,11 @@ def add_trainer_options(p: argparse.ArgumentParser) -> None:
                     help="validation loss every N steps and at the last (0: never)")
     ev.add_argument("--eval-batches", type=args_.at_least(1), default=4,
                     help="global batches the validation loss is averaged over")
-    lr = p.add_argument_group("learning rate and gradients")
+    lr = p.add_argument_group("learning rate and precision (--clip: the global norm, above)")
     lr.add_argument("--warmup", type=args_.at_least(0), default=0,
                     help="steps of linear warmup to --lr")
     lr.add_argument("--lr-min", type=args_.non_negative, default=None,
                     help="cosine decay from --lr to this at the last step (default: no decay)")
-    lr.add_argument("--clip", type=args_.non_negative, default=0.0,
-                    help="clip the gradients' global norm (over every axis) to this (0: off)")
     lr.add_argument("--precision", choices=PRECISIONS, default="float32",
                     help="autocast dtype; weights and Adam's state stay float32 "
                          "(float16: dynamic loss scaling)")
@@ -48,6 +46,9 @@ def add_trainer_options(p: argparse.ArgumentParser) -> None:
     out.add_argument("--metrics", default=None, metavar="FILE",
                      help="one JSON line per step (appended): loss, val_loss, lr, grad_norm, tokens/s, "
                           "MFU, time split")
+    out.add_argument("--peak-flops", type=args_.positive, default=None, metavar="FLOP/S",
+                     help="MFU's denominator, per process (default: a float32 matmul measured at start "
+                          "with the run's threads, on its device)")
     out.add_argument("--plot", default=None, metavar="PNG",
                      help="draw the loss curve (train and validation) into PNG at the end (matplotlib)")
 
@@ -67,6 +68,9 @@ def trainer_options_problem(args: argparse.Namespace) -> str | None:
         return f"--lr-min {args.lr_min} is above --lr {args.lr}: the schedule decays"
     if args.precision != "float32" and args.dtype != "float32":
         return f"--precision {args.precision} autocasts float32 weights: it needs --dtype float32"
+    if args.precision != "float32" and (args.cp > 1 or args.experts):
+        return (f"--precision {args.precision} runs on the new training step: dp, tp and pp "
+                "(not --cp, --experts)")
     for name, path in (("--metrics", args.metrics), ("--plot", args.plot)):
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):

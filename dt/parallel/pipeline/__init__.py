@@ -39,10 +39,12 @@ and puts the shape headers on groups of their own (see there).
 - schedules.py  the arithmetic of who does what when: partition, schedule, bubble_fraction
 - runtime.py    Pipeline (one stage running its schedule) and stage_module
 - p2p.py        the point-to-point of activations and gradients, with a shape header
+- cut.py        a model's layer list cut into this rank's chunks; weights two stages share
 """
 
+from dt.parallel.pipeline.cut import StageCut, cut
 from dt.parallel.pipeline.p2p import header_groups
-from dt.parallel.pipeline.runtime import Pipeline, PipelineStepStats, stage_module
+from dt.parallel.pipeline.runtime import LABEL, Pipeline, PipelineStepStats, StepHooks, stage_module
 from dt.parallel.pipeline.schedules import (
     bubble_fraction,
     neighbour,
@@ -51,5 +53,5 @@ from dt.parallel.pipeline.schedules import (
     stage_layers,
 )
 
-__all__ = ["Pipeline", "PipelineStepStats", "bubble_fraction", "header_groups", "neighbour",
-           "partition", "schedule", "stage_layers", "stage_module"]
+__all__ = ["LABEL", "Pipeline", "PipelineStepStats", "StageCut", "StepHooks", "bubble_fraction", "cut",
+           "header_groups", "neighbour", "partition", "schedule", "stage_layers", "stage_module"]

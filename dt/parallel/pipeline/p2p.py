@@ -37,7 +37,9 @@ import torch.distributed as dist
 from dt.device import clock
 from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group, shared_group
 
-__all__ = ["StageLink", "header_groups"]
+__all__ = ["LABEL", "StageLink", "header_groups"]
+
+LABEL = "pipeline"  # dt.traffic() charges every activation and gradient a pipeline sends to it
 
 _DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64, torch.int32,
            torch.bool, torch.uint8]
@@ -102,7 +104,7 @@ class StageLink:
         self.wait_s = 0.0
 
     def _comm(self, group: Group | None = None) -> Comm:
-        return Comm(group or self.group, "pipeline", "p2p")
+        return Comm(group or self.group, LABEL, "p2p")
 
     def begin(self, headers_in: int) -> None:
         """Start a step that will receive `headers_in` activations from the stage before."""

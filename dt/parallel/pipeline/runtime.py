@@ -11,6 +11,7 @@ sat idle waiting on its neighbours (the bubble).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,11 +22,27 @@ from torch import nn
 
 from dt import transport
 from dt.device import clock
-from dt.parallel.pipeline.p2p import StageLink
+from dt.parallel.pipeline.p2p import LABEL, StageLink
 from dt.parallel.pipeline.p2p import header_groups as make_header_groups
 from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
 
-__all__ = ["Pipeline", "PipelineStepStats", "stage_module"]
+__all__ = ["LABEL", "Pipeline", "PipelineStepStats", "StepHooks", "stage_module"]
+
+
+@dataclass
+class StepHooks:
+    """What a trainer wraps around the schedule's steps (dt.train.step); all optional.
+
+    autocast: a context manager entered around every forward (mixed precision).
+    scale: applied to each micro-batch's weighted loss before its backward (loss
+    scaling); the loss reported stays unscaled. before_backward(chunk, last):
+    called before each backward of `chunk`, `last` True for that chunk's final
+    micro-batch this step (data parallel then synchronises its gradients).
+    """
+
+    autocast: Callable[[], Any] | None = None
+    scale: Callable[[torch.Tensor], torch.Tensor] | None = None
+    before_backward: Callable[[int, bool], None] | None = None
 
 
 def stage_module(layers: nn.Sequential | Sequence[nn.Module], group: Any = None,
@@ -102,7 +119,8 @@ class Pipeline:
 
     def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
-                   micro_batches: int = 1, schedule_name: str = "1f1b") -> float | None:
+                   micro_batches: int = 1, schedule_name: str = "1f1b",
+                   hooks: StepHooks | None = None) -> float | None:
         """Forward and backward of one batch; gradients accumulate in the stage's parameters.
 
         `inputs` is needed on the first stage, `targets` on the last (others may
@@ -111,11 +129,14 @@ class Pipeline:
         batch, so the gradients equal those of loss_fn on the whole batch when
         loss_fn is a mean. Returns the batch loss on the last stage, else None.
         """
+        hooks = hooks or StepHooks()
+        autocast = hooks.autocast or contextlib.nullcontext
         m = micro_batches
         batch = inputs if self.is_first else targets
         if batch is not None and m > batch.shape[0]:
             raise ValueError(f"{m} micro-batches of a batch of {batch.shape[0]}")
         actions = schedule(schedule_name, self.stages, self.stage, m, len(self.chunks))
+        last_backward = {c: i for kind, c, i in actions if kind == "B"}  # each chunk's final one
         self._begin_step(actions)
         xs = self._micro(inputs if self.is_first else None, m)
         ys = self._micro(targets if self.is_last else None, m)
@@ -129,10 +150,13 @@ class Pipeline:
                 if prev is not None and x.is_floating_point():
                     x.requires_grad_(True)
                 t0 = clock(self.wire.device)
-                out = self.chunks[c](x)
-                if nxt is None:  # the stash holds the weighted loss to backward from
-                    out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
+                with autocast():
+                    out = self.chunks[c](x)
+                    if nxt is None:  # the stash holds the weighted loss to backward from
+                        out = loss_fn(out, ys[i]) * (ys[i].shape[0] / n_total)
+                if nxt is None:
                     total_loss += out.item()
+                    out = hooks.scale(out) if hooks.scale is not None else out
                 self.stats.compute_s += clock(self.wire.device) - t0
                 if nxt is not None:
                     self.wire.send(out, nxt, activation=True)
@@ -141,6 +165,8 @@ class Pipeline:
             else:
                 x, out = stash.pop((c, i))
                 grad = None if nxt is None else self.wire.recv(nxt, like=out)
+                if hooks.before_backward is not None:
+                    hooks.before_backward(c, i == last_backward[c])
                 t0 = clock(self.wire.device)
                 torch.autograd.backward(out, grad)
                 self.stats.compute_s += clock(self.wire.device) - t0

@@ -43,6 +43,7 @@ from dt.parallel.tensor.layers import (
     SequenceParallelLayerNorm,
 )
 from dt.parallel.tensor.mappings import (
+    LABEL,
     SEQUENCE_DIM,
     all_reduce_bytes,
     collective_bytes,
@@ -74,6 +75,7 @@ from dt.parallel.tensor.vocab import (
 )
 
 __all__ = [
+    "LABEL",
     "SEQUENCE_DIM",
     "ColumnParallelLinear",
     "ColwiseParallel",

@@ -1,0 +1,90 @@
+"""What `dt train` trains: the plain model, its grid, the plan applied, the step and its optimizer.
+
+    run = build(args, vocab_size)
+    loss = run.step(tokens, targets)        # one whole step (dt.train.step.TrainStep)
+
+The model is plain (dt.models.nanogpt.GPT or dt.models.llama.Llama, `--model`),
+built from the seed on every rank; dt.parallelize applies the grid's
+parallelism to it in its fixed order (dt.parallel.plan). Context parallelism
+and experts still run on dt.models.gpt.ParallelGPT (dt.train.legacy) until
+their styles land.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dt.models.llama import Llama, LlamaConfig
+from dt.models.nanogpt import GPT, GPTConfig
+from dt.parallel.grid import Grid
+from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, llama_blocks, llama_plan, parallelize
+from dt.train.optim import Adam
+from dt.train.precision import Precision
+from dt.train.step import TrainStep, make_optimizer
+
+__all__ = ["Built", "build", "grid_of", "plain_model"]
+
+
+@dataclass
+class Built:
+    """One rank's run: the step to call, the optimizer, and what a checkpoint saves."""
+
+    step: Any  # step(tokens, targets) -> loss; .times, .bytes_sent, .stats
+    optimizer: Any
+    saved: Any  # what says where this rank's tensors sit (checkpoint_places)
+    cfg: Any  # the model's config, recorded in checkpoints
+    rank: int
+    coords: tuple[int, int, int, int, int]  # (dp, tp, pp, cp, ep): the report's order
+    device: torch.device
+    world: int
+    parameters: list[torch.nn.Parameter]
+
+
+def grid_of(args: argparse.Namespace) -> Grid:
+    """The run's grid: pp, dp, cp, tp (tp innermost, or outermost with --layout tp-across)."""
+    sizes = {"pp": args.pp, "dp": args.dp, "cp": args.cp, "tp": args.tp}
+    return Grid(sizes, order=getattr(args, "layout", "tp-inside"), ep=args.ep)
+
+
+def plain_model(args: argparse.Namespace, vocab_size: int) -> tuple[torch.nn.Module, Any]:
+    """The plain model `args` describe, and its config."""
+    common = {"vocab_size": vocab_size, "block_size": args.block_size, "n_layer": args.n_layer,
+              "n_head": args.n_head, "n_embd": args.n_embd, "tied": not args.untied, "seed": args.seed,
+              "dtype": args.dtype}
+    if getattr(args, "model", "gpt") == "llama":
+        cfg = LlamaConfig(**common, n_kv_head=args.n_kv_head or args.n_head)
+        return Llama(cfg), cfg
+    cfg = GPTConfig(**common)
+    return GPT(cfg), cfg
+
+
+def _precision(args: argparse.Namespace, device: torch.device) -> Precision | None:
+    """--precision's autocast and loss scale (dt.train.precision); None for float32 (nothing to do)."""
+    kind = getattr(args, "precision", "float32")
+    return None if kind == "float32" else Precision(kind, device)
+
+
+def build(args: argparse.Namespace, vocab_size: int) -> Built:
+    """Collective over the world: every rank builds the model and makes the grid's groups."""
+    if args.cp > 1 or args.experts:
+        from dt.train.legacy import build_legacy
+
+        return build_legacy(args, vocab_size)
+    grid = grid_of(args)
+    model, cfg = plain_model(args, vocab_size)
+    llama = isinstance(model, Llama)
+    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp),
+                blocks=llama_blocks if llama else gpt_blocks, virtual=args.virtual,
+                data_parallel="ddp" if not args.zero else f"zero{args.zero}")
+    par = parallelize(model, grid, plan)
+    optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)
+    step = TrainStep(par, optimizer, micro_batches=args.micro_batches, schedule=args.schedule,
+                     clip=getattr(args, "clip", None),
+                     precision=_precision(args, par.device))
+    c = grid.coords()
+    return Built(step, optimizer, par, cfg, grid.rank, (c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]),
+                 par.device, grid.world, par.parameters())

@@ -1,0 +1,194 @@
+"""One training step, apart from the model: pipeline schedule, gradient sync, clipping, accounting.
+
+    par = dt.parallelize(GPT(cfg), grid, Plan(tensor=gpt_plan(cfg, tp), blocks=gpt_blocks))
+    optimizer = make_optimizer(par, Adam, zero=0, lr=1e-3)     # or zero=1, 2 (ZeRO over dp x cp)
+    step = TrainStep(par, optimizer, micro_batches=4, schedule="1f1b", clip=1.0)
+    loss = step(tokens, targets)     # this dp rank's batch; returns the global batch's mean loss
+    step.times, step.bytes_sent, step.stats
+
+What one call does, in order:
+
+1. the pipeline schedule (dt.parallel.pipeline: gpipe, 1f1b, interleaved) over
+   this rank's chunks, each micro-batch's forward inside precision.autocast()
+   and its loss scaled by precision.scale();
+2. gradient sync over the dp x cp plane (dense gradients averaged): with DDP
+   (dt.parallel.data_parallel) the buckets' all-reduces run during the last
+   micro-batch's backward of each chunk, overlapped with the earlier layers'
+   compute; with ZeRO (zero=1, 2) the optimizer reduce-scatters them instead;
+3. a weight two stages share (a tied embedding and head) summed over its stages;
+4. precision.unscale_and_check(): False (an overflow) skips the optimizer step;
+5. clipping by the global norm over every axis (dt.train.clip);
+6. the optimizer step (ZeRO's all-gather of the parameters inside);
+7. the loss averaged over dp x cp on the last stage, broadcast along the pipeline.
+
+Accounting: every byte is charged to the label of the package that moved it
+(dt.parallel.pipeline.LABEL, dt.parallel.tensor.LABEL, ...); bytes under no
+package's label are shown as "other", never folded into one. Times, as
+dt train reports them: compute (forward, backward, optimizer), communication
+(the layers' collectives, the exposed part of the gradient sync, the tied
+sum, the loss) and bubble (waiting on pipeline neighbours).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from dt import transport
+from dt.collectives import all_reduce, broadcast
+from dt.collectives.ops import ReduceOp
+from dt.device import clock
+from dt.models.lm import lm_loss
+from dt.parallel import pipeline
+from dt.parallel import tensor as tp
+from dt.parallel.buckets import all_reduce_buckets
+from dt.parallel.plan import Parallel
+from dt.parallel.zero import ZeroOptimizer
+from dt.train.clip import clip_global_norm, counted_parameters
+from dt.transport import resolve_group
+
+__all__ = ["LABELS", "TrainStep", "make_optimizer"]
+
+# bytes_sent's kinds, each the label its package charges dt.traffic() with.
+LABELS = {"pipeline": pipeline.LABEL, "tensor": tp.LABEL}
+
+
+def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:
+    """This rank's optimizer: `optimizer_cls` on its stage's parameters, sharded over dp x cp by ZeRO."""
+    if zero not in (0, 1, 2):
+        raise ValueError(f"zero {zero}: 0 (DDP), 1 or 2 (ZeRO); stage 3 is not wired into dt train yet")
+    if (zero > 0) != par.data_parallel.startswith("zero"):
+        raise ValueError(f"zero {zero} with a plan whose data_parallel is {par.data_parallel!r}")
+    if zero == 0:
+        return optimizer_cls(par.parameters(), **kwargs)
+    if zero == 2 and par.stage.shared:
+        raise ValueError("ZeRO 2 frees each full gradient in backward, so a weight two pipeline stages "
+                         "share cannot be summed: use --zero 1, or --untied")
+    return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=par.grid.group(*par.dp_axes),
+                         **kwargs)
+
+
+class TrainStep:
+    """step(tokens, targets) -> the global mean loss; the whole step of one rank (see the module doc)."""
+
+    def __init__(self, par: Parallel, optimizer: Any, micro_batches: int = 1, schedule: str = "1f1b",
+                 clip: float | None = None, precision: Any = None,
+                 loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
+        grid = par.grid
+        if grid.sizes.get("cp", 1) > 1 or grid.ep > 1:
+            raise ValueError("TrainStep runs dp, tp and pp (and ZeRO) for now; cp and ep train through "
+                             "dt.models.gpt.ParallelGPT until their styles land")
+        if clip is not None and isinstance(optimizer, ZeroOptimizer):
+            raise ValueError("clipping under ZeRO needs the norm of the sharded gradient inside the "
+                             "optimizer's step: not wired yet (use --zero 0)")
+        self.par, self.grid, self.optimizer = par, grid, optimizer
+        self.micro_batches, self.schedule, self.clip = micro_batches, schedule, clip
+        self.precision, self.loss_fn = precision, loss_fn
+        self.device = par.device
+        coords = grid.coords()
+        self.first = coords.get("pp", 0) == 0
+        self.last = coords.get("pp", 0) == grid.sizes.get("pp", 1) - 1
+        if "pp" not in grid.names:
+            raise ValueError(f"TrainStep needs a pp axis in the grid (size 1 for none), got {grid}")
+        self.pp_group = resolve_group(grid.group("pp"))
+        headers = pipeline.header_groups(grid.groups("pp"))
+        chunks = par.chunks
+        self.pipe = pipeline.Pipeline(chunks[0] if len(chunks) == 1 else chunks, grid.group("pp"),
+                                      header_groups=headers)
+        self.dp_group = grid.group(*par.dp_axes)
+        self.dp = grid.size(*par.dp_axes)
+        self.world_group = grid.group(*grid.names)  # every rank: precision's verdict is one for all
+        norm_axes = tuple(a for a in ("pp", "tp") if a in grid.names)
+        self.norm_group = grid.group(*norm_axes)
+        self.params = par.parameters()
+        self.counted = counted_parameters(par.stage.chunks, coords.get("tp", 0), par.stage.saves)
+        self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
+        self.bytes_sent = {kind: 0 for kind in (*LABELS, "data", "tied embedding", "norm", "other")}
+        self.stats: dict[str, Any] = {"peak_stash": 0, "skipped": 0, "grad_norm": None}
+
+    def _hooks(self) -> pipeline.StepHooks:
+        ddp = self.par.chunks
+
+        def before_backward(chunk: int, last: bool) -> None:
+            if hasattr(ddp[chunk], "sync_next_backward"):
+                ddp[chunk].sync_next_backward(last)  # only the chunk's last micro-batch synchronises
+
+        p = self.precision
+        return pipeline.StepHooks(autocast=p.autocast if p is not None else None,
+                                  scale=p.scale if p is not None else None, before_backward=before_backward)
+
+    def _inputs(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> tuple[Any, Any]:
+        x = tokens.to(self.device) if tokens is not None and self.first else None
+        y = targets.to(self.device) if targets is not None and self.last else None
+        return x, y
+
+    def __call__(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+        x, y = self._inputs(tokens, targets)
+        self.optimizer.zero_grad()
+        with contextlib.ExitStack() as no_sync, transport.traffic() as pipe_traffic:
+            for d in self.par.ddp:  # the forward must not decide: backward does (before_backward)
+                no_sync.enter_context(d.no_sync())
+            loss = self.pipe.train_step(x, y, self.loss_fn, self.micro_batches, self.schedule,
+                                        hooks=self._hooks())
+        stats = self.pipe.stats
+        self.stats["peak_stash"] = max(self.stats["peak_stash"], stats.peak_stash)
+        exposed = sum(d.stats.exposed_s for d in self.par.ddp)  # inside backward: not compute
+        t0 = clock(self.device)
+        with transport.traffic() as tied_traffic:
+            if self.par.stage.shared_group is not None:
+                grads = [p.grad for p in self.par.stage.shared if p.grad is not None]
+                all_reduce_buckets(grads, self.par.stage.shared_group, op=ReduceOp.SUM)
+        loss_value = self._global_loss(loss)
+        comm = clock(self.device) - t0
+        t_opt = clock(self.device)
+        with transport.traffic() as opt_traffic:  # ZeRO's reduce-scatter and all-gather; the norm's sum
+            self._update()
+        opt_s = clock(self.device) - t_opt
+        self._account(stats, pipe_traffic, tied_traffic, opt_traffic, exposed, comm, opt_s)
+        return loss_value
+
+    def _update(self) -> None:
+        grads = [p.grad for p in self.params if p.grad is not None]
+        if self.precision is not None and not self.precision.unscale_and_check(grads, self.world_group):
+            self.stats["skipped"] += 1  # an overflow: every rank skips alike (one verdict)
+            return
+        if self.clip is not None:
+            self.stats["grad_norm"] = clip_global_norm(self.counted, self.params, self.clip,
+                                                       self.norm_group, self.device)
+        self.optimizer.step()
+
+    def _global_loss(self, loss: float | None) -> float:
+        """The global batch's mean loss on every rank: averaged over dp x cp, sent along the pipeline."""
+        dtype = self.params[0].dtype if self.params else torch.float32
+        loss_t = torch.tensor([loss if loss is not None else 0.0], dtype=dtype, device=self.device)
+        if self.last and self.dp > 1:
+            all_reduce(loss_t, op=ReduceOp.AVG, group=self.dp_group)
+        if self.pp_group.size > 1:
+            broadcast(loss_t, src=self.pp_group.global_rank(self.pp_group.size - 1), group=self.pp_group)
+        value = float(loss_t.item())
+        if not math.isfinite(value) and self.precision is None:
+            raise FloatingPointError(f"the loss is {value}: the run diverged (try a smaller --lr)")
+        return value
+
+    def _account(self, stats: pipeline.PipelineStepStats, pipe: Any, tied: Any, opt: Any,
+                 exposed: float, comm: float, opt_s: float) -> None:
+        layers_s = pipe.seconds  # the layers' blocking collectives, inside forward and backward
+        self.times["compute"] += stats.compute_s - layers_s - exposed + opt_s - opt.seconds
+        self.times["bubble"] += stats.idle_s
+        self.times["communication"] += layers_s + exposed + comm + opt.seconds
+        labelled = 0
+        for kind, label in LABELS.items():
+            self.bytes_sent[kind] += pipe.by_collective[label].bytes_sent
+            labelled += pipe.by_collective[label].bytes_sent
+        # DDP's buckets run on the group's own thread, charged as dt.all_reduce itself charges them:
+        # with the layers' collectives under their package's label, they are the only bare all-reduce.
+        data = pipe.by_collective["all_reduce"].bytes_sent
+        norm = opt.by_collective["all_reduce"].bytes_sent  # the global norm's one sum
+        self.bytes_sent["data"] += data + opt.bytes_sent - norm  # + ZeRO's reduce-scatter, all-gather
+        self.bytes_sent["norm"] += norm
+        self.bytes_sent["tied embedding"] += tied.bytes_sent
+        self.bytes_sent["other"] += pipe.bytes_sent - labelled - data
