@@ -8,8 +8,8 @@ Reads the newest good checkpoint in DIR (its manifest and sha256s checked, as
 resuming checks them), the model configuration it was saved with and the
 tokenizer `dt train` saved in its manifest, assembles every
 tensor whole from the shards whatever mesh saved them (dt.parallel.checkpoint
-.read_full), and generates with the plain model (dt.models.nanogpt.GPT.generate):
-one process, no process group. The prompt is kept to the last block_size tokens
+.read_full), and generates with the plain model's generate (dt.models.nanogpt.GPT or
+dt.models.llama.Llama): one process, no process group. The prompt is kept to the last block_size tokens
 the model can see; sampling is seeded (--seed), so a command gives the same text again.
 """
 
@@ -18,10 +18,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import Any
 
 import torch
 
 from dt import args as args_
+from dt.models.llama import Llama, LlamaConfig
+from dt.models.lm import LanguageModel
 from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.checkpoint import CheckpointError, latest, read_full
 from dt.train.tokenizer import Tokenizer, tokenizer_from_json
@@ -44,7 +47,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def load_model(directory: str) -> tuple[GPT, Tokenizer, int]:
+def load_model(directory: str) -> tuple[LanguageModel, Tokenizer, int]:
     """The newest checkpoint's plain model (whole, in float32 or its dtype), its tokenizer, its step.
 
     CheckpointError for a directory without a usable dt train checkpoint.
@@ -56,34 +59,43 @@ def load_model(directory: str) -> tuple[GPT, Tokenizer, int]:
     if meta.get("trainer") != "dt train":
         raise CheckpointError(f"checkpoint {ckpt.path}: not saved by dt train")
     saved = meta.get("model", {})
-    if saved.get("n_experts"):
-        raise CheckpointError(f"checkpoint {ckpt.path}: a mixture-of-experts model "
-                              f"({saved['n_experts']} experts); dt sample runs the dense plain GPT")
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    cfg = GPTConfig(**{k: v for k, v in saved.items() if k in fields})
+    model = _plain_model(saved, ckpt.path)
     if "tokenizer" not in meta:
         raise CheckpointError(f"checkpoint {ckpt.path}: saved without its tokenizer (by an older dt train)")
     tokenizer = tokenizer_from_json(meta["tokenizer"], f"checkpoint {ckpt.path}'s tokenizer")
-    if tokenizer.vocab_size != cfg.vocab_size:
+    if tokenizer.vocab_size != model.cfg.vocab_size:
         raise CheckpointError(f"checkpoint {ckpt.path}: its tokenizer has {tokenizer.vocab_size} tokens, "
-                              f"the model {cfg.vocab_size}")
+                              f"the model {model.cfg.vocab_size}")
     _, tensors = read_full(ckpt.path)
-    model = GPT(cfg)
     # The optimizer's state is saved as optim/<parameter>/<key> (dt.parallel.checkpoint): not the model's.
     tensors = {k: v for k, v in tensors.items() if not k.startswith("optim/")}
     _load_weights(model, tensors, ckpt.path)
     return model.eval(), tokenizer, ckpt.step
 
 
-def _load_weights(model: GPT, tensors: dict[str, torch.Tensor], where: str) -> None:
-    """Every parameter from the checkpoint by its name; a tied head is the embedding (saved once)."""
+def _plain_model(saved: dict[str, Any], where: str) -> LanguageModel:
+    """The plain model a checkpoint's config describes: Llama's has n_kv_head, the GPT's not.
+
+    ParallelGPT's (--cp, --experts) config has the GPT's fields and MoE's: a dense one
+    is the plain GPT; experts are refused unless the plain model has them too.
+    """
+    cls, config = (Llama, LlamaConfig) if "n_kv_head" in saved else (GPT, GPTConfig)
+    fields = {f.name for f in dataclasses.fields(config)}
+    if saved.get("n_experts") and "n_experts" not in fields:
+        raise CheckpointError(f"checkpoint {where}: a mixture of {saved['n_experts']} experts; the plain "
+                              f"{cls.__name__} dt sample runs is dense")
+    return cls(config(**{k: v for k, v in saved.items() if k in fields}))
+
+
+def _load_weights(model: LanguageModel, tensors: dict[str, torch.Tensor], where: str) -> None:
+    """Every parameter from the checkpoint by its name; a tied head is its embedding (saved once)."""
     mine = model.state_dict()
-    tied = {name for name, t in mine.items()
-            if name not in tensors and t.data_ptr() == model.layers[0].wte.weight.data_ptr()}
+    saved_ptrs = {mine[name].data_ptr() for name in tensors if name in mine}
+    tied = {name for name, t in mine.items() if name not in tensors and t.data_ptr() in saved_ptrs}
     missing = sorted(set(mine) - set(tensors) - tied)
     extra = sorted(set(tensors) - set(mine))
     if missing or extra:
-        raise CheckpointError(f"checkpoint {where}: its tensors do not fit the plain GPT (missing "
+        raise CheckpointError(f"checkpoint {where}: its tensors do not fit the plain model (missing "
                               f"{missing[:3]}, unknown {extra[:3]})")
     with torch.no_grad():
         for name, t in tensors.items():
