@@ -41,7 +41,7 @@ def test_validation_loss_is_the_same_on_every_mesh(run):
 
 
 def _metrics(path: str) -> dict:
-    return _train(["--metrics", path])
+    return _train(["--metrics", path, "--clip", "0.5"])
 
 
 @pytest.mark.timeout(200)
@@ -58,16 +58,18 @@ def test_metrics_lines_carry_the_schedule_the_losses_and_the_split(run, tmp_path
     for r in lines:
         assert r["tokens_per_s"] > 0 and set(r["time"]) == {"compute", "communication", "bubble"}
         assert r["time"]["compute"] > 0
+        assert r["grad_norm"] > 0  # the step's global norm (--clip), reported each step
 
 
-def _bf16(precision: str) -> list[float]:
+def _16_bit(precision: str) -> list[float]:
     return _train(["--tp", "2", "--precision", precision, "--steps", "10", "--eval-every", "0"])["losses"]
 
 
 @pytest.mark.timeout(300)
-def test_bfloat16_on_a_tensor_parallel_mesh_follows_float32(run):
-    ref = run(2, _bf16, "float32")[0]
-    mine = run(2, _bf16, "bfloat16")[0]
-    u = 2.0 ** -8  # bfloat16's rounding: see tests/test_trainer_precision.py for the bound
+@pytest.mark.parametrize("precision, bits", [("bfloat16", 8), ("float16", 11)])
+def test_16_bit_on_a_tensor_parallel_mesh_follows_float32(run, precision, bits):
+    ref = run(2, _16_bit, "float32")[0]
+    mine = run(2, _16_bit, precision)[0]
+    u = 2.0 ** -bits  # the significand's rounding: see tests/test_trainer_precision.py for the bound
     assert mine != ref
     assert max(abs(a - b) / a for a, b in zip(ref, mine)) <= u
