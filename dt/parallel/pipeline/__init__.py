@@ -40,6 +40,7 @@ and puts the shape headers on groups of their own (see there).
 - runtime.py    Pipeline (one stage running its schedule) and stage_module
 - p2p.py        the point-to-point of activations and gradients, with a shape header
 - cut.py        a model's layer list cut into this rank's chunks; weights two stages share
+- stash.py      peak_stash: how many micro-batches' activations a stage holds, from the schedule
 """
 
 from dt.parallel.pipeline.cut import StageCut, cut
@@ -52,6 +53,8 @@ from dt.parallel.pipeline.schedules import (
     schedule,
     stage_layers,
 )
+from dt.parallel.pipeline.stash import peak_stash, peak_stash_bytes, stash_profile
 
 __all__ = ["LABEL", "Pipeline", "PipelineStepStats", "StageCut", "StepHooks", "bubble_fraction", "cut",
-           "header_groups", "neighbour", "partition", "schedule", "stage_layers", "stage_module"]
+           "header_groups", "neighbour", "partition", "peak_stash", "peak_stash_bytes", "schedule",
+           "stage_layers", "stage_module", "stash_profile"]
