@@ -1,8 +1,10 @@
-"""The named grid (dt.parallel.grid) against the mesh it replaces (dt.parallel.mesh).
+"""The named grid (dt.parallel.grid) against the hand-written mesh it replaced.
 
 For every layout the mesh's tests cover, tp inside and tp across: the same
 rank at the same coordinates, and the same groups (members and their order)
-for every kind, expert parallel's split of the dp x cp plane included.
+for every kind, expert parallel's split of the dp x cp plane included. The
+mesh's own per-axis formulas (rank_of, coords_of, layout) live on here only,
+as the reference: dt.parallel.mesh is now a view over the grid.
 """
 
 from __future__ import annotations
@@ -13,7 +15,46 @@ import pytest
 import torch
 
 from dt.parallel.grid import Grid
-from dt.parallel.mesh import coords_of, layout, rank_of
+from dt.parallel.mesh import layout as mesh_layout
+
+
+def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int, cp_rank: int = 0,
+            cp: int = 1, tp_across: bool = False, pp: int = 1) -> int:
+    """The old mesh's numbering: tp innermost, then cp, dp, pp (tp_across: tp outermost)."""
+    inner = (pp_rank * dp + dp_rank) * cp + cp_rank
+    return tp_rank * (dp * cp * pp) + inner if tp_across else inner * tp + tp_rank
+
+
+def coords_of(rank: int, dp: int, tp: int, pp: int, cp: int = 1,
+              tp_across: bool = False) -> tuple[int, int, int, int]:
+    """(dp_rank, tp_rank, pp_rank, cp_rank): rank_of's inverse."""
+    if tp_across:
+        tp_rank, rest = divmod(rank, dp * cp * pp)
+    else:
+        rest, tp_rank = divmod(rank, tp)
+    rest, cp_rank = divmod(rest, cp)
+    pp_rank, dp_rank = divmod(rest, dp)
+    return dp_rank, tp_rank, pp_rank, cp_rank
+
+
+def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1,
+           tp_across: bool = False) -> dict[str, list[tuple[int, ...]]]:
+    """The old mesh's groups, one hand-written comprehension per kind."""
+    R = lambda d, c, t, p: rank_of(d, t, p, dp, tp, c, cp, tp_across, pp)  # noqa: E731
+    planes = [(t, p) for p in range(pp) for t in range(tp)]  # one dp x cp plane per (tp, pp)
+    plane = [(d, c) for d in range(dp) for c in range(cp)]  # j = d * cp + c
+    return {
+        "tp": [tuple(R(d, c, t, p) for t in range(tp)) for p in range(pp) for d, c in plane],
+        "cp": [tuple(R(d, c, t, p) for c in range(cp)) for t, p in planes for d in range(dp)],
+        "dp": [tuple(R(d, c, t, p) for d in range(dp)) for t, p in planes for c in range(cp)],
+        "pp": [tuple(R(d, c, t, p) for p in range(pp)) for d, c in plane for t in range(tp)],
+        "dp_cp": [tuple(R(d, c, t, p) for d, c in plane) for t, p in planes],
+        "ep": [tuple(R(*plane[j], t, p) for j in range(g * ep, (g + 1) * ep))
+               for t, p in planes for g in range(dp * cp // ep)],
+        "edp": [tuple(R(*plane[j], t, p) for j in range(e, dp * cp, ep))
+                for t, p in planes for e in range(ep)],
+        "embed": [tuple(sorted({R(d, c, t, 0), R(d, c, t, pp - 1)})) for d, c in plane for t in range(tp)],
+    }
 
 # (dp, cp, ep, tp, pp): tests/test_mesh_train.py's, test_moe_cp_train.py's and
 # test_placement.py's meshes.
@@ -52,6 +93,9 @@ def test_grid_numbers_and_groups_ranks_as_the_mesh_does(dims, across):
     # The mesh's tied-embedding group: the first and last stage of this rank's pipeline.
     embed = sorted({tuple(sorted({g[0], g[-1]})) for g in grid.groups("pp")})
     assert embed == sorted(set(mesh["embed"]))
+    # dt.parallel.mesh, now built on the grid, still makes the old mesh's groups.
+    view = mesh_layout(dp, tp, pp, cp, ep, tp_across=across)
+    assert {k: sorted(v) for k, v in view.items()} == {k: sorted(v) for k, v in mesh.items()}
 
 
 def test_grid_by_hand():

@@ -10,7 +10,7 @@ import torch
 import dt
 from dt import train
 from dt.parallel.checkpoint import read_full
-from dt.parallel.mesh import layout, rank_of
+from dt.parallel.mesh import layout
 
 STEPS = 20
 
@@ -52,7 +52,7 @@ def _mesh_checks(meshes: list[tuple[int, int, int]]) -> list[str]:
     bad = []
     for dp, tp, pp in meshes:
         m = dt.mesh(dp=dp, tp=tp, pp=pp)
-        if rank_of(m.dp_rank, m.tp_rank, m.pp_rank, dp, tp) != me or m.rank != me:
+        if (m.pp_rank * dp + m.dp_rank) * tp + m.tp_rank != me or m.rank != me:  # tp innermost
             bad.append(f"{(dp, tp, pp)}: rank {me} at {m.coords()}")
         for name, group, ranks in (("dp", m.dp_group, m.dp_ranks), ("tp", m.tp_group, m.tp_ranks),
                                    ("pp", m.pp_group, m.pp_ranks)):

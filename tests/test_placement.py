@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from dt import cost, train
-from dt.parallel.mesh import coords_of, layout, rank_of
+from dt.parallel.mesh import grid_of, layout
 from dt.train.placement import predict
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_mesh_train import _args
@@ -24,12 +24,12 @@ def test_tp_across_spreads_tp_over_host_contiguous_ranks():
     assert inside["tp"] == [(0, 1), (2, 3)] and inside["dp"] == [(0, 2), (1, 3)]
     assert across["tp"] == [(0, 2), (1, 3)] and across["dp"] == [(0, 1), (2, 3)]
     for dp, tp, pp, cp, flag in itertools.product((1, 2, 3), (1, 2), (1, 2), (1, 2), (False, True)):
-        ranks = sorted(rank_of(d, t, p, dp, tp, c, cp, flag, pp) for d in range(dp) for t in range(tp)
-                       for p in range(pp) for c in range(cp))
-        assert ranks == list(range(dp * tp * pp * cp))
-        for r in ranks:
-            d, t, p, c = coords_of(r, dp, tp, pp, cp, flag)
-            assert rank_of(d, t, p, dp, tp, c, cp, flag, pp) == r
+        grid = grid_of(dp, tp, pp, cp, tp_across=flag, rank=0)
+        for r in range(dp * tp * pp * cp):
+            c = grid.coords(r)
+            inner = (c["pp"] * dp + c["dp"]) * cp + c["cp"]  # tp outermost, or innermost
+            assert r == (c["tp"] * (dp * cp * pp) + inner if flag else inner * tp + c["tp"])
+            assert grid.rank_at(c) == r
 
 
 def test_tp_across_is_predicted_slower_on_a_slow_link():

@@ -35,7 +35,7 @@ def _reachable(module: str) -> set[str]:
 
 def test_plain_models_import_no_parallelism():
     plain = [m for m in MODULES if m.startswith("dt.models") and m not in NOT_YET_PLAIN]
-    assert {"dt.models.nanogpt", "dt.models.llama", "dt.models.lm"} <= set(plain)
+    assert {"dt.models.nanogpt", "dt.models.llama", "dt.models.lm", "dt.models.moe"} <= set(plain)
     wrong = {m: sorted(t for t in _reachable(m) if t.startswith(FORBIDDEN)) for m in plain}
     assert not {m: t for m, t in wrong.items() if t}, f"plain models reaching parallel code: {wrong}"
 
@@ -47,6 +47,8 @@ def _parallel_twin(cfg_dict: dict, ids: torch.Tensor, targets: torch.Tensor) -> 
     from dt.models.gpt import ParallelGPT
 
     gpt = ParallelGPT(ParallelConfig(**cfg_dict), dt.mesh())
+    for block in gpt.moe_blocks:  # what train_step sets: the balance loss per sequence of the batch
+        block.aux_weight = cfg_dict["aux_loss_coef"] / ids.shape[0]
     logits = gpt.stage(ids)
     loss = gpt.loss_fn(logits, targets)
     loss.backward()
@@ -56,10 +58,12 @@ def _parallel_twin(cfg_dict: dict, ids: torch.Tensor, targets: torch.Tensor) -> 
             "grads": {k: p.grad.clone() for k, p in named.items() if p.grad is not None}}
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_plain_gpt_is_todays_gpt_in_float64(run, tied):
+@pytest.mark.parametrize("tied, experts", [(True, {}), (False, {}),
+                                           (True, {"n_experts": 4, "top_k": 2, "capacity_factor": 1.0}),
+                                           (False, {"n_experts": 3, "aux_loss_coef": 0.5})])
+def test_plain_gpt_is_todays_gpt_in_float64(run, tied, experts):
     cfg = GPTConfig(vocab_size=23, block_size=12, n_layer=2, n_head=4, n_embd=16, tied=tied, seed=3,
-                    dtype="float64")
+                    dtype="float64", **experts)
     ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
     targets = torch.roll(ids, -1, dims=1)
     twin = run(1, _parallel_twin, cfg.as_dict(), ids, targets)[0]
@@ -79,6 +83,10 @@ def test_plain_gpt_is_todays_gpt_in_float64(run, tied):
             torch.testing.assert_close(grads[f"layers.{k}"], g, rtol=0, atol=1e-12)
     assert len(grads) == len(list(model.parameters()))
     assert (model.layers[-1].weight is model.layers[0].wte.weight) == tied
+    if experts:  # the balance loss reached the router (its gradient equal to ParallelGPT's, above)
+        assert model.layers[1].mlp.counted["assignments"] == 3 * 12 * cfg.top_k
+        if cfg.capacity_factor:
+            assert model.layers[1].mlp.counted["dropped"] > 0  # capacity bit, and matched
 
 
 def test_gpt_config_refuses_bad_values_in_one_line():

@@ -31,9 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt.models.lm import LanguageModel, lm_loss
+from dt.models.lm import CausalAttention, LanguageModel, NextTokenLoss
 
-__all__ = ["Llama", "LlamaConfig", "RMSNorm", "apply_rotary", "rotary_tables"]
+__all__ = ["Llama", "LlamaConfig", "RMSNorm", "Rotary", "apply_rotary", "rotary_tables"]
 
 
 @dataclass
@@ -103,6 +103,24 @@ def rotary_tables(head_dim: int, positions: int, theta: float = 10_000.0,
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+class Rotary(nn.Module):
+    """The rotary tables, looked up by position: positions [s] -> cos, sin [s, head_dim].
+
+    A module called with the positions (not a slice taken in forward), so a
+    context-parallel plan can hand it this rank's positions instead of 0..s-1.
+    """
+
+    def __init__(self, head_dim: int, positions: int, theta: float, dtype: torch.dtype):
+        super().__init__()
+        cos, sin = rotary_tables(head_dim, positions, theta, dtype)
+        # Buffers follow .to(device) but are not weights: not saved in checkpoints.
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+
+    def forward(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.cos[positions], self.sin[positions]
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate each (i, i + d/2) pair of x [b, heads, s, d] by its position's angle (cos, sin: [s, d])."""
     first, second = x.chunk(2, dim=-1)
@@ -121,6 +139,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.n_embd, cfg.n_kv_head * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.n_head * cfg.head_dim, cfg.n_embd, bias=False)
+        self.attend = CausalAttention()  # context parallelism swaps this for ring attention / Ulysses
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         q = self.q_proj(x)
@@ -134,7 +153,7 @@ class Attention(nn.Module):
         # Query head j reads key/value head j // queries_per_kv.
         k = k.repeat_interleave(self.queries_per_kv, dim=1)
         v = v.repeat_interleave(self.queries_per_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attend(q, k, v)
         return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -184,10 +203,17 @@ class Llama(LanguageModel):
             self.lm_head.weight = self.embed_tokens.weight
         dtype = getattr(torch, cfg.dtype)
         self.to(dtype)
-        cos, sin = rotary_tables(cfg.head_dim, cfg.block_size, cfg.rope_theta, dtype)
-        # Buffers follow .to(device) but are not weights: not saved in checkpoints.
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
+        self.rotary = Rotary(cfg.head_dim, cfg.block_size, cfg.rope_theta, dtype)
+        self.loss = NextTokenLoss()  # a module, so a plan can swap it (vocab-parallel, context-parallel)
+
+    @property
+    def rope_cos(self) -> torch.Tensor:
+        """The rotary tables for positions 0..block_size-1 (rotary(positions) looks them up)."""
+        return self.rotary.cos
+
+    @property
+    def rope_sin(self) -> torch.Tensor:
+        return self.rotary.sin
 
     def forward(self, ids: torch.Tensor,
                 targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -195,11 +221,11 @@ class Llama(LanguageModel):
         if s > self.cfg.block_size:
             raise ValueError(f"a sequence of {s} tokens is longer than block_size {self.cfg.block_size}")
         x = self.embed_tokens(ids)
-        cos, sin = self.rope_cos[:s], self.rope_sin[:s]
+        cos, sin = self.rotary(torch.arange(s, device=ids.device))
         for layer in self.layers:
             x = layer(x, cos, sin)
         logits = self.lm_head(self.norm(x))
         if targets is None:
             return logits, None
-        return logits, lm_loss(logits, targets)
+        return logits, self.loss(logits, targets)
 

@@ -1,4 +1,12 @@
-"""What every plain language model here shares: its loss and autoregressive sampling."""
+"""What every plain language model here shares: its loss, its attention core and sampling.
+
+The loss and the attention core are modules (not calls written into
+forward) so that parallelism can be applied from outside by swapping them
+(dt.parallel.plan): `NextTokenLoss.per_token` for a vocabulary-parallel
+cross-entropy, `CausalAttention` for ring attention or Ulysses over a
+context-parallel group. Plain, they are F.cross_entropy and
+F.scaled_dot_product_attention.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LanguageModel", "lm_loss", "sample"]
+__all__ = ["CausalAttention", "CrossEntropy", "LanguageModel", "NextTokenLoss", "lm_loss", "sample"]
 
 
 def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -15,8 +23,42 @@ def lm_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     Half-precision logits are upcast for the softmax (its sums lose digits in
     16 bits); float32 and float64 stay as they are.
     """
+    return per_token_loss(logits, targets).mean()
+
+
+def per_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of every token, [b, s], half precision upcast for the softmax."""
     wide = logits.flatten(0, 1).to(torch.promote_types(logits.dtype, torch.float32))
-    return F.cross_entropy(wide, targets.flatten())
+    return F.cross_entropy(wide, targets.flatten(), reduction="none").view(targets.shape)
+
+
+class CrossEntropy(nn.Module):
+    """Per-token cross-entropy of logits [b, s, V] against targets [b, s] -> [b, s]."""
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return per_token_loss(logits, targets)
+
+
+class NextTokenLoss(nn.Module):
+    """The mean over tokens of `per_token` (a CrossEntropy): the model's loss.
+
+    Split in two so each part can be swapped alone: per_token for one that
+    reads vocabulary-sharded logits, the mean for one over a sequence's share.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.per_token = CrossEntropy()
+
+    def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.per_token(logits, targets).mean()
+
+
+class CausalAttention(nn.Module):
+    """softmax(q k^T / sqrt(d) + causal mask) v over q, k, v [b, heads, s, d]: attention's core."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 @torch.no_grad()

@@ -8,7 +8,9 @@ GPT-2's shape, pre-norm: token + position embedding, n_layer blocks of
 x + attn(ln(x)) then x + mlp(ln(x)), a final layer norm and the head (tied to
 the token embedding unless `tied=False`). Tensor, sequence, pipeline and data
 parallelism are applied to this model from outside, by swapping its modules
-(a later `dt.parallelize`), never written into it.
+(`dt.parallelize`), never written into it. With `n_experts > 0` every block's
+MLP is a mixture of experts (dt/models/moe.py): its balance loss, per
+sequence, reaches the gradients (not the returned loss), as ParallelGPT's.
 
 The model is a list of layers, [Embedding, Block x n_layer, Head], named
 `layers.{i}.<name>`: the names and the per-layer seeds of dt/models/gpt.py's
@@ -30,7 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt.models.lm import LanguageModel, lm_loss
+from dt.models.lm import CausalAttention, LanguageModel, NextTokenLoss
+from dt.models.moe import MoE
 
 __all__ = ["GPT", "GPTConfig", "seed_layer"]
 
@@ -45,6 +48,10 @@ class GPTConfig:
     tied: bool = True  # the head's weight is the token embedding's
     seed: int = 0
     dtype: str = "float32"
+    n_experts: int = 0  # > 0: every block's MLP is a mixture of this many experts (dt/models/moe.py)
+    top_k: int = 1
+    capacity_factor: float | None = None  # None: no token is ever dropped
+    aux_loss_coef: float = 0.01  # weight of the load-balancing loss
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
@@ -54,6 +61,9 @@ class GPTConfig:
             raise ValueError(f"GPTConfig: n_embd {self.n_embd} is not divisible by n_head {self.n_head}")
         if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
             raise ValueError(f"GPTConfig.dtype {self.dtype!r} is not a torch dtype")
+        if self.n_experts < 0 or (self.n_experts and not 1 <= self.top_k <= self.n_experts):
+            raise ValueError(f"GPTConfig: top_k {self.top_k} must be between 1 and n_experts "
+                             f"{self.n_experts} (n_experts 0: a dense MLP)")
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -89,6 +99,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = cfg.n_embd // cfg.n_head
         self.query_key_value = nn.Linear(cfg.n_embd, 3 * cfg.n_embd)
         self.dense = nn.Linear(cfg.n_embd, cfg.n_embd)
+        self.attend = CausalAttention()  # context parallelism swaps this for ring attention / Ulysses
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         qkv = self.query_key_value(x)
@@ -97,7 +108,7 @@ class CausalSelfAttention(nn.Module):
         # does sequence parallelism (x: this rank's tokens, qkv: the whole sequence's).
         b, s, _ = qkv.shape
         q, k, v = qkv.view(b, s, -1, 3 * self.head_dim).transpose(1, 2).chunk(3, dim=-1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        y = self.attend(q, k, v)
         return self.dense(y.transpose(1, 2).reshape(b, s, -1))
 
 
@@ -114,7 +125,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """Pre-norm transformer block: x + attn(ln_1(x)), then x + mlp(ln_2(x)); the MLP may be an MoE."""
 
     def __init__(self, cfg: GPTConfig, layer: int):
         super().__init__()
@@ -122,7 +133,8 @@ class Block(nn.Module):
         seed_layer(cfg, layer, 0)
         self.attn = CausalSelfAttention(cfg)
         seed_layer(cfg, layer, 1)
-        self.mlp = MLP(cfg)
+        self.mlp = MoE(cfg.n_embd, 4 * cfg.n_embd, cfg.n_experts, cfg.top_k, cfg.capacity_factor,
+                       cfg.aux_loss_coef) if cfg.n_experts else MLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln_1(x))
@@ -156,6 +168,7 @@ class GPT(LanguageModel):
         blocks = [Block(cfg, i) for i in range(1, cfg.n_layer + 1)]
         head = Head(cfg, cfg.n_layer + 1, embedding.wte.weight)
         self.layers = nn.ModuleList([embedding, *blocks, head]).to(getattr(torch, cfg.dtype))
+        self.loss = NextTokenLoss()  # a module, so a plan can swap it (vocab-parallel, context-parallel)
 
     def forward(self, ids: torch.Tensor,
                 targets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -167,6 +180,6 @@ class GPT(LanguageModel):
             x = layer(x)
         if targets is None:
             return x, None
-        return x, lm_loss(x, targets)
+        return x, self.loss(x, targets)
 
 

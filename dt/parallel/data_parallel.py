@@ -18,7 +18,8 @@ How it hides that cost (as torch's DDP does):
   first bucket is small (1 MB) so communication starts early in backward.
 - Overlap. A hook fires when a parameter's gradient has been accumulated; when
   a bucket's last gradient arrives, its all-reduce is queued *asynchronously*
-  on the group's communication thread and backward goes on computing the
+  on dt's bucket thread (one per process, charged to LABEL in dt.traffic())
+  and backward goes on computing the
   earlier layers' gradients meanwhile. Buckets are launched strictly in bucket
   order, so every rank issues the same collectives in the same order.
 - One wait. A callback queued on the autograd engine runs when backward's
@@ -34,7 +35,9 @@ and how much of its communication was hidden behind compute.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,12 +48,34 @@ from torch.utils._pytree import tree_leaves
 from dt import transport
 from dt.collectives import all_gather, all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
+from dt.collectives.registry import lookup
 from dt.device import clock
 from dt.parallel.buckets import MB, Bucket, make_buckets
 from dt.parallel.checkpoint.state import module_places
 from dt.transport import default_device, resolve_group
 
-__all__ = ["Bucket", "DDPStepStats", "DistributedDataParallel", "make_buckets"]
+__all__ = ["LABEL", "Bucket", "DDPStepStats", "DistributedDataParallel", "bucket_sender", "make_buckets"]
+
+LABEL = "data_parallel"  # dt.traffic() charges the gradient buckets' all-reduces to this name
+
+_sender: ThreadPoolExecutor | None = None
+_sender_lock = threading.Lock()
+
+
+def bucket_sender() -> ThreadPoolExecutor:
+    """The one thread that runs every overlapped gradient collective in this process, in launch order
+    (DDP's all-reduces, ZeRO 2's reduce-scatters).
+
+    A thread of dt's own rather than the collective's async_op: there the
+    traffic is charged on the group's communication thread to "all_reduce",
+    indistinguishable from a tensor-parallel layer's; here it runs under
+    LABEL, so a trainer can say which bytes were the gradient sync.
+    """
+    global _sender
+    with _sender_lock:
+        if _sender is None:
+            _sender = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dt-ddp")
+        return _sender
 
 
 @dataclass
@@ -84,7 +109,7 @@ class _Step:
         self._counting = transport.traffic()
         self._record = self._counting.__enter__()
         self.arrived: list[set[int]] = [set() for _ in range(n_buckets)]  # grads in, per bucket
-        self.works: list[Any] = [None] * n_buckets  # each launched bucket's async all-reduce
+        self.works: list[Future | None] = [None] * n_buckets  # each launched bucket's all-reduce
         self.launched = 0  # buckets launched so far, strictly in order
         self.comm_s = 0.0  # collectives' running time, summed
 
@@ -106,7 +131,7 @@ class _Step:
         for work in self.works:
             if work is not None:
                 with contextlib.suppress(Exception):
-                    work.wait()
+                    work.result()
         self._counting.__exit__(None, None, None)
 
 
@@ -230,12 +255,18 @@ class DistributedDataParallel(nn.Module):
     def _launch(self, step: _Step, k: int) -> None:
         buffer = self.buckets[k].buffer
         if self.overlap:
-            step.works[k] = all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm,
-                                       async_op=True)
+            if self.algorithm != "auto":
+                lookup("all_reduce", self.algorithm)  # an unknown name fails here, in the hook, as inline
+            step.works[k] = bucket_sender().submit(self._all_reduce, buffer, step.device)
         else:
-            t0 = clock(step.device)
+            step.comm_s += self._all_reduce(buffer, step.device)
+
+    def _all_reduce(self, buffer: torch.Tensor, device: torch.device) -> float:
+        """Average one bucket over the group, charged to LABEL; its seconds."""
+        t0 = clock(device)
+        with transport.charged_to(LABEL, self.algorithm):
             all_reduce(buffer, ReduceOp.AVG, self.group, algorithm=self.algorithm)
-            step.comm_s += clock(step.device) - t0
+        return clock(device) - t0
 
     def _finish_step(self) -> None:
         """Runs once backward's compute is done: launch the rest, wait, publish the averages."""
@@ -245,8 +276,7 @@ class DistributedDataParallel(nn.Module):
             self._launch_rest(step)
             for work in step.works:
                 if work is not None:
-                    work.wait()
-                    step.comm_s += work.seconds()
+                    step.comm_s += work.result()
         finally:  # a failed collective must not leave the step's accounting open
             stats = step.close(t_compute, clock(step.device))
         for b in self.buckets:

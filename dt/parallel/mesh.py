@@ -1,5 +1,9 @@
 """The mesh: which ranks talk for data, context, expert, tensor and pipeline parallelism.
 
+A thin view over dt.parallel.grid.Grid for the callers that want every group
+at once as attributes (dt.models.gpt.ParallelGPT): the numbering and the
+groups are the grid's, asked for by axis name.
+
     m = dt.mesh(dp=2, cp=2, tp=2)             # on a world of 8
     m = dt.mesh(dp=2, cp=2, ep=4, pp=2)       # experts over 4 ranks of the dp x cp plane
     m.tp_group, m.cp_group, m.dp_group, m.pp_group, m.ep_group
@@ -53,10 +57,11 @@ from typing import Any
 
 import torch.distributed as dist
 
+from dt.parallel.grid import Grid
 from dt.parallel.pipeline.p2p import header_groups
 from dt.transport import shared_group
 
-__all__ = ["Mesh", "coords_of", "layout", "mesh", "rank_of"]
+__all__ = ["Mesh", "grid_of", "layout", "mesh"]
 
 KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp", "embed")
 
@@ -135,53 +140,32 @@ class Mesh:
         return {"dp": self.dp, "cp": self.cp, "ep": self.ep, "tp": self.tp, "pp": self.pp}
 
 
-def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int, cp_rank: int = 0,
-            cp: int = 1, tp_across: bool = False, pp: int = 1) -> int:
-    """Global rank at mesh coordinates (tp innermost, then cp, then dp, then pp).
-
-    tp_across: tp outermost instead (needs pp), so that with each host's ranks
-    contiguous a tp group's ranks sit on different hosts: the layout to compare with.
-    """
-    inner = (pp_rank * dp + dp_rank) * cp + cp_rank
-    return tp_rank * (dp * cp * pp) + inner if tp_across else inner * tp + tp_rank
+# The mesh's group kinds, as the grid's axes (ep and edp: the grid's split of the dp x cp plane).
+AXES = {"tp": ("tp",), "cp": ("cp",), "dp": ("dp",), "pp": ("pp",), "dp_cp": ("dp", "cp"),
+        "ep": ("ep",), "edp": ("edp",)}
 
 
-def coords_of(rank: int, dp: int, tp: int, pp: int, cp: int = 1,
-              tp_across: bool = False) -> tuple[int, int, int, int]:
-    """(dp_rank, tp_rank, pp_rank, cp_rank) of a global rank: rank_of's inverse."""
-    if tp_across:
-        tp_rank, rest = divmod(rank, dp * cp * pp)
-    else:
-        rest, tp_rank = divmod(rank, tp)
-    rest, cp_rank = divmod(rest, cp)
-    pp_rank, dp_rank = divmod(rest, dp)
-    return dp_rank, tp_rank, pp_rank, cp_rank
+def grid_of(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1, tp_across: bool = False,
+            rank: int | None = None) -> Grid:
+    """The mesh as a Grid: pp, dp, cp, tp outermost first (tp_across: tp outermost)."""
+    return Grid({"pp": pp, "dp": dp, "cp": cp, "tp": tp}, order="tp-across" if tp_across else "tp-inside",
+                ep=ep, rank=rank)
 
 
 def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1,
            tp_across: bool = False) -> dict[str, list[tuple[int, ...]]]:
     """Every group of the grid as lists of global ranks, in creation order."""
-    R = lambda d, c, t, p: rank_of(d, t, p, dp, tp, c, cp, tp_across, pp)  # noqa: E731
-    planes = [(t, p) for p in range(pp) for t in range(tp)]  # one dp x cp plane per (tp, pp)
-    plane = [(d, c) for d in range(dp) for c in range(cp)]  # j = d * cp + c
-    return {
-        "tp": [tuple(R(d, c, t, p) for t in range(tp)) for p in range(pp) for d, c in plane],
-        "cp": [tuple(R(d, c, t, p) for c in range(cp)) for t, p in planes for d in range(dp)],
-        "dp": [tuple(R(d, c, t, p) for d in range(dp)) for t, p in planes for c in range(cp)],
-        "pp": [tuple(R(d, c, t, p) for p in range(pp)) for d, c in plane for t in range(tp)],
-        "dp_cp": [tuple(R(d, c, t, p) for d, c in plane) for t, p in planes],
-        "ep": [tuple(R(*plane[j], t, p) for j in range(g * ep, (g + 1) * ep))
-               for t, p in planes for g in range(dp * cp // ep)],
-        "edp": [tuple(R(*plane[j], t, p) for j in range(e, dp * cp, ep))
-                for t, p in planes for e in range(ep)],
-        "embed": [tuple(sorted({R(d, c, t, 0), R(d, c, t, pp - 1)})) for d, c in plane for t in range(tp)],
-    }
+    grid = grid_of(dp, tp, pp, cp, ep, tp_across, rank=0)
+    out = {kind: grid.groups(*axes) for kind, axes in AXES.items()}
+    # First and last stage of each pipeline: a tied word embedding lives on both.
+    out["embed"] = [tuple(sorted({g[0], g[-1]})) for g in grid.groups("pp")]
+    return out
 
 
 def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tp_across: bool = False) -> Mesh:
     """Build the dp x cp x tp x pp process groups (and ep's, within dp x cp) on the current world.
 
-    tp_across: tp outermost (rank_of), its groups spread over hosts; the default
+    tp_across: tp outermost (Grid's "tp-across"), its groups spread over hosts; the default
     keeps them inside one (torchrun numbers each host's ranks contiguously).
 
     Collective over the whole world (every rank must call it with the same
@@ -198,6 +182,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tp_acr
         raise ValueError(f"ep = {ep} must divide dp * cp = {dp * cp}: expert parallelism spreads the "
                          "experts over ranks of the data x context plane (see dt.parallel.mesh)")
     groups = layout(dp, tp, pp, cp, ep, tp_across)
+    at = grid_of(dp, tp, pp, cp, ep, tp_across, rank=me).coords()
     made: dict[tuple[int, ...], Any] = {}
     mine: dict[str, tuple[Any, tuple[int, ...]]] = {}
     for kind in KINDS:
@@ -207,10 +192,10 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tp_acr
             if me in ranks:
                 mine[kind] = (made[ranks], ranks)
     pp_headers = header_groups(groups["pp"])
-    dp_rank, tp_rank, pp_rank, cp_rank = coords_of(me, dp, tp, pp, cp, tp_across)
+    dp_rank, tp_rank, pp_rank, cp_rank = at["dp"], at["tp"], at["pp"], at["cp"]
     return Mesh(dp=dp, tp=tp, pp=pp, rank=me, dp_rank=dp_rank, tp_rank=tp_rank, pp_rank=pp_rank,
                 dp_group=mine["dp"][0], tp_group=mine["tp"][0], pp_group=mine["pp"][0],
                 dp_ranks=mine["dp"][1], tp_ranks=mine["tp"][1], pp_ranks=mine["pp"][1],
                 embed_group=mine.get("embed", (None, ()))[0], embed_ranks=mine.get("embed", (None, ()))[1],
-                cp=cp, ep=ep, cp_rank=cp_rank, ep_rank=(dp_rank * cp + cp_rank) % ep, groups=mine,
+                cp=cp, ep=ep, cp_rank=cp_rank, ep_rank=at["ep"], groups=mine,
                 pp_headers=pp_headers, all_groups=groups)

@@ -20,10 +20,10 @@ swap: the model file never mentions a group.
 A Plan applies every kind of parallelism, always in ORDER (torchtitan's, for its reasons):
 
     tensor     swap modules for their tensor/sequence-parallel selves (grid "tp")
-    context    swap attention for its context-parallel self (grid "cp")
-    experts    swap MLPs for mixtures of experts over the grid's "ep" split
+    context    swap attention's core for ring attention / Ulysses (grid "cp")
+    experts    swap MoE MLPs for expert-parallel ones over the grid's "ep" split
+    recompute  wrap each block so its activations are recomputed in backward
     pipeline   cut the model's block list (`blocks`) into this rank's stage(s) (grid "pp")
-    recompute  wrap blocks so their activations are recomputed in backward
     data       DDP (overlapped) or ZeRO 1-2 over the grid's dp x cp plane
 
 Why this order: the swaps come first because everything after them holds on
@@ -31,11 +31,13 @@ to parameters and modules, and must hold the final ones (a pipeline cut made
 before a swap would keep the old layer; DDP's buckets and ZeRO's flat buffer
 are views of the parameters they were given). Tensor before context and
 experts: those replace the core of a module tensor parallelism has already
-split by heads, so they see the split shapes. The pipeline cut before
-recompute and data parallel: both are per stage (a recompute region never
-spans a stage boundary; each stage synchronises only its own gradients).
-Data parallel last, as in torchtitan: its buckets follow the final
-parameters' order and sizes, and its hooks must be the last ones registered.
+split by heads, so they see the split shapes. Recompute wraps whole blocks,
+after every swap inside them (a wrapped block hides its parts' names from the
+plan) and before the cut, which takes the wrapped blocks from the model; a
+recompute region is one block, so it never spans a stage boundary either way.
+Data parallel last, as in torchtitan: it is per stage (each synchronises its
+own gradients), its buckets follow the final parameters' order and sizes, and
+its hooks must be the last ones registered.
 
 A plan is checked before anything is swapped: a pattern matching nothing
 (a typo would otherwise leave a layer unsplit, silently correct and slow), a
@@ -62,9 +64,13 @@ import torch
 from torch import nn
 
 from dt.parallel.checkpoint.state import tensor_parallel_places
+from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.data_parallel import DistributedDataParallel
+from dt.parallel.expert.style import ExpertParallel
 from dt.parallel.grid import Grid
 from dt.parallel.pipeline.cut import StageCut, cut
+from dt.parallel.recompute import Recompute
+from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
     FusedAttentionParallel,
@@ -77,10 +83,11 @@ from dt.parallel.tensor.styles import (
 )
 from dt.transport import default_device, resolve_group
 
-__all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "Plan", "gpt_blocks", "gpt_plan", "hf_gpt2_plan",
-           "hf_llama_plan", "llama_blocks", "llama_plan", "parallelize"]
+__all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "Plan", "gpt_blocks", "gpt_context", "gpt_experts",
+           "gpt_plan", "gpt_recompute", "hf_gpt2_plan", "hf_llama_plan", "llama_blocks", "llama_context",
+           "llama_plan", "llama_recompute", "parallelize"]
 
-ORDER = ("tensor", "context", "experts", "pipeline", "recompute", "data")
+ORDER = ("tensor", "context", "experts", "recompute", "pipeline", "data")
 SWAP_AXES = {"tensor": "tp", "context": "cp", "experts": "ep", "recompute": None}  # the group each swaps on
 DATA_PARALLEL = ("ddp", "zero1", "zero2")  # how the dp x cp plane synchronises (dt.train.step)
 DP_AXES = ("dp", "cp")  # dense gradients are averaged over this plane
@@ -206,7 +213,7 @@ def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style] | Plan,
 def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     if plan.data_parallel not in DATA_PARALLEL:
         raise ValueError(f"Plan.data_parallel {plan.data_parallel!r}: one of {', '.join(DATA_PARALLEL)}")
-    for kind in ORDER[:3]:  # the swaps, each on its axis
+    for kind in ORDER[:4]:  # the swaps, each on its axis (a style may name its own: Style.axis)
         entries = getattr(plan, kind)
         if entries:
             _swap(model, grid, entries, SWAP_AXES[kind])
@@ -218,9 +225,6 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     layers = plan.blocks(model) if plan.blocks is not None else [model]
     stage = cut(layers, grid, plan.virtual, plan.stage_sizes) if "pp" in grid.names else \
         StageCut([nn.Sequential(*layers)], [range(len(layers))], 0, 1)
-    if plan.recompute:
-        for chunk in stage.chunks:
-            _swap(chunk, grid, plan.recompute, None)
     chunks: list[nn.Module] = list(stage.chunks)
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1:  # each chunk's gradients, overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
@@ -230,14 +234,15 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
 def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | None) -> nn.Module:
     """Swap `model`'s modules in place for their parallel selves on grid.group(axis)."""
     matches = _matches(model, plan)  # a bad plan is refused before any group is made
-    group = resolve_group(grid.group(axis)) if axis is not None else None
+    # Each style's group: grid.group(axis) unless it runs on its own axis (Style.axis: "ep", "cp").
+    groups = {id(style): style.group_on(grid, axis) for _, style in matches}  # every rank, same order
     ties: dict[int, nn.Parameter] = {}
     replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
     for name, style in matches:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         old = getattr(parent, child)
-        setattr(parent, child, style.apply(old, group, name, ties))
+        setattr(parent, child, style.apply(old, groups[id(style)], name, ties))
         replaced.append(old)
     return model
 
@@ -248,53 +253,146 @@ def _divides(what: str, count: int, tp: int) -> None:
                          f"divisible by tp {tp}")
 
 
-def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False) -> dict[str, Style]:
+def _context(cfg: Any, tp: int, cp: int, kind: str, attend: str, positions: str) -> dict[str, Style]:
+    """Context parallel over cp ranks: attention's core across them, `positions` and the loss per share."""
+    if cp < 1:
+        raise ValueError(f"cp must be a whole number >= 1, got {cp}")
+    if cp == 1:
+        return {}
+    if kind == "ulysses" and (cfg.n_head // tp) % cp:
+        raise ValueError(f"Ulysses splits each tensor-parallel rank's {cfg.n_head // tp} heads over cp {cp}: "
+                         "n_head must divide by tp * cp; use cp_attention='ring'")
+    return {attend: ContextParallel(cfg.block_size, kind), positions: SharePositions(cfg.block_size),
+            "loss": ShareLoss(cfg.block_size)}
+
+
+def _loss_parallel(cfg: Any, on: bool) -> dict[str, Style]:
+    """The loss on this rank's vocabulary slice of the logits (the head then gathers nothing)."""
+    return {"loss.per_token": VocabParallelLoss(cfg.vocab_size)} if on else {}
+
+
+def _recompute(blocks: range) -> dict[str, Style]:
+    """Every block recomputed in backward (dt.parallel.recompute)."""
+    return {f"layers.{i}": Recompute() for i in blocks}
+
+
+def gpt_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
+    """dt.models.nanogpt.GPT's context-parallel entries (styles on "cp"; empty at cp 1)."""
+    return _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
+
+
+def gpt_experts(cfg: Any) -> dict[str, Style]:
+    """dt.models.nanogpt.GPT's expert-parallel entry (on "ep"; empty without experts)."""
+    return {"layers.*.mlp": ExpertParallel(cfg.block_size)} if getattr(cfg, "n_experts", 0) else {}
+
+
+def gpt_recompute(cfg: Any) -> dict[str, Style]:
+    """Every block of dt.models.nanogpt.GPT recomputed in backward."""
+    return _recompute(range(1, cfg.n_layer + 1))
+
+
+def llama_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
+    """dt.models.llama.Llama's context-parallel entries (styles on "cp"; empty at cp 1)."""
+    return _context(cfg, tp, cp, cp_attention, "layers.*.self_attn.attend", "rotary")
+
+
+def llama_recompute(cfg: Any) -> dict[str, Style]:
+    """Every decoder layer of dt.models.llama.Llama recomputed in backward."""
+    return _recompute(range(cfg.n_layer))
+
+
+def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
+             cp_attention: str = "ring", recompute: bool = False, loss_parallel: bool = False,
+             experts: bool = True) -> dict[str, Style]:
     """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
 
     sequence_parallel: between blocks (the layer norms, the residual stream) each
     rank holds block/tp tokens; sequences must split evenly over tp.
+    Mixture-of-experts blocks (cfg.n_experts > 0) are expert parallel over the
+    grid's "ep" group (replicated over tp: their tokens are). cp > 1: context
+    parallel over "cp" (cp_attention "ring" or "ulysses"; inputs split by
+    dt.parallel.context.style.shard_sequence). recompute: every block's
+    activations recomputed in backward. loss_parallel: the loss reads
+    vocabulary-sharded logits (the model returns this rank's vocabulary slice).
+    Each mode is one line below, from a function of its own (gpt_context,
+    gpt_experts, gpt_recompute), so a caller applying the modes one at a time
+    (experts=False, cp=1, recompute=False here) takes those parts alone.
+
+    A training step around the parallelized model: under cp, every rank of a
+    cp group takes the same whole sequences and keeps shard_sequence(ids, grid)
+    and shard_sequence(targets, grid); its loss function is `model.loss` (cp's
+    rescaling and loss_parallel live there, so a pipeline's last stage must call
+    it, not lm_loss); micro-batches: dt.models.moe.set_batch_sequences(model, B);
+    gradients: dt.parallel.expert.style.split_parameters(model) -> dense (average
+    over dp x cp, dense_axes(grid)) and experts (SUM over EXPERT_GROUP "edp",
+    then / grid.plane).
     """
     _divides("n_head", cfg.n_head, tp)
     sp = sequence_parallel
+    if getattr(cfg, "n_experts", 0) and sp:
+        raise ValueError("sequence parallelism splits a sequence's tokens over tp, but a mixture of "
+                         "experts routes whole sequences: use sequence_parallel=False with n_experts")
     head = f"layers.{cfg.n_layer + 1}"
     plan: dict[str, Style] = {
         "layers.0.wte": VocabParallel(),
         "layers.*.attn.query_key_value": ColwiseParallel(sequence_parallel=sp),  # whole heads per rank
         "layers.*.attn.dense": RowwiseParallel(sequence_parallel=sp),
-        "layers.*.mlp.dense_h_to_4h": ColwiseParallel(sequence_parallel=sp),
-        "layers.*.mlp.dense_4h_to_h": RowwiseParallel(sequence_parallel=sp),
     }
+    if not getattr(cfg, "n_experts", 0):
+        plan["layers.*.mlp.dense_h_to_4h"] = ColwiseParallel(sequence_parallel=sp)
+        plan["layers.*.mlp.dense_4h_to_h"] = RowwiseParallel(sequence_parallel=sp)
     if cfg.tied:
-        plan[head] = VocabParallelHead(sequence_parallel=sp)
+        plan[head] = VocabParallelHead(gather_output=not loss_parallel, sequence_parallel=sp)
     else:
-        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=True, sequence_parallel=sp)
+        plan[f"{head}.lm_head"] = ColwiseParallel(gather_output=not loss_parallel, sequence_parallel=sp)
     if sp:
         # The embedding sums token and position rows for the whole sequence, then keeps this rank's.
         plan["layers.0"] = ShardSequence()
         plan["layers.*.ln_[12]"] = SequenceParallelNorm()
         if not cfg.tied:
             plan[f"{head}.ln_f"] = SequenceParallelNorm()
+    plan |= gpt_experts(cfg) if experts else {}
+    plan |= gpt_context(cfg, tp, cp, cp_attention)
+    plan |= _loss_parallel(cfg, loss_parallel)
+    plan |= gpt_recompute(cfg) if recompute else {}
     return plan
 
 
-def _llama(n_head: int, n_kv_head: int, tp: int, body: str) -> dict[str, Style]:
+def _llama(n_head: int, n_kv_head: int, tp: int, body: str, sp: bool = False,
+           gather: bool = True) -> dict[str, Style]:
     """Llama's split, its decoder under `body` (HF nests it in `model.`): heads whole, SwiGLU by columns."""
     _divides("n_head", n_head, tp)
     _divides("n_kv_head", n_kv_head, tp)
     return {
-        f"{body}embed_tokens": VocabParallel(),
-        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(),
-        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(),
-        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(),
-        f"{body}layers.*.mlp.up_proj": ColwiseParallel(),
-        f"{body}layers.*.mlp.down_proj": RowwiseParallel(),
-        "lm_head": ColwiseParallel(gather_output=True),  # tied or not: the embedding's rows
+        f"{body}embed_tokens": VocabParallel(sequence_parallel=sp),
+        f"{body}layers.*.self_attn.[qkv]_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.self_attn.o_proj": RowwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.gate_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.up_proj": ColwiseParallel(sequence_parallel=sp),
+        f"{body}layers.*.mlp.down_proj": RowwiseParallel(sequence_parallel=sp),
+        # tied or not: the embedding's rows
+        "lm_head": ColwiseParallel(gather_output=gather, sequence_parallel=sp),
     }
 
 
-def llama_plan(cfg: Any, tp: int) -> dict[str, Style]:
-    """The plan of dt.models.llama.Llama."""
-    return _llama(cfg.n_head, cfg.n_kv_head, tp, "")
+def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
+               cp_attention: str = "ring", recompute: bool = False,
+               loss_parallel: bool = False) -> dict[str, Style]:
+    """The plan of dt.models.llama.Llama; the options are gpt_plan's.
+
+    sequence_parallel: the RMSNorms and the residual stream on block/tp tokens
+    per rank (each of q, k, v all-gathers its input: three gathers where a
+    fused projection would need one).
+    """
+    sp = sequence_parallel
+    plan = _llama(cfg.n_head, cfg.n_kv_head, tp, "", sp, gather=not loss_parallel)
+    if sp:
+        plan["layers.*_layernorm"] = SequenceParallelRMSNorm()  # input_ and post_attention_layernorm
+        plan["norm"] = SequenceParallelRMSNorm()
+    plan |= llama_context(cfg, tp, cp, cp_attention)
+    plan |= _loss_parallel(cfg, loss_parallel)
+    plan |= llama_recompute(cfg) if recompute else {}
+    return plan
 
 
 def gpt_blocks(model: nn.Module) -> list[nn.Module]:

@@ -21,7 +21,17 @@ import torch
 from dt.models.llama import Llama, LlamaConfig
 from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.grid import Grid
-from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, llama_blocks, llama_plan, parallelize
+from dt.parallel.plan import (
+    Plan,
+    gpt_blocks,
+    gpt_plan,
+    gpt_recompute,
+    llama_blocks,
+    llama_plan,
+    llama_recompute,
+    parallelize,
+)
+from dt.train.legacy import build_legacy
 from dt.train.optim import Adam
 from dt.train.precision import Precision
 from dt.train.step import TrainStep, make_optimizer
@@ -71,19 +81,19 @@ def _precision(args: argparse.Namespace, device: torch.device) -> Precision | No
 def build(args: argparse.Namespace, vocab_size: int) -> Built:
     """Collective over the world: every rank builds the model and makes the grid's groups."""
     if args.cp > 1 or args.experts:
-        from dt.train.legacy import build_legacy
-
-        return build_legacy(args, vocab_size)
+        return Built(**build_legacy(args, vocab_size))
     grid = grid_of(args)
     model, cfg = plain_model(args, vocab_size)
     llama = isinstance(model, Llama)
-    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp),
+    recompute = (llama_recompute if llama else gpt_recompute)(cfg) if getattr(args, "recompute", False) \
+        else {}
+    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp), recompute=recompute,
                 blocks=llama_blocks if llama else gpt_blocks, virtual=args.virtual,
                 data_parallel="ddp" if not args.zero else f"zero{args.zero}")
     par = parallelize(model, grid, plan)
     optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)
     step = TrainStep(par, optimizer, micro_batches=args.micro_batches, schedule=args.schedule,
-                     clip=getattr(args, "clip", None),
+                     clip=getattr(args, "clip", None), loss_fn=model.loss,  # the plan may have swapped it
                      precision=_precision(args, par.device))
     c = grid.coords()
     return Built(step, optimizer, par, cfg, grid.rank, (c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]),

@@ -39,9 +39,8 @@ class LegacyStep:
         return loss
 
 
-def build_legacy(args: argparse.Namespace, vocab_size: int) -> Any:
-    from dt.train.build import Built
-
+def build_legacy(args: argparse.Namespace, vocab_size: int) -> dict[str, Any]:
+    """dt.train.build.Built's fields for a ParallelGPT run."""
     m = build_mesh(dp=args.dp, tp=args.tp, pp=args.pp, cp=args.cp, ep=args.ep,
                    tp_across=LAYOUTS[getattr(args, "layout", "tp-inside")])
     cfg = GPTConfig(vocab_size=vocab_size, block_size=args.block_size, n_layer=args.n_layer,
@@ -52,5 +51,6 @@ def build_legacy(args: argparse.Namespace, vocab_size: int) -> Any:
                         virtual=args.virtual, cp_attention=args.cp_attention)
     optimizer = Adam(model.stage.parameters(), lr=args.lr)  # --zero needs cp = 1, no experts (cli)
     params = list(model.stage.parameters())
-    return Built(LegacyStep(model, optimizer), optimizer, model, cfg, m.rank, m.coords(), model.device,
-                 m.world, params)
+    return {"step": LegacyStep(model, optimizer), "optimizer": optimizer, "saved": model, "cfg": cfg,
+            "rank": m.rank, "coords": m.coords(), "device": model.device, "world": m.world,
+            "parameters": params}

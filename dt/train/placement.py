@@ -2,8 +2,8 @@
 
 `dt train --layout tp-inside` (the default) numbers the mesh tp innermost,
 so with each host's ranks contiguous (torchrun's numbering) a tp group is
-inside one host; `--layout tp-across` puts tp outermost (dt.parallel.mesh
-.rank_of), its groups spread over hosts and dp's kept inside. Per step:
+inside one host; `--layout tp-across` puts tp outermost (dt.parallel.grid's
+ORDERS), its groups spread over hosts and dp's kept inside. Per step:
 
     tp: 4 all-reduces per layer of the stage (Megatron's f and g, attention
         and MLP, forward and backward) and micro-batch, one activation each:

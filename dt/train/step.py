@@ -43,7 +43,7 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.models.lm import lm_loss
-from dt.parallel import pipeline
+from dt.parallel import data_parallel, pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.plan import Parallel
@@ -53,8 +53,8 @@ from dt.transport import resolve_group
 
 __all__ = ["LABELS", "TrainStep", "make_optimizer"]
 
-# bytes_sent's kinds, each the label its package charges dt.traffic() with.
-LABELS = {"pipeline": pipeline.LABEL, "tensor": tp.LABEL}
+# bytes_sent's kinds inside forward and backward, each the labels its package charges dt.traffic() with.
+LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_parallel.LABEL,)}
 
 
 def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:
@@ -107,7 +107,7 @@ class TrainStep:
         self.params = par.parameters()
         self.counted = counted_parameters(par.stage.chunks, coords.get("tp", 0), par.stage.saves)
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
-        self.bytes_sent = {kind: 0 for kind in (*LABELS, "data", "tied embedding", "norm", "other")}
+        self.bytes_sent = {kind: 0 for kind in (*LABELS, "tied embedding", "norm", "other")}
         self.stats: dict[str, Any] = {"peak_stash": 0, "skipped": 0, "grad_norm": None}
 
     def _hooks(self) -> pipeline.StepHooks:
@@ -176,19 +176,19 @@ class TrainStep:
 
     def _account(self, stats: pipeline.PipelineStepStats, pipe: Any, tied: Any, opt: Any,
                  exposed: float, comm: float, opt_s: float) -> None:
-        layers_s = pipe.seconds  # the layers' blocking collectives, inside forward and backward
+        # The layers' blocking collectives, inside forward and backward; `seconds` also holds
+        # the DDP thread's overlapped all-reduces (blocking there), which are not the layers'.
+        layers_s = pipe.seconds - sum(d.stats.comm_s for d in self.par.ddp)
         self.times["compute"] += stats.compute_s - layers_s - exposed + opt_s - opt.seconds
         self.times["bubble"] += stats.idle_s
         self.times["communication"] += layers_s + exposed + comm + opt.seconds
         labelled = 0
-        for kind, label in LABELS.items():
-            self.bytes_sent[kind] += pipe.by_collective[label].bytes_sent
-            labelled += pipe.by_collective[label].bytes_sent
-        # DDP's buckets run on the group's own thread, charged as dt.all_reduce itself charges them:
-        # with the layers' collectives under their package's label, they are the only bare all-reduce.
-        data = pipe.by_collective["all_reduce"].bytes_sent
+        for kind, labels in LABELS.items():
+            sent = sum(pipe.by_collective[label].bytes_sent for label in labels)
+            self.bytes_sent[kind] += sent
+            labelled += sent
+        self.bytes_sent["other"] += pipe.bytes_sent - labelled  # under no package's label: shown
         norm = opt.by_collective["all_reduce"].bytes_sent  # the global norm's one sum
-        self.bytes_sent["data"] += data + opt.bytes_sent - norm  # + ZeRO's reduce-scatter, all-gather
+        self.bytes_sent["data"] += opt.bytes_sent - norm  # ZeRO's reduce-scatter and all-gather
         self.bytes_sent["norm"] += norm
         self.bytes_sent["tied embedding"] += tied.bytes_sent
-        self.bytes_sent["other"] += pipe.bytes_sent - labelled - data

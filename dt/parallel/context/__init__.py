@@ -11,6 +11,8 @@ let each rank's queries see every key:
 - blocks.py          the block-wise attention arithmetic both use (online softmax, chunked
                      causal masks, flash-style backward)
 - layer.py           ContextParallelSelfAttention: the tensor-parallel projections around either
+- style.py           the styles dt.parallelize applies to a plain model (ContextParallel,
+                     SharePositions, ShareLoss) and shard_sequence, which splits the inputs
 
 How the tokens are placed: dt.layout.SequenceLayout (zig-zag balances the
 causal mask's work). What it costs: dt.cost.ulysses_traffic and
@@ -20,6 +22,8 @@ dt.cost.ring_attention_traffic.
 from dt.parallel.context.blocks import attention
 from dt.parallel.context.layer import ContextParallelSelfAttention
 from dt.parallel.context.ring_attention import ring_attention
+from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions, shard_sequence
 from dt.parallel.context.ulysses import ulysses_attention
 
-__all__ = ["ContextParallelSelfAttention", "attention", "ring_attention", "ulysses_attention"]
+__all__ = ["ContextParallel", "ContextParallelSelfAttention", "SharePositions", "ShareLoss", "attention",
+           "ring_attention", "shard_sequence", "ulysses_attention"]

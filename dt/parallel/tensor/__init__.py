@@ -43,7 +43,6 @@ from dt.parallel.tensor.layers import (
     SequenceParallelLayerNorm,
 )
 from dt.parallel.tensor.mappings import (
-    LABEL,
     SEQUENCE_DIM,
     all_reduce_bytes,
     collective_bytes,
@@ -74,8 +73,12 @@ from dt.parallel.tensor.vocab import (
     vocab_parallel_cross_entropy,
 )
 
+# The names dt.traffic() charges this package's layers' collectives to (f, g, the sequence-
+# parallel all-gathers and reduce-scatters, the gathered logits): dt's own collectives'.
+LABELS = ("all_reduce", "all_gather", "reduce_scatter")
+
 __all__ = [
-    "LABEL",
+    "LABELS",
     "SEQUENCE_DIM",
     "ColumnParallelLinear",
     "ColwiseParallel",

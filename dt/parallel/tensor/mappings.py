@@ -47,10 +47,9 @@ import torch
 from dt import cost
 from dt.collectives import all_gather, all_reduce, auto, reduce_scatter
 from dt.layout import edges, split_sizes
-from dt.transport import Group, charged_to, resolve_group
+from dt.transport import Group, resolve_group
 
 __all__ = [
-    "LABEL",
     "SEQUENCE_DIM",
     "all_reduce_bytes",
     "all_reduced",
@@ -71,7 +70,6 @@ __all__ = [
 
 
 SEQUENCE_DIM = 1  # tensors are [batch, sequence, hidden]
-LABEL = "tensor"  # dt.traffic() charges the layers' all-gathers, reduce-scatters, all-reduces to it
 
 
 # ----------------------------------------------------------------------------
@@ -121,8 +119,7 @@ def gather_shards(x: torch.Tensor, dim: int, sizes: list[int], g: Group) -> torc
         return x
     front = x.movedim(dim, 0).contiguous()
     parts = [front.new_empty((n, *front.shape[1:])) for n in sizes]
-    with charged_to(LABEL, "all_gather"):
-        all_gather(parts, front, group=g)
+    all_gather(parts, front, group=g)
     return torch.cat(parts, 0).movedim(0, dim).contiguous()
 
 
@@ -135,8 +132,7 @@ def reduce_scatter_shards(x: torch.Tensor, dim: int, sizes: list[int], g: Group)
         return x
     front = x.movedim(dim, 0).contiguous()
     out = front.new_empty((sizes[g.rank], *front.shape[1:]))
-    with charged_to(LABEL, "reduce_scatter"):
-        reduce_scatter(out, list(front.split(sizes, 0)), group=g)
+    reduce_scatter(out, list(front.split(sizes, 0)), group=g)
     return out.movedim(0, dim).contiguous()
 
 
@@ -145,8 +141,7 @@ def all_reduced(x: torch.Tensor, g: Group) -> torch.Tensor:
     if g.size == 1:
         return x
     out = x.clone(memory_format=torch.contiguous_format)
-    with charged_to(LABEL, "all_reduce"):
-        all_reduce(out, group=g)
+    all_reduce(out, group=g)
     return out
 
 

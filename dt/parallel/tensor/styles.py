@@ -37,6 +37,7 @@ whole logits unchanged (its backward keeps each rank's slice of the gradient).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +54,7 @@ from dt.parallel.tensor.mappings import (
     shard_range,
 )
 from dt.parallel.tensor.vocab import VocabParallelEmbedding
-from dt.transport import Group
+from dt.transport import Group, resolve_group
 
 __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", "ParallelLMHead",
            "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "VocabParallel",
@@ -63,9 +64,19 @@ Ties = dict[int, nn.Parameter]
 
 
 class Style(ABC):
-    """Turns `module` (named `name` in its model) into its tensor-parallel self on `group`."""
+    """Turns `module` (named `name` in its model) into its parallel self on `group`."""
 
     replaces = True  # False: the style only hooks the module, so modules inside it may be styled too
+    axis: str | None = None  # the grid axis its group runs along; None: dt.parallelize's axis=
+
+    def group_on(self, grid: Any, axis: str) -> Any:
+        """What apply's `group` is on `grid` (a dt.Grid): by default the group along self.axis
+        (or `axis`). A style needing more than one group (experts under context
+        parallelism) returns what it needs; collective over the world, as Grid.group is."""
+        name = self.axis or axis
+        # An axis the grid does not have is one of size 1: each rank alone (Grid.group() of no axes).
+        has = name in grid.sizes or name in ("ep", "edp")
+        return resolve_group(grid.group(name) if has else grid.group())
 
     @abstractmethod
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
@@ -184,7 +195,15 @@ class FusedAttentionParallel(Style):
 
 
 class VocabParallel(Style):
-    """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split, the looked-up rows summed."""
+    """nn.Embedding -> VocabParallelEmbedding: vocabulary rows split, the looked-up rows summed.
+
+    sequence_parallel: the embedding's output is where the sequence-parallel region
+    begins (ShardSequence's hook on it: each rank keeps its tokens), as Llama's
+    embed_tokens is, with no module around it to hook.
+    """
+
+    def __init__(self, sequence_parallel: bool = False):
+        self.sequence_parallel = sequence_parallel
 
     def apply(self, module: nn.Module, group: Group, name: str, ties: Ties) -> nn.Module:
         _expect(module, nn.Embedding, self, name)
@@ -192,7 +211,7 @@ class VocabParallel(Style):
             raise ValueError(f"{name}: VocabParallel splits a plain nn.Embedding (no padding_idx, max_norm)")
         layer = VocabParallelEmbedding(module.num_embeddings, module.embedding_dim, group, full=module)
         _tie(layer, "weight", module.weight, ties)
-        return layer
+        return ShardSequence().apply(layer, group, name, ties) if self.sequence_parallel else layer
 
 
 class SequenceParallelNorm(Style):

@@ -20,6 +20,8 @@ from dt.collectives.scratch import held_bytes
 from dt.device import clock
 from dt.layout import edges, split_sizes
 from dt.parallel.buckets import MB, make_buckets
+from dt.parallel.data_parallel import LABEL as DATA_LABEL
+from dt.parallel.data_parallel import bucket_sender
 from dt.parallel.zero.memory import (
     comm_scratch_formula,
     memory_held,
@@ -27,7 +29,7 @@ from dt.parallel.zero.memory import (
     zero_traffic_formula,
 )
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state
-from dt.transport import default_device, resolve_group
+from dt.transport import charged_to, default_device, resolve_group
 
 __all__ = ["ZeroOptimizer"]
 
@@ -130,16 +132,21 @@ class ZeroOptimizer:
         pieces = self._pieces(b, buf)
         a, z = min(max(self.start, lo), hi), min(max(self.end, lo), hi)
         out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
-        work = reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm,
-                              async_op=True)
+        # On dt's gradient thread, charged to data parallel's label (dt.parallel.data_parallel).
+        work = bucket_sender().submit(self._reduce_scatter, out, pieces)
         self._works.append((work, out, a - self.start))
+
+    def _reduce_scatter(self, out: torch.Tensor, pieces: list[torch.Tensor]) -> float:
+        t0 = clock(self.flat.device)
+        with charged_to(DATA_LABEL, self.algorithm):
+            reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm)
+        return clock(self.flat.device) - t0
 
     def _finish_backward(self) -> None:
         for b in range(self._next, len(self.buckets)):  # parameters with no grad: zeros
             self._launch(b)
         for work, out, at in self._works:
-            work.wait()
-            self.last_step["comm_s"] += work.seconds()
+            self.last_step["comm_s"] += work.result()
             self.shard_grad[at:at + out.numel()] += out  # accumulate, like .grad
         self._buffers.clear()
         self._in_backward = False

@@ -1,0 +1,161 @@
+"""A mixture of experts, written plainly: a router and E expert MLPs, every expert here.
+
+    moe = MoE(hidden=64, ffn_hidden=256, num_experts=4, top_k=2, capacity_factor=1.25)
+    y = moe(x)                   # x, y: [b, s, h]; the balance loss rides on y's gradient
+
+For tokens x [b, s, h] (Switch Transformer, GShard):
+
+    probs = softmax(x W^T)                  [b, s, E]
+    experts, p = top_k(probs)               k = 1 (Switch) or 2 (GShard)
+    gates = p (k = 1), p / sum(p) (k > 1)   the weights the experts' outputs are combined with
+    y_t = sum over kept choices j of gates_tj * expert_{experts_tj}(x_t)
+
+Capacity, per sequence: an expert accepts at most
+C = ceil(capacity_factor * k * s / E) assignments (dt.layout.expert_capacity);
+every token's first choice claims its place before any second choice,
+earlier positions first; the rest are dropped (the residual path carries the
+token). capacity_factor=None drops nothing.
+
+Balance loss, per sequence: E * sum_e f_e * P_e (f_e: the fraction of the
+sequence's k*s assignments routed to e before drops, P_e: e's mean router
+probability). BalanceLoss weights the sum over the forward's sequences by
+aux_loss_coef / (sequences in the batch) and attaches it to y: y's value is
+unchanged and its backward sends gradient 1 into the weighted loss
+(Megatron's aux-loss scaler), so the balance loss reaches the gradients on
+whichever pipeline stage holds the layer, while the model's returned loss
+stays the task's cross-entropy (as dt/models/gpt.py's ParallelGPT reports it).
+A step that cuts a batch of B sequences into micro-batches and weights each
+micro-batch's loss by its share sets `set_batch_sequences(model, B)` first.
+
+Names and seeds are dt.parallel.expert.MoE's (router.weight,
+experts.{e}.fc_in / fc_out): built after the same seed, this module holds
+the weights that layer holds at ep = 1, and dt.parallel.expert.style's
+ExpertParallel swaps it for that layer, moving these very parameters.
+The arithmetic is written here again, plainly, because dt/models imports
+nothing from dt.parallel (the parallel router also places a sequence split
+over context-parallel ranks); tests/test_styles_expert.py holds the two equal.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dt.layout import expert_capacity
+
+__all__ = ["BalanceLoss", "Expert", "MoE", "Router", "set_batch_sequences"]
+
+
+class Expert(nn.Module):
+    """One expert: Linear(h, ffn), GELU, Linear(ffn, h)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.fc_in = nn.Linear(hidden, ffn_hidden)
+        self.fc_out = nn.Linear(ffn_hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+class Router(nn.Module):
+    """Top-k gating over whole sequences: which experts, their gates, which fit, the balance loss."""
+
+    def __init__(self, hidden: int, num_experts: int, top_k: int = 1, capacity_factor: float | None = None):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be between 1 and the {num_experts} experts, got {top_k}")
+        expert_capacity(capacity_factor, top_k, 1, num_experts)  # a bad factor is refused now
+        self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
+        # nn.Linear's draw, so the same seed gives dt.parallel.expert.Router's weight
+        self.weight = nn.Parameter(nn.Linear(hidden, num_experts, bias=False).weight.detach())
+
+    def forward(self, x: torch.Tensor) -> dict[str, Any]:
+        """experts, gates, keep [b, s, k]; aux_per_sequence [b]; stats."""
+        E, k = self.num_experts, self.top_k
+        b, s, _ = x.shape
+        probs = F.linear(x, self.weight).softmax(dim=-1)
+        top_p, experts = probs.topk(k, dim=-1)
+        gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
+        onehot = F.one_hot(experts, E)  # [b, s, k, E]
+        per_choice = onehot.sum(dim=1)  # [b, k, E]
+        keep = torch.ones_like(experts, dtype=torch.bool)
+        capacity = expert_capacity(self.capacity_factor, k, s, E)
+        if capacity is not None:
+            # place = (earlier choices to the same expert, anywhere) + (same choice, earlier tokens)
+            earlier_choices = (per_choice.cumsum(dim=1) - per_choice).unsqueeze(1)  # [b, 1, k, E]
+            within = onehot.cumsum(dim=1) - onehot
+            keep = ((within + earlier_choices) * onehot).sum(dim=-1) < capacity
+        f = per_choice.sum(dim=1).to(probs.dtype) / max(s * k, 1)  # [b, E]
+        aux = E * (f * probs.sum(dim=1) / max(s, 1)).sum(dim=-1)
+        stats = {"assignments": b * s * k, "dropped": int((~keep).sum()),
+                 "tokens_dropped": int((~keep).all(dim=-1).sum())}
+        return {"experts": experts, "gates": gates, "keep": keep, "aux_per_sequence": aux, "stats": stats}
+
+
+class _Attach(torch.autograd.Function):
+    """y unchanged forward; backward also sends gradient 1 into `loss`."""
+
+    @staticmethod
+    def forward(ctx: Any, y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
+        ctx.shape, ctx.dtype, ctx.device = loss.shape, loss.dtype, loss.device
+        return y.view_as(y)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad, torch.ones(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+
+
+class BalanceLoss(nn.Module):
+    """Attach aux_loss_coef x (the batch's mean balance loss, this forward's share of it) to y."""
+
+    def __init__(self, aux_loss_coef: float):
+        super().__init__()
+        self.aux_loss_coef = aux_loss_coef
+        self.batch_sequences: int | None = None  # None: this forward's sequences are the batch
+        self.last: torch.Tensor | None = None  # the last forward's per-sequence losses, for reports
+
+    def forward(self, y: torch.Tensor, aux_per_sequence: torch.Tensor) -> torch.Tensor:
+        self.last = aux_per_sequence.detach()
+        n = self.batch_sequences or aux_per_sequence.shape[0]
+        return _Attach.apply(y, aux_per_sequence.sum() * (self.aux_loss_coef / n))
+
+
+def set_batch_sequences(model: nn.Module, sequences: int | None) -> None:
+    """Weight every balance loss of `model` by 1 / sequences (the whole batch a micro-batch is of)."""
+    for m in model.modules():
+        if isinstance(m, BalanceLoss):
+            m.batch_sequences = sequences
+
+
+class MoE(nn.Module):
+    """Top-k mixture of num_experts Expert MLPs, all on this process; the balance loss attached."""
+
+    def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, top_k: int = 1,
+                 capacity_factor: float | None = None, aux_loss_coef: float = 0.01):
+        super().__init__()
+        self.num_experts, self.top_k = num_experts, top_k
+        self.router = Router(hidden, num_experts, top_k, capacity_factor)
+        self.experts = nn.ModuleList(Expert(hidden, ffn_hidden) for _ in range(num_experts))
+        self.balance = BalanceLoss(aux_loss_coef)
+        self.counted: dict[str, int] = {}  # routing stats summed over every forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, h = x.shape
+        r = self.router(x)
+        k = self.top_k
+        flat_expert = r["experts"].reshape(-1)
+        kept = r["keep"].reshape(-1).nonzero().squeeze(1)
+        assignment = kept[torch.argsort(flat_expert[kept], stable=True)]  # by expert, earlier first
+        token = torch.div(assignment, k, rounding_mode="floor")
+        counts = torch.bincount(flat_expert[assignment], minlength=self.num_experts)
+        parts = x.reshape(b * s, h)[token].split(counts.tolist())
+        rows = torch.cat([expert(part) for expert, part in zip(self.experts, parts)])
+        gates = r["gates"].reshape(-1)[assignment].unsqueeze(1)
+        y = x.new_zeros(b * s, h).index_add(0, token, rows * gates).view(b, s, h)
+        for key, n in r["stats"].items():
+            self.counted[key] = self.counted.get(key, 0) + n
+        return self.balance(y, r["aux_per_sequence"])

@@ -1,0 +1,64 @@
+"""Activation recompute (checkpointing) per block, as a plan entry.
+
+    plan |= {f"layers.{i}": Recompute() for i in range(1, cfg.n_layer + 1)}   # gpt_plan(recompute=True)
+
+A block's forward normally keeps every intermediate it will need in
+backward (attention scores, the MLP's 4h activations, ...). Recompute()
+runs the block under torch.utils.checkpoint (non-reentrant): forward keeps
+only the block's inputs, and backward runs the block's forward again to
+rebuild the rest just before it is needed. Saved activations fall from
+every block's intermediates to one [b, s, h] input per block, for one more
+forward of compute per step (Chen et al. 2016; Megatron's full recompute).
+
+Gradients are bit for bit those without recompute: the same operations run
+on the same values (no dropout here; a block drawing random numbers would
+need torch.utils.checkpoint's RNG preservation, which it keeps on by default).
+
+A hook, not a swap: the block keeps its class, names and parameters (its
+instance's forward is wrapped), so the tensor- and context-parallel styles
+swap the modules inside it as without recompute, and their collectives run
+again, in the same order on every rank, when the block is recomputed.
+One consequence: counters a block updates in forward (an MoE's routing
+statistics, `counted`) count the recomputed forward too.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from dt.parallel.tensor.styles import Style, Ties
+
+__all__ = ["Recompute", "recomputed"]
+
+MARK = "recomputes"  # set on a block whose forward Recompute wrapped
+
+
+def recomputed(module: nn.Module) -> bool:
+    """Whether Recompute wrapped this module's forward."""
+    return getattr(module, MARK, False)
+
+
+class Recompute(Style):
+    """Run the module's forward under torch.utils.checkpoint(use_reentrant=False)."""
+
+    replaces = False
+
+    def group_on(self, grid: Any, axis: str) -> None:
+        return None  # no communication of its own: no group
+
+    def apply(self, module: nn.Module, group: Any, name: str, ties: Ties) -> nn.Module:
+        if recomputed(module):
+            raise ValueError(f"{name}: Recompute is applied once per block; this one already recomputes")
+        forward = type(module).forward  # the class's: children swapped later are what it calls
+
+        @functools.wraps(forward)
+        def recompute(*args: Any, **kwargs: Any) -> Any:
+            return checkpoint(forward, module, *args, use_reentrant=False, **kwargs)
+
+        module.forward = recompute
+        setattr(module, MARK, True)
+        return module
