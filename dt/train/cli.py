@@ -261,7 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = backend_for(args.device) == "nccl"
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
         args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
-        torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision))
+        torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision),
+        (args.batch_size * args.block_size, args.n_embd, 4 * args.n_embd))
     try:  # --data: tokenized once, here, before any process starts (None: generated text)
         args.data_dir = prepare_data(args)
     except (ValueError, OSError) as e:  # unreadable, not UTF-8, too short for a validation split

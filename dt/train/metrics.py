@@ -24,6 +24,7 @@ from typing import IO, Any
 
 import torch
 
+from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import train_flops_per_token
 from dt.device import clock
 
@@ -55,22 +56,29 @@ def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype 
             return 2 * n ** 3 * done / elapsed
 
 
-def job_peak_flops(per_device: float | None, world: int, device: str,
-                   dtype: torch.dtype) -> tuple[float, str]:
+def job_peak_flops(per_device: float | None, world: int, device: str, dtype: torch.dtype,
+                   shape: tuple[int, int, int] = (2048, 512, 2048)) -> tuple[float, str]:
     """MFU's denominator for a run of `world` processes, and where it came from.
 
-    Given per device (--peak-flops, a datasheet's figure): that x world. Else measured
-    here: on a GPU, one device's sustained matmul x world; on the CPU the whole host's
-    (every thread this process may use), since the ranks share its cores.
+    Given per device (--peak-flops, a datasheet's figure): that x world. On the CPU,
+    the host's sustained rate (the ranks share its cores): `dt tune`'s measured matmul
+    rate at the nearest shape to `shape` (the model's MLP product: tokens x n_embd x
+    4 n_embd) on all this process's threads, when it was tuned (dt.cost.compute_rate);
+    else a float32 512^2 matmul measured here. On a GPU, one device's measured matmul x world.
     """
     if per_device is not None:
         return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
     if device == "cuda":
         rate = measure_matmul_flops("cuda", dtype, n=4096)
         return rate * world, f"a {dtype} 4096^2 matmul measured at start, {rate / 1e12:.1f} TFLOP/s x {world}"
+    threads = torch.get_num_threads()
+    tuned = matmul_rate(*shape, threads=threads, dtype="float32")
+    if tuned:
+        return tuned, (f"dt tune's float32 matmul rate near {shape[0]}x{shape[1]}x{shape[2]} on {threads} "
+                       f"threads (the host's ranks share them): {tuned / 1e9:.1f} GFLOP/s")
     rate = measure_matmul_flops("cpu", torch.float32)
-    return rate, (f"a float32 512^2 matmul measured at start on {torch.get_num_threads()} threads "
-                  f"(the host's ranks share them): {rate / 1e9:.1f} GFLOP/s")
+    return rate, (f"a float32 512^2 matmul measured at start on {threads} threads "
+                  f"(the host's ranks share them; dt tune not run): {rate / 1e9:.1f} GFLOP/s")
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
