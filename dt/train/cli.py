@@ -196,6 +196,7 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
              *[f"validation loss {v:.4f} at step {n}" for n, v in r0.get("val_losses", [])[-1:]],
+             *_trainer_lines(args, r0),
              f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)" + _mfu(args, r0),
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
@@ -224,6 +225,16 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
                      f"{100 * bubble_fraction(args.pp, args.micro_batches, args.virtual):.1f}%; "
                      f"peak stashed (chunk, micro-batch) activations on stage 0: {r0['peak_stash']}")
     return "\n".join(lines)
+
+
+def _trainer_lines(args: argparse.Namespace, r0: dict[str, Any]) -> list[str]:
+    """The clip's last norm and float16's skipped steps, when they apply."""
+    out = []
+    if getattr(args, "clip", None) and r0.get("grad_norm") is not None:
+        out.append(f"gradient norm at the last step {r0['grad_norm']:.4f} (clipped to {args.clip})")
+    if r0.get("skipped"):
+        out.append(f"{args.precision}: {r0['skipped']} step(s) skipped for an overflow (scale halved)")
+    return out
 
 
 def _mfu(args: argparse.Namespace, r0: dict[str, Any]) -> str:
