@@ -23,7 +23,7 @@ from dt.parallel.pipeline import bubble_fraction
 from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
 from dt.train.loop import train_worker
-from dt.train.metrics import job_peak_flops, mfu, plot_loss
+from dt.train.metrics import curve_records, job_peak_flops, mfu, plot_loss, read_metrics
 from dt.train.options import add_trainer_options, trainer_options_problem
 
 __all__ = ["main", "parse_args", "report"]
@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
-        if args.plot and results[0]["metrics"]:
-            plot_loss(results[0]["metrics"], args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
+        if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
+            records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
+            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
             print(f"loss curve: {args.plot}")
     return 0

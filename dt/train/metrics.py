@@ -28,8 +28,8 @@ from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import train_flops_per_token
 from dt.device import clock
 
-__all__ = ["MetricsLog", "job_peak_flops", "measure_matmul_flops", "mfu", "model_flops_per_token",
-           "plot_loss", "read_metrics"]
+__all__ = ["MetricsLog", "curve_records", "job_peak_flops", "measure_matmul_flops", "mfu",
+           "model_flops_per_token", "plot_loss", "read_metrics"]
 
 
 def model_flops_per_token(cfg: Any) -> float | None:
@@ -120,6 +120,12 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 raise ValueError(f"{path}:{n}: not a dt train metrics record (no step and loss)")
             out.append(rec)
     return out
+
+
+def curve_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, the last written (a run resumed from a checkpoint redoes the steps
+    after it: their second records are the ones the checkpoints continue from), in step order."""
+    return sorted({r["step"]: r for r in records}.values(), key=lambda r: r["step"])
 
 
 def plot_loss(records: Sequence[dict[str, Any]], png: str | Path, title: str = "dt train") -> None:
