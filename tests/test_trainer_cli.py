@@ -9,7 +9,15 @@ from dt.cost.flops import train_flops_per_token
 from dt.models.nanogpt import GPTConfig
 from dt.tools.cli import main as dt_main
 from dt.train import metrics as metrics_mod
-from dt.train.metrics import MetricsLog, job_peak_flops, mfu, model_flops_per_token, plot_loss, read_metrics
+from dt.train.metrics import (
+    MetricsLog,
+    curve_records,
+    job_peak_flops,
+    mfu,
+    model_flops_per_token,
+    plot_loss,
+    read_metrics,
+)
 
 
 def _bad_lines(tmp_path) -> list[tuple[list[str], str]]:
@@ -59,6 +67,9 @@ def test_metrics_lines_round_trip_and_the_curve_is_a_png(tmp_path):
     assert records == log.records and [r["step"] for r in records] == [1, 2, 3, 4, 5]
     plot_loss(records, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    resumed = [{"step": 1, "loss": 3.0}, {"step": 2, "loss": 2.5}, {"step": 2, "loss": 2.4},
+               {"step": 3, "loss": 2.0}]
+    assert [r["loss"] for r in curve_records(resumed)] == [3.0, 2.4, 2.0]  # a redone step: its last record
     (tmp_path / "bad.jsonl").write_text('{"step": 1, "loss": 2}\nnot json\n')
     with pytest.raises(ValueError, match="bad.jsonl:2: not a JSON line"):
         read_metrics(tmp_path / "bad.jsonl")
