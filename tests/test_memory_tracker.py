@@ -119,3 +119,18 @@ def test_rank_memory_predicts_the_measured_step(run, world, dp, tp, pp, m, batch
         assert mem.params == r["params"] and mem.optimizer == r["optimizer"]  # exact
         assert mem.step_grads == r["grads"]
         assert mem.step_peak == pytest.approx(r["peak"], rel=0.10), (r, mem.as_dict())
+
+
+def test_rank_memory_holds_zero_formula_bytes():
+    """fp32 + Adam: 16 Psi held at stage 0 (params, a step's gradients, two moments), 8 Psi + 8 Psi/N,
+    4 Psi + 12 Psi/N and 16 Psi/N for ZeRO 1, 2, 3 (Rajbhandari et al. 2020), N = dp."""
+    from dt.cost.flops import layer_params
+    from dt.parallel.rank_memory import rank_memory
+    arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    psi, n = sum(layer_params(arch, i) for i in range(4)), 4
+    want = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}
+    for stage, total in want.items():
+        mem = rank_memory(arch, 2, 1, 4, dp=n, zero=stage)
+        assert mem.params + mem.step_grads + mem.optimizer == pytest.approx(total)
+        assert mem.held_grads == (mem.step_grads if stage >= 2 else 0)
+        assert mem.peak >= mem.held + mem.activations  # the peak holds the stash on top of what is held

@@ -14,17 +14,18 @@ A step's peak, from the schedule's own order (dt.parallel.pipeline.stash): a for
 one micro-batch's activations of the chunk (dt.cost.activations, plus the chunk's output the
 runtime stashes until its backward when another stage receives it), a backward frees them
 and, once any backward has run, every gradient of the stage exists (all of them: the first
-micro-batch's backward reaches every layer). On top of whatever the stash holds, the
-layer in flight holds one MLP-wide tensor and one of the hidden width (s b (f / tp + h)
-numbers: GELU's output or its gradient, and the activation or gradient coming in).
-So the peak is the most, over the schedule's actions, of
-    stash bytes after a forward + (grads if a backward ran before it) + that gradient,
+micro-batch's backward reaches every layer; in full, under ZeRO too, whose shards are cut
+after backward: a conservative count under stage 2-3, where the held shard adds to it).
+On top of whatever the stash holds, the layer in flight holds one MLP-wide tensor and one
+of the hidden width (s b (f / tp + h) numbers: GELU's output or its gradient, and the
+activation or gradient coming in). So the peak is the most, over the schedule's actions, of
+    stash bytes after an action + (grads if a backward ran before it) + the layer in flight,
 and the optimizer step (grads + OPTIMIZER_TEMPORARIES x the largest parameter: dt's Adam
 builds m_hat, v_hat and their quotient per parameter) if that is higher; plus the DDP
 bucket being reduced after backward (one flat buffer of at most the bucket cap) when
 dp x cp > 1. Checked against dt.device_memory.LiveBytes on dt's model: within 10% at the
-layouts of tests/test_memory_tracker.py (measured -8.5% to +1.2%: the transients of a
-backward are modelled by one rule, not op by op).
+layouts of tests/test_memory_tracker.py (predicted / measured 0.915 to 1.049: the
+transients of a backward are modelled by one rule, not op by op).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class RankMemory:
     optimizer: float
     held_grads: float  # between steps (ZeRO 2, 3: the shard; else 0)
     scratch: float  # the collectives' cached buffers
-    step_grads: float  # the gradients a step makes (all of the stage's, or the ZeRO shard's)
+    step_grads: float  # the gradient bytes the optimizer keeps (the stage's, or ZeRO 2-3's shard)
     activations: float  # the most the pipeline stash holds at once
     step_peak: float  # what a step adds at its peak, above the held bytes
 
@@ -101,6 +102,7 @@ def rank_memory(a: Decoder, micro_batch: int, micro_batches: int, itemsize: int,
     z = zero_memory_formula(psi, n, zero, k=optimizer_bytes, param_bytes=itemsize, grad_bytes=itemsize)
     step_grads = z["grads"]
     held_grads = step_grads if zero >= 2 else 0.0
+    made = psi * itemsize  # backward makes every gradient of the stage in full before any sharding
     last = a.n_layer + 1
     per_chunk = [stage_activation_bytes(a, r, micro_batch, itemsize, tp, cp, recompute=recompute)
                  + (0 if last in r else itemsize * micro_batch * a.seq_len / cp * a.n_embd)  # stashed output
@@ -111,14 +113,13 @@ def rank_memory(a: Decoder, micro_batch: int, micro_batches: int, itemsize: int,
     for kind, c, _ in schedule(schedule_name, pp, stage, micro_batches, virtual):
         held += per_chunk[c] if kind == "F" else -per_chunk[c]
         stash = max(stash, held)
-        worst = max(worst, held + in_flight + (step_grads if backward_ran else 0.0))
+        worst = max(worst, held + in_flight + (made if backward_ran else 0.0))
         backward_ran = backward_ran or kind == "B"
-    grad_bytes = step_grads if zero < 2 else 0.0  # ZeRO 2, 3: the shard is already held
     largest = _largest_tensor(a, chunks, tp) * itemsize
-    optimizer_step = grad_bytes + OPTIMIZER_TEMPORARIES * largest
-    bucket = min(BUCKET_CAP_BYTES, step_grads) if n > 1 and zero == 0 else 0.0
+    optimizer_step = made + OPTIMIZER_TEMPORARIES * largest
+    bucket = min(BUCKET_CAP_BYTES, made) if n > 1 and zero == 0 else 0.0
     scratch = scratch_held([ring_reduce_scatter_scratch([int(bucket / itemsize / n)] * n, itemsize, 0)]) \
         if bucket else 0.0
-    step_peak = max(worst - held_grads, optimizer_step, grad_bytes + bucket)
+    step_peak = max(worst, optimizer_step, made + bucket)
     return RankMemory(params=z["params"], optimizer=z["optimizer"], held_grads=held_grads, scratch=scratch,
                       step_grads=step_grads, activations=stash, step_peak=step_peak)
