@@ -39,6 +39,18 @@ def test_context_parallel_gpt_is_the_plain_one(run, world, cases):
     assert [b for r in run(world, _cases, cases, ids, targets, timeout=260) for b in r] == []
 
 
+def _sequence_parallel_inside_cp(ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
+    cfg = {**BASE, "block_size": 12}  # 6 tokens per cp rank, 3 per tp rank between blocks
+    return against_plain(cfg, {"cp": 2, "tp": 2}, 1, {"cp": 2, "sequence_parallel": True}, ids, targets,
+                         ("ring_attention",))
+
+
+@pytest.mark.timeout(200)
+def test_sequence_parallel_composes_with_context_parallel(run):
+    ids, targets = _batch(3, 4, 12, BASE["vocab_size"])
+    assert [b for r in run(4, _sequence_parallel_inside_cp, ids, targets, timeout=160) for b in r] == []
+
+
 def _wrong_length(ids: torch.Tensor) -> str:
     model = GPT(GPTConfig(**BASE))
     grid = Grid({"cp": 2})
@@ -50,7 +62,18 @@ def _wrong_length(ids: torch.Tensor) -> str:
     return "accepted"
 
 
-def test_context_parallel_refuses_a_sequence_of_another_length(run):
+def _wrong_grid() -> str:
+    model = GPT(GPTConfig(**BASE))
+    try:
+        parallelize(model, Grid({"dp": 2, "cp": 1}), gpt_plan(model.cfg, 1, cp=2))
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+def test_context_parallel_refuses_another_length_or_grid(run):
+    assert run(2, _wrong_grid)[0] == ("a context-parallel plan for cp = 2 on Grid({'dp': 2, 'cp': 1}), whose "
+                                      "cp group holds 1 rank(s): make the plan with the grid's cp")
     got = run(2, _wrong_length, torch.zeros(1, 8, dtype=torch.long))
     assert got[0] == ("layers.0.wpe: cp rank 0 of 2 holds 5 tokens of a sequence of 10, got 4: give every "
                       "cp rank whole sequences of seq_len tokens and keep its share with shard_sequence")

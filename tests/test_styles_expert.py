@@ -115,10 +115,14 @@ CASES_4 = [({**BASE, "n_experts": 4, "top_k": 1}, {"dp": 4}, 4),
            ({**BASE, "n_experts": 3, "top_k": 2, "capacity_factor": 1.25, "tied": False},
             {"dp": 2, "tp": 2}, 2),
            ({**BASE, "n_experts": 4, "top_k": 2, "aux_loss_coef": 0.3}, {"dp": 4}, 2)]
+RECOMPUTED = ({**BASE, "n_experts": 4, "top_k": 2, "capacity_factor": 1.0}, {"dp": 2, "tp": 2}, 2)
 
 
 def _cases(cases: list, ids: torch.Tensor, targets: torch.Tensor) -> list[str]:
-    return [b for cfg, sizes, ep in cases for b in against_plain(cfg, sizes, ep, {}, ids, targets, ("moe",))]
+    out = [b for cfg, sizes, ep in cases for b in against_plain(cfg, sizes, ep, {}, ids, targets, ("moe",))]
+    if dist.get_world_size() == 4:  # the all-to-alls run again when the blocks are recomputed
+        out += against_plain(*RECOMPUTED, {"recompute": True}, ids, targets, ("moe",))
+    return out
 
 
 @pytest.mark.timeout(240)
@@ -156,3 +160,32 @@ def test_expert_parallel_refuses_what_it_cannot_swap(run):
     assert got[1].startswith("ExpertParallel on a grid with cp = 2 needs seq_len")
     with pytest.raises(ValueError, match="use sequence_parallel=False with n_experts"):
         gpt_plan(GPTConfig(n_experts=2), 2, sequence_parallel=True)
+
+
+def _plain_and_parallel_moe(seed: int) -> list[str]:
+    from dt.models.moe import MoE as PlainMoE
+    from dt.parallel.expert import MoE
+
+    torch.manual_seed(seed)
+    plain = PlainMoE(8, 16, 5, top_k=2, capacity_factor=1.0, aux_loss_coef=0.0).double()
+    torch.manual_seed(seed)
+    layer = MoE(8, 16, 5, top_k=2, capacity_factor=1.0, group=dist.group.WORLD).double()
+    bad = [n for n, p in layer.state_dict().items() if not torch.equal(p, plain.state_dict()[n])]
+    x = torch.randn(3, 7, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    y_plain, y = plain(x), layer(x)
+    if not torch.equal(y, y_plain):  # the same operations in the same order
+        bad.append(f"outputs off by {(y - y_plain).abs().max().item():.3g}")
+    if not torch.equal(plain.balance.last, layer.routing.aux_per_sequence.detach()):
+        bad.append("balance losses differ")
+    if plain.counted != layer.counted or plain.counted["dropped"] == 0:
+        bad.append(f"routing stats {plain.counted} vs {layer.counted}")
+    (y_plain * x).sum().backward()
+    (y * x).sum().backward()
+    theirs = dict(plain.named_parameters())
+    bad += [f"{n}: gradient differs" for n, p in layer.named_parameters()
+            if not torch.equal(p.grad, theirs[n].grad)]
+    return bad
+
+
+def test_plain_moe_is_the_expert_layer_at_ep_1(run):
+    assert run(1, _plain_and_parallel_moe, 4)[0] == []

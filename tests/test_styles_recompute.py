@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.utils.checkpoint
 
 from dt.models.llama import Llama, LlamaConfig
 from dt.models.nanogpt import GPT, GPTConfig
@@ -45,12 +46,19 @@ def test_recompute_gives_the_same_gradients_and_saves_less(build, config, cfg, b
     assert all(recomputed(model.layers[i]) for i in blocks)
     assert sum(recomputed(m) for m in model.modules()) == len(blocks)  # the blocks, nothing else
     saved_plain, loss_plain, grads_plain = _step(plain, ids)
-    saved, loss, grads = _step(model, ids)
+    # Recomputed to the end (torch stops early by default, once the last saved tensor is rebuilt,
+    # before an MoE's counters): the counters must still count each token once.
+    with torch.utils.checkpoint.set_checkpoint_early_stop(False):
+        saved, loss, grads = _step(model, ids)
     assert torch.equal(loss, loss_plain)
     assert grads.keys() == grads_plain.keys()
     for name, g in grads.items():
         assert torch.equal(g, grads_plain[name]), name  # the same operations on the same values
     assert saved < saved_plain / 3, (saved, saved_plain)  # only each block's input is kept
+    counted = [(m.counted, p.counted) for m, p in zip(model.modules(), plain.modules())
+               if hasattr(m, "counted")]
+    assert all(mine == theirs for mine, theirs in counted)  # recomputation counts no token twice
+    assert len(counted) == (3 if "n_experts" in cfg else 0)
 
 
 def test_recompute_refuses_a_block_twice():

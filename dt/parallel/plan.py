@@ -262,8 +262,8 @@ def _context(cfg: Any, tp: int, cp: int, kind: str, attend: str, positions: str)
     if kind == "ulysses" and (cfg.n_head // tp) % cp:
         raise ValueError(f"Ulysses splits each tensor-parallel rank's {cfg.n_head // tp} heads over cp {cp}: "
                          "n_head must divide by tp * cp; use cp_attention='ring'")
-    return {attend: ContextParallel(cfg.block_size, kind), positions: SharePositions(cfg.block_size),
-            "loss": ShareLoss(cfg.block_size)}
+    return {attend: ContextParallel(cfg.block_size, kind, cp), positions: SharePositions(cfg.block_size, cp),
+            "loss": ShareLoss(cfg.block_size, cp)}
 
 
 def _loss_parallel(cfg: Any, on: bool) -> dict[str, Style]:

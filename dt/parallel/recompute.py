@@ -18,13 +18,18 @@ A hook, not a swap: the block keeps its class, names and parameters (its
 instance's forward is wrapped), so the tensor- and context-parallel styles
 swap the modules inside it as without recompute, and their collectives run
 again, in the same order on every rank, when the block is recomputed.
-One consequence: counters a block updates in forward (an MoE's routing
-statistics, `counted`) count the recomputed forward too.
+Apply it to the whole model before a pipeline cut (gpt_recompute(cfg), whose
+names are the model's): the wrapped blocks travel into their stages, and no
+recompute region spans a stage boundary. Counters a block's modules keep of
+their forwards (an MoE's routing statistics, `counted`) are put back after
+each recomputation, so they count every token once, as without recompute.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from collections.abc import Iterator
 from typing import Any
 
 from torch import nn
@@ -35,6 +40,19 @@ from dt.parallel.tensor.styles import Style, Ties
 __all__ = ["Recompute", "recomputed"]
 
 MARK = "recomputes"  # set on a block whose forward Recompute wrapped
+COUNTERS = "counted"  # a module's dict of per-forward totals (dt.parallel.expert.MoE, dt.models.moe.MoE)
+
+
+@contextlib.contextmanager
+def _keeping_counters(module: nn.Module) -> Iterator[None]:
+    """Run a recomputation, then put every counter inside `module` back as it was before it."""
+    kept = [(m, dict(getattr(m, COUNTERS))) for m in module.modules()
+            if isinstance(getattr(m, COUNTERS, None), dict)]
+    try:
+        yield
+    finally:
+        for m, counts in kept:
+            setattr(m, COUNTERS, counts)
 
 
 def recomputed(module: nn.Module) -> bool:
@@ -47,7 +65,7 @@ class Recompute(Style):
 
     replaces = False
 
-    def group_on(self, grid: Any, axis: str) -> None:
+    def group_on(self, grid: Any, axis: str | None) -> None:
         return None  # no communication of its own: no group
 
     def apply(self, module: nn.Module, group: Any, name: str, ties: Ties) -> nn.Module:
@@ -55,9 +73,12 @@ class Recompute(Style):
             raise ValueError(f"{name}: Recompute is applied once per block; this one already recomputes")
         forward = type(module).forward  # the class's: children swapped later are what it calls
 
+        def contexts() -> tuple[Any, Any]:  # (around the first forward, around each recomputation)
+            return contextlib.nullcontext(), _keeping_counters(module)
+
         @functools.wraps(forward)
         def recompute(*args: Any, **kwargs: Any) -> Any:
-            return checkpoint(forward, module, *args, use_reentrant=False, **kwargs)
+            return checkpoint(forward, module, *args, use_reentrant=False, context_fn=contexts, **kwargs)
 
         module.forward = recompute
         setattr(module, MARK, True)

@@ -5,9 +5,9 @@
 
 The model is plain (dt.models.nanogpt.GPT or dt.models.llama.Llama, `--model`),
 built from the seed on every rank; dt.parallelize applies the grid's
-parallelism to it in its fixed order (dt.parallel.plan). Context parallelism
-and experts still run on dt.models.gpt.ParallelGPT (dt.train.legacy) until
-their styles land.
+parallelism to it in its fixed order (dt.parallel.plan). Experts still run
+on dt.models.gpt.ParallelGPT (dt.train.legacy) until the step syncs their
+gradients and checkpoints them by global index.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from dt.parallel.grid import Grid
 from dt.parallel.plan import (
     Plan,
     gpt_blocks,
+    gpt_context,
     gpt_plan,
     gpt_recompute,
     llama_blocks,
@@ -80,15 +81,17 @@ def _precision(args: argparse.Namespace, device: torch.device) -> Precision | No
 
 def build(args: argparse.Namespace, vocab_size: int) -> Built:
     """Collective over the world: every rank builds the model and makes the grid's groups."""
-    if args.cp > 1 or args.experts:
+    if args.experts:
         return Built(**build_legacy(args, vocab_size))
     grid = grid_of(args)
     model, cfg = plain_model(args, vocab_size)
     llama = isinstance(model, Llama)
     recompute = (llama_recompute if llama else gpt_recompute)(cfg) if getattr(args, "recompute", False) \
         else {}
-    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp), recompute=recompute,
-                blocks=llama_blocks if llama else gpt_blocks, virtual=args.virtual,
+    context = gpt_context(cfg, args.tp, args.cp, args.cp_attention) if not llama else {}  # cli: llama cp 1
+    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp), context=context,
+                recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,
+                virtual=args.virtual,
                 data_parallel="ddp" if not args.zero else f"zero{args.zero}")
     par = parallelize(model, grid, plan)
     optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)

@@ -154,11 +154,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--n-kv-head {args.n_kv_head} must be divisible by --tp {args.tp} (whole heads per rank)")
     if args.model == "llama" and (args.n_embd // args.n_head) % 2:
         p.error(f"--model llama needs an even head size: --n-embd {args.n_embd} / --n-head {args.n_head}")
-    if (args.clip or args.zero == 2) and (args.cp > 1 or args.experts):
-        p.error("--clip and --zero 2 run on the new training step: dp, tp and pp (not --cp, --experts)")
-    if args.zero and (args.cp > 1 or args.experts):
-        p.error("--zero shards Adam over the dp group alone; with --cp or --experts the gradients are "
-                "synchronised over dp x cp and the experts' replicas (edp): use --zero 0")
+    if (args.clip or args.zero) and args.experts:
+        p.error("--clip and --zero run on the training step (dt.train.step), which does not train "
+                "--experts yet (their gradients sync over the experts' replicas, edp): drop one")
     if args.aux_loss_coef < 0:
         p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
     if args.cp > 1 and args.block_size < 2 * args.cp:

@@ -1,7 +1,7 @@
-"""Context parallelism and experts in `dt train`: still dt.models.gpt.ParallelGPT's own step.
+"""Experts in `dt train`: still dt.models.gpt.ParallelGPT's own step.
 
-Until the context-parallel and expert styles land in dt.parallel.plan, a run
-with --cp > 1 or --experts builds ParallelGPT (model and step at once) and
+Until dt.train.step syncs expert gradients (summed over edp) and checkpoints
+experts by their global index, a run with --experts builds ParallelGPT (model and step at once) and
 this adapter gives it the interface of dt.train.step.TrainStep: one call is
 one whole step, with .times, .bytes_sent and .stats.
 """

@@ -11,6 +11,9 @@ What one call does, in order:
 1. the pipeline schedule (dt.parallel.pipeline: gpipe, 1f1b, interleaved) over
    this rank's chunks, each micro-batch's forward inside precision.autocast()
    and its loss scaled by precision.scale();
+   Under context parallelism each rank keeps its zig-zag share of every sequence
+   (dt.parallel.context.style.shard_sequence) and the plan's context styles
+   match the positions and the loss's scale to it;
 2. gradient sync over the dp x cp plane (dense gradients averaged): with DDP
    (dt.parallel.data_parallel) the buckets' all-reduces run during the last
    micro-batch's backward of each chunk, overlapped with the earlier layers'
@@ -32,7 +35,6 @@ sum, the loss) and bubble (waiting on pipeline neighbours).
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +48,7 @@ from dt.models.lm import lm_loss
 from dt.parallel import data_parallel, pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
+from dt.parallel.context.style import shard_sequence
 from dt.parallel.plan import Parallel
 from dt.parallel.zero import ZeroOptimizer
 from dt.train.clip import clip_global_norm, counted_parameters
@@ -79,9 +82,9 @@ class TrainStep:
                  clip: float | None = None, precision: Any = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
         grid = par.grid
-        if grid.sizes.get("cp", 1) > 1 or grid.ep > 1:
-            raise ValueError("TrainStep runs dp, tp and pp (and ZeRO) for now; cp and ep train through "
-                             "dt.models.gpt.ParallelGPT until their styles land")
+        if grid.ep > 1:
+            raise ValueError("TrainStep runs dp, cp, tp and pp (and ZeRO) for now; experts train through "
+                             "dt.models.gpt.ParallelGPT (dt.train.legacy)")
         if clip is not None and isinstance(optimizer, ZeroOptimizer):
             raise ValueError("clipping under ZeRO needs the norm of the sharded gradient inside the "
                              "optimizer's step: not wired yet (use --zero 0)")
@@ -122,8 +125,10 @@ class TrainStep:
                                   scale=p.scale if p is not None else None, before_backward=before_backward)
 
     def _inputs(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> tuple[Any, Any]:
-        x = tokens.to(self.device) if tokens is not None and self.first else None
-        y = targets.to(self.device) if targets is not None and self.last else None
+        """This rank's share: whole sequences, or under cp its zig-zag share of each (the plan's
+        context styles put the positions and the loss's scale to match)."""
+        x = shard_sequence(tokens.to(self.device), self.grid) if tokens is not None and self.first else None
+        y = shard_sequence(targets.to(self.device), self.grid) if targets is not None and self.last else None
         return x, y
 
     def __call__(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
@@ -169,10 +174,7 @@ class TrainStep:
             all_reduce(loss_t, op=ReduceOp.AVG, group=self.dp_group)
         if self.pp_group.size > 1:
             broadcast(loss_t, src=self.pp_group.global_rank(self.pp_group.size - 1), group=self.pp_group)
-        value = float(loss_t.item())
-        if not math.isfinite(value) and self.precision is None:
-            raise FloatingPointError(f"the loss is {value}: the run diverged (try a smaller --lr)")
-        return value
+        return float(loss_t.item())
 
     def _account(self, stats: pipeline.PipelineStepStats, pipe: Any, tied: Any, opt: Any,
                  exposed: float, comm: float, opt_s: float) -> None:

@@ -35,6 +35,10 @@ part from its tokens, so dense gradients are averaged over the dp x cp plane
 (grid.group("dp", "cp")), the same average the step takes over dp.
 A mixture of experts under cp needs its router to see whole sequences:
 dt.parallel.expert.style's ExpertParallel(seq_len) does that.
+A pipeline that cuts the model into layers keeps these hooks (they sit on the
+model's own modules): Llama's layers must take their tables from
+`model.rotary(torch.arange(s))`, which SharePositions hooks, and the last
+stage's loss must be `model.loss`, which ShareLoss hooks.
 Cost per rank: dt.cost.ring_attention_traffic or dt.cost.ulysses_traffic per
 attention layer.
 """
@@ -80,10 +84,17 @@ def shard_sequence(t: torch.Tensor, grid: Grid, dim: int = 1) -> torch.Tensor:
 class _CPStyle(Style):
     axis = AXIS
 
-    def __init__(self, seq_len: int):
+    def __init__(self, seq_len: int, cp: int | None = None):
         if not isinstance(seq_len, int) or seq_len < 1:
             raise ValueError(f"{type(self).__name__}: seq_len must be a whole number >= 1, got {seq_len!r}")
-        self.seq_len = seq_len
+        self.seq_len, self.cp = seq_len, cp  # cp: the group size a plan was made for (None: any)
+
+    def group_on(self, grid: Grid, axis: str | None) -> Group:
+        group = super().group_on(grid, axis)
+        if self.cp is not None and group.size != self.cp:
+            raise ValueError(f"a context-parallel plan for cp = {self.cp} on {grid}, whose cp group holds "
+                             f"{group.size} rank(s): make the plan with the grid's cp")
+        return group
 
     def layout(self, group: Group) -> SequenceLayout:
         return sequence_layout(self.seq_len, group.size)
@@ -117,8 +128,8 @@ class ContextParallel(_CPStyle):
     """A causal attention core (no weights: q, k, v in, softmax(q k^T / sqrt(d)) v out) ->
     ContextParallelCore of `kind` ("ring" or "ulysses")."""
 
-    def __init__(self, seq_len: int, kind: str = "ring"):
-        super().__init__(seq_len)
+    def __init__(self, seq_len: int, kind: str = "ring", cp: int | None = None):
+        super().__init__(seq_len, cp)
         if kind not in KINDS:
             raise ValueError(f"context-parallel attention is one of {sorted(KINDS)}, got {kind!r}")
         self.kind = kind

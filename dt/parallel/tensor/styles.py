@@ -44,6 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.layout import split_sizes
+from dt.parallel.grid import SPLITS, Grid
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear, SequenceParallelLayerNorm
 from dt.parallel.tensor.mappings import (
     SEQUENCE_DIM,
@@ -69,13 +70,13 @@ class Style(ABC):
     replaces = True  # False: the style only hooks the module, so modules inside it may be styled too
     axis: str | None = None  # the grid axis its group runs along; None: dt.parallelize's axis=
 
-    def group_on(self, grid: Any, axis: str) -> Any:
+    def group_on(self, grid: Grid, axis: str | None) -> Any:
         """What apply's `group` is on `grid` (a dt.Grid): by default the group along self.axis
         (or `axis`). A style needing more than one group (experts under context
         parallelism) returns what it needs; collective over the world, as Grid.group is."""
         name = self.axis or axis
         # An axis the grid does not have is one of size 1: each rank alone (Grid.group() of no axes).
-        has = name in grid.sizes or name in ("ep", "edp")
+        has = name in grid.sizes or name in SPLITS
         return resolve_group(grid.group(name) if has else grid.group())
 
     @abstractmethod
