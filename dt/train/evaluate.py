@@ -22,6 +22,7 @@ import torch
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.models.gpt import ParallelGPT
+from dt.parallel.context.style import shard_sequence
 from dt.train.dataset import TrainData
 from dt.train.legacy import LegacyStep
 from dt.train.step import TrainStep
@@ -59,13 +60,15 @@ def train_step_loss(step: TrainStep, tokens: torch.Tensor, targets: torch.Tensor
     broadcast from the last stage along the pipeline, as the training loss is.
     """
     autocast = step.precision.autocast if step.precision is not None else contextlib.nullcontext
-    x = tokens.to(step.device) if step.first else None
+    # This rank's share of each sequence, as the step takes it (under cp: its zig-zag share).
+    x = shard_sequence(tokens.to(step.device), step.grid) if step.first else None
     with autocast():
         logits = step.pipe.forward(x, step.micro_batches)
         loss = torch.zeros(1, dtype=step.params[0].dtype if step.params else torch.float32,
                            device=step.device)
         if step.last:
-            loss += step.loss_fn(logits, targets.to(step.device)).to(loss.dtype)
+            y = shard_sequence(targets.to(step.device), step.grid)
+            loss += step.loss_fn(logits, y).to(loss.dtype)
     if step.last and step.dp > 1:
         all_reduce(loss, op=ReduceOp.AVG, group=step.dp_group)
     if step.pp_group.size > 1:
