@@ -33,6 +33,15 @@ after a worker died resumes the same way. One machine, or a shared filesystem.
 - legacy.py      --cp / --experts: dt.models.gpt.ParallelGPT's own step, until their styles land
 - optim.py       Adam, written out
 - checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
+
+The trainer around the step (each a module, two hooks in loop.py):
+- options.py     --data, validation, schedule, precision, metrics flags (checked before any process)
+- dataset.py     what it trains on: --data's prepared corpus (corpus.py, tokenizer.py) or generated text
+- hooks.py       around each step: the learning rate (schedule.py), validation, metrics, progress
+- evaluate.py    the validation loss, forward only, on any mesh
+- precision.py   --precision: autocast, float32 master weights, float16 loss scaling
+- metrics.py     --metrics JSON lines, --plot's loss curve, MFU (dt.cost.flops)
+- sample.py      `dt sample`: text from a checkpoint, with the plain model
 """
 
 from dt.train.checkpoint import load_checkpoint, save_checkpoint

@@ -34,6 +34,7 @@ from dt.parallel.plan import (
 )
 from dt.train.legacy import build_legacy
 from dt.train.optim import Adam
+from dt.train.precision import Precision
 from dt.train.step import TrainStep, make_optimizer
 
 __all__ = ["Built", "build", "grid_of", "plain_model"]
@@ -72,6 +73,12 @@ def plain_model(args: argparse.Namespace, vocab_size: int) -> tuple[torch.nn.Mod
     return GPT(cfg), cfg
 
 
+def _precision(args: argparse.Namespace, device: torch.device) -> Precision | None:
+    """--precision's autocast and loss scale (dt.train.precision); None for float32 (nothing to do)."""
+    kind = getattr(args, "precision", "float32")
+    return None if kind == "float32" else Precision(kind, device)
+
+
 def build(args: argparse.Namespace, vocab_size: int) -> Built:
     """Collective over the world: every rank builds the model and makes the grid's groups."""
     if args.experts:
@@ -89,7 +96,8 @@ def build(args: argparse.Namespace, vocab_size: int) -> Built:
     par = parallelize(model, grid, plan)
     optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)
     step = TrainStep(par, optimizer, micro_batches=args.micro_batches, schedule=args.schedule,
-                     clip=getattr(args, "clip", None), loss_fn=model.loss)  # the plan may have swapped it
+                     clip=getattr(args, "clip", None), loss_fn=model.loss,  # the plan may have swapped it
+                     precision=_precision(args, par.device))
     c = grid.coords()
     return Built(step, optimizer, par, cfg, grid.rank, (c["dp"], c["tp"], c["pp"], c["cp"], c["ep"]),
                  par.device, grid.world, par.parameters())

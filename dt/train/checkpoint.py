@@ -25,13 +25,16 @@ from dt.parallel.checkpoint import Checkpoint, CheckpointError, Loaded, load, lo
 __all__ = ["load_checkpoint", "lock_directory", "save_checkpoint"]
 
 
-def save_checkpoint(path: str, model: Any, optimizer: Any, step: int, cfg: Any, keep: int = 3) -> str:
+def save_checkpoint(path: str, model: Any, optimizer: Any, step: int, cfg: Any, keep: int = 3,
+                    extra: dict[str, Any] | None = None) -> str:
     """Collective: save this rank's shards as PATH/step-NNNNNNNN; keep the newest `keep`.
 
     `model` says where its tensors sit (checkpoint_places: dt.parallel.plan.Parallel);
     `cfg` is the plain model's config, recorded so that another model is refused on load.
+    `extra` joins the manifest's meta (dt train's tokenizer, which dt sample reads).
     """
-    return save(path, step, model, optimizer, keep=keep, meta={"trainer": "dt train", "model": cfg.as_dict()})
+    return save(path, step, model, optimizer, keep=keep,
+                meta={"trainer": "dt train", "model": cfg.as_dict(), **(extra or {})})
 
 
 def _same_model(cfg: Any) -> Any:

@@ -13,13 +13,18 @@ import os
 import sys
 from typing import Any
 
+import torch
+
 from dt import args as args_
 from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
 from dt.train.loop import train_worker
+from dt.train.metrics import curve_records, job_peak_flops, mfu, plot_loss, read_metrics
+from dt.train.options import add_trainer_options, trainer_options_problem
 
 __all__ = ["main", "parse_args", "report"]
 
@@ -102,6 +107,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="torch threads per process (default: the launcher's cores // processes; "
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
+    add_trainer_options(p)
     args = p.parse_args(argv)
     defaults = LONG_CONTEXT if args.long_context else {"block_size": 32, "batch_size": 16}
     for key, value in defaults.items():
@@ -158,6 +164,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 "rank two chunks of every sequence (at least 2 * cp tokens)")
     if args.cp > 1 and args.cp_attention == "ulysses" and args.n_head % (args.tp * args.cp):
         p.error(f"Ulysses needs --n-head {args.n_head} divisible by tp * cp = {args.tp * args.cp}")
+    problem = trainer_options_problem(args)
+    if problem:
+        p.error(problem)
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if args_.launched_by_torchrun() else world(args)
     too_big = why_it_cannot_fit(args, ranks_here, on_gpu=backend_for(args.device) == "nccl")
     if too_big:
@@ -184,7 +193,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
-             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)",
+             *[f"validation loss {v:.4f} at step {n}" for n, v in r0.get("val_losses", [])[-1:]],
+             *_trainer_lines(args, r0),
+             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)" + _mfu(args, r0),
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
@@ -214,6 +225,25 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def _trainer_lines(args: argparse.Namespace, r0: dict[str, Any]) -> list[str]:
+    """The clip's last norm and float16's skipped steps, when they apply."""
+    out = []
+    if getattr(args, "clip", None) and r0.get("grad_norm") is not None:
+        out.append(f"gradient norm at the last step {r0['grad_norm']:.4f} (clipped to {args.clip})")
+    if r0.get("skipped"):
+        out.append(f"{args.precision}: {r0['skipped']} step(s) skipped for an overflow (scale halved)")
+    return out
+
+
+def _mfu(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+    """MFU beside the throughput, with what it divides by."""
+    fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
+    if not fpt or not peak:
+        return ""
+    return (f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}% ({fpt / 1e6:.2f} MFLOP per token; "
+            f"peak: {args.peak_source})")
+
+
 def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:
     """The two layouts' predicted tp + dp time per step, next to this run's measured communication."""
     pred = pl["predicted"]
@@ -237,6 +267,16 @@ def world(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    on_gpu = backend_for(args.device) == "nccl"
+    args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
+        args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
+        torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision),
+        (args.batch_size * args.block_size, args.n_embd, 4 * args.n_embd))
+    try:  # --data: tokenized once, here, before any process starts (None: generated text)
+        args.data_dir = prepare_data(args)
+    except (ValueError, OSError) as e:  # unreadable, not UTF-8, too short for a validation split
+        print(f"dt train: error: {e}", file=sys.stderr)
+        return 2
     try:
         if args.checkpoint:
             check_directory(args.checkpoint)  # before any process starts
@@ -253,4 +293,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
+        if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
+            records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
+            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
+            print(f"loss curve: {args.plot}")
     return 0

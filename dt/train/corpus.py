@@ -4,8 +4,9 @@
     corpus = open_corpus("run/data")                 # later, or on another rank: no re-tokenizing
     x, y = corpus.batch("train", step, batch_size=8, block_size=64)
 
-The files are read in order as one text, a line at a time and encoded in
-chunks, so no whole file is ever in memory. The split is by position: the
+The files are read in order as one text, a line at a time (a long line in
+pieces) and encoded in chunks, so no whole file, nor a whole long line, is ever
+in memory. The split is by position: the
 last val_fraction of the text's bytes (from the first line boundary there on)
 is validation, the rest training, as nanoGPT splits. Text the model validates
 on is then text it never trained on, and, unlike a random split of lines, the
@@ -88,12 +89,16 @@ class Corpus:
 
 
 def _lines(files: Sequence[Path]) -> Iterator[str]:
-    """Every line of every file, in order; a file missing its last newline gets one."""
+    """Every line of every file, in order; a file missing its last newline gets one.
+
+    A line longer than CHUNK_CHARS comes in pieces of CHUNK_CHARS: a file with no
+    newline at all (minified, or one huge line) is never read whole either.
+    """
     for path in files:
         last = "\n"
         try:
             with open(path, encoding="utf-8", newline="") as f:
-                for line in f:
+                for line in iter(lambda: f.readline(CHUNK_CHARS), ""):
                     last = line
                     yield line
         except UnicodeDecodeError as e:

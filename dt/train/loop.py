@@ -20,11 +20,13 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.device import clock
-from dt.models.data import CharData
 from dt.train.build import Built, build
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
+from dt.train.dataset import open_data
+from dt.train.evaluate import forward_loss_of
+from dt.train.hooks import StepHooks
+from dt.train.metrics import model_flops_per_token
 from dt.train.placement import predict
-from dt.train.progress import Progress
 
 __all__ = ["make_model", "train_worker"]
 
@@ -78,7 +80,7 @@ def _placement(args: argparse.Namespace, run: Built) -> dict[str, Any] | None:
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
-    data = CharData(seed=args.seed)
+    data = open_data(args)
     run = make_model(args, data.vocab_size)
     step_fn, optimizer = run.step, run.optimizer
     start, loaded = 0, None
@@ -89,34 +91,37 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             if run.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
+    saved_with = {"tokenizer": data.tokenizer.to_json()}  # in the manifest: dt sample reads it
     per_rank = args.batch_size // args.dp
     dp_rank = run.coords[0]
-    bar = None
-    if run.rank == 0 and not args.no_progress:  # on stderr: stdout is the report's
-        bar = Progress(args.steps, start, f"dp{args.dp} cp{args.cp} ep{args.ep} tp{args.tp} pp{args.pp}")
+    hooks = StepHooks(args, data, forward_loss_of(run), rank=run.rank, dp_rank=dp_rank, start=start,
+                      desc=f"dp{args.dp} cp{args.cp} ep{args.ep} tp{args.tp} pp{args.pp}",
+                      flops_per_token=model_flops_per_token(run.cfg),
+                      peak_flops=getattr(args, "peak_total", None))
     losses: list[float] = []
     t_start = clock(run.device)
     for step in range(start, args.steps):
         x, y = data.batch(step, args.batch_size, args.block_size)
         sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+        hooks.begin(step, optimizer)  # this step's learning rate
         loss = step_fn(x[sl], y[sl])  # forward, backward, sync, optimizer step
         losses.append(loss)
-        if bar is not None:
-            bar.update(loss)
+        hooks.end(step, loss, step_fn.times, step_fn.stats.get("grad_norm"))  # validation, metrics
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, run.saved, optimizer, step + 1, run.cfg, args.keep)
-    wall = clock(run.device) - t_start
-    if bar is not None:
-        bar.close()
+            save_checkpoint(args.checkpoint, run.saved, optimizer, step + 1, run.cfg, args.keep, saved_with)
+    wall = clock(run.device) - t_start - hooks.eval_s  # training's time: validation apart
+    hooks.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, run.saved, optimizer, args.steps, run.cfg, args.keep)
+        save_checkpoint(args.checkpoint, run.saved, optimizer, args.steps, run.cfg, args.keep, saved_with)
     steps = args.steps - start
     placement = _placement(args, run)  # after the loop: the world group is connected only now
     return {"rank": run.rank, "coords": run.coords, "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
             "times": dict(step_fn.times), "bytes_sent": dict(step_fn.bytes_sent), "steps": steps,
             "peak_stash": step_fn.stats["peak_stash"], "moe": step_fn.stats.get("moe", {}),
-            "grad_norm": step_fn.stats.get("grad_norm"),
+            "grad_norm": step_fn.stats.get("grad_norm"), "skipped": step_fn.stats.get("skipped", 0),
+            "val_losses": hooks.val_losses, "metrics": hooks.log.records if run.rank == 0 else [],
+            "flops_per_token": hooks.flops_per_token,
             "placement": placement,
             "resumed": None if loaded is None else {"path": loaded.path, "step": loaded.step,
                                                     "layout": loaded.layout, "warnings": loaded.warnings}}

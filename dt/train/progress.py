@@ -17,7 +17,10 @@ LINES = 10  # plain lines per run when there is no terminal (plus the last step'
 
 
 class Progress:
-    """update(loss) once per step; close() at the end. `stream` defaults to sys.stderr."""
+    """update(loss, extra) once per step; close() at the end. `stream` defaults to sys.stderr.
+
+    `extra` is shown after the loss, in order (validation loss, lr, tokens/s, MFU ...).
+    """
 
     def __init__(self, total: int, initial: int, desc: str, stream: TextIO | None = None):
         self.stream = sys.stderr if stream is None else stream
@@ -29,13 +32,15 @@ class Progress:
             from tqdm import tqdm
             self.bar = tqdm(total=total, initial=initial, desc=desc, unit="step", file=self.stream)
 
-    def update(self, loss: float) -> None:
+    def update(self, loss: float, extra: dict[str, str] | None = None) -> None:
         self.done += 1
+        extra = extra or {}
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}")
+            self.bar.set_postfix({"loss": f"{loss:.4f}", **extra})
         elif (self.done - self.first) % self.every == 0 or self.done == self.total:
-            print(f"dt train: {self.desc}: step {self.done}/{self.total}, loss {loss:.4f}, "
+            more = "".join(f", {k} {v}" for k, v in extra.items())
+            print(f"dt train: {self.desc}: step {self.done}/{self.total}, loss {loss:.4f}{more}, "
                   f"{time.monotonic() - self.t0:.1f} s", file=self.stream, flush=True)
 
     def close(self) -> None:

@@ -21,7 +21,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-__all__ = ["BPETokenizer", "ByteTokenizer", "Tokenizer", "load_tokenizer", "make_tokenizer"]
+__all__ = ["BPETokenizer", "ByteTokenizer", "CharTokenizer", "Tokenizer", "load_tokenizer", "make_tokenizer",
+           "tokenizer_from_json"]
 
 KINDS = ("byte", "bpe")
 
@@ -37,6 +38,8 @@ class Tokenizer(Protocol):
     def encode_many(self, texts: Sequence[str]) -> list[list[int]]: ...
 
     def decode(self, ids: Sequence[int]) -> str: ...
+
+    def to_json(self) -> str: ...
 
     def save(self, path: str | Path) -> None: ...
 
@@ -60,8 +63,46 @@ class ByteTokenizer:
         # A model may sample a byte sequence that is not UTF-8: shown as U+FFFD, never an error.
         return bytes(ids).decode("utf-8", errors="replace")
 
+    def to_json(self) -> str:
+        return json.dumps({"kind": "byte"})
+
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps({"kind": "byte"}) + "\n")
+        Path(path).write_text(self.to_json() + "\n")
+
+
+class CharTokenizer:
+    """One id per character of a fixed alphabet: dt.models.data's generated text (`dt train` without
+    --data). Text outside the alphabet is refused in one line; it has no ids."""
+
+    kind = "chars"
+
+    def __init__(self, chars: Sequence[str]):
+        self.chars = list(chars)
+        self.stoi = {c: i for i, c in enumerate(self.chars)}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        missing = sorted(set(text) - self.stoi.keys())
+        if missing:
+            raise ValueError(f"characters outside the model's alphabet: {''.join(missing)!r} (it was "
+                             f"trained on generated text of {len(self.chars)} characters: "
+                             f"{''.join(self.chars)!r})")
+        return [self.stoi[c] for c in text]
+
+    def encode_many(self, texts: Sequence[str]) -> list[list[int]]:
+        return [self.encode(t) for t in texts]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "chars", "chars": self.chars})
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json() + "\n")
 
 
 class BPETokenizer:
@@ -101,6 +142,9 @@ class BPETokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
+    def to_json(self) -> str:
+        return self.tokenizer.to_str()
+
     def save(self, path: str | Path) -> None:
         self.tokenizer.save(str(path))
 
@@ -124,15 +168,26 @@ def make_tokenizer(kind: str, files: Sequence[str | Path] = (), vocab_size: int 
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
-    """A tokenizer saved by save(): {"kind": "byte"}, or `tokenizers`' own JSON."""
+    """A tokenizer saved by save(): dt's own kinds, or `tokenizers`' JSON."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        text = Path(path).read_text()
+    except OSError as e:
         raise ValueError(f"{path}: not a saved tokenizer ({e.__class__.__name__}: {e})") from None
+    return tokenizer_from_json(text, str(path))
+
+
+def tokenizer_from_json(text: str, where: str = "tokenizer") -> Tokenizer:
+    """The tokenizer to_json() wrote (a file's text, or a checkpoint's manifest entry)."""
+    try:
+        data = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"{where}: not a saved tokenizer ({e.__class__.__name__}: {e})") from None
     if not isinstance(data, dict):
-        raise ValueError(f"{path}: not a saved tokenizer (a JSON {type(data).__name__}, not an object)")
+        raise ValueError(f"{where}: not a saved tokenizer (a JSON {type(data).__name__}, not an object)")
     if data.get("kind") == "byte":
         return ByteTokenizer()
+    if data.get("kind") == "chars" and isinstance(data.get("chars"), list):
+        return CharTokenizer(data["chars"])
     if "model" not in data:
-        raise ValueError(f"{path}: not a saved tokenizer (neither dt's byte tokenizer nor `tokenizers` JSON)")
-    return BPETokenizer(_tokenizers().Tokenizer.from_str(json.dumps(data)))
+        raise ValueError(f"{where}: not a saved tokenizer (neither one of dt's kinds nor `tokenizers` JSON)")
+    return BPETokenizer(_tokenizers().Tokenizer.from_str(text))

@@ -1,0 +1,154 @@
+"""`dt train --metrics FILE`: one JSON line per step; `--plot PNG`: the loss curve drawn from them.
+
+    {"step": 12, "loss": 2.31, "lr": 0.0029, "grad_norm": 0.84, "tokens_per_s": 5120.0,
+     "mfu": 0.0123, "time": {"compute": 0.041, "communication": 0.012, "bubble": 0.0}}
+    {"step": 20, ..., "val_loss": 2.40}          # on the steps validation ran (--eval-every)
+
+`step` counts steps done (1 after the first); `time` is the step's seconds by
+part (dt.train.loop's split), `tokens_per_s` the global batch's tokens over the
+step's wall time. A resumed run appends to the file: the steps continue. Only
+rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
+
+MFU = model FLOPs per token (dt.cost.flops.train_flops_per_token: forward and
+backward, no recompute) x tokens/s / peak FLOP/s of the whole world (one device's
+peak x the devices). What the peak is, and where it came from, is the run's to say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from dt.cost.compute_rate import matmul_rate
+from dt.cost.flops import train_flops_per_token
+from dt.device import clock
+
+__all__ = ["MetricsLog", "curve_records", "job_peak_flops", "measure_matmul_flops", "mfu",
+           "model_flops_per_token", "plot_loss", "read_metrics"]
+
+
+def model_flops_per_token(cfg: Any) -> float | None:
+    """Forward + backward FLOPs per token of the model `cfg` describes (dt.cost.flops: the one formula)."""
+    try:
+        return train_flops_per_token(cfg)
+    except (AttributeError, TypeError):  # a config the formula cannot read: no MFU, rather than a wrong one
+        return None
+
+
+def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                         n: int = 512, seconds: float = 0.3) -> float:
+    """This process's sustained FLOP/s on an n x n matmul (its threads, as it runs now): MFU's peak on
+    a CPU, where no datasheet figure applies to a shared, hyper-threaded, throttled box."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    torch.mm(a, b)  # warm: threads started, kernels chosen
+    done, t0 = 0, clock(torch.device(device))
+    while True:
+        torch.mm(a, b)
+        done += 1
+        elapsed = clock(torch.device(device)) - t0
+        if elapsed >= seconds:
+            return 2 * n ** 3 * done / elapsed
+
+
+def job_peak_flops(per_device: float | None, world: int, device: str, dtype: torch.dtype,
+                   shape: tuple[int, int, int] = (2048, 512, 2048)) -> tuple[float, str]:
+    """MFU's denominator for a run of `world` processes, and where it came from.
+
+    Given per device (--peak-flops, a datasheet's figure): that x world. On the CPU,
+    the host's sustained rate (the ranks share its cores): `dt tune`'s measured matmul
+    rate at the nearest shape to `shape` (the model's MLP product: tokens x n_embd x
+    4 n_embd) on all this process's threads, when it was tuned (dt.cost.compute_rate);
+    else a float32 512^2 matmul measured here. On a GPU, one device's measured matmul x world.
+    """
+    if per_device is not None:
+        return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
+    if device == "cuda":
+        rate = measure_matmul_flops("cuda", dtype, n=4096)
+        return rate * world, f"a {dtype} 4096^2 matmul measured at start, {rate / 1e12:.1f} TFLOP/s x {world}"
+    threads = torch.get_num_threads()
+    tuned = matmul_rate(*shape, threads=threads, dtype="float32")
+    if tuned:
+        return tuned, (f"dt tune's float32 matmul rate near {shape[0]}x{shape[1]}x{shape[2]} on {threads} "
+                       f"threads (the host's ranks share them): {tuned / 1e9:.1f} GFLOP/s")
+    rate = measure_matmul_flops("cpu", torch.float32)
+    return rate, (f"a float32 512^2 matmul measured at start on {threads} threads "
+                  f"(the host's ranks share them; dt tune not run): {rate / 1e9:.1f} GFLOP/s")
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:
+    """The fraction of the peak the model's own arithmetic used."""
+    return flops_per_token * tokens_per_s / peak_flops if peak_flops > 0 else math.nan
+
+
+class MetricsLog:
+    """Appends one JSON object per record to `path` (None: keeps them in memory only)."""
+
+    def __init__(self, path: str | Path | None):
+        self.records: list[dict[str, Any]] = []
+        self.file: IO[str] | None = open(path, "a") if path else None
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.records.append(record)
+        if self.file is not None:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a metrics file; ValueError naming the line that is not one."""
+    out = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                raise ValueError(f"{path}:{n}: not a JSON line") from None
+            if not isinstance(rec, dict) or "step" not in rec or "loss" not in rec:
+                raise ValueError(f"{path}:{n}: not a dt train metrics record (no step and loss)")
+            out.append(rec)
+    return out
+
+
+def curve_records(records: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, the last written (a run resumed from a checkpoint redoes the steps
+    after it: their second records are the ones the checkpoints continue from), in step order."""
+    return sorted({r["step"]: r for r in records}.values(), key=lambda r: r["step"])
+
+
+def plot_loss(records: Sequence[dict[str, Any]], png: str | Path, title: str = "dt train") -> None:
+    """Training loss per step and validation loss where measured, saved as a PNG (headless)."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ValueError("--plot needs matplotlib (pip install matplotlib); --metrics does not") from None
+    matplotlib.use("Agg")  # no display: a file, never a window
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), dpi=100)
+    try:
+        ax.plot([r["step"] for r in records], [r["loss"] for r in records], lw=1, label="train")
+        val = [r for r in records if r.get("val_loss") is not None]
+        if val:
+            ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", ms=3, label="validation")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss (nats per token)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(png)
+    finally:
+        plt.close(fig)
