@@ -25,34 +25,64 @@ LOADSTORE = {"all_reduce": ("one_shot", "two_shot"), "reduce_scatter": ("one_sho
 
 def group_hosts(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, ...]:
     """Host index of each rank, renumbered 0, 1, ... in order of first appearance (dt.hosts')."""
-    seen: dict[int, int] = {}
-    return tuple(seen.setdefault(cluster.host_of(r), len(seen)) for r in ranks)
+    return _hosts(cluster.per_host, ranks)
 
 
 @functools.lru_cache(maxsize=65536)
-def _priced(collective: str, nbytes: int, itemsize: int, hosts: tuple[int, ...], levels: Levels,
-            shared_memory: bool) -> float:
+def _hosts(per_host: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
+    seen: dict[int, int] = {}
+    return tuple(seen.setdefault(r // per_host, len(seen)) for r in ranks)
+
+
+def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: tuple[int, ...],
+           levels: Levels) -> float:
     p = len(hosts)
-    if p < 2 or nbytes <= 0:
-        return 0.0
     if max(hosts) == 0:  # one host
         m = levels.intra
-        algos = ONE_HOST[collective] + (LOADSTORE[collective] if shared_memory else ())
-        return min(estimate(collective, a, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma).total
-                   for a in algos)
+        return estimate(collective, algorithm, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma).total
     if collective == "all_to_all":  # every rank sends (p-1)/p of its bytes, most of it across
         m = levels.inter
         return estimate("all_to_all", "pairwise", nbytes, p, alpha=m.alpha, beta=m.beta).total
     numels = nbytes // itemsize
-    if collective != "all_reduce":
-        numels = [numels // p] * p  # every rank's block
-    return min(two_level(collective, a, numels, itemsize, hosts, levels).total for a in LEVELED[collective])
+    return two_level(collective, algorithm, numels if collective == "all_reduce" else [numels // p] * p,
+                     itemsize, hosts, levels).total
+
+
+PROBE = (1 << 20, 1 << 26)  # bytes at which each algorithm's line is measured off the model
+
+
+@functools.lru_cache(maxsize=4096)
+def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Levels,
+           shared_memory: bool) -> list[tuple[float, float]]:
+    """(seconds at 0 bytes, seconds per byte) of each candidate algorithm on these hosts.
+
+    Every model here is a sum over steps of alpha + bytes x beta (+ reduced x gamma):
+    affine in the buffer's bytes, so two evaluations give the line exactly (up to the
+    integer split of chunks); the planner prices thousands of layouts with two calls
+    per algorithm and host pattern instead of one message schedule per call.
+    """
+    p = len(hosts)
+    n = p * itemsize * max(1, PROBE[0] // (p * itemsize))
+    big = p * itemsize * max(1, PROBE[1] // (p * itemsize))
+    if max(hosts) == 0:
+        algos = ONE_HOST[collective] + (LOADSTORE[collective] if shared_memory else ())
+    else:
+        algos = ("pairwise",) if collective == "all_to_all" else LEVELED[collective]
+    out = []
+    for a in algos:
+        t1, t2 = (_exact(collective, a, x, itemsize, hosts, levels) for x in (n, big))
+        slope = (t2 - t1) / (big - n)
+        out.append((t1 - slope * n, slope))
+    return out
 
 
 def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...]) -> float:
     """Seconds of one call moving `nbytes` (the buffer; all_gather: the gathered whole) on `ranks`."""
-    return _priced(collective, int(nbytes), cluster.itemsize, group_hosts(cluster, ranks), cluster.levels,
+    if len(ranks) < 2 or nbytes <= 0:
+        return 0.0
+    lines = _lines(collective, cluster.itemsize, group_hosts(cluster, ranks), cluster.levels,
                    cluster.shared_memory)
+    return min(a + b * nbytes for a, b in lines)  # the algorithm the model prices lowest, as auto picks
 
 
 def send_seconds(cluster: Cluster, nbytes: float, a: int, b: int) -> float:

@@ -34,7 +34,7 @@ from dt.plan.model import ModelShape
 __all__ = ["Shard", "block_flops", "head_flops", "layer_seconds"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _shard_shape(model: ModelShape, tp: int) -> tuple[int, int, int]:
     return model.n_embd, model.n_head // tp, model.hidden // tp
 
@@ -85,7 +85,7 @@ def _time(fn, reps: int = 5) -> float:
     return sorted(samples)[len(samples) // 2]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, threads: int,
               dtype: str) -> float:
     """Seconds of forward + backward of one layer of this shard, timed here (median of 5)."""
@@ -113,6 +113,8 @@ def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int
     flops = block_flops(model, b, t, keys, tp) if kind == "block" else head_flops(model, b, t, tp)
     if cluster.flops > 0:
         return flops / cluster.flops, 2 * flops / cluster.flops
-    threads = max(1, (os.cpu_count() or 1) // world)
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // world)
     total = _measured(kind, model, b, t, keys, tp, threads, {4: "float32", 8: "float64"}[cluster.itemsize])
+    total *= max(1.0, world * threads / cores)  # more ranks than cores: they take turns on them
     return total / 3, 2 * total / 3  # the forward : backward split of the FLOPs, 1 : 2

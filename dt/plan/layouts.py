@@ -2,8 +2,8 @@
 
 The sizes dp x cp x tp x pp multiply to the world (ep divides dp x cp), and
 each is crossed with a ZeRO stage (0, 1), a schedule (1f1b, gpipe,
-interleaved with 2 .. 4 chunks), micro-batch counts (1, pp, 2pp, 4pp and
-the per-rank batch, as the per-rank batch allows), ring or Ulysses
+interleaved with 1, 2 or 4 chunks), micro-batch counts (1, pp, 2pp, 4pp and
+the per-rank batch up to 8pp, as the per-rank batch allows), ring or Ulysses
 attention when cp > 1, and tp inside or across hosts when there are hosts.
 What runs is decided by dt.train.layouts.layout_error, dt train's own rule:
 the planner never invents a layout dt train would refuse.
@@ -83,7 +83,10 @@ def _meshes(world: int, experts: int) -> Iterator[tuple[int, int, int, int, int]
 
 
 def _micro_counts(pp: int, per_rank: int) -> list[int]:
-    return sorted({m for m in (1, pp, 2 * pp, 4 * pp, per_rank) if 1 <= m <= per_rank})
+    """1, pp, 2pp, 4pp and the whole per-rank batch when it is no more than 8pp: past that the
+    bubble is a few percent and each micro-batch only smaller."""
+    return sorted({m for m in (1, pp, 2 * pp, 4 * pp, per_rank if per_rank <= 8 * pp else 1)
+                   if 1 <= m <= per_rank})
 
 
 def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
@@ -92,7 +95,8 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
     placements = (False, True) if hosts > 1 else (False,)
     for dp, tp, pp, cp, ep in _meshes(world, experts):
         per_rank = max(1, batch // dp)
-        schedules = [("1f1b", 1)] + ([("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else [])
+        piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
+        schedules = [("1f1b", 1), *piped]
         for zero in (0, 1) if dp > 1 else (0,):
             for schedule, virtual in schedules:
                 for m in _micro_counts(pp, per_rank) if pp > 1 else [1]:

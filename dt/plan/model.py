@@ -34,7 +34,8 @@ class ModelShape:
         """Weights of one block (biases and norms included), unsharded; an MoE block's every expert."""
         c, f = self.n_embd, self.hidden
         mlp = (3 if self.gated else 2) * c * f + f + c
-        return 4 * c * c + 4 * c + 4 * c + mlp * max(1, self.experts) + (c * self.experts if self.experts else 0)
+        router = c * self.experts if self.experts else 0
+        return 4 * c * c + 4 * c + 4 * c + mlp * max(1, self.experts) + router
 
     def params(self, seq: int) -> int:
         """Every weight of the model, unsharded (the tied head counted once)."""

@@ -17,9 +17,14 @@ import functools
 
 from dt.parallel.pipeline.schedules import schedule
 
-__all__ = ["Played", "play"]
+__all__ = ["Played", "play", "stash"]
 
 Played = tuple[list[list[tuple[str, int, int, float, float]]], list[int]]
+
+
+@functools.lru_cache(maxsize=1024)
+def _orders(name: str, p: int, m: int, v: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    return tuple(tuple(schedule(name, p, s, m, v)) for s in range(p))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -29,8 +34,9 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
 
     fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s.
     """
-    orders = [schedule(name, p, s, m, v) for s in range(p)]
+    orders = _orders(name, p, m, v)
     done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
+    fs, bs = fwd, bwd
     free = [0.0] * p
     nxt = [0] * p
     out: list[list[tuple[str, int, int, float, float]]] = [[] for _ in range(p)]
@@ -48,8 +54,8 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
                     dep, hop = (("B", pos + 1, i), send) if pos < last else (("F", pos, i), 0.0)
                 if dep is not None and dep not in done:
                     break
-                start = max(free[s], done[dep] + hop if dep is not None else 0.0)
-                end = start + (fwd[s] if kind == "F" else bwd[s])
+                start = max(free[s], done[dep] + hop) if dep is not None else free[s]
+                end = start + (fs[s] if kind == "F" else bs[s])
                 done[(kind, pos, i)] = free[s] = end
                 out[s].append((kind, c, i, start, end))
                 nxt[s] += 1
@@ -57,11 +63,18 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
                 progressed = True
         if not progressed:
             raise RuntimeError(f"schedule {name} p={p} m={m} v={v} deadlocks")  # the schedules never do
+    return out, stash(name, p, m, v)
+
+
+@functools.lru_cache(maxsize=4096)
+def stash(name: str, p: int, m: int, v: int) -> list[int]:
+    """Per stage, the most forwards held without their backward at once: a property of the order
+    alone (a stage runs its actions in order, whatever their durations)."""
     peaks = []
-    for acts in out:
+    for order in _orders(name, p, m, v):
         held = peak = 0
-        for kind, *_ in acts:
+        for kind, _, _ in order:
             held += 1 if kind == "F" else -1
             peak = max(peak, held)
         peaks.append(peak)
-    return out, peaks
+    return peaks

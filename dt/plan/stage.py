@@ -21,8 +21,10 @@ vocabulary-parallel cross-entropy's three small all-reduces on tp.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
+from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
@@ -30,7 +32,33 @@ from dt.plan.compute import layer_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["Groups", "StageWork", "stage_tensors", "stage_work"]
+__all__ = ["BUCKET_CAP", "Groups", "StageWork", "bucket_bytes", "stage_tensors", "stage_work"]
+
+BUCKET_CAP = 25 * MB  # all_reduce_buckets' default cap (its first bucket the same)
+
+
+class _Sized:
+    """A tensor's size for make_buckets (numel, element_size, dtype), without the tensor."""
+
+    def __init__(self, numel: int, itemsize: int):
+        self._n, self._i, self.dtype = numel, itemsize, itemsize
+
+    def numel(self) -> int:
+        return self._n
+
+    def element_size(self) -> int:
+        return self._i
+
+
+def bucket_bytes(dense: list[int], itemsize: int) -> list[int]:
+    """Bytes of each gradient bucket all_reduce_buckets makes of these tensors (make_buckets' rule)."""
+    return list(_buckets(tuple(dense), itemsize))
+
+
+@functools.lru_cache(maxsize=4096)
+def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(sum(dense[i] for i in idx) * itemsize
+                 for idx in make_buckets([_Sized(n, itemsize) for n in dense], BUCKET_CAP, BUCKET_CAP))
 
 
 @dataclass(frozen=True)
@@ -71,7 +99,8 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     return ln + attn + ln + mlp, 0
 
 
-def stage_tensors(model: ModelShape, lay: Layout, seq: int, stage: int) -> tuple[list[int], int, int, bool, bool]:
+def stage_tensors(model: ModelShape, lay: Layout, seq: int,
+                  stage: int) -> tuple[list[int], int, int, bool, bool]:
     """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
     n = model.n_layer + 2
     layers = [i for r in stage_layers(n, lay.pp, stage, None, lay.virtual) for i in r]
@@ -122,7 +151,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     routed = b * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
     rec = bf * blocks if lay.recompute else 0.0
-    fwd = {"compute": bf * blocks + hf, "tp": 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0),
+    tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
+    fwd = {"compute": bf * blocks + hf, "tp": tp_fwd,
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
     bwd = {"compute": bb * blocks + hb + rec, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks}

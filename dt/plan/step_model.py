@@ -22,25 +22,20 @@ loss), bubble (idle). The spans of each rank tile [0, step] exactly.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.mesh import layout as mesh_groups
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.pipeline import play
-from dt.plan.stage import Groups, StageWork, stage_work
+from dt.plan.stage import Groups, StageWork, bucket_bytes, stage_work
 
-__all__ = ["ADAM_BYTES_PER_NUMBER", "Prediction", "Span", "predict"]
+__all__ = ["KINDS", "Prediction", "Span", "predict"]
 
-# Adam's pass reads parameter, gradient and both moments and writes parameter and
-# both moments: 7 numbers of memory traffic per parameter.
-ADAM_NUMBERS = 7
-ADAM_BYTES_PER_NUMBER = ADAM_NUMBERS
-BUCKET_CAP = 25 * MB  # all_reduce_buckets' default cap (first bucket the same)
 KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "tied", "loss", "bubble")
 
 
@@ -62,35 +57,29 @@ class Prediction:
     stash: list[int] = field(default_factory=list)  # peak in-flight micro-batches per stage
 
 
-def _groups(lay: Layout, stage: int) -> Groups:
-    g = mesh_groups(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.tp_across)
-    pick = lambda kind: next(x for x in g[kind] if any(_stage_of(lay, r) == stage for r in x))  # noqa: E731
-    return Groups(pick("tp"), pick("cp"), pick("ep"), pick("dp_cp"), pick("edp"), g["pp"][0], g["embed"][0])
+def _groups(lay: Layout) -> list[Groups]:
+    """Per stage, one group of each kind its ranks belong to (the first such: a stage's groups of
+    one kind sit alike on the hosts, the mesh numbering being regular)."""
+    return _mesh_groups(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.tp_across)
 
 
-def _stage_of(lay: Layout, rank: int) -> int:
-    g = mesh_groups(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.tp_across)["pp"]
-    return next(pp.index(rank) for pp in g if rank in pp)
-
-
-class _Sized:
-    """A tensor's size for make_buckets (numel, element_size, dtype), without the tensor."""
-
-    def __init__(self, numel: int, itemsize: int):
-        self._n, self._i, self.dtype = numel, itemsize, itemsize
-
-    def numel(self) -> int:
-        return self._n
-
-    def element_size(self) -> int:
-        return self._i
+@functools.lru_cache(maxsize=1024)
+def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> list[Groups]:
+    lay = Layout(dp, tp, pp, cp, ep, tp_across=across)
+    g = mesh_groups(dp, tp, pp, cp, ep, across)
+    stage = {r: s for pp in g["pp"] for s, r in enumerate(pp)}
+    first = {kind: {} for kind in g}
+    for kind, groups in g.items():
+        for x in groups:
+            first[kind].setdefault(stage[x[0]], x)
+    return [Groups(first["tp"][s], first["cp"][s], first["ep"][s], first["dp_cp"][s], first["edp"][s],
+                   g["pp"][0], g["embed"][0]) for s in range(lay.pp)]
 
 
 def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, t0: float) -> list[Span]:
     """The gradient sync after the pipeline: bucketed all-reduces, or ZeRO-1's reduce-scatter + all-gather."""
     spans, t = [], t0
     item = c.itemsize
-    sized = [_Sized(n, item) for n in w.dense]
     if lay.zero:
         total = sum(w.dense) * item
         for kind, op in (("dp", "reduce_scatter"), ("dp", "all_gather")):
@@ -98,8 +87,8 @@ def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, t0: float) -> 
             spans.append(Span(kind, t, t + d, f"ZeRO-1 {op.replace('_', '-')}"))
             t += d
         return spans
-    for i, idx in enumerate(make_buckets(sized, BUCKET_CAP, BUCKET_CAP) if len(g.dp_cp) > 1 else []):
-        d = collective_seconds(c, "all_reduce", sum(w.dense[j] for j in idx) * item, g.dp_cp)
+    for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else []):
+        d = collective_seconds(c, "all_reduce", nbytes, g.dp_cp)
         spans.append(Span("dp", t, t + d, f"bucket {i} all-reduce"))
         t += d
     if w.experts and len(g.edp) > 1:
@@ -108,9 +97,23 @@ def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, t0: float) -> 
     return spans
 
 
-def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> Prediction:
-    """The step of `lay` on `c`: each stage's first rank's timeline, the parts, the bytes per level."""
-    groups = [_groups(lay, s) for s in range(lay.pp)]
+def _action_spans(acts: list[tuple[str, int, int, float, float]], w: StageWork, v: int) -> list[Span]:
+    """A stage's pipeline actions as spans: each one's compute, then its blocking messages by kind."""
+    spans = []
+    for kind, chunk, i, start, _ in acts:
+        t = start
+        for k, sec in (w.fwd if kind == "F" else w.bwd).items():
+            if sec > 0:
+                spans.append(Span(k, t, t + sec / v, f"{kind} chunk {chunk} micro-batch {i}"))
+                t += sec / v
+    return spans
+
+
+def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
+            timelines: bool = False) -> Prediction:
+    """The step of `lay` on `c`: its parts and bytes per level; with `timelines`, one rank's spans
+    per pipeline stage (the other ranks of a stage do the same work at the same times)."""
+    groups = _groups(lay)
     works = [stage_work(c, model, lay, groups[s], batch, seq, s) for s in range(lay.pp)]
     b = batch // lay.dp // lay.micro_batches
     act = b * (seq // lay.cp) * model.n_embd * c.itemsize
@@ -118,44 +121,38 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) ->
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
     bwd = tuple(sum(w.bwd.values()) / lay.virtual for w in works)
     played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send)
-    no_send = max(a[-1][4] for a in play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, 0.0)[0])
-    pp_exposed = max(a[-1][4] for a in played) - no_send
-    timelines: dict[int, list[Span]] = {}
-    ends = []
-    for s, acts in enumerate(played):
-        spans: list[Span] = []
-        w = works[s]
-        for kind, chunk, i, start, _ in acts:
-            t = start
-            for k, sec in (w.fwd if kind == "F" else w.bwd).items():
-                if sec > 0:
-                    spans.append(Span(k, t, t + sec / lay.virtual, f"{kind} chunk {chunk} micro-batch {i}"))
-                    t += sec / lay.virtual
-        spans += _sync_spans(c, lay, w, groups[s], acts[-1][4])
-        ends.append(spans[-1].end if spans else 0.0)
-        timelines[groups[s].pp[s]] = spans
-    t_sync = max(ends)
-    tail = _tail(c, model, lay, works, groups, t_sync)
-    step = t_sync + sum(d for _, d, _ in tail[0]) + max(tail[1])
+    # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
+    # the sends of the steady state overlap other stages' work.
+    pp_exposed = 2 * (lay.pp * lay.virtual - 1) * send if lay.pp > 1 else 0.0
+    syncs = [_sync_spans(c, lay, works[s], groups[s], played[s][-1][4]) for s in range(lay.pp)]
+    t_sync = max(sp[-1].end if sp else acts[-1][4] for sp, acts in zip(syncs, played))
+    tail, adam = _tail(c, model, lay, works, groups)
+    step = t_sync + sum(d for _, d, _ in tail) + max(adam)
     parts = {k: 0.0 for k in KINDS}
-    for s, (rank, spans) in enumerate(timelines.items()):
+    lines: dict[int, list[Span]] = {}
+    for s, w in enumerate(works):
+        for k in w.fwd:
+            parts[k] += lay.micro_batches * (w.fwd[k] + w.bwd[k]) / lay.pp
+        spans = _action_spans(played[s], w, lay.virtual) if timelines else []
+        spans += syncs[s]
         t = t_sync
-        for kind, d, label in tail[0]:
+        for kind, d, label in tail:
             spans.append(Span(kind, t, t + d, label))
             t += d
-        opt = tail[1][s]
-        spans.append(Span("compute", step - opt, step, "Adam"))  # the wait lines up, then Adam
-        for sp in spans:
+        spans.append(Span("compute", step - adam[s], step, "Adam"))  # the wait lines up, then Adam
+        for sp in spans[-(len(syncs[s]) + len(tail) + 1):]:
             parts[sp.kind] += (sp.end - sp.start) / lay.pp
+        if timelines:
+            lines[groups[s].pp[s]] = spans
     busy = sum(parts.values())
     parts["pp"] = min(pp_exposed, max(0.0, step - busy))
     parts["bubble"] = max(0.0, step - busy - parts["pp"])
     levels = _bytes_per_level(c, lay, works[0], groups[0], b, seq, model)
-    return Prediction(lay, step, parts, timelines, levels, stash)
+    return Prediction(lay, step, parts, lines, levels, stash)
 
 
-def _tail(c: Cluster, model: ModelShape, lay: Layout, works: list[StageWork], groups: list[Groups],
-          t0: float) -> tuple[list[tuple[str, float, str]], list[float]]:
+def _tail(c: Cluster, model: ModelShape, lay: Layout, works: list[StageWork],
+          groups: list[Groups]) -> tuple[list[tuple[str, float, str]], list[float]]:
     """(the collectives every stage waits on after the sync, each stage's Adam seconds)."""
     item = c.itemsize
     tail = []
@@ -169,6 +166,7 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout, works: list[StageWork], gr
     for w in works:
         numbers = sum(w.dense) + w.experts
         moments = numbers / lay.dp if lay.zero else numbers
+        # Adam reads weight, gradient and both moments and writes weight and moments
         opt.append((3 * numbers + 4 * moments) * item / c.mem_bw)
     return tail, opt
 
