@@ -23,7 +23,7 @@ PACKAGE = ROOT / "dt"
 LAYERS = [
     ("dt.layout", "dt.hosts", "dt.units", "dt.args"),  # index arithmetic, units, what people type: no torch
     ("dt.cost",),  # what things cost, as arithmetic; the saved machine figures
-    ("dt.device",),  # one device per rank; timing that is true on a GPU
+    ("dt.device", "dt.device_memory"),  # one device per rank; timing and live bytes true on a GPU
     ("dt.transport",),  # the wire
     ("dt.launcher",),  # processes and process groups
     ("dt.collectives",),  # every collective, from the wire
@@ -31,6 +31,7 @@ LAYERS = [
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
     ("dt.models",),
     ("dt.train",),
+    ("dt.plan",),  # `dt plan`: the whole-step model, on the trainer's rules
     ("dt.bench",),
     ("dt.learn",),  # exercises, the judge, the quiz: on top of everything they teach
     ("dt.tools", "dt.__main__"),

@@ -10,6 +10,9 @@
                 winners (`dt tune` saves them)
 - moe.py        a mixture-of-experts layer's two all-to-alls (expert parallel)
 - context.py    Ulysses' all-to-alls and ring attention's passes (context parallel)
+- flops.py      FLOPs of dt's decoders per layer and kind: forward, backward, recompute, splits
+- activations.py  bytes autograd keeps per layer (tp, sp, cp, recompute), to the byte of dt's layers
+- devices.py    the catalogue: A100, H100, H200 peak FLOP/s, HBM, NVLink, NIC, each with its source
 
 Everything is importable from here: `from dt import cost; cost.ring_all_reduce(...)`.
 The shard and schedule arithmetic the counts are built on lives in dt.layout.
@@ -29,3 +32,13 @@ __all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "
            "Estimate", "Levels", "Machine", "TwoLevelEstimate", "level_bytes", "schedule", "two_level",
            "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
            "moe_layer_traffic", "ring_attention_traffic", "ulysses_traffic"]
+
+from dt.cost.flops import Decoder, StepFlops, layer_forward, step_flops, train_flops_per_token  # noqa: E402
+
+__all__ += ["Decoder", "StepFlops", "layer_forward", "step_flops", "train_flops_per_token"]
+from dt.cost.activations import layer_activation_bytes, stage_activation_bytes  # noqa: E402
+
+__all__ += ["layer_activation_bytes", "stage_activation_bytes"]
+from dt.cost.devices import DEVICES, Device, device  # noqa: E402
+
+__all__ += ["DEVICES", "Device", "device"]

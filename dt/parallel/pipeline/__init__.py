@@ -39,6 +39,7 @@ and puts the shape headers on groups of their own (see there).
 - schedules.py  the arithmetic of who does what when: partition, schedule, bubble_fraction
 - runtime.py    Pipeline (one stage running its schedule) and stage_module
 - p2p.py        the point-to-point of activations and gradients, with a shape header
+- stash.py      peak_stash: how many micro-batches' activations a stage holds, from the schedule
 """
 
 from dt.parallel.pipeline.p2p import header_groups
@@ -50,6 +51,8 @@ from dt.parallel.pipeline.schedules import (
     schedule,
     stage_layers,
 )
+from dt.parallel.pipeline.stash import peak_stash, peak_stash_bytes, stash_profile
 
 __all__ = ["Pipeline", "PipelineStepStats", "bubble_fraction", "header_groups", "neighbour",
-           "partition", "schedule", "stage_layers", "stage_module"]
+           "partition", "peak_stash", "peak_stash_bytes", "schedule", "stage_layers", "stage_module",
+           "stash_profile"]

@@ -1,0 +1,151 @@
+"""Activation memory: the bytes autograd keeps per layer of dt's decoders until their backward.
+
+    per = layer_activation_bytes(arch, layer=1, sequences=4, itemsize=2, tp=2)   # one block
+    stage = stage_activation_bytes(arch, range(0, 5), sequences=4, itemsize=2)  # one micro-batch
+
+Derived from what dt's layers save (each term below was read off a saved_tensors_hooks
+measurement of the layer, dt/device_memory.py's saved_bytes, and is tested against it to
+the byte): s tokens, b sequences, h hidden, a heads, f MLP hidden, V vocabulary, e the
+activation itemsize, t = tp.
+
+Korthikanti et al. 2022 count s b h (34 + 5 a s / h) bytes for a 16-bit GPT block. dt's
+block (dt/models/gpt.py's, what `dt train` runs: dt.parallel.tensor's attention, written out)
+saves, in elements of e bytes:
+    the two norms' inputs 2 sbh, their outputs (the qkv and MLP inputs) 2 sbh,
+    q, k^T and v 3 sbh, the softmax a s^2 b, the attention output 1 sbh,
+    GELU's input and output 2 x 4 sbh                           -> 16 sbh + a s^2 b
+plus the causal mask (s^2 bools) and the norms' mean and rstd (4 b s, in the activation
+dtype on the CPU; CUDA keeps them in float32: stats_bytes=4). At e = 2 that is Korthikanti's
+34 sbh + 5 a s^2 b less what dt does not run: no dropout (its two sbh masks, 1 byte each,
+and the softmax's mask and output, 3 a s^2 b bytes).
+
+Tensor parallel (t > 1): everything inside attention and the MLP divides by t (whole
+heads, a slice of f); the norms' inputs and outputs are replicated, 4 e sbh per rank,
+as Korthikanti's 10 sbh (at e = 2 less the dropout masks). Sequence parallel divides those
+by t as well (Korthikanti's rule; dt's trainer does not run it, so it is not measured).
+
+Context parallel (cp > 1): a rank holds s / cp tokens, and dt.parallel.context's ring
+attention and Ulysses work block-wise, as a fused kernel: they keep q, k, v, the output and
+its log-sum-exp (in the activation dtype: e a b s / cp bytes), never s^2 scores, and the output projection's
+input is a copy of the output: 17 e s b h / cp in all.
+
+The plain models (dt/models/nanogpt.py, llama.py; attention="sdpa") use torch's fused
+kernel: qkv is one storage the kernel keeps, its output is the projection's input: GPT's
+block keeps 16 e sbh + 4 a b s (log-sum-exp) + the norms' stats. Llama's RMSNorm computes
+in at least float32 (w = max(e, 4) bytes: the input's wide copy, its rsqrt per token), and
+keeps its normed and weighted outputs (2 e sbh); attention keeps q, k, v (k and v repeated
+to every head) and the output (4 e sbh) plus the log-sum-exp; SwiGLU keeps gate, silu,
+up and their product (4 e s b f).
+
+Recompute: "full" keeps only each block's input (e sbh, / t with sequence parallel); its
+activations come back, one block at a time, in its backward: recompute_peak_bytes is that
+one block's. "selective" (Korthikanti) drops the s^2 terms (softmax and mask) and keeps
+the rest.
+
+The embedding keeps the token ids (int64) and, vocab-parallel, the mask of ids outside the
+rank's slice (bool), and the positions (int64); the head keeps ln_f's input and output, the
+softmax of its vocabulary slice (ParallelGPT: in the activation dtype; the plain models'
+loss upcasts: max(e, 4) bytes), the targets (int64) and their outside-the-slice mask.
+
+Mixture of experts is not covered here (router and dispatch buffers depend on the
+routing): asking for it raises.
+"""
+
+from __future__ import annotations
+
+from dt.cost.flops import Decoder
+
+__all__ = ["ATTENTION", "block_activation_bytes", "layer_activation_bytes", "recompute_peak_bytes",
+           "stage_activation_bytes"]
+
+ATTENTION = ("dt", "sdpa")  # dt.parallel's attention (dt train), torch's fused kernel (plain models)
+INDEX_BYTES = 8  # int64 token ids, positions and targets
+RECOMPUTE = ("none", "selective", "full")
+
+
+def _check(a: Decoder, attention: str, recompute: str) -> None:
+    if attention not in ATTENTION:
+        raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
+    if recompute not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
+    if a.n_experts:
+        raise ValueError("activation bytes of a mixture-of-experts block are not modelled "
+                         "(they depend on the routing): n_experts must be 0")
+
+
+def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
+                           sequence_parallel: bool = False, attention: str = "dt",
+                           stats_bytes: int | None = None) -> dict[str, float]:
+    """Bytes one block keeps for backward on one rank, by part, with no recompute."""
+    _check(a, attention, "none")
+    e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
+    lse = max(e, 4)  # the log-sum-exp: float32, or the activations' dtype when wider
+    s = a.seq_len / cp
+    sbh, bs = s * sequences * a.n_embd, s * sequences
+    rep = t if sequence_parallel else 1  # what tp alone replicates, sp splits
+    if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU
+        w = max(e, 4)
+        return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep, "matmul_inputs": 2 * e * sbh / rep,
+                "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t,
+                "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
+    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / rep}
+    mlp = 2 * e * s * sequences * a.ffn_hidden / t
+    if attention == "sdpa":  # one qkv storage, the output (the projection's input), log-sum-exp
+        return {**norms, "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t, "mlp": mlp}
+    if cp > 1:  # block-wise: q, k, v, output, its copy into the projection; log-sum-exp
+        return {**norms, "attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t, "mlp": mlp}
+    scores = e * a.n_head * s * s * sequences / t + s * s  # the softmax, and the causal mask (bool)
+    return {**norms, "attention": 4 * e * sbh / t, "scores": scores, "mlp": mlp}
+
+
+def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
+                           cp: int = 1, sequence_parallel: bool = False, attention: str = "dt",
+                           recompute: str = "none", stats_bytes: int | None = None) -> float:
+    """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
+    backward on one rank, for `sequences` sequences of a.seq_len tokens."""
+    _check(a, attention, recompute)
+    if not 0 <= layer <= a.n_layer + 1:
+        raise ValueError(f"layer {layer} is not one of the model's 0..{a.n_layer + 1}")
+    e, st = itemsize, itemsize if stats_bytes is None else stats_bytes
+    s = a.seq_len / cp
+    bs, sbh = s * sequences, s * sequences * a.n_embd
+    if layer == 0:
+        if attention == "sdpa":  # plain: ids, and GPT's position ids
+            return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else 0)
+        return INDEX_BYTES * bs + bs + INDEX_BYTES * s  # ids, outside-the-slice mask, positions
+    if layer == a.n_layer + 1:
+        return _head_bytes(a, e, st, s, sequences, tp, attention)
+    if recompute == "full":
+        return e * sbh / (tp if sequence_parallel else 1)
+    parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes)
+    if recompute == "selective" and attention == "dt" and cp == 1:
+        parts["scores"] = 0.0
+    return sum(parts.values())
+
+
+def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, attention: str) -> float:
+    bs, sbh = s * sequences, s * sequences * a.n_embd
+    if a.gated:  # final RMSNorm: wide input, rsqrt, normed, weighted
+        w = max(e, 4)
+        norm = w * sbh + w * bs + 2 * e * sbh
+    else:  # ln_f's input, mean and rstd, output
+        norm = 2 * e * sbh + 2 * st * bs
+    if attention == "sdpa":  # the loss's float32 (or wider) log-softmax and weight total, targets
+        return norm + max(e, 4) * (bs * a.vocab_size + 1) + INDEX_BYTES * bs
+    return norm + e * bs * a.vocab_size / tp + INDEX_BYTES * bs + bs  # softmax slice, targets, mask
+
+
+def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
+                         sequence_parallel: bool = False, attention: str = "dt",
+                         stats_bytes: int | None = None) -> float:
+    """What full recompute adds at its peak: one block's activations, rebuilt for its backward."""
+    return sum(block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention,
+                                      stats_bytes).values())
+
+
+def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
+                           cp: int = 1, sequence_parallel: bool = False, attention: str = "dt",
+                           recompute: str = "none", stats_bytes: int | None = None) -> float:
+    """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
+    return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
+                                      recompute, stats_bytes) for i in layers)

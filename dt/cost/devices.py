@@ -1,0 +1,103 @@
+"""A catalogue of the machines you do not have: each figure with where it comes from.
+
+    h100 = device("h100")
+    h100.peak_flops["bf16"]          # 989.4e12 dense FLOP/s (NVIDIA's datasheet, without sparsity)
+    h100.sustained_flops("bf16")     # peak x matmul_efficiency: what the planner prices a GEMM at
+    h100.sources["peak_flops"]       # the datasheet's name and URL
+
+Every figure is dense (NVIDIA's datasheets print the 2:4-sparse figure first, twice the dense
+one; these are the dense ones). Bandwidths are bytes per second one way: NVLink's "900 GB/s"
+is both directions together, 450 GB/s each way. NICs are one per GPU (rail-optimized, as
+DGX/HGX hosts are built): HDR InfiniBand 200 Gb/s = 25 GB/s, NDR 400 Gb/s = 50 GB/s.
+Latencies are NCCL's own model (src/graph/tuning.cc, hwLat, ring / Simple protocol): 3.4 us
+per NVLink hop, 14 us per network hop, plus its baseLat of 8.4 us per collective.
+
+The sustained-efficiency factor is stated, never hidden: the fraction of peak a large GEMM
+sustains. Nothing in this session measured a GPU, so it is set from published end-to-end
+figures, which bound it from below (a whole step also runs the non-matmul ops and waits on
+communication): Megatron-LM's 1T-parameter run sustained 163 TFLOP/s per A100, 52% of the
+312 peak (Narayanan et al., SC21, Table 1); Llama 3 405B sustained 38-43% bf16 MFU on
+H100 (Grattafiori et al. 2024, Table 4). We assume 0.7 of peak for large tf32/bf16/fp16
+GEMMs on every catalogue device: above those end-to-end bounds (a GEMM alone loses none of
+a step's other time), below peak; an assumption, stated as one. fp32 (no tensor cores)
+sustains nearly all of its small peak: 0.9 assumed. Change it in one place:
+Device.matmul_efficiency; on a GPU you have, `dt tune` measures the rate instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["DEVICES", "Device", "device"]
+
+_A100_SHEET = ("NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM column), "
+               "https://www.nvidia.com/content/dam/en-zz/Solutions/Data-Center/a100/pdf/"
+               "nvidia-a100-datasheet-us-nvidia-1758950-r4-web.pdf")
+_H100_SHEET = ("NVIDIA H100 Tensor Core GPU datasheet (H100 SXM column, dense = half the sparse figure), "
+               "https://resources.nvidia.com/en-us-tensor-core/nvidia-tensor-core-gpu-datasheet")
+_H200_SHEET = ("NVIDIA H200 Tensor Core GPU datasheet / product page (H200 SXM column), "
+               "https://www.nvidia.com/en-us/data-center/h200/")
+_NCCL_LATENCY = ("NCCL src/graph/tuning.cc: hwLat ring/Simple NVLink 3.4 us, NET 14 us "
+                 "(https://github.com/NVIDIA/nccl)")
+_HDR = "NVIDIA ConnectX-6 HDR InfiniBand: 200 Gb/s per port, https://www.nvidia.com/en-us/networking/infiniband-adapters/"
+_NDR = "NVIDIA ConnectX-7 NDR InfiniBand: 400 Gb/s per port, https://www.nvidia.com/en-us/networking/infiniband-adapters/"
+_EFFICIENCY = ("assumed, not measured: 0.7 of peak for large tf32/bf16/fp16 GEMMs, 0.9 for fp32; "
+               "published end-to-end runs bound it below: 52% on A100 (Narayanan et al. 2021, Table 1), "
+               "38-43% bf16 MFU on H100 (Llama 3, arXiv 2407.21783, Table 4)")
+
+TERA, GIGA = 1e12, 1e9
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator and the links a host of them has; every figure dense, bytes per second one way."""
+
+    name: str
+    peak_flops: dict[str, float]  # dtype -> dense FLOP/s: fp32, tf32, bf16, fp16
+    hbm_bytes: float
+    hbm_bandwidth: float
+    nvlink_bandwidth: float  # one way, per GPU
+    nvlink_latency: float  # seconds per hop
+    nic_bandwidth: float  # one way, one NIC per GPU
+    nic_latency: float
+    gpus_per_host: int = 8
+    matmul_efficiency: dict[str, float] = field(default_factory=lambda: {
+        "fp32": 0.9, "tf32": 0.7, "bf16": 0.7, "fp16": 0.7})
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def sustained_flops(self, dtype: str) -> float:
+        """What a large GEMM of `dtype` sustains: peak x the stated efficiency."""
+        if dtype not in self.peak_flops:
+            raise ValueError(f"{self.name} has no figure for dtype {dtype!r}: one of "
+                             f"{', '.join(self.peak_flops)}")
+        return self.peak_flops[dtype] * self.matmul_efficiency[dtype]
+
+
+def _sources(sheet: str, nic: str) -> dict[str, str]:
+    return {"peak_flops": sheet, "hbm": sheet, "nvlink_bandwidth": sheet, "nvlink_latency": _NCCL_LATENCY,
+            "nic_bandwidth": nic, "nic_latency": _NCCL_LATENCY, "matmul_efficiency": _EFFICIENCY}
+
+
+_HOPPER_FLOPS = {"fp32": 66.9 * TERA, "tf32": 494.7 * TERA, "bf16": 989.4 * TERA, "fp16": 989.4 * TERA}
+
+DEVICES: dict[str, Device] = {
+    "a100": Device("A100 SXM 80GB", {"fp32": 19.5 * TERA, "tf32": 156 * TERA, "bf16": 312 * TERA,
+                                     "fp16": 312 * TERA},
+                   hbm_bytes=80 * GIGA, hbm_bandwidth=2039 * GIGA, nvlink_bandwidth=300 * GIGA,
+                   nvlink_latency=3.4e-6, nic_bandwidth=25 * GIGA, nic_latency=14e-6,
+                   sources=_sources(_A100_SHEET, _HDR)),
+    "h100": Device("H100 SXM 80GB", dict(_HOPPER_FLOPS), hbm_bytes=80 * GIGA, hbm_bandwidth=3350 * GIGA,
+                   nvlink_bandwidth=450 * GIGA, nvlink_latency=3.4e-6, nic_bandwidth=50 * GIGA,
+                   nic_latency=14e-6, sources=_sources(_H100_SHEET, _NDR)),
+    "h200": Device("H200 SXM 141GB", dict(_HOPPER_FLOPS), hbm_bytes=141 * GIGA, hbm_bandwidth=4800 * GIGA,
+                   nvlink_bandwidth=450 * GIGA, nvlink_latency=3.4e-6, nic_bandwidth=50 * GIGA,
+                   nic_latency=14e-6, sources=_sources(_H200_SHEET, _NDR)),
+}
+
+
+def device(name: str) -> Device:
+    """A catalogue device by name (a100, h100, h200); one clear line otherwise."""
+    key = name.lower().replace("-", "").replace(" ", "")
+    if key not in DEVICES:
+        raise ValueError(f"no device {name!r} in the catalogue: one of {', '.join(DEVICES)}")
+    return DEVICES[key]

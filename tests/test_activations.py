@@ -1,0 +1,143 @@
+"""dt.cost.activations against what autograd actually saves (dt.device_memory.SavedBytes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dt.cost.activations import (
+    block_activation_bytes,
+    layer_activation_bytes,
+    recompute_peak_bytes,
+    stage_activation_bytes,
+)
+from dt.cost.flops import Decoder
+from dt.device_memory import SavedBytes
+from dt.models.llama import Llama, LlamaConfig
+from dt.models.nanogpt import GPT, GPTConfig
+
+pytestmark = pytest.mark.timeout(180)
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
+
+
+def saved_by(model: torch.nn.Module, b: int, s: int) -> int:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.cfg.vocab_size, (b, s), generator=g)
+    targets = torch.randint(0, model.cfg.vocab_size, (b, s), generator=g)
+    with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
+        model(ids, targets)
+    return saved.bytes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+@pytest.mark.parametrize("make", [
+    lambda d: GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64, dtype=d)),
+    lambda d: GPT(GPTConfig(vocab_size=96, block_size=24, n_layer=3, n_head=2, n_embd=48, tied=False,
+                            dtype=d)),
+    lambda d: Llama(LlamaConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64,
+                                dtype=d)),
+    lambda d: Llama(LlamaConfig(vocab_size=80, block_size=16, n_layer=1, n_head=6, n_kv_head=3, n_embd=96,
+                                dtype=d)),
+])
+def test_plain_models_formula_is_the_measurement(make, dtype):
+    model = make(dtype)
+    for b, s in ((2, model.cfg.block_size), (3, model.cfg.block_size // 2)):
+        arch = Decoder.of(model.cfg, s)
+        layers = range(arch.n_layer + 2)
+        predicted = stage_activation_bytes(arch, layers, b, ITEMSIZE[dtype], attention="sdpa")
+        assert predicted == saved_by(model, b, s)  # to the byte
+
+
+def parallel_saved(dtype: str, n_layer: int, tp: int, cp: int, attention: str) -> int:
+    import dt
+    from dt.models.gpt import GPTConfig as ParallelConfig
+    from dt.models.gpt import ParallelGPT
+    m = dt.mesh(tp=tp, cp=cp)
+    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=n_layer, n_head=4, n_embd=64, dtype=dtype)
+    model = ParallelGPT(cfg, m, cp_attention=attention)
+    g = torch.Generator().manual_seed(0)
+    ids, targets = (torch.randint(0, 64, (2, 32), generator=g) for _ in range(2))
+    with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
+        model.train_step(ids, targets)
+    return saved.bytes
+
+
+@pytest.mark.parametrize("world,tp,cp,attention", [(1, 1, 1, "ring"), (2, 2, 1, "ring"), (2, 1, 2, "ring"),
+                                                   (2, 1, 2, "ulysses")])
+def test_dt_train_model_formula_is_the_measurement(run, world, tp, cp, attention):
+    """ParallelGPT (what dt train runs): the written-out attention, tensor and context parallel."""
+    arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    for dtype in ("float32", "bfloat16"):
+        measured = run(world, parallel_saved, dtype, 2, tp, cp, attention)
+        predicted = stage_activation_bytes(arch, range(4), 2, ITEMSIZE[dtype], tp=tp, cp=cp)
+        assert all(m == predicted for m in measured), (measured, predicted)
+
+
+def test_korthikanti_less_what_dt_does_not_run():
+    """s b h (34 + 5 a s / h) at 16 bits, less dropout (2 sbh masks, 3 a s^2 b), plus dt's causal
+    mask (s^2 bools) and the two norms' mean and rstd (4 b s of 2 bytes)."""
+    for s, b, h, a in ((2048, 4, 12288, 96), (1024, 8, 768, 12), (32, 2, 64, 4)):
+        arch = Decoder.of(GPTConfig(vocab_size=256, block_size=s, n_layer=1, n_head=a, n_embd=h))
+        korthikanti = s * b * h * (34 + 5 * a * s / h)
+        dt_block = korthikanti - 2 * s * b * h - 3 * a * s * s * b + s * s + 4 * 2 * b * s
+        assert layer_activation_bytes(arch, 1, b, 2) == pytest.approx(dt_block, rel=1e-12)
+
+
+def test_splits_and_recompute():
+    arch = Decoder.of(GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=8, n_embd=256))
+    s, b, h, e = 128, 2, 256, 2
+    one = layer_activation_bytes(arch, 1, b, e)
+    # tp without sp: Korthikanti's split: 4 e sbh replicated (+ norm stats, mask), the rest / t
+    parts = block_activation_bytes(arch, b, e, tp=4)
+    assert parts["norms"] + parts["matmul_inputs"] == 4 * e * s * b * h + 4 * e * b * s
+    # with sequence parallel everything but the (tiny, replicated) causal mask divides by t
+    sp = layer_activation_bytes(arch, 1, b, e, tp=4, sequence_parallel=True)
+    assert sp - s * s == pytest.approx((one - s * s) / 4)
+    assert layer_activation_bytes(arch, 1, b, e, recompute="full") == e * s * b * h
+    assert layer_activation_bytes(arch, 1, b, e, recompute="selective") == one - e * 8 * s * s * b - s * s
+    assert recompute_peak_bytes(arch, b, e) == one
+    with pytest.raises(ValueError, match="recompute must be one of"):
+        layer_activation_bytes(arch, 1, b, e, recompute="half")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        layer_activation_bytes(arch, 1, b, e, attention="flash")
+    with pytest.raises(ValueError, match="mixture-of-experts"):
+        layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e)
+
+
+def measured_stash(cases: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
+    """(stage, stages, peak stash) of the runtime for each (schedule, m, v)."""
+    from torch import nn
+
+    from dt.parallel.pipeline import Pipeline, stage_module
+    out = []
+    for name, m, v in cases:
+        torch.manual_seed(0)
+        model = nn.Sequential(*[nn.Linear(3, 3) for _ in range(8)])
+        pipe = Pipeline(stage_module(model, None, virtual=v))
+        x, y = torch.randn(8, 3), torch.randn(8, 3)
+        pipe.train_step(x if pipe.is_first else None, y if pipe.is_last else None,
+                        torch.nn.functional.mse_loss, micro_batches=m, schedule_name=name)
+        out.append((pipe.stage, pipe.stages, pipe.stats.peak_stash))
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_peak_stash_replays_the_runtime(run, world):
+    from dt.parallel.pipeline import peak_stash
+    cases = [("gpipe", 4, 1), ("1f1b", 1, 1), ("1f1b", 3, 1), ("1f1b", 8, 1), ("interleaved", 4, 2),
+             ("interleaved", 2, 2)]
+    for rank in run(world, measured_stash, cases):
+        for (name, m, v), (stage, stages, measured) in zip(cases, rank):
+            assert peak_stash(name, stages, stage, m, v) == measured, (name, m, v, stage)
+    assert peak_stash("1f1b", 4, 0, 8) == 4 and peak_stash("1f1b", 4, 3, 8) == 1  # p - s
+    assert peak_stash("gpipe", 4, 2, 8) == 8
+
+
+def test_peak_stash_bytes_weighs_the_chunks():
+    from dt.parallel.pipeline import peak_stash_bytes, stash_profile
+    # interleaved p=2, m=2, v=2 on stage 0: F(0,0) F(0,1) F(1,0) F(1,1), then the backwards
+    assert stash_profile("interleaved", 2, 0, 2, 2, [10.0, 1.0])[:4] == [10, 20, 21, 22]
+    assert peak_stash_bytes("interleaved", 2, 0, 2, [10.0, 1.0]) == 22
+    assert peak_stash_bytes("1f1b", 4, 0, 8, [5.0]) == 20
+    with pytest.raises(ValueError, match="one figure per chunk"):
+        stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])

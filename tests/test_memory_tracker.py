@@ -1,0 +1,85 @@
+"""dt.device_memory.LiveBytes against tensors of known size, and a model against dt.cost.activations."""
+
+from __future__ import annotations
+
+import gc
+
+import pytest
+import torch
+
+from dt.cost.activations import stage_activation_bytes
+from dt.cost.flops import Decoder
+from dt.device_memory import LiveBytes
+from dt.models.nanogpt import GPT, GPTConfig
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_allocations_and_frees_of_known_size():
+    with LiveBytes() as live:
+        a = torch.empty(1000)  # 4000 B
+        b = torch.empty(250, dtype=torch.float64)  # 2000 B
+        assert (live.current, live.peak) == (6000, 6000)
+        del a
+        gc.collect()
+        assert (live.current, live.peak) == (2000, 6000)
+        c = torch.empty(100, dtype=torch.int8)
+        assert (live.current, live.peak) == (2100, 6000)
+        del b, c
+    assert (live.current, live.peak) == (0, 6000)
+
+
+def test_views_and_in_place_ops_are_not_counted_again():
+    before = torch.ones(512)  # made outside: the baseline, never counted
+    with LiveBytes() as live:
+        before.add_(1).mul_(2)
+        view = before.view(16, 32).t()[:4]
+        assert live.current == 0
+        x = torch.zeros(64, 64)  # 16384 B
+        x.add_(1)
+        y = x.view(-1)[::2]
+        x.transpose(0, 1).abs_()
+        torch.add(x, 1, out=x)
+        assert live.current == 16384
+        z = y.contiguous()  # a copy: a new storage of half the size
+        assert live.current == 16384 + 8192
+        del x, y, z, view
+    assert live.current == 0 and live.peak == 16384 + 8192
+
+
+def test_transient_peak_is_seen():
+    with LiveBytes() as live:
+        x = torch.ones(1000)
+        (x * 2 + 1).sum()  # x * 2 is freed as soon as + 1 has read it, before the sum
+    assert live.peak == 3 * 4000  # x, x * 2 and (x * 2) + 1 at once
+    assert live.current == 4000  # x survives (the sum's result was dropped)
+
+
+def test_model_forward_keeps_the_activation_formula_and_backward_frees_it():
+    cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    model = GPT(cfg)
+    b, s = 4, 32
+    ids, targets = torch.randint(0, 64, (b, s)), torch.randint(0, 64, (b, s))
+    predicted = stage_activation_bytes(Decoder.of(cfg), range(cfg.n_layer + 2), b, 4, attention="sdpa")
+    with LiveBytes() as live:
+        x, y = ids.clone(), targets.clone()  # the batch: made inside, as the formula counts it
+        logits, loss = model(x, y)
+        forward_end = live.current
+        held = forward_end - logits.nbytes - loss.nbytes  # what the caller holds is not saved
+        loss.backward()
+        del logits, loss
+        gc.collect()
+        grads = sum(p.grad.nbytes for p in model.parameters())
+        after = live.current
+    assert held == pytest.approx(predicted, rel=0.01)
+    assert after == grads + x.nbytes + y.nbytes  # the activations are gone; gradients and the batch stay
+    assert live.peak > max(forward_end, after)  # backward's gradients arrive before the activations go
+
+
+def test_cuda_reads_the_allocator():
+    if not torch.cuda.is_available():
+        pytest.skip("no GPU here: the CUDA path reads torch.cuda.max_memory_allocated")
+    with LiveBytes("cuda") as live:
+        x = torch.empty(1 << 20, device="cuda")
+        del x
+    assert live.peak >= 4 << 20 and live.current == 0
