@@ -5,48 +5,21 @@ sustained: the peak times a stated efficiency, or measured), collectives
 (alpha, beta, gamma inside a host and between hosts: dt.cost.levels.Levels)
 and memory (bytes per rank; bandwidth for the optimizer's elementwise pass).
 
-The catalogue's figures are the vendors' datasheets (dense, no sparsity):
-A100 SXM 80 GB 312 TFLOP/s bf16, HBM2e 2.0 TB/s, NVLink 3 300 GB/s each way;
-H100 SXM 80 GB 989 TFLOP/s bf16, HBM3 3.35 TB/s, NVLink 4 450 GB/s each way;
-H200 141 GB HBM3e 4.8 TB/s, H100's compute and NVLink. Between hosts one
-NIC per GPU (rail-optimised): HDR 200 Gb/s (25 GB/s) with A100, NDR
-400 Gb/s (50 GB/s) with H100/H200. Latencies: ~5 us per NVLink step (the
-nccl-tests small-message floor), ~10 us per InfiniBand step.
+The catalogue's figures are dt.cost.devices' (datasheets, each cited there);
+its stated matmul efficiency is the default sustained fraction of peak.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+from dt.cost.devices import device as catalogue_device
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine, machine
 
-__all__ = ["CATALOGUE", "Cluster", "Device", "catalogue_cluster", "local_cluster"]
+__all__ = ["Cluster", "catalogue_cluster", "local_cluster"]
 
-GB = 1e9
-
-
-@dataclass(frozen=True)
-class Device:
-    name: str
-    flops: dict[str, float]  # peak dense FLOP/s per precision
-    memory: int  # bytes
-    mem_bw: float  # bytes/s
-    link: float  # bytes/s each way inside a host (NVLink)
-    nic: float  # bytes/s each way between hosts, one NIC per GPU
-    link_alpha: float = 5e-6
-    nic_alpha: float = 10e-6
-
-
-CATALOGUE = {
-    "a100": Device("A100 SXM 80GB", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12, "tf32": 156e12},
-                   80 * 2**30, 2.0e12, 300 * GB, 25 * GB),
-    "h100": Device("H100 SXM 80GB", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "tf32": 494e12},
-                   80 * 2**30, 3.35e12, 450 * GB, 50 * GB),
-    "h200": Device("H200 SXM 141GB", {"bf16": 989e12, "fp16": 989e12, "fp32": 67e12, "tf32": 494e12},
-                   141 * 10**9, 4.8e12, 450 * GB, 50 * GB),
-}
 
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "float32": 4, "float64": 8}
 
@@ -78,17 +51,20 @@ class Cluster:
         return rank // self.per_host
 
 
-def catalogue_cluster(device: str, hosts: int, per_host: int, precision: str = "bf16",
-                      efficiency: float = 0.5) -> Cluster:
-    """H hosts of G catalogue GPUs: NVLink inside, one NIC per GPU between."""
-    d = CATALOGUE[device]
-    peak = d.flops[precision]
-    intra = Machine(d.link_alpha, 1 / d.link, 1 / d.mem_bw, source=d.name + " NVLink")
-    inter = Machine(d.nic_alpha, 1 / d.nic, 1 / d.mem_bw, source=d.name + " NIC")
-    return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * efficiency,
-                   Levels(intra, inter), d.memory, d.mem_bw, precision, efficiency, peak,
-                   f"catalogue ({d.name}), sustained {efficiency:.0%} of {peak / 1e12:.0f} TFLOP/s "
-                   f"{precision} peak (stated, not measured)")
+def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
+                      efficiency: float | None = None) -> Cluster:
+    """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
+
+    efficiency: the sustained fraction of peak (default: the catalogue's stated one)."""
+    d = catalogue_device(name)
+    peak = d.peak_flops[precision]
+    eff = d.matmul_efficiency[precision] if efficiency is None else efficiency
+    intra = Machine(d.nvlink_latency, 1 / d.nvlink_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NVLink")
+    inter = Machine(d.nic_latency, 1 / d.nic_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NIC")
+    return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * eff, Levels(intra, inter),
+                   int(d.hbm_bytes), d.hbm_bandwidth, precision, eff, peak,
+                   f"catalogue ({d.name}, dt.cost.devices), sustained {eff:.0%} of "
+                   f"{peak / 1e12:.0f} TFLOP/s {precision} peak (stated, not measured)")
 
 
 def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:
@@ -108,7 +84,3 @@ def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Clu
                    Levels(intra, inter), total, 1 / mem, precision, 1.0, 0.0,
                    f"measured here: collectives {intra.source}; compute timed per layer shape",
                    shared_memory=True)
-
-
-def with_efficiency(c: Cluster, efficiency: float) -> Cluster:
-    return replace(c, flops=c.peak * efficiency, efficiency=efficiency)

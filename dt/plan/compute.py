@@ -1,14 +1,8 @@
 """What a stage's arithmetic costs: FLOPs of each layer, priced on the cluster.
 
-Forward FLOPs of one block on one rank, for b sequences of t local tokens
-(t = T / cp) against T keys, hidden C, MLP hidden F, tp ranks (Megatron's
-count; a multiply-add is 2 FLOPs):
-
-    projections  2 b t (4 C^2 + k C F) / tp      (k = 2 matrices, 3 gated; x top_k for MoE)
-    attention    4 b t T C / tp                  (Q K^T and A V over every key: dt masks, not skips)
-    head         2 b t C V / tp                  (the vocabulary-parallel logits)
-
-backward is twice the forward; full recompute runs the forward once more.
+FLOPs are dt.cost.flops' (step_flops of the layers, one rank's tp x cp
+share: Megatron's count; backward twice the forward, recompute one more
+forward of every block).
 
 On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency).
 On this machine the rate is measured at the layer's own shapes: one block
@@ -28,10 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dt.cost.flops import Decoder, step_flops
 from dt.plan.cluster import Cluster
 from dt.plan.model import ModelShape
 
-__all__ = ["Shard", "block_flops", "head_flops", "layer_seconds"]
+__all__ = ["Shard", "layer_flops", "layer_seconds"]
 
 
 @functools.cache
@@ -39,16 +34,13 @@ def _shard_shape(model: ModelShape, tp: int) -> tuple[int, int, int]:
     return model.n_embd, model.n_head // tp, model.hidden // tp
 
 
-def block_flops(model: ModelShape, b: int, t: int, keys: int, tp: int) -> float:
-    """Forward FLOPs of one block on one rank (the module doc's count)."""
-    c, f = model.n_embd, model.hidden
-    mats = 3 if model.gated else 2
-    mlp = mats * c * f * (model.top_k if model.experts else 1)
-    return (2 * b * t * (4 * c * c + mlp) + 4 * b * t * keys * c) / tp
-
-
-def head_flops(model: ModelShape, b: int, t: int, tp: int) -> float:
-    return 2 * b * t * model.n_embd * model.vocab / tp
+@functools.cache
+def layer_flops(model: ModelShape, seq: int, layer: int, sequences: int, tp: int, cp: int,
+                recompute: bool) -> tuple[float, float]:
+    """(forward, backward + recompute) FLOPs of one layer on one rank (dt.cost.flops.step_flops)."""
+    f = step_flops(Decoder.of(model, seq), sequences, range(layer, layer + 1), tp, cp,
+                   "full" if recompute else "none")
+    return f.forward, f.backward + f.recompute
 
 
 class Shard(nn.Module):
@@ -108,13 +100,17 @@ def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, 
 
 
 def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int, keys: int,
-                  tp: int, world: int) -> tuple[float, float]:
-    """(forward, backward) seconds of one block or head on one rank of `cluster`."""
-    flops = block_flops(model, b, t, keys, tp) if kind == "block" else head_flops(model, b, t, tp)
+                  tp: int, world: int, recompute: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of one block or head on one rank of `cluster` (backward
+    includes the block's recomputed forward when `recompute`)."""
+    cp = keys // t
+    layer = 1 if kind == "block" else model.n_layer + 1
+    fwd, bwd = layer_flops(model, keys, layer, b, tp, cp, recompute and kind == "block")
     if cluster.flops > 0:
-        return flops / cluster.flops, 2 * flops / cluster.flops
+        return fwd / cluster.flops, bwd / cluster.flops
     cores = os.cpu_count() or 1
     threads = max(1, cores // world)
     total = _measured(kind, model, b, t, keys, tp, threads, {4: "float32", 8: "float64"}[cluster.itemsize])
     total *= max(1.0, world * threads / cores)  # more ranks than cores: they take turns on them
-    return total / 3, 2 * total / 3  # the forward : backward split of the FLOPs, 1 : 2
+    rate = 3 * fwd / total  # FLOP/s this shape sustains here, forward and backward alike
+    return fwd / rate, bwd / rate

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 
 from dt.parallel.pipeline.schedules import schedule
+from dt.parallel.pipeline.stash import peak_stash
 
 __all__ = ["Played", "play", "stash"]
 
@@ -68,13 +69,6 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
 
 @functools.lru_cache(maxsize=4096)
 def stash(name: str, p: int, m: int, v: int) -> list[int]:
-    """Per stage, the most forwards held without their backward at once: a property of the order
-    alone (a stage runs its actions in order, whatever their durations)."""
-    peaks = []
-    for order in _orders(name, p, m, v):
-        held = peak = 0
-        for kind, _, _ in order:
-            held += 1 if kind == "F" else -1
-            peak = max(peak, held)
-        peaks.append(peak)
-    return peaks
+    """Per stage, the most (chunk, micro-batch) activations held at once: a property of the order
+    alone (dt.parallel.pipeline.stash replays it)."""
+    return [peak_stash(name, p, s, m, v) for s in range(p)]

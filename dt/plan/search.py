@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dt.cost.flops import Decoder, train_flops_per_token
 from dt.plan.cluster import Cluster
-from dt.plan.compute import block_flops, head_flops
 from dt.plan.layouts import Layout, enumerate_layouts
 from dt.plan.memory import peak_bytes
 from dt.plan.model import ModelShape
-from dt.plan.pipeline import stash
 from dt.plan.step_model import Prediction, predict
 from dt.units import fmt_bytes
 
@@ -37,7 +36,7 @@ class Row:
 
 def model_flops(model: ModelShape, batch: int, seq: int) -> float:
     """FLOPs one step needs, unsharded, without recompute: 3 x the forward (backward is 2x)."""
-    return 3 * (model.n_layer * block_flops(model, batch, seq, seq, 1) + head_flops(model, batch, seq, 1))
+    return train_flops_per_token(Decoder.of(model, seq)) * batch * seq
 
 
 def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]]) -> str | None:
@@ -58,8 +57,7 @@ def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int,
     rows: list[Row] = []
     dropped: dict[str, int] = {}
     for lay in layouts:
-        held = stash(lay.schedule, lay.pp, lay.micro_batches, lay.virtual)
-        mem = peak_bytes(c, model, lay, batch, seq, held)
+        mem = peak_bytes(c, model, lay, batch, seq)
         why = _fits(c, lay, mem)
         if why is not None:
             dropped[why.split(":")[0]] = dropped.get(why.split(":")[0], 0) + 1

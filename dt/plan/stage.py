@@ -143,17 +143,16 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     b = batch // lay.dp // lay.micro_batches
     t = seq // lay.cp
     act = b * t * model.n_embd * c.itemsize
-    bf, bb = layer_seconds(c, "block", model, b, t, seq, lay.tp, lay.world)
+    bf, bb = layer_seconds(c, "block", model, b, t, seq, lay.tp, lay.world, lay.recompute)
     hf, hb = layer_seconds(c, "head", model, b, t, seq, lay.tp, lay.world) if head else (0.0, 0.0)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
     routed = b * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
-    rec = bf * blocks if lay.recompute else 0.0
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
     fwd = {"compute": bf * blocks + hf, "tp": tp_fwd,
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
-    bwd = {"compute": bb * blocks + hb + rec, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
+    bwd = {"compute": bb * blocks + hb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks}
     return StageWork(fwd, bwd, dense, experts, blocks, head, embed)
