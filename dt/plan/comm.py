@@ -37,6 +37,8 @@ def _hosts(per_host: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
 def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: tuple[int, ...],
            levels: Levels) -> float:
     p = len(hosts)
+    if p > BIG_GROUP and max(hosts) > 0:
+        return _composed(collective, nbytes, hosts, levels)
     if max(hosts) == 0:  # one host
         m = levels.intra
         return estimate(collective, algorithm, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma).total
@@ -46,6 +48,25 @@ def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: t
     numels = nbytes // itemsize
     return two_level(collective, algorithm, numels if collective == "all_reduce" else [numels // p] * p,
                      itemsize, hosts, levels).total
+
+
+BIG_GROUP = 64  # ranks past which a group across hosts is priced level by level, not message by message
+
+
+def _composed(collective: str, nbytes: int, hosts: tuple[int, ...], levels: Levels) -> float:
+    """A big group spanning hosts (data parallel over hundreds of GPUs), hierarchically: inside
+    each host of G ranks a reduce-scatter, across the H hosts the collective on 1/G of the bytes
+    (one NIC per rank: every local rank's slice crosses at once), inside again an all-gather;
+    with an all-to-all, every rank's bytes cross. dt.cost.time's flat formulas on each level."""
+    h = max(hosts) + 1
+    g = len(hosts) // h
+    a, e = levels.intra, levels.inter
+    if collective == "all_to_all":
+        return estimate("all_to_all", "pairwise", nbytes, len(hosts), alpha=e.alpha, beta=e.beta).total
+    inside = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
+              "all_gather": ("all_gather",)}[collective]
+    t = sum(estimate(k, "ring", nbytes, g, alpha=a.alpha, beta=a.beta, gamma=a.gamma).total for k in inside)
+    return t + estimate(collective, "ring", nbytes / g, h, alpha=e.alpha, beta=e.beta, gamma=e.gamma).total
 
 
 PROBE = (1 << 20, 1 << 26)  # bytes at which each algorithm's line is measured off the model
@@ -64,7 +85,9 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     p = len(hosts)
     n = p * itemsize * max(1, PROBE[0] // (p * itemsize))
     big = p * itemsize * max(1, PROBE[1] // (p * itemsize))
-    if max(hosts) == 0:
+    if p > BIG_GROUP and max(hosts) > 0:
+        algos = ("hierarchical",)
+    elif max(hosts) == 0:
         algos = ONE_HOST[collective] + (LOADSTORE[collective] if shared_memory else ())
     else:
         algos = ("pairwise",) if collective == "all_to_all" else LEVELED[collective]
