@@ -23,6 +23,7 @@ import statistics
 from typing import Any
 
 from dt.plan.cluster import Cluster
+from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
@@ -40,8 +41,8 @@ def chosen(rows: list[Row], runs: int) -> list[Row]:
     return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
 
 
-def train_argv(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> list[str]:
-    lay = row.layout
+def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int) -> list[str]:
+    """dt train's options for this layout (and nothing else: the rest are its defaults)."""
     argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
             "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
             "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),
@@ -56,6 +57,7 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
     """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run)."""
     import torch
 
+    from dt import transport
     from dt.device_memory import LiveBytes
     from dt.models.data import CharData
     from dt.plan.trace import Recorder
@@ -63,6 +65,9 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
 
     torch.manual_seed(args.seed)
     threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transport.set_validation(args.validate)  # as dt train's worker does
     data = CharData(seed=args.seed)
     live = LiveBytes("cpu") if memory else None
     rec = Recorder()
@@ -97,7 +102,7 @@ def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> dict[
     from dt.launcher import launch
     from dt.train.cli import parse_args
 
-    args = parse_args(train_argv(row, model, batch, seq, steps))
+    args = parse_args(train_argv(row.layout, model, batch, seq, steps))
     timed = launch(measure_worker, row.layout.world, args, steps, False, backend="gloo")
     mem = launch(measure_worker, row.layout.world, args, 2, True, backend="gloo")
     per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's

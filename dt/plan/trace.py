@@ -8,8 +8,9 @@ measured step shown is the second (the first is warm-up).
 Recorder is the measuring side: while `hooked()`, every synchronous wait
 dt's transport charges to a step (dt.transport.accounting.blocking: the
 wrapper every blocking collective and wait goes through) is recorded with
-the collective it belongs to (accounting.charge_target), between the step's
-marks.
+its start and end, named by the collectives whose byte counts it moved in
+the innermost traffic() record open (the step keeps them open around its
+pipeline and its gradient sync).
 """
 
 from __future__ import annotations
@@ -54,14 +55,20 @@ class Recorder:
 
         original = accounting.blocking
 
+        def moved() -> dict[str, int]:
+            if not accounting.open_records:  # blocking times nothing then: no span either
+                return {}
+            record = accounting.open_records[-1]  # the step's own (ParallelGPT keeps one open)
+            return {k: c.bytes_sent + c.bytes_received + c.calls for k, c in record.by_collective.items()}
+
         def timed(fn: Any) -> Any:
-            target = accounting.charge_target()
-            start = time.perf_counter()
+            before, start = moved(), time.perf_counter()
             try:
                 return original(fn)
             finally:
-                if self._step >= 0:
-                    name = target[0] if target else "wait"
+                if self._step >= 0:  # named by the collectives whose counts the wait moved
+                    after = moved()
+                    name = "+".join(sorted(k for k, v in after.items() if v != before.get(k, 0))) or "wait"
                     self.spans.append((self._step, name, start - self._t0, time.perf_counter() - self._t0))
 
         accounting.blocking = timed
