@@ -40,8 +40,9 @@ class Compared:
     predicted_tflops: float
     error: float  # (predicted - published) / published
     authors: str  # the authors' layout, in dt plan's names
+    step: float  # predicted seconds per step of the authors' layout
     first: str | None  # the planner's first-ranked layout (None: not searched)
-    first_tflops: float | None
+    first_step: float | None
 
 
 def shape_of(run: PublishedRun) -> ModelShape:
@@ -68,9 +69,10 @@ def compare(run: PublishedRun, search: bool = True) -> Compared:
     lay = _authors(run)
     p = predict(cluster, model, lay, run.global_batch, run.seq_len)
     tf = _tflops(run, model, p.step)
-    first = first_tf = None
+    first = first_step = None
     if search and run.gpus <= MAX_SEARCH:
         rows, _, _ = rank_layouts(cluster, model, run.global_batch, run.seq_len, (False, True))
         if rows:
-            first, first_tf = rows[0].layout.name(), _tflops(run, model, rows[0].prediction.step)
-    return Compared(run, tf, (tf - run.tflops_per_gpu) / run.tflops_per_gpu, lay.name(), first, first_tf)
+            first, first_step = rows[0].layout.name(), rows[0].prediction.step
+    return Compared(run, tf, (tf - run.tflops_per_gpu) / run.tflops_per_gpu, lay.name(), p.step, first,
+                    first_step)
