@@ -57,3 +57,40 @@ def test_llama3_rows_and_the_6n_check():
     assert train_flops_per_token(arch) == pytest.approx(6 * r.params + 12 * r.n_layer * r.n_embd * r.seq_len,
                                                         rel=0.02)
     assert set(TABLES) == {"megatron-2021", "llama3-2024"}
+
+
+def test_tune_measures_and_saves_the_matmul_rate(tmp_path, monkeypatch, capsys):
+    from types import SimpleNamespace
+
+    from dt.cost import machine
+    from dt.cost.compute_rate import compute_entry, matmul_rate
+    from dt.tools.tune_compute import QUICK, after_tune, thread_counts
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    machine.forget()
+    args = SimpleNamespace(device="cpu", quick=True, no_sweep=False, no_save=False)
+    assert after_tune(args, 0) == 0
+    out = capsys.readouterr().out
+    assert "matmul rate (cpu" in out and "key compute:cpu" in out
+    entry = compute_entry("cpu")
+    assert set(entry["rates"]) == {str(t) for t in thread_counts(entry["cores"])}
+    for per in entry["rates"].values():
+        for rows in per.values():
+            assert [r[:3] for r in rows] == [list(s) for s in QUICK] and all(r[3] > 0 for r in rows)
+    assert matmul_rate(256, 64, 256) == entry["rates"]["1"]["float32"][0][3]
+    # a refused run (status 1) measures but saves nothing, and keeps its status
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "other"))
+    assert after_tune(args, 1) == 1 and compute_entry("cpu") is None
+    assert "NOT saved either" in capsys.readouterr().out
+
+
+def test_the_rate_of_the_nearest_shape_and_thread_count():
+    from dt.cost.compute_rate import matmul_rate
+    entry = {"rates": {"1": {"float32": [[256, 64, 256, 1e9], [2048, 768, 3072, 5e9]]},
+                       "4": {"float32": [[256, 64, 256, 3e9]], "bfloat16": [[256, 64, 256, 2e9]]}}}
+    assert matmul_rate(300, 60, 200, 1, entry=entry) == 1e9
+    assert matmul_rate(4096, 1024, 4096, 1, entry=entry) == 5e9
+    assert matmul_rate(256, 64, 256, 3, entry=entry) == 3e9  # 3 threads: nearest (log) is 4
+    assert matmul_rate(256, 64, 256, 1, "bfloat16", entry=entry) == 2e9  # only 4 threads measured it
+    assert matmul_rate(256, 64, 256, 1, "float16", entry=entry) is None
+    assert matmul_rate(256, 64, 256, entry={"rates": {}}) is None

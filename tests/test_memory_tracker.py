@@ -83,3 +83,54 @@ def test_cuda_reads_the_allocator():
         x = torch.empty(1 << 20, device="cuda")
         del x
     assert live.peak >= 4 << 20 and live.current == 0
+
+
+def train_step_memory(dp: int, tp: int, pp: int, micro_batches: int, batch: int) -> dict:
+    """dt train's model and optimizer on this mesh: the second step's live-byte peak, what is held."""
+    import dt
+    from dt.models.gpt import GPTConfig as ParallelConfig
+    from dt.models.gpt import ParallelGPT
+    from dt.parallel.zero.memory import memory_held
+    from dt.train.optim import Adam
+    mesh = dt.mesh(dp=dp, tp=tp, pp=pp)
+    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    model = ParallelGPT(cfg, mesh, micro_batches=micro_batches)
+    optimizer = Adam(model.parameters())
+    g = torch.Generator().manual_seed(mesh.dp_rank)
+    ids, targets = (torch.randint(0, 64, (batch, 32), generator=g) for _ in range(2))
+    for _ in range(2):  # the first step makes the optimizer's state and the collectives' scratch
+        optimizer.zero_grad()
+        with LiveBytes() as live:
+            model.train_step(ids, targets)
+            optimizer.step()
+    held = memory_held(model.parameters(), [p.grad for p in model.parameters()], optimizer)
+    return {"stage": mesh.pp_rank, "peak": live.peak, **held}
+
+
+@pytest.mark.parametrize("world,dp,tp,pp,m,batch", [(1, 1, 1, 1, 1, 4), (1, 1, 1, 1, 2, 4),
+                                                    (2, 2, 1, 1, 1, 4), (2, 1, 1, 2, 2, 4),
+                                                    (2, 1, 2, 1, 1, 4)])
+@pytest.mark.timeout(240)
+def test_rank_memory_predicts_the_measured_step(run, world, dp, tp, pp, m, batch):
+    from dt.parallel.rank_memory import rank_memory
+    arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    for r in run(world, train_step_memory, dp, tp, pp, m, batch):
+        mem = rank_memory(arch, batch // m, m, 4, tp=tp, pp=pp, dp=dp, stage=r["stage"])
+        assert mem.params == r["params"] and mem.optimizer == r["optimizer"]  # exact
+        assert mem.step_grads == r["grads"]
+        assert mem.step_peak == pytest.approx(r["peak"], rel=0.10), (r, mem.as_dict())
+
+
+def test_rank_memory_holds_zero_formula_bytes():
+    """fp32 + Adam: 16 Psi held at stage 0 (params, a step's gradients, two moments), 8 Psi + 8 Psi/N,
+    4 Psi + 12 Psi/N and 16 Psi/N for ZeRO 1, 2, 3 (Rajbhandari et al. 2020), N = dp."""
+    from dt.cost.flops import layer_params
+    from dt.parallel.rank_memory import rank_memory
+    arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    psi, n = sum(layer_params(arch, i) for i in range(4)), 4
+    want = {0: 16 * psi, 1: 8 * psi + 8 * psi / n, 2: 4 * psi + 12 * psi / n, 3: 16 * psi / n}
+    for stage, total in want.items():
+        mem = rank_memory(arch, 2, 1, 4, dp=n, zero=stage)
+        assert mem.params + mem.step_grads + mem.optimizer == pytest.approx(total)
+        assert mem.held_grads == (mem.step_grads if stage >= 2 else 0)
+        assert mem.peak >= mem.held + mem.activations  # the peak holds the stash on top of what is held

@@ -136,7 +136,7 @@ def test_report_prints_every_figure(capsys):
 
 
 def _measured() -> dict:
-    return tune._worker(2, False, 1, 0, ["shm", "torch"], 1, 2)
+    return tune._worker(2, False, 1, 0, ["shm", "torch"], 1, 2, "none")  # terms: tests/test_cost_terms.py
 
 
 @pytest.mark.timeout(200)

@@ -13,6 +13,7 @@
 - flops.py      FLOPs of dt's decoders per layer and kind: forward, backward, recompute, splits
 - activations.py  bytes autograd keeps per layer (tp, sp, cp, recompute), to the byte of dt's layers
 - devices.py    the catalogue: A100, H100, H200 peak FLOP/s, HBM, NVLink, NIC, each with its source
+- compute_rate.py  this machine's matmul rate per shape and thread count (`dt tune` saves it)
 
 Everything is importable from here: `from dt import cost; cost.ring_all_reduce(...)`.
 The shard and schedule arithmetic the counts are built on lives in dt.layout.
@@ -33,12 +34,10 @@ __all__ = [*_traffic_all, "BUSBW_FACTOR", "COUNT_ITEMSIZE", "DEFAULT_MACHINE", "
            "bus_bandwidth", "estimate", "formula", "moe_all_to_all_bytes",
            "moe_layer_traffic", "ring_attention_traffic", "ulysses_traffic"]
 
+# The planner's arithmetic (appended: each a module of its own, re-exported here).
+from dt.cost.activations import layer_activation_bytes, stage_activation_bytes  # noqa: E402
+from dt.cost.devices import DEVICES, Device, device  # noqa: E402
 from dt.cost.flops import Decoder, StepFlops, layer_forward, step_flops, train_flops_per_token  # noqa: E402
 
-__all__ += ["Decoder", "StepFlops", "layer_forward", "step_flops", "train_flops_per_token"]
-from dt.cost.activations import layer_activation_bytes, stage_activation_bytes  # noqa: E402
-
-__all__ += ["layer_activation_bytes", "stage_activation_bytes"]
-from dt.cost.devices import DEVICES, Device, device  # noqa: E402
-
-__all__ += ["DEVICES", "Device", "device"]
+__all__ += ["DEVICES", "Decoder", "Device", "StepFlops", "device", "layer_activation_bytes", "layer_forward",
+            "stage_activation_bytes", "step_flops", "train_flops_per_token"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "StepFlops",
-           "forward_flops_per_token", "layer_forward", "matmul_params", "optimizer_flops",
+           "forward_flops_per_token", "layer_forward", "layer_params", "matmul_params", "optimizer_flops",
            "step_flops", "train_flops_per_token"]
 
 # dt's Adam per parameter: m = b1 m + (1-b1) g (3), v = b2 v + (1-b2) g^2 (4), the two bias
@@ -209,3 +209,30 @@ def matmul_params(model: Decoder | Any) -> int:
 def optimizer_flops(params: int) -> float:
     """The optimizer step over `params` parameters (one rank's shard under ZeRO)."""
     return OPTIMIZER_FLOPS_PER_PARAM * params
+
+
+def layer_params(model: Decoder | Any, layer: int, tp: int = 1, ep: int = 1) -> float:
+    """Parameters dt's layer `layer` holds on one rank of a tp (x ep) split, as dt/models/gpt.py
+    builds them (biases and norms included): the embedding's word table is vocab-parallel, the
+    position table replicated; a block's column-parallel weights and biases and row-parallel
+    weights divide by tp, the row-parallel bias and the norms do not; an MoE (replicated over
+    tp) holds the router and n_experts / ep experts. The head holds ln_f and, untied, its
+    vocab-parallel matrix (tied: the word table, counted with the embedding; a stage holding
+    the head but not the embedding holds a copy, layer_params(..., n_layer + 1) + the table).
+    Llama-style (gated, no bias): RMSNorm weights h, q/k/v/o and gate/up/down divide by tp."""
+    a = _arch(model)
+    h, d, bias = a.n_embd, a.head_dim, int(a.bias)
+    norm = (2 if a.bias else 1) * h
+    if layer == 0:
+        return a.vocab_size * h / tp + (a.seq_len * h if a.position_table else 0)
+    if layer == a.n_layer + 1:
+        return norm + (0 if a.tied else a.vocab_size * h / tp)
+    qkv = (h * (a.n_head + 2 * a.n_kv_head) * d + bias * (a.n_head + 2 * a.n_kv_head) * d) / tp
+    out = a.n_head * d * h / tp + bias * h
+    mats = 3 if a.gated else 2
+    if a.n_experts:
+        expert = mats * h * a.ffn_hidden + bias * (a.ffn_hidden + h)
+        ffn = h * a.n_experts + expert * a.n_experts / ep
+    else:
+        ffn = mats * h * a.ffn_hidden / tp + bias * (a.ffn_hidden / tp + h)
+    return 2 * norm + qkv + out + ffn

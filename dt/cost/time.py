@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 
 from dt.cost.loadstore import LOADSTORE, loadstore_formula
+from dt.cost.overheads import NO_TERMS, Overheads, Terms, terms
 from dt.cost.traffic import canonical, family
 from dt.layout import ceil_log2
 
@@ -31,10 +32,11 @@ class Estimate:
     latency: float  # steps * alpha
     bandwidth: float  # bytes * beta
     reduction: float  # reduced * gamma
+    terms: Terms = NO_TERMS  # what the plain model leaves out (dt.cost.overheads), when priced
 
     @property
     def total(self) -> float:
-        return self.latency + self.bandwidth + self.reduction
+        return self.latency + self.bandwidth + self.reduction + self.terms.total
 
 
 def formula(collective: str, algorithm: str, n: float, p: int,
@@ -116,13 +118,18 @@ def formula(collective: str, algorithm: str, n: float, p: int,
 
 def estimate(collective: str, algorithm: str, nbytes: float, p: int, *, alpha: float,
              beta: float, gamma: float = 0.0, segment_bytes: int | None = None,
-             stage_bytes: int | None = None) -> Estimate:
+             stage_bytes: int | None = None, overheads: Overheads | None = None) -> Estimate:
     """time = steps * alpha + bytes * beta + reduced * gamma, for one call.
 
     Ring all-reduce of 1 GB on 8 ranks at 450 GB/s and 5 us per step:
     14 * 5 us + 2 * 7/8 * 1 GB / 450 GB/s = 0.07 ms + 3.89 ms = 3.96 ms.
+    With `overheads` (what `dt tune` measured: dt.cost.overheads) the terms
+    the three figures leave out are added; oversubscription is moved out of
+    the latency term, not added to it.
     """
     steps, nb, red = formula(collective, algorithm, nbytes, p, segment_bytes, stage_bytes)
-    return Estimate(steps, nb, red, steps * alpha, nb * beta, red * gamma)
+    extra = (terms(collective, algorithm, nbytes, p, steps, nb, red, beta, gamma, overheads)
+             if overheads is not None else NO_TERMS)
+    return Estimate(steps, nb, red, steps * alpha - extra.oversubscription, nb * beta, red * gamma, extra)
 
 

@@ -79,6 +79,7 @@ from dt.bench.harness import (
 from dt.cost import machine
 from dt.device import DEVICES, backend_for
 from dt.tools import tune_saved
+from dt.tools.tune_compute import after_tune
 from dt.tools.tune_curves import (
     EXCHANGE_SIZES,
     MAX_SPREAD,
@@ -275,8 +276,10 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
 
 
 def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list[str],
-            attempts: int, repeats: int = REPEATS) -> dict[str, Any]:
+            attempts: int, repeats: int = REPEATS, terms: str = "full") -> dict[str, Any]:
+    """Every figure of every wire on this rank; terms: "full", "quick" (tests) or "none"."""
     from dt.bench.harness import wire_group
+    from dt.tools.tune_terms import measure_terms
     from dt.transport import resolve_group, topology_of
 
     out = {}
@@ -286,6 +289,8 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
         fig = measure(reps, g, attempts, repeats)
         if shared:
             fig.update(measure_shared(reps, g, attempts))
+        if terms != "none":  # the model's other terms (dt.cost.overheads), each on its own benchmark
+            fig["terms"] = measure_terms(g, reps, repeats, quick=terms == "quick")
         if sweep:
             sizes = tuple(s for s in SWEEP_SIZES if s <= max_bytes)
             fig["winners"] = measure_winners(sizes, sweep_reps, group=g, shared_memory=shared)
@@ -316,6 +321,8 @@ def group_figures(results: list[dict[str, Any]], wire: str) -> dict[str, Any]:
             fig[part] = {k: (max(res[wire][part][k] for res in results) if isinstance(v, float) else v)
                          for k, v in fig[part].items()}
     fig["backend"] = "shm" if fig["wire"] == "shm" else fig["backend"]
+    if "terms" in fig and "mem" in fig:  # a load/store reduction's reads are in its add (dt.cost.overheads)
+        fig["terms"] = dict(fig["terms"], fused=fig["mem"])
     if "levels" in fig:  # across hosts: each level's pair, the slower end of each
         from dt.cost.levels import nics_from
         from dt.tools.tune_levels import combine
@@ -371,7 +378,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-measure a noisy curve this often")
     parser.add_argument("--force", action="store_true",
                         help="save even noisy or inconsistent figures (a warning says why)")
+    parser.add_argument("--no-terms", action="store_true",
+                        help="skip the model's other terms (per-message overhead, wake-up, shared "
+                             "bandwidth, oversubscription: dt/tools/tune_terms.py)")
+    parser.add_argument("--quick", action="store_true",
+                        help="a short run (tests): --reps 3 --repeats 1, no sweep, fewer term points")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.reps, args.repeats, args.no_sweep = min(args.reps, 3), 1, True
     if args.show:
         return tune_saved.show()
     if args.reset:
@@ -393,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     if backend == "nccl":
         wires = ["torch"]  # GPU tensors stay on NCCL: no shared-memory wire to measure
     results = launch(_worker, args.world, args.reps, not args.no_sweep, args.sweep_reps,
-                     args.max_bytes, wires, args.attempts, args.repeats, backend=backend, timeout=3600)
+                     args.max_bytes, wires, args.attempts, args.repeats,
+                     "none" if args.no_terms else "quick" if args.quick else "full",
+                     backend=backend, timeout=3600)
     status = 0
     for wire in wires:
         fig = group_figures(results, wire)
@@ -415,4 +431,4 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  saved to {machine.save(fig)} (key {machine.key(fig)}"
                   f"{', despite the warnings: --force' if why else ''}); dt tune --show lists the "
                   f"saved figures, dt tune --reset deletes them")
-    return status
+    return after_tune(args, status)  # the matmul rates (dt/tools/tune_compute.py)

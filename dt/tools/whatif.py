@@ -39,14 +39,16 @@ us, ms, s.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from typing import Any
 
 from dt import args as args_
 from dt import cost
+from dt.cost.overheads import Overheads
 from dt.device import DEVICES, backend_for
-from dt.tools import whatif_hosts
+from dt.tools import whatif_hosts, whatif_terms
 from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time  # noqa: F401 (dt model's units)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
@@ -61,32 +63,51 @@ def _algorithms(collective: str, shared_memory: bool = False) -> list[str]:
 
 
 def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
-          gamma: float, sync: float | None = None, mem: float | None = None
-          ) -> list[tuple[str, cost.Estimate]]:
+          gamma: float, sync: float | None = None, mem: float | None = None,
+          overheads: Overheads | None = None) -> list[tuple[str, cost.Estimate]]:
     """Every algorithm's estimate, cheapest first; with sync and mem (a shared-memory
-    wire) the load/store algorithms too, as dt.collectives.auto prices them."""
+    wire) the load/store algorithms too, as dt.collectives.auto prices them; with
+    `overheads` (dt tune's terms) each estimate carries the terms beside the three."""
     from dt.collectives import auto
+    from dt.collectives.registry import needs_shared_memory
+    from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
 
     fig = cost.Machine(alpha, beta, gamma, sync=sync or 0.0, mem=mem or 0.0)
     shared = sync is not None and mem is not None
     stage = (32 << 20) if shared else None
-    rows = list(auto.predictions(collective, nbytes, world, fig, shared, stage).items())
+    if overheads is None:
+        rows = list(auto.predictions(collective, nbytes, world, fig, shared, stage).items())
+    else:  # auto's pricing (the same figures per family of algorithm), with the terms
+        rows = [(name, cost.estimate(collective, name, nbytes, world, alpha=fig.sync, beta=fig.mem,
+                                     gamma=gamma, stage_bytes=stage, overheads=overheads)
+                 if needs_shared_memory(collective, name) else
+                 cost.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta, gamma=gamma,
+                               segment_bytes=DEFAULT_SEGMENT_BYTES, overheads=overheads))
+                for name in auto.candidates(collective, shared)]
     return sorted(rows, key=lambda row: row[1].total)
+
+
+TERM_COLUMNS = (("software", "software"), ("wake", "wake"), ("sharing", "sharing"),
+                ("oversub", "oversubscription"))  # (header, dt.cost.Terms field)
 
 
 def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
                 out: Any = None) -> None:
     out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
     print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {world} ranks", file=out)
+    with_terms = any(e.terms.total or e.terms.oversubscription for _, e in rows)
     head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
-            f"{'bandwidth':>11} {'reduction':>11} {'total':>11}")
+            f"{'bandwidth':>11} {'reduction':>11}"
+            + "".join(f" {h:>10}" for h, _ in TERM_COLUMNS if with_terms) + f" {'total':>11}")
     if measured is not None:
         head += f" {'measured':>11} {'meas/pred':>9}"
     print(head, file=out)
     for i, (name, e) in enumerate(rows):
         line = (f"  {name + (' *' if i == 0 else ''):<19} {e.steps:>5} {fmt_bytes(e.bytes, 3):>11} "
                 f"{fmt_time(e.latency, 3):>11} {fmt_time(e.bandwidth, 3):>11} "
-                f"{fmt_time(e.reduction, 3):>11} {fmt_time(e.total, 3):>11}")
+                f"{fmt_time(e.reduction, 3):>11}"
+                + "".join(f" {fmt_time(getattr(e.terms, f), 3):>10}" for _, f in TERM_COLUMNS if with_terms)
+                + f" {fmt_time(e.total, 3):>11}")
         if measured is not None and name in measured:
             m = measured[name]
             line += f" {fmt_time(m, 3):>11} {m / e.total if e.total else float('nan'):>9.2f}"
@@ -195,12 +216,16 @@ def main(argv: list[str] | None = None) -> int:
                       f"--world {args.world}` first", file=sys.stderr)
                 return 2
             figures[wire] = (saved["alpha"], saved["beta"], saved["gamma"], saved.get("sync"),
-                             saved.get("mem"))
+                             saved.get("mem"), Overheads.from_saved(saved))
             extra = (f", sync {fmt_time(saved['sync'], 3)}, memcpy {saved['mem'] * 1e9:.3f} ns/B"
                      if "sync" in saved else "")
-            print(f"{wire} wire: figures from dt tune (world {saved['world']}, {saved['measured_at']}): "
+            load = f", load {saved['load']:.1f}" if isinstance(saved.get("load"), (int, float)) else ""
+            print(f"{wire} wire: figures from dt tune (world {saved['world']}, "
+                  f"{saved['measured_at']}{load}): "
                   f"alpha {fmt_time(saved['alpha'], 3)}, beta {saved['beta'] * 1e9:.3f} ns/B, "
                   f"gamma {saved['gamma'] * 1e9:.3f} ns/B{extra}")
+            if "terms" in saved:
+                print(f"  terms (dt.cost.overheads): {whatif_terms.describe(saved['terms'])}")
     else:
         alpha, beta = args.latency, 1 / args.bandwidth
         sync, mem = args.sync, (1 / args.memcpy if args.memcpy else None)
@@ -240,4 +265,8 @@ def main(argv: list[str] | None = None) -> int:
             print_table(args.collective, n, args.world, rows,
                         measured[w][str(n)] if measured is not None else None)
     print("\n* = lowest predicted time (what algorithm=\"auto\" picks with these figures)")
+    if measured is not None:
+        for w, (good, total) in whatif_terms.within(tables, measured).items():
+            print(f"{w} wire: {good} of {total} predictions within {whatif_terms.TOLERANCE:.0%} of the "
+                  f"measurement (load average now {os.getloadavg()[0]:.1f})")
     return 0

@@ -26,8 +26,8 @@ from dt.launcher import LaunchedWorld, WorkerPool, open_world
 __all__ = ["Study", "aggregate_dp", "aggregate_pipeline"]
 
 # The order things are timed and listed in; names not listed here come after, sorted.
-ALLREDUCE_ORDER = ("ring", "naive", "recursive_doubling", "rabenseifner", "ring@shm", "one_shot@shm",
-                   "two_shot@shm", "gloo")
+ALLREDUCE_ORDER = ("ring", "naive", "recursive_doubling", "rabenseifner", "ring@shm", "naive@shm",
+                   "recursive_doubling@shm", "rabenseifner@shm", "one_shot@shm", "two_shot@shm", "gloo")
 DP_ORDER = ("compute", "dt_off", "dt_on", "torch")
 
 
