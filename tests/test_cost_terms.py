@@ -179,3 +179,38 @@ def test_tune_quick_is_short_and_measures_the_quick_terms(tmp_path, monkeypatch)
     with pytest.raises(SystemExit):
         tune.main(["--no-terms", "--no-sweep", "--no-save"])
     assert asked["terms"] == "none" and asked["reps"] == 20
+
+
+def test_two_levels_price_each_message_on_its_level():
+    from dt.cost.overheads import level_terms
+
+    hosts = (0, 0, 1, 1)
+    levels = cost.Levels(cost.Machine(10e-6, 1e-9, 0.0), cost.Machine(50e-6, 10e-9, 0.0))
+    intra = Overheads(post=5e-6, wake=50e-6, spin=200e-6, solo=0.5)
+    inter = Overheads(post=20e-6, wake=1e-3, spin=0.0)  # a socket's wait sleeps at once: in alpha
+    # naive: the root receives 1 message from its host and 2 across, then sends them back: one more
+    # than a step's two each time, at the post of the level it crosses
+    naive = level_terms("all_reduce", "naive", N // 4, 4, hosts, levels, intra, inter)
+    assert naive.software == pytest.approx(2 * 20e-6)
+    # ring, host-contiguous: a send and a receive a step; every step's 1 MiB inside a host outlasts
+    # the 200 us spin (1.05 ms at 1 ns/B): 6 wakes inside; none across (spin 0)
+    ring = level_terms("all_reduce", "ring", N // 4, 4, hosts, levels, intra, inter)
+    assert (ring.software, ring.wake) == (0.0, pytest.approx(6 * 50e-6))
+    assert ring.sharing == pytest.approx(0.0, abs=1e-12)  # both ranks of a host copy alike
+
+
+def test_dt_model_across_hosts_adds_the_saved_terms_of_each_level(capsys):
+    from dt.tools import whatif_hosts
+
+    levels = [[10e-6, 1e-9, 0.0], [50e-6, 10e-9, 0.0], 0]
+    mine = {"hosts": [0, 0, 1, 1], "source": "dt tune (2x2)", "note": None, "levels": levels,
+            "times": {str(N): {"ring": 0.02, "naive": 0.05}},
+            "terms": [{"post": 5e-6, "wake": 50e-6, "spin": 200e-6}, {"post": 20e-6}]}
+    whatif_hosts.print_measured("all_reduce", [N], [{"torch": mine}])
+    out = capsys.readouterr().out
+    assert "software" in out and "wake" in out and "sharing" in out
+    naive = next(line for line in out.splitlines() if re.match(r"\s+naive\b", line)).split()
+    plain = cost.two_level("all_reduce", "naive", N // 4, 4, (0, 0, 1, 1),
+                           cost.Levels(cost.Machine(*levels[0]), cost.Machine(*levels[1]), 0)).total
+    assert naive[4:6] == ["40", "us"]  # 2 messages more than two, across hosts, at 20 us
+    assert " ".join(naive[10:12]) == whatif.fmt_time(plain + 40e-6, 3)  # the two-level total + the terms

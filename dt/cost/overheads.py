@@ -45,8 +45,10 @@ byte is read by the add itself (out += peer, the add `dt tune` times:
 gamma holds its loads), so `fused` (dt tune: the wire's mem) is taken off
 per reduced byte:  sharing = -fused * reduced.
 
-All figures at their defaults: the plain model, exactly (the reference's
-3.96 ms ring).
+`level_terms` prices the same terms on two link levels (dt.cost.levels'
+schedule, each message on its level's figures). No figure is fitted to a
+collective's timings. All figures at their defaults: the plain model,
+exactly (the reference's 3.96 ms ring).
 """
 
 from __future__ import annotations
@@ -55,11 +57,11 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from dt.cost import machine as machine_
-from dt.cost.levels import LEVELED, schedule
+from dt.cost.levels import LEVELED, Levels, schedule
 from dt.cost.loadstore import LOADSTORE
 from dt.cost.traffic import canonical, family, traffic_for
 
-__all__ = ["NO_TERMS", "Overheads", "Terms", "overheads", "terms"]
+__all__ = ["NO_TERMS", "Overheads", "Terms", "level_terms", "overheads", "terms"]
 
 
 @dataclass(frozen=True)
@@ -168,3 +170,40 @@ def terms(collective: str, algorithm: str, nbytes: float, p: int, steps: int, nb
     if o.spin > 0 and o.wake:
         wake = o.wake * long_steps
     return Terms(software, wake, sharing, steps * o.oversub)
+
+
+def level_terms(collective: str, algorithm: str, numels: int | list[int], itemsize: int,
+                hosts: tuple[int, ...], levels: Levels, intra: Overheads, inter: Overheads) -> Terms:
+    """The terms on two link levels (dt.cost.levels' schedule), each message on its level.
+
+    Per step: software, the busiest rank's messages beyond one send and one
+    receive, at the post of the level they cross (inter if any of its messages
+    leaves the host); wake, the larger of the levels' wake where that level's
+    bytes outlast its spin; sharing, inside each host only (a host's memory;
+    the NICs' sharing is levels.nics'). Oversubscription stays in alpha here:
+    two_level has no latency column to take it from.
+    """
+    software = wake = sharing = 0.0
+    host_ranks: dict[int, list[int]] = {}
+    for r, h in enumerate(hosts):
+        host_ranks.setdefault(h, []).append(r)
+    for msgs, _ in schedule(collective, algorithm, numels, itemsize, hosts):
+        count = [[0, 0] for _ in hosts]  # per rank: messages inside its host, across
+        link = {"intra": [0] * len(hosts), "inter": [0] * len(hosts)}
+        for src, dst, nb in msgs:
+            across = int(hosts[src] != hosts[dst])
+            count[src][across] += 1
+            count[dst][across] += 1
+            level = "inter" if across else "intra"
+            link[level][src] = max(link[level][src], nb)
+            link[level][dst] = max(link[level][dst], nb)
+        software += max((inter.post if n_inter else intra.post) * max(0, n_intra + n_inter - 2)
+                        for n_intra, n_inter in count)
+        woken = [o.wake for o, fig, name in ((intra, levels.intra, "intra"), (inter, levels.inter, "inter"))
+                 if o.spin > 0 and max(link[name]) * fig.beta > o.spin]
+        wake += max(woken, default=0.0)
+        if intra.solo != 1.0:
+            sharing += max((_shared([link["intra"][r] for r in ranks], len(ranks), intra.solo)
+                            - max(link["intra"][r] for r in ranks)) * levels.intra.beta
+                           for ranks in host_ranks.values())
+    return Terms(software, wake, sharing)

@@ -302,6 +302,9 @@ def _worker(reps: int, sweep: bool, sweep_reps: int, max_bytes: int, wires: list
             from dt.tools.tune_levels import measure_levels
 
             fig["levels"] = measure_levels(g, reps, attempts, repeats)
+            if terms != "none":  # the messages' terms again between two hosts (rank 0 and the first away)
+                away = next(q for q, h in enumerate(topology.hosts) if h != topology.hosts[0])
+                fig["terms_inter"] = measure_terms(g, reps, repeats, terms == "quick", (0, away), False)
         out[wire] = fig
     return out
 

@@ -61,12 +61,13 @@ def report(fig: dict[str, Any], out: TextIO | None = None) -> None:
               f"({_rate(lv['beta'])} GB/s)", file=out)
     if "nics" in fig:
         print(f"  NICs a host's ranks share: {fig['nics'] or 'one per rank'} (every rail at once)", file=out)
-    terms = fig.get("terms")
-    if terms:
-        print(f"  terms: post {terms['post'] * 1e6:.1f} us per message, wake {terms['wake'] * 1e6:.1f} us "
-              f"(spin {terms['spin'] * 1e6:.0f} us), solo copy {terms['solo']:.2f} / add "
-              f"{terms['solo_reduce']:.2f} of all at once, oversubscription {terms['oversub'] * 1e6:.1f} us "
-              f"per step", file=out)
+    for name, label in (("terms", "terms"), ("terms_inter", "terms between hosts")):
+        terms = fig.get(name)
+        if terms:
+            print(f"  {label}: post {terms['post'] * 1e6:.1f} us per message, wake "
+                  f"{terms['wake'] * 1e6:.1f} us (spin {terms['spin'] * 1e6:.0f} us), solo copy "
+                  f"{terms['solo']:.2f} / add {terms['solo_reduce']:.2f} of all at once, oversubscription "
+                  f"{terms['oversub'] * 1e6:.1f} us per step", file=out)
     print("  exchange step times: " + ", ".join(
         f"{int(k):,} B {v * 1e3:.3f} ms" for k, v in fig["exchange"].items()), file=out)
     for collective, rows in fig.get("winners", {}).items():

@@ -39,7 +39,7 @@ QUICK_COPY_SIZES = (1 << 18, 1 << 20)
 LATE = 2e-3  # how late the late reply comes: beyond the 200 us spin, well under a time slice
 
 
-def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
+def _fan_calls(comm: Any, r: int, fans: tuple[int, ...], pair: tuple[int, int]) -> dict[str, Any]:
     import torch
 
     from dt.transport import RECV, SEND
@@ -50,8 +50,8 @@ def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
         recvs = [torch.empty(1) for _ in range(k)]
 
         def fan(sends: list = sends, recvs: list = recvs) -> None:
-            if r < 2:
-                peer = 1 - r
+            if r in pair:
+                peer = pair[1] if r == pair[0] else pair[0]
                 ops = [(SEND, t, peer) for t in sends] + [(RECV, t, peer) for t in recvs]
                 for handle in comm.batch(ops):
                     handle.wait()
@@ -60,19 +60,19 @@ def _fan_calls(comm: Any, r: int, fans: tuple[int, ...]) -> dict[str, Any]:
     return calls
 
 
-def _reply(comm: Any, r: int, delay: float) -> Any:
+def _reply(comm: Any, r: int, delay: float, pair: tuple[int, int]) -> Any:
     import torch
 
     one = torch.zeros(1)
 
     def reply() -> None:
-        if r == 0:
-            comm.recv(one, 1)
-        elif r == 1:
+        if r == pair[0]:
+            comm.recv(one, pair[1])
+        elif r == pair[1]:
             end = time.perf_counter() + delay  # busy: a sleep would add its own timer slack
             while time.perf_counter() < end:
                 pass
-            comm.send(one, 0)
+            comm.send(one, pair[0])
 
     return reply
 
@@ -104,16 +104,28 @@ def _ratio(alone: float, together: float) -> float:
     return min(1.0, alone / together) if together > 0 else 1.0
 
 
-def _spin(g: Any, p: int) -> float:
-    if g.links.board is None:
-        return 0.0  # the torch wire: gloo's waits sleep at once
+def _spin(g: Any, r: int, pair: tuple[int, int]) -> float:
+    """How long the pair's waits spin: shared memory's (dt.transport.shm.sync) for the ranks of
+    this rank's host; none on the torch wire or between hosts (gloo's waits sleep at once)."""
+    from dt.transport import topology_of
+
+    topology = topology_of(g)
+    wires = g.links.wires or ()
+    if topology.hosts[pair[0]] != topology.hosts[pair[1]] or (
+            g.links.board is None and not any(w.name == "shm" for w in wires)):
+        return 0.0
     from dt.transport.shm.sync import default_spin
 
-    return default_spin(p)
+    return default_spin(topology.per_host[topology.hosts[r]])
 
 
-def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: bool = False) -> dict[str, Any]:
-    """The terms' figures on `group` (its wire), the same on every rank (see the module doc)."""
+def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: bool = False,
+                  pair: tuple[int, int] = (0, 1), copies: bool = True) -> dict[str, Any]:
+    """The terms' figures on `group` (its wire), the same on every rank (see the module doc).
+
+    `pair`: the two ranks the messages go between (across hosts: one on each, for the
+    link between hosts); copies=False skips solo (memory is a host's, not a link's).
+    """
     import torch
 
     import dt
@@ -125,16 +137,17 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     p, r = comm.size, comm.rank
     fans = FANS[:3] if quick else FANS
     one, got = torch.zeros(1), torch.empty(1)
-    calls = {**_fan_calls(comm, r, fans),
-             "pair": lambda: comm.exchange(one, 1 - r, got, 1 - r) if r < 2 else None,
+    other = {pair[0]: pair[1], pair[1]: pair[0]}
+    calls = {**_fan_calls(comm, r, fans, pair),
+             "pair": lambda: comm.exchange(one, other[r], got, other[r]) if r in other else None,
              "all": lambda: comm.exchange(one, (r + 1) % p, got, (r - 1) % p)}
     set_validation(False)
     timed = latencies(calls, reps, 1 if quick else repeats)
-    late = median_time(_reply(comm, r, LATE), reps)
-    prompt = median_time(_reply(comm, r, 0.0), reps)
+    late = median_time(_reply(comm, r, LATE, pair), reps)
+    prompt = median_time(_reply(comm, r, 0.0, pair), reps)
     set_validation(None)
-    slopes = _copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4),
-                          1 if quick else repeats)
+    slopes = (_copy_slopes(r, QUICK_COPY_SIZES if quick else COPY_SIZES, max(3, reps // 4),
+                           1 if quick else repeats) if copies else {})
     raw = {f"fan {k}": timed[f"fan {k}"].seconds for k in fans}
     raw.update(pair=timed["pair"].seconds, all=timed["all"].seconds, late=late, prompt=prompt, **slopes)
     # every rank takes the slowest rank's figure (rank 0's waits on rank 1 and the other way round)
@@ -143,8 +156,8 @@ def measure_terms(group: Any, reps: int = 20, repeats: int = REPEATS, quick: boo
     dt.all_reduce(agreed, op=dt.ReduceOp.MAX, algorithm="naive")
     raw = dict(zip(names, agreed.tolist()))
     post = slope({2 * k: raw[f"fan {k}"] for k in fans})  # 2 messages (a send, a receive) per k
-    return {"post": post, "wake": max(0.0, raw["late"] - LATE - raw["prompt"]), "spin": _spin(g, p),
-            "solo": _ratio(raw["copy alone"], raw["copy all"]),
-            "solo_reduce": _ratio(raw["add alone"], raw["add all"]),
+    return {"post": post, "wake": max(0.0, raw["late"] - LATE - raw["prompt"]), "spin": _spin(g, r, pair),
+            "solo": _ratio(raw["copy alone"], raw["copy all"]) if copies else 1.0,
+            "solo_reduce": _ratio(raw["add alone"], raw["add all"]) if copies else 1.0,
             "oversub": max(0.0, raw["all"] - raw["pair"]) if p > cores() else 0.0,
             "raw": raw}

@@ -31,6 +31,7 @@ from typing import Any
 
 from dt import args as args_
 from dt import cost
+from dt.cost.overheads import Overheads, level_terms
 from dt.units import fmt_bytes, fmt_time
 
 __all__ = ["link", "measure_worker", "print_levels", "print_measured", "rows"]
@@ -44,14 +45,18 @@ def link(text: str) -> tuple[float, float]:
     return args_.rate(parts[0]), args_.duration(parts[1])
 
 
+def _numels(collective: str, nbytes: int, p: int) -> int:
+    """float32 elements of the buffer (all-reduce) or of one rank's block (the others)."""
+    return nbytes // 4 if collective == "all_reduce" else max(nbytes // 4 // p, 0)
+
+
 def rows(collective: str, nbytes: int, hosts: tuple[int, ...],
          levels: cost.Levels) -> list[tuple[str, cost.TwoLevelEstimate]]:
     """Every algorithm the two-level model prices for `collective`, cheapest first.
 
     nbytes: the buffer (all-reduce) or the whole gathered / scattered buffer, in float32 elements.
     """
-    p = len(hosts)
-    numels = nbytes // 4 if collective == "all_reduce" else max(nbytes // 4 // p, 0)
+    numels = _numels(collective, nbytes, len(hosts))
     out = [(a, cost.two_level(collective, a, numels, 4, hosts, levels))
            for a in cost.levels.LEVELED[collective]]
     return sorted(out, key=lambda row: row[1].total)
@@ -99,9 +104,12 @@ def measure_worker(collective: str, sizes: list[int], reps: int, wires: list[str
     every rank prices with (rank 0's, dt.collectives.agreed) and each leveled algorithm's median."""
     import statistics
 
+    import torch.distributed as dist
+
     import dt
     from dt.bench.harness import Case, time_calls, wire_group
     from dt.collectives import agreed
+    from dt.cost import machine
     from dt.transport import resolve_group, topology_of
 
     dt.set_validation(False)  # time the algorithm, not dt's argument check
@@ -121,8 +129,11 @@ def measure_worker(collective: str, sizes: list[int], reps: int, wires: list[str
             med = time_calls({a: case.call(a, group=g) for a in algos}, reps, warmup=1, reset=case.reset)
             times[str(n)] = {a: statistics.median(t) for a, t in med.items()}
         lv = fig.levels
+        saved = machine.figures("shm" if wire == "shm" else dist.get_backend(), len(hosts),
+                                topology_of(view).shape()) or {}
         out[wire] = {"hosts": list(hosts), "source": fig.source, "note": fig.note, "times": times,
-                     "levels": [[m.alpha, m.beta, m.gamma] for m in (lv.intra, lv.inter)] + [lv.nics]}
+                     "levels": [[m.alpha, m.beta, m.gamma] for m in (lv.intra, lv.inter)] + [lv.nics],
+                     "terms": [saved.get("terms") or {}, saved.get("terms_inter") or {}]}
     return out
 
 
@@ -141,16 +152,22 @@ def print_measured(collective: str, sizes: list[int], per_rank: list[dict[str, A
               f"beta {ib * 1e9:.3f} ns/B; between hosts alpha {fmt_time(xa, 3)}, beta {xb * 1e9:.3f} ns/B"
               f"\n  figures: {mine['source']}" + (f"\n  note: {mine['note']}" if mine["note"] else ""),
               file=out)
+        intra, inter = (Overheads.from_saved({"terms": t}) for t in mine.get("terms", [{}, {}]))
         for n in sizes:
             measured = {a: max(r[wire]["times"][str(n)][a] for r in per_rank)
                         for a in mine["times"][str(n)]}
             print(f"\n{collective}, {fmt_bytes(n, 3)}, {h} hosts, {p} ranks", file=out)
-            print(f"  {'algorithm':<21} {'steps':>5} {'predicted':>10} {'measured':>10} {'meas/pred':>9} "
+            print(f"  {'algorithm':<21} {'steps':>5} {'two-level':>10} {'software':>9} {'wake':>9} "
+                  f"{'sharing':>9} {'predicted':>10} {'measured':>10} {'meas/pred':>9} "
                   f"{'inter/rank':>11} {'inter/host':>11}", file=out)
             for i, (name, e) in enumerate(r for r in rows(collective, n, hosts, levels) if r[0] in measured):
                 m = measured[name]
+                t = level_terms(collective, name, _numels(collective, n, p), 4, hosts, levels, intra, inter)
+                total = e.total + t.total
                 print(f"  {name + (' *' if i == 0 else ''):<21} {e.steps:>5} {fmt_time(e.total, 3):>10} "
-                      f"{fmt_time(m, 3):>10} {m / e.total if e.total else float('nan'):>9.2f} "
+                      f"{fmt_time(t.software, 3):>9} {fmt_time(t.wake, 3):>9} {fmt_time(t.sharing, 3):>9} "
+                      f"{fmt_time(total, 3):>10} {fmt_time(m, 3):>10} "
+                      f"{m / total if total else float('nan'):>9.2f} "
                       f"{fmt_bytes(e.inter_rank, 3):>11} {fmt_bytes(e.inter_host, 3):>11}", file=out)
     print("\n* = lowest predicted time (what algorithm=\"auto\" picks across hosts with these figures, "
           "unless dt tune measured winners on this topology)", file=out)
