@@ -2,7 +2,8 @@
 
 A group inside one host is priced by dt.cost.time.estimate with the intra
 figures (the cheapest of the algorithms dt's `auto` chooses among, as auto
-picks the model's lowest); one spanning hosts by dt.cost.levels.two_level
+picks the model's lowest; on this machine with the terms `dt tune` measured,
+dt.cost.overheads); one spanning hosts by dt.cost.levels.two_level
 on its hosts. A point-to-point send is one step: alpha + bytes * beta.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 
 from dt.cost.levels import LEVELED, Levels, two_level
+from dt.cost.overheads import overheads
 from dt.cost.time import estimate
 from dt.plan.cluster import Cluster
 
@@ -42,6 +44,12 @@ def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: t
     if max(hosts) == 0:  # one host
         m = levels.intra
         return estimate(collective, algorithm, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma).total
+    return _across(collective, algorithm, nbytes, itemsize, hosts, levels)
+
+
+def _across(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: tuple[int, ...],
+            levels: Levels) -> float:
+    p = len(hosts)
     if collective == "all_to_all":  # every rank sends (p-1)/p of its bytes, most of it across
         m = levels.inter
         return estimate("all_to_all", "pairwise", nbytes, p, alpha=m.alpha, beta=m.beta).total
@@ -99,10 +107,25 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     return out
 
 
+@functools.lru_cache(maxsize=65536)
+def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: Cluster) -> float:
+    """This machine, one host: dt.cost.time.estimate with the terms `dt tune` measured
+    (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription), the
+    cheapest algorithm; exact per call (the terms are not affine in the bytes)."""
+    p, m = len(hosts), cluster.levels.intra
+    terms = overheads("shm", p)
+    algos = ONE_HOST[collective] + LOADSTORE[collective]
+    return min(estimate(collective, a, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma,
+                        overheads=terms).total for a in algos)
+
+
 def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...]) -> float:
     """Seconds of one call moving `nbytes` (the buffer; all_gather: the gathered whole) on `ranks`."""
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
+    hosts = group_hosts(cluster, ranks)
+    if cluster.shared_memory and max(hosts) == 0:
+        return _with_terms(collective, int(nbytes), hosts, cluster)
     lines = _lines(collective, cluster.itemsize, group_hosts(cluster, ranks), cluster.levels,
                    cluster.shared_memory)
     return min(a + b * nbytes for a, b in lines)  # the algorithm the model prices lowest, as auto picks
