@@ -101,14 +101,15 @@ def _cluster(a: argparse.Namespace) -> Cluster:
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
     model, cluster = _model(a), _cluster(a)
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     rows, enumerated, dropped = rank_layouts(cluster, model, a.global_batch, a.seq,
                                              (False, True) if a.recompute else (False,))
-    took = time.perf_counter() - t0
+    took, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     title = (f"{model.name} ({model.params(a.seq) / 1e6:.1f}M parameters), global batch {a.global_batch} x "
              f"{a.seq} tokens, on {cluster.name}")
     meta = {"model": model.__dict__, "global_batch": a.global_batch, "seq": a.seq, "cluster": cluster.name,
-            "source": cluster.source, "enumerated": enumerated, "dropped": dropped, "seconds": took}
+            "source": cluster.source, "enumerated": enumerated, "dropped": dropped, "seconds": took,
+            "cpu_seconds": cpu}
     if a.explain is not None:
         return _explain(a, rows, cluster, model, title)
     measured = None
@@ -123,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cluster: {cluster.source}")
     gone = "; ".join(f"{n} dropped: {why}" for why, n in dropped.items())
     print(f"{enumerated} layouts dt train accepts, {len(rows)} fit{'; ' + gone if gone else ''} "
-          f"({took:.2f} s to plan)")
+          f"({took:.2f} s to plan, {cpu:.2f} s of CPU)")
     if not rows:
         print("nothing fits: raise --per-host or --hosts, lower --global-batch or --seq, or add --recompute")
         return 1

@@ -22,6 +22,7 @@ when the activations are gone.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
 
 from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
@@ -44,6 +45,11 @@ def _decoder(model: ModelShape, seq: int) -> Decoder:
     return a
 
 
+@functools.lru_cache(maxsize=65536)
+def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -> float:
+    return peak_stash_bytes(name, p, s, m, chunks)  # many layouts (ZeRO, placement) share one
+
+
 def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
     """Per pipeline stage: {state, activations, buffers, peak} bytes of one of its ranks."""
     item = c.itemsize
@@ -59,7 +65,7 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
                                     param_bytes=2 if mixed else item, grad_bytes=2 if mixed else item)
         chunks = [stage_activation_bytes(a, r, b, item, lay.tp, lay.cp, recompute=recompute)
                   for r in stage_layers(model.n_layer + 2, lay.pp, s, None, lay.virtual)]
-        acts = peak_stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, chunks)
+        acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute:  # one block's whole set, rebuilt for its backward
             acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp)
         buffers = max(bucket_bytes(dense, item), default=0) if lay.dp * lay.cp > 1 else 0

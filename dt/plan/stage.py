@@ -102,6 +102,14 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
 def stage_tensors(model: ModelShape, lay: Layout, seq: int,
                   stage: int) -> tuple[list[int], int, int, bool, bool]:
     """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
+    dense, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    return (list(dense), *rest)
+
+
+@functools.lru_cache(maxsize=16384)
+def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
+             stage: int) -> tuple[tuple[int, ...], int, int, bool, bool]:
+    lay = Layout(tp=tp, pp=pp, virtual=virtual, ep=ep, schedule="interleaved" if virtual > 1 else "1f1b")
     n = model.n_layer + 2
     layers = [i for r in stage_layers(n, lay.pp, stage, None, lay.virtual) for i in r]
     dense: list[int] = []
@@ -119,7 +127,7 @@ def stage_tensors(model: ModelShape, lay: Layout, seq: int,
             dense += d
             experts += e // max(1, lay.ep)
             blocks += 1
-    return dense, experts, blocks, n - 1 in layers, 0 in layers
+    return tuple(dense), experts, blocks, n - 1 in layers, 0 in layers
 
 
 def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple[float, float]:

@@ -87,8 +87,11 @@ def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, t0: float) -> 
             spans.append(Span(kind, t, t + d, f"ZeRO-1 {op.replace('_', '-')}"))
             t += d
         return spans
+    priced: dict[int, float] = {}  # most buckets are the cap's size: price each size once
     for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else []):
-        d = collective_seconds(c, "all_reduce", nbytes, g.dp_cp)
+        if nbytes not in priced:
+            priced[nbytes] = collective_seconds(c, "all_reduce", nbytes, g.dp_cp)
+        d = priced[nbytes]
         spans.append(Span("dp", t, t + d, f"bucket {i} all-reduce"))
         t += d
     if w.experts and len(g.edp) > 1:
