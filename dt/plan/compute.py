@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -67,20 +68,22 @@ class Shard(nn.Module):
         return x + self.down(h)
 
 
-def _time(fn, reps: int = 5) -> float:
+def _time(fn: Callable[[], object], reps: int = 7) -> float:
+    """The fastest of `reps` timings: on a shared machine the others carry other programs' turns on
+    the cores, which differ from one shape's timing to the next and would reorder the layouts."""
     fn()  # warm: allocations, kernels chosen
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    return sorted(samples)[len(samples) // 2]
+    return min(samples)
 
 
 @functools.cache
 def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, threads: int,
               dtype: str) -> float:
-    """Seconds of forward + backward of one layer of this shard, timed here (median of 5)."""
+    """Seconds of forward + backward of one layer of this shard, timed here (the fastest of 7)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
