@@ -100,8 +100,8 @@ def test_splits_and_recompute():
         layer_activation_bytes(arch, 1, b, e, recompute="half")
     with pytest.raises(ValueError, match="attention must be one of"):
         layer_activation_bytes(arch, 1, b, e, attention="flash")
-    with pytest.raises(ValueError, match="mixture-of-experts"):
-        layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e)
+    with pytest.raises(ValueError, match="mixture of experts is"):
+        layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e, attention="sdpa")
 
 
 def measured_stash(cases: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
@@ -141,3 +141,30 @@ def test_peak_stash_bytes_weighs_the_chunks():
     assert peak_stash_bytes("1f1b", 4, 0, 8, [5.0]) == 20
     with pytest.raises(ValueError, match="one figure per chunk"):
         stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])
+
+
+def moe_saved(top_k: int, ep: int) -> int:
+    import dt
+    from dt.models.gpt import GPTConfig as ParallelConfig
+    from dt.models.gpt import ParallelGPT
+    m = dt.mesh(dp=ep, ep=ep)
+    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64, n_experts=4,
+                         top_k=top_k)
+    model = ParallelGPT(cfg, m)
+    g = torch.Generator().manual_seed(m.rank)
+    ids, targets = (torch.randint(0, 64, (2, 32), generator=g) for _ in range(2))
+    with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
+        model.train_step(ids, targets)
+    return saved.bytes
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_moe_block_formula_is_the_measurement(run, world):
+    """One rank exactly (uniform = actual rows at ep 1); over ep ranks the rows received add up to
+    the rows sent, so the ranks' sum is exact whatever the routing."""
+    from dt.models.gpt import GPTConfig as ParallelConfig
+    for top_k in (1, 2):
+        arch = Decoder.of(ParallelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64,
+                                         n_experts=4, top_k=top_k))
+        measured = run(world, moe_saved, top_k, world)
+        assert sum(measured) == world * stage_activation_bytes(arch, range(3), 2, 4)

@@ -47,16 +47,22 @@ rank's slice (bool), and the positions (int64); the head keeps ln_f's input and 
 softmax of its vocabulary slice (ParallelGPT: in the activation dtype; the plain models'
 loss upcasts: max(e, 4) bytes), the targets (int64) and their outside-the-slice mask.
 
-Mixture of experts is not covered here (router and dispatch buffers depend on the
-routing): asking for it raises.
+Mixture of experts (dt/models/gpt.py's MoE block, replicated over tp, so never divided by
+it), T = b s / cp tokens, R = T top_k rows this rank routes, R' the rows its experts receive
+(R' = R with uniform routing; pass received_rows for a measured routing), in place of the MLP:
+    router   its probabilities e T E, the top-k ids 8 T k, the balance loss's e b E, and at
+             top_k > 1 the renormalising sum e T and the gates e T k
+    dispatch the sort orders of sent and received rows 16 R + 16 R', the received rows e R' h
+    experts  fc_in's output and GELU's output, 2 e R' f
+    combine  each row's gate e R, the outputs back and weighted 2 e R h
 """
 
 from __future__ import annotations
 
 from dt.cost.flops import Decoder
 
-__all__ = ["ATTENTION", "block_activation_bytes", "layer_activation_bytes", "recompute_peak_bytes",
-           "stage_activation_bytes"]
+__all__ = ["ATTENTION", "block_activation_bytes", "layer_activation_bytes", "moe_activation_bytes",
+           "recompute_peak_bytes", "stage_activation_bytes"]
 
 ATTENTION = ("dt", "sdpa")  # dt.parallel's attention (dt train), torch's fused kernel (plain models)
 INDEX_BYTES = 8  # int64 token ids, positions and targets
@@ -68,14 +74,27 @@ def _check(a: Decoder, attention: str, recompute: str) -> None:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if a.n_experts:
-        raise ValueError("activation bytes of a mixture-of-experts block are not modelled "
-                         "(they depend on the routing): n_experts must be 0")
+    if a.n_experts and (a.gated or attention == "sdpa"):
+        raise ValueError("a mixture of experts is dt/models/gpt.py's block (attention='dt', not gated)")
+
+
+def moe_activation_bytes(a: Decoder, sequences: int, itemsize: int, cp: int = 1,
+                         received_rows: float | None = None) -> float:
+    """What an MoE block's router, dispatch, experts and combine keep (the module doc's terms)."""
+    e, k, E, h, f = itemsize, a.top_k, a.n_experts, a.n_embd, a.ffn_hidden
+    tokens = sequences * a.seq_len / cp
+    rows = tokens * k
+    got = rows if received_rows is None else received_rows
+    router = e * tokens * E + INDEX_BYTES * tokens * k + e * sequences * E
+    router += e * tokens * (1 + k) if k > 1 else 0  # top_k > 1: the gates renormalised
+    dispatch = 2 * INDEX_BYTES * (rows + got) + e * got * h
+    return router + dispatch + 2 * e * got * f + e * rows + 2 * e * rows * h
 
 
 def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, attention: str = "dt",
-                           stats_bytes: int | None = None) -> dict[str, float]:
+                           stats_bytes: int | None = None, received_rows: float | None = None
+                           ) -> dict[str, float]:
     """Bytes one block keeps for backward on one rank, by part, with no recompute."""
     _check(a, attention, "none")
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
@@ -89,7 +108,8 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
                 "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t,
                 "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
     norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / rep}
-    mlp = 2 * e * s * sequences * a.ffn_hidden / t
+    mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
+        2 * e * s * sequences * a.ffn_hidden / t
     if attention == "sdpa":  # one qkv storage, the output (the projection's input), log-sum-exp
         return {**norms, "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t, "mlp": mlp}
     if cp > 1:  # block-wise: q, k, v, output, its copy into the projection; log-sum-exp
