@@ -214,3 +214,10 @@ def test_dt_model_across_hosts_adds_the_saved_terms_of_each_level(capsys):
                            cost.Levels(cost.Machine(*levels[0]), cost.Machine(*levels[1]), 0)).total
     assert naive[4:6] == ["40", "us"]  # 2 messages more than two, across hosts, at 20 us
     assert " ".join(naive[10:12]) == whatif.fmt_time(plain + 40e-6, 3)  # the two-level total + the terms
+
+
+def test_the_late_reply_comes_just_past_the_spin():
+    from dt.tools.tune_terms import LATE, late_by
+
+    assert late_by(200e-6) == pytest.approx(400e-6)  # a wait a little longer than the spin
+    assert late_by(0.0) == LATE  # waits that sleep at once: any lateness sleeps
