@@ -13,9 +13,8 @@
 
 Activation bytes per layer are dt.cost.activations' (what dt's layers save,
 checked there against saved_tensors_hooks): one micro-batch through a chunk's
-layers, times the chunk's peak stash. An MoE block is counted as a dense one
-whose MLP is top_k experts wide (dt.cost.activations does not cover routing
-buffers; uniform routing and no drops assumed). Peak = state +
+layers, times the chunk's peak stash (an MoE block's with uniform routing and
+no drops: each rank receives the rows its own tokens chose). Peak = state +
 max(activations, buffers): the buckets are built after the last backward,
 when the activations are gone.
 """
@@ -23,7 +22,6 @@ when the activations are gone.
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
 from dt.cost.flops import Decoder
@@ -39,10 +37,7 @@ __all__ = ["peak_bytes"]
 
 
 def _decoder(model: ModelShape, seq: int) -> Decoder:
-    a = Decoder.of(model, seq)
-    if model.experts:  # as dense: top_k experts' rows per token (the module doc)
-        a = replace(a, n_experts=0, ffn_hidden=a.ffn_hidden * model.top_k)
-    return a
+    return Decoder.of(model, seq)
 
 
 @functools.lru_cache(maxsize=65536)
