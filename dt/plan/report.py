@@ -62,18 +62,18 @@ def explain_plot(p: Prediction, path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     ranks = sorted(p.timelines)
-    fig, ax = plt.subplots(figsize=(12, 1 + 0.6 * len(ranks)))
+    fig, ax = plt.subplots(figsize=(14, 1.8 + 0.6 * len(ranks)))
     for y, rank in enumerate(ranks):
         for sp in p.timelines[rank]:
             ax.barh(y, (sp.end - sp.start) * 1e3, left=sp.start * 1e3, color=COLOURS[sp.kind], height=0.7,
                     edgecolor="none")
     handles = [plt.Rectangle((0, 0), 1, 1, color=COLOURS[k]) for k in KINDS]
-    ax.legend(handles, [f"{k} {p.parts[k] * 1e3:.2f} ms" for k in KINDS], loc="upper center",
-              ncol=5, fontsize=8, bbox_to_anchor=(0.5, -0.25 if len(ranks) < 3 else -0.12))
+    ax.legend(handles, [f"{k} {p.parts[k] * 1e3:.2f} ms" for k in KINDS], loc="upper left",
+              fontsize=8, bbox_to_anchor=(1.01, 1.0))
     ax.set_yticks(range(len(ranks)), [f"rank {r} (stage {s})" for s, r in enumerate(ranks)])
     ax.invert_yaxis()
     ax.set_xlabel("ms into the step (white: idle)")
-    ax.set_title(f"{title}: predicted step {p.step * 1e3:.2f} ms")
+    ax.set_title(f"{title}: predicted step {p.step * 1e3:.2f} ms", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
