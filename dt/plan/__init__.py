@@ -2,12 +2,17 @@
 
 - model.py       the model's shape: dt's GPT flags, or presets of public shapes
 - layouts.py     every layout dt train accepts (dt.train.layouts' rule) for a model, world, batch
-- cluster.py     what the ranks run on: this machine as `dt tune` measured it, or a catalogue cluster
-- compute.py     FLOPs of each layer and what they cost on the cluster
+- cluster.py     what the ranks run on: this machine as `dt tune` measured it, or catalogue GPUs
+- compute.py     each layer's FLOPs (dt.cost.flops) priced: catalogue rate, or timed here per shape
+- comm.py        one collective's price on the level(s) its group sits on (dt.cost.time, .levels)
+- stage.py       one pipeline stage: its tensors, its per-micro-batch work and messages by kind
 - pipeline.py    the schedule's own action order played out with the predicted durations
 - step_model.py  one layout's per-rank timeline (compute, exposed communication by kind, bubble)
-- memory.py      one layout's peak bytes per rank
-- check.py       `dt plan --check`: the layouts run with dt train, predicted beside measured
+- memory.py      one layout's peak bytes per rank (dt.cost.activations, ZeRO's formula, the stash)
+- search.py      every layout: dropped if it does not fit, else priced; ranked
+- report.py      the table, JSON, the timeline plot and the scatter
+- check.py       `dt plan --check`: layouts run as dt train runs them, predicted beside measured
 - trace.py       Chrome trace JSON (Perfetto): measured and predicted timelines side by side
-- cli.py         the command: ranked table, --explain, --json, the scatter
+- atscale.py     the planner beside published large runs (published.py)
+- cli.py         the command
 """

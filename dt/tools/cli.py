@@ -33,6 +33,7 @@ COMMANDS = {
     "model": ("dt.tools.whatif", "COLLECTIVE", "what-if calculator on the cost model"),
     "train": ("dt.train", "", "train the small GPT on a dp x cp x ep x tp x pp mesh"),
     "sample": ("dt.train.sample", "", "generate text from a dt train checkpoint"),
+    "plan": ("dt.plan.cli", "", "predict every layout's step time and memory, ranked; --check runs them"),
     "cluster": ("dt.tools.cluster", "up|down|list", "a simulated cluster: hosts as network namespaces"),
     "selftest": ("dt.tools.selftest", "", "smoke test of every layer on this machine's devices"),
     "judge": ("dt.learn.judge", "FILE", "judge a collective you wrote from send/recv"),

@@ -22,6 +22,7 @@ from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
+from dt.train.layouts import layout_error, world
 from dt.train.loop import train_worker
 from dt.train.metrics import curve_records, job_peak_flops, mfu, plot_loss, read_metrics
 from dt.train.options import add_trainer_options, trainer_options_problem
@@ -121,49 +122,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     except args_.InputError as exc:
         p.error(str(exc))
     per_rank = args.batch_size // args.dp
-    if args.batch_size % args.dp or per_rank < 1:
-        p.error(f"--batch-size {args.batch_size} must be a positive multiple of --dp {args.dp}")
     if args.micro_batches is None:
-        args.micro_batches = min(2 * args.pp, per_rank)
-    if not 1 <= args.micro_batches <= per_rank:
-        p.error(f"--micro-batches must be between 1 and the per-rank batch {per_rank}")
-    if args.virtual > 1 and args.schedule != "interleaved":
-        p.error("--virtual > 1 needs --schedule interleaved")
-    if args.n_layer + 2 < args.pp * args.virtual:
-        p.error(f"{args.n_layer} blocks + embedding + head cannot fill {args.pp} stages "
-                f"x {args.virtual} chunks")
+        args.micro_batches = max(1, min(2 * args.pp, per_rank))
     if args.keep < 1 or args.save_every < 0:
         p.error(f"--keep must be at least 1 (got {args.keep}) and --save-every at least 0 "
                 f"(got {args.save_every})")
-    if args.n_head % args.tp:
-        p.error(f"--n-head {args.n_head} must be divisible by --tp {args.tp}")
-    if args.n_embd % args.n_head:
-        p.error(f"--n-embd {args.n_embd} must be divisible by --n-head {args.n_head}")
-    if (args.dp * args.cp) % args.ep:
-        p.error(f"--ep {args.ep} must divide dp * cp = {args.dp * args.cp}: the experts are spread "
-                "over ranks of the data x context plane")
-    if args.ep > 1 and not args.experts:
-        p.error("--ep > 1 needs --experts (an MoE model)")
-    if args.experts and not args.top_k <= args.experts:
-        p.error(f"--top-k must be between 1 and --experts {args.experts}")
-    if args.model == "llama" and (args.cp > 1 or args.experts):
-        p.error("--model llama trains on dp, tp and pp; --cp and --experts are the GPT's for now")
-    if args.model == "llama" and args.n_head % (args.n_kv_head or args.n_head):
-        p.error(f"--n-head {args.n_head} must be a multiple of --n-kv-head {args.n_kv_head}")
-    if args.model == "llama" and (args.n_kv_head or args.n_head) % args.tp:
-        p.error(f"--n-kv-head {args.n_kv_head} must be divisible by --tp {args.tp} (whole heads per rank)")
-    if args.model == "llama" and (args.n_embd // args.n_head) % 2:
-        p.error(f"--model llama needs an even head size: --n-embd {args.n_embd} / --n-head {args.n_head}")
-    if (args.clip or args.zero) and args.experts:
-        p.error("--clip and --zero run on the training step (dt.train.step), which does not train "
-                "--experts yet (their gradients sync over the experts' replicas, edp): drop one")
     if args.aux_loss_coef < 0:
         p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
-    if args.cp > 1 and args.block_size < 2 * args.cp:
-        p.error(f"--block-size {args.block_size} is too short for --cp {args.cp}: zig-zag gives each "
-                "rank two chunks of every sequence (at least 2 * cp tokens)")
-    if args.cp > 1 and args.cp_attention == "ulysses" and args.n_head % (args.tp * args.cp):
-        p.error(f"Ulysses needs --n-head {args.n_head} divisible by tp * cp = {args.tp * args.cp}")
+    if (error := layout_error(args)) is not None:  # the rule dt plan enumerates by
+        p.error(error)
     problem = trainer_options_problem(args)
     if problem:
         p.error(problem)
@@ -258,11 +225,6 @@ def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[
     out.append(f"  tp-across - tp-inside: {diff * 1e3:+.2f} ms per step predicted"
                + (f"\n  note: {pl['note']}" if pl["note"] else ""))
     return out
-
-
-def world(args: argparse.Namespace) -> int:
-    """Processes the mesh needs: ep lives inside dp x cp."""
-    return args.dp * args.cp * args.tp * args.pp
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,158 @@
+"""`dt plan --check`: run the top layouts and a spread of the rest with dt train; predicted beside measured.
+
+Each chosen layout becomes dt train's own options (dt.train.cli.parse_args:
+the run is one dt train accepts) and runs in a fresh world on this machine:
+dt train's model and optimizer (dt.train.loop.make_model), its step
+(train_step, then the optimizer), `steps` steps of which the first is
+warm-up (groups connect, buffers are made); the measured step is the median
+of the rest on the slowest rank. Memory: a second, two-step run of the same
+layout inside dt.device_memory.LiveBytes (the peak of live tensor bytes,
+what dt counts on the CPU; the counting slows it, so it is not timed).
+
+The measured timeline (trace.py): each step's span on every rank, every
+synchronous collective's wait inside it (the transport's `blocking` wrapper,
+where dt charges a step's unhidden communication), the optimizer's span,
+and the gaps between collectives inside train_step as compute (pipeline
+sends and receives included there: they are waited on inside the pipeline's
+own wire, not through `blocking`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from dt.plan.cluster import Cluster
+from dt.plan.layouts import Layout
+from dt.plan.model import ModelShape
+from dt.plan.search import Row
+
+__all__ = ["check", "chosen", "measure_worker", "train_argv"]
+
+
+def chosen(rows: list[Row], runs: int) -> list[Row]:
+    """The first three and an even spread of the rest, `runs` in all."""
+    if len(rows) <= runs:
+        return list(rows)
+    top = rows[:min(3, runs)]
+    rest = rows[len(top):]
+    k = runs - len(top)
+    picks = [rest[round(i * (len(rest) - 1) / max(1, k - 1))] for i in range(k)] if k else []
+    return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
+
+
+def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int) -> list[str]:
+    """dt train's options for this layout (and nothing else: the rest are its defaults)."""
+    argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
+            "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
+            "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),
+            "--cp-attention", lay.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
+            "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
+            "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
+            "--no-progress", "--device", "cpu"]
+    return argv + (["--untied"] if not model.tied else [])
+
+
+def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
+    """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run)."""
+    import torch
+
+    from dt import transport
+    from dt.device_memory import LiveBytes
+    from dt.models.data import CharData
+    from dt.plan.trace import Recorder
+    from dt.train.loop import make_model
+
+    torch.manual_seed(args.seed)
+    threads = torch.get_num_threads()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    transport.set_validation(args.validate)  # as dt train's worker does
+    data = CharData(seed=args.seed)
+    live = LiveBytes("cpu") if memory else None
+    rec = Recorder()
+    try:
+        if live is not None:
+            live.__enter__()
+        model, optimizer = make_model(args, data.vocab_size)
+        m = model.mesh
+        per_rank = args.batch_size // args.dp
+        sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
+        with rec.hooked():
+            for step in range(steps):
+                x, y = data.batch(step, args.batch_size, args.block_size)
+                rec.begin(step)
+                optimizer.zero_grad()
+                model.train_step(x[sl], y[sl])
+                rec.mark("optimizer")
+                optimizer.step()
+                rec.end()
+    finally:
+        if live is not None:
+            live.__exit__(None, None, None)
+        torch.set_num_threads(threads)
+    out: dict[str, Any] = {"rank": m.rank, "stage": m.pp_rank, "steps": rec.step_seconds(),
+                           "spans": rec.spans}
+    if live is not None:
+        out["peak_bytes"] = live.peak
+    return out
+
+
+def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> dict[str, Any]:
+    from dt.launcher import launch
+    from dt.train.cli import parse_args
+
+    args = parse_args(train_argv(row.layout, model, batch, seq, steps))
+    timed = launch(measure_worker, row.layout.world, args, steps, False, backend="gloo")
+    mem = launch(measure_worker, row.layout.world, args, 2, True, backend="gloo")
+    per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's
+    return {"step_s": statistics.median(per_step), "steps_s": per_step,
+            "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem), "ranks": timed}
+
+
+def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int, seq: int,
+          model: ModelShape, cluster: Cluster) -> tuple[dict[str, dict[str, Any]], str]:
+    """Measure the chosen layouts; (measured figures by layout name, the comparison table)."""
+    from dt.plan.trace import write_trace
+
+    if steps < 2:
+        raise ValueError("--check needs --steps >= 2: the first is warm-up")
+    picked = chosen(rows, runs)
+    measured: dict[str, dict[str, Any]] = {}
+    for row in picked:
+        measured[row.layout.name()] = _run(row, model, batch, seq, steps)
+    if trace and picked:
+        from dt.plan.step_model import predict
+
+        first = picked[0]
+        p = predict(cluster, model, first.layout, batch, seq, timelines=True)
+        write_trace(trace, measured[first.layout.name()]["ranks"], p)
+    text = comparison(picked, measured) + (f"\ntrace: {trace} (Perfetto, chrome://tracing)" if trace else "")
+    return {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in measured.items()}, text
+
+
+def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
+    """Predicted beside measured for each run, both rankings, and the errors' summary."""
+    by_meas = sorted(picked, key=lambda r: measured[r.layout.name()]["step_s"])
+    meas_rank = {r.layout.name(): i + 1 for i, r in enumerate(by_meas)}
+    lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'pred peak':>10} "
+             f"{'meas peak':>10} {'err':>7}  rank pred/meas"]
+    t_err, m_err = [], []
+    for i, r in enumerate(picked, 1):
+        me = measured[r.layout.name()]
+        te = (r.prediction.step - me["step_s"]) / me["step_s"]
+        pe = (r.peak - me["peak_bytes_per_rank"]) / me["peak_bytes_per_rank"]
+        t_err.append(abs(te))
+        m_err.append(abs(pe))
+        lines.append(f"{r.layout.name():<42} {r.prediction.step * 1e3:9.2f} {me['step_s'] * 1e3:9.2f} "
+                     f"{100 * te:+6.1f}% {r.peak / 1e6:9.2f}M {me['peak_bytes_per_rank'] / 1e6:9.2f}M "
+                     f"{100 * pe:+6.1f}%  {i}/{meas_rank[r.layout.name()]}")
+    fastest = measured[by_meas[0].layout.name()]["step_s"]
+    first = measured[picked[0].layout.name()]["step_s"]
+    lines.append(f"step: median |pred - meas| / meas {100 * statistics.median(t_err):.1f}%, worst "
+                 f"{100 * max(t_err):.1f}%; memory: median {100 * statistics.median(m_err):.1f}%, worst "
+                 f"{100 * max(m_err):.1f}%")
+    behind = 100 * (first / fastest - 1)
+    lines.append(f"first ranked {picked[0].layout.name()}: measured {first * 1e3:.2f} ms, the measured "
+                 f"fastest {by_meas[0].layout.name()} {fastest * 1e3:.2f} ms ({behind:+.1f}%)")
+    return "\n".join(lines)

@@ -1,0 +1,86 @@
+"""What the ranks run on: this machine as `dt tune` measured it, or H hosts of a catalogue device.
+
+A Cluster prices the three things a step does: arithmetic (FLOP/s per rank,
+sustained: the peak times a stated efficiency, or measured), collectives
+(alpha, beta, gamma inside a host and between hosts: dt.cost.levels.Levels)
+and memory (bytes per rank; bandwidth for the optimizer's elementwise pass).
+
+The catalogue's figures are dt.cost.devices' (datasheets, each cited there);
+its stated matmul efficiency is the default sustained fraction of peak.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from dt.cost.devices import device as catalogue_device
+from dt.cost.levels import Levels
+from dt.cost.machine import Machine, machine
+
+__all__ = ["Cluster", "catalogue_cluster", "local_cluster"]
+
+
+ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "float32": 4, "float64": 8}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    name: str
+    hosts: int
+    per_host: int
+    flops: float  # sustained FLOP/s per rank (0: measured per layer shape, dt.plan.compute)
+    levels: Levels
+    memory: int  # bytes per rank (on CPU: the machine's, shared by every rank)
+    mem_bw: float  # bytes/s of one rank's elementwise passes (the optimizer)
+    precision: str = "fp32"
+    efficiency: float = 1.0  # the stated fraction of peak flops sustains
+    peak: float = 0.0  # peak FLOP/s per rank, for MFU
+    source: str = ""
+    shared_memory: bool = False  # CPU: every rank's bytes come out of one machine's memory
+
+    @property
+    def world(self) -> int:
+        return self.hosts * self.per_host
+
+    @property
+    def itemsize(self) -> int:
+        return ITEMSIZE[self.precision]
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.per_host
+
+
+def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
+                      efficiency: float | None = None) -> Cluster:
+    """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
+
+    efficiency: the sustained fraction of peak (default: the catalogue's stated one)."""
+    d = catalogue_device(name)
+    peak = d.peak_flops[precision]
+    eff = d.matmul_efficiency[precision] if efficiency is None else efficiency
+    intra = Machine(d.nvlink_latency, 1 / d.nvlink_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NVLink")
+    inter = Machine(d.nic_latency, 1 / d.nic_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NIC")
+    return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * eff, Levels(intra, inter),
+                   int(d.hbm_bytes), d.hbm_bandwidth, precision, eff, peak,
+                   f"catalogue ({d.name}, dt.cost.devices), sustained {eff:.0%} of "
+                   f"{peak / 1e12:.0f} TFLOP/s {precision} peak (stated, not measured)")
+
+
+def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:
+    """This machine: `dt tune`'s figures for the shared-memory wire (the defaults when untuned).
+
+    Compute is measured per layer shape (flops 0: dt.plan.compute times the
+    layers); the optimizer's pass runs at the memcpy rate `dt tune` saved.
+    """
+    from dt.args import available_memory
+
+    intra = machine("shm", world)
+    inter = machine("gloo", world) if hosts > 1 else intra
+    mem = intra.mem or 0.21e-9
+    per_host = world // hosts
+    total = available_memory() or 0
+    return Cluster(f"this machine ({os.cpu_count()} cores, {world} ranks)", hosts, per_host, 0.0,
+                   Levels(intra, inter), total, 1 / mem, precision, 1.0, 0.0,
+                   f"measured here: collectives {intra.source}; compute timed per layer shape",
+                   shared_memory=True)

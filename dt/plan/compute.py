@@ -1,0 +1,119 @@
+"""What a stage's arithmetic costs: FLOPs of each layer, priced on the cluster.
+
+FLOPs are dt.cost.flops' (step_flops of the layers, one rank's tp x cp
+share: Megatron's count; backward twice the forward, recompute one more
+forward of every block).
+
+On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency).
+On this machine the rate is measured at the layer's own shapes: one block
+(and the head) of this rank's shard is built and timed forward and backward
+with the threads each rank gets (cores / world), and the FLOPs above
+divided by that time; tiny layers are bound by the ops' fixed costs, not by
+arithmetic, and this catches both.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dt.cost.flops import Decoder, step_flops
+from dt.plan.cluster import Cluster
+from dt.plan.model import ModelShape
+
+__all__ = ["Shard", "layer_flops", "layer_seconds"]
+
+
+@functools.cache
+def _shard_shape(model: ModelShape, tp: int) -> tuple[int, int, int]:
+    return model.n_embd, model.n_head // tp, model.hidden // tp
+
+
+@functools.cache
+def layer_flops(model: ModelShape, seq: int, layer: int, sequences: int, tp: int, cp: int,
+                recompute: bool) -> tuple[float, float]:
+    """(forward, backward + recompute) FLOPs of one layer on one rank (dt.cost.flops.step_flops)."""
+    f = step_flops(Decoder.of(model, seq), sequences, range(layer, layer + 1), tp, cp,
+                   "full" if recompute else "none")
+    return f.forward, f.backward + f.recompute
+
+
+class Shard(nn.Module):
+    """One rank's slice of a block (tp-sharded widths), for timing only: the same matmuls and sizes."""
+
+    def __init__(self, c: int, heads: int, head_dim: int, hidden: int, gated: bool):
+        super().__init__()
+        self.heads, self.head_dim = heads, head_dim
+        self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
+        self.qkv, self.proj = nn.Linear(c, 3 * heads * head_dim), nn.Linear(heads * head_dim, c)
+        self.up = nn.Linear(c, (2 if gated else 1) * hidden)
+        self.down = nn.Linear(hidden, c)
+        self.gated = gated
+
+    def forward(self, x: torch.Tensor, keys: int) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        if keys != t:  # ring attention: this rank's queries against every key (as many blocks)
+            k, v = k.repeat(1, 1, keys // t, 1), v.repeat(1, 1, keys // t, 1)
+        a = F.softmax(q @ k.transpose(-1, -2) / self.head_dim ** 0.5, dim=-1) @ v
+        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
+        h = self.up(self.ln2(x))
+        h = F.silu(h.chunk(2, -1)[0]) * h.chunk(2, -1)[1] if self.gated else F.gelu(h)
+        return x + self.down(h)
+
+
+def _time(fn: Callable[[], object], reps: int = 7) -> float:
+    """The fastest of `reps` timings: on a shared machine the others carry other programs' turns on
+    the cores, which differ from one shape's timing to the next and would reorder the layouts."""
+    fn()  # warm: allocations, kernels chosen
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return min(samples)
+
+
+@functools.cache
+def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, threads: int,
+              dtype: str) -> float:
+    """Seconds of forward + backward of one layer of this shard, timed here (the fastest of 7)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        torch.manual_seed(0)
+        dt_ = getattr(torch, dtype)
+        c, heads, hidden = _shard_shape(model, tp)
+        x = torch.randn(b, t, c, dtype=dt_, requires_grad=True)
+        if kind == "block":
+            layer = Shard(c, heads, model.n_embd // model.n_head, hidden, model.gated).to(dt_)
+            run = lambda: layer(x, keys).sum().backward()  # noqa: E731
+        else:
+            w = torch.randn(model.vocab // tp or 1, c, dtype=dt_, requires_grad=True)
+            run = lambda: F.linear(F.layer_norm(x, (c,)), w).logsumexp(-1).sum().backward()  # noqa: E731
+        return _time(run)
+    finally:
+        torch.set_num_threads(old)
+
+
+def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int, keys: int,
+                  tp: int, world: int, recompute: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of one block or head on one rank of `cluster` (backward
+    includes the block's recomputed forward when `recompute`)."""
+    cp = keys // t
+    layer = 1 if kind == "block" else model.n_layer + 1
+    fwd, bwd = layer_flops(model, keys, layer, b, tp, cp, recompute and kind == "block")
+    if cluster.flops > 0:
+        return fwd / cluster.flops, bwd / cluster.flops
+    cores = os.cpu_count() or 1
+    threads = max(1, cores // world)
+    total = _measured(kind, model, b, t, keys, tp, threads, {4: "float32", 8: "float64"}[cluster.itemsize])
+    total *= max(1.0, world * threads / cores)  # more ranks than cores: they take turns on them
+    rate = 3 * fwd / total  # FLOP/s this shape sustains here, forward and backward alike
+    return fwd / rate, bwd / rate

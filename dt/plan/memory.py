@@ -1,0 +1,70 @@
+"""One layout's peak bytes per rank: what a stage holds at the worst moment of its step.
+
+    state        parameters, gradients and Adam's two moments of this rank's
+                 tensors (dt.parallel.zero.zero_memory_formula: ZeRO-1 shards
+                 the moments over dp); mixed precision (bf16/fp16): 2 + 2 bytes
+                 of weight and gradient and 12 of fp32 master and moments
+    activations  what autograd keeps per layer and micro-batch (below, the head's
+                 logits included), times the micro-batches the schedule holds at
+                 once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
+                 more), per chunk; with recompute only each block's input is kept,
+                 plus one block's whole set while it is recomputed
+    buffers      the largest gradient bucket's flat copy (all_reduce_buckets)
+
+Activation bytes per layer are dt.cost.activations' (what dt's layers save,
+checked there against saved_tensors_hooks): one micro-batch through a chunk's
+layers, times the chunk's peak stash (an MoE block's with uniform routing and
+no drops: each rank receives the rows its own tokens chose). Peak = state +
+max(activations, buffers): the buckets are built after the last backward,
+when the activations are gone.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
+from dt.cost.flops import Decoder
+from dt.parallel.pipeline.schedules import stage_layers
+from dt.parallel.pipeline.stash import peak_stash_bytes
+from dt.parallel.zero import zero_memory_formula
+from dt.plan.cluster import Cluster
+from dt.plan.layouts import Layout
+from dt.plan.model import ModelShape
+from dt.plan.stage import bucket_bytes, stage_tensors
+
+__all__ = ["peak_bytes"]
+
+
+def _decoder(model: ModelShape, seq: int) -> Decoder:
+    return Decoder.of(model, seq)
+
+
+@functools.lru_cache(maxsize=65536)
+def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -> float:
+    return peak_stash_bytes(name, p, s, m, chunks)  # many layouts (ZeRO, placement) share one
+
+
+def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
+    """Per pipeline stage: {state, activations, buffers, peak} bytes of one of its ranks."""
+    item = c.itemsize
+    mixed = c.precision in ("bf16", "fp16")
+    b = batch // lay.dp // lay.micro_batches
+    a = _decoder(model, seq)
+    recompute = "full" if lay.recompute else "none"
+    out = []
+    for s in range(lay.pp):
+        dense, experts, _, _, _ = stage_tensors(model, lay, seq, s)
+        psi = sum(dense) + experts
+        state = zero_memory_formula(psi, lay.dp, lay.zero, k=12 if mixed else 2 * item,
+                                    param_bytes=2 if mixed else item, grad_bytes=2 if mixed else item)
+        chunks = [stage_activation_bytes(a, r, b, item, lay.tp, lay.cp, recompute=recompute)
+                  for r in stage_layers(model.n_layer + 2, lay.pp, s, None, lay.virtual)]
+        acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
+        if lay.recompute:  # one block's whole set, rebuilt for its backward
+            acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp)
+        buffers = max(bucket_bytes(dense, item), default=0) if lay.dp * lay.cp > 1 else 0
+        row = {"state": int(sum(state.values())), "activations": int(acts), "buffers": int(buffers)}
+        row["peak"] = row["state"] + max(row["activations"], row["buffers"])
+        out.append(row)
+    return out

@@ -1,0 +1,166 @@
+"""What one pipeline stage of a layout holds and does: its tensors, its layers' seconds and messages.
+
+Tensor sizes follow dt's GPT (dt.models.gpt) sharded over tp: the embedding
+and head are vocabulary-parallel (V / tp rows), every block's qkv and first
+MLP matrix are column-parallel (output / tp) and the projections row-parallel
+(input / tp), LayerNorms and row-parallel biases replicated; an MoE block's
+experts split over ep. Messages per block and micro-batch, one activation of
+b x t x C numbers each (b sequences, t = T / cp local tokens):
+
+    tp   2 all-reduces forward (attention's g, the MLP's g), 2 backward (the f's)
+    cp   ring: cp-1 hops of this rank's k and v forward, cp hops of k/v and
+         their gradients backward; Ulysses: an all-to-all of q, k, v and one
+         of the output forward, the same two backward (dt.cost.context)
+    ep   dispatch and combine all-to-alls forward, the same two backward (dt.cost.moe),
+         each of the b t top_k routed rows; routing assumed uniform (no imbalance term:
+         dt's runs drop nothing, and the test model's router is near uniform)
+
+plus the embedding's forward all-reduce, the head's backward one and the
+vocabulary-parallel cross-entropy's three small all-reduces on tp.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from dt.parallel.buckets import MB, make_buckets
+from dt.parallel.pipeline.schedules import stage_layers
+from dt.plan.cluster import Cluster
+from dt.plan.comm import collective_seconds
+from dt.plan.compute import layer_seconds
+from dt.plan.layouts import Layout
+from dt.plan.model import ModelShape
+
+__all__ = ["BUCKET_CAP", "Groups", "StageWork", "bucket_bytes", "stage_tensors", "stage_work"]
+
+BUCKET_CAP = 25 * MB  # all_reduce_buckets' default cap (its first bucket the same)
+
+
+class _Sized:
+    """A tensor's size for make_buckets (numel, element_size, dtype), without the tensor."""
+
+    def __init__(self, numel: int, itemsize: int):
+        self._n, self._i, self.dtype = numel, itemsize, itemsize
+
+    def numel(self) -> int:
+        return self._n
+
+    def element_size(self) -> int:
+        return self._i
+
+
+def bucket_bytes(dense: list[int], itemsize: int) -> list[int]:
+    """Bytes of each gradient bucket all_reduce_buckets makes of these tensors (make_buckets' rule)."""
+    return list(_buckets(tuple(dense), itemsize))
+
+
+@functools.lru_cache(maxsize=4096)
+def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
+    return tuple(sum(dense[i] for i in idx) * itemsize
+                 for idx in make_buckets([_Sized(n, itemsize) for n in dense], BUCKET_CAP, BUCKET_CAP))
+
+
+@dataclass(frozen=True)
+class Groups:
+    """One group of each kind this stage's rank belongs to (global ranks)."""
+
+    tp: tuple[int, ...]
+    cp: tuple[int, ...]
+    ep: tuple[int, ...]
+    dp_cp: tuple[int, ...]
+    edp: tuple[int, ...]
+    pp: tuple[int, ...]
+    embed: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class StageWork:
+    """Seconds of one stage's work per micro-batch (all its chunks), split by kind."""
+
+    fwd: dict[str, float]
+    bwd: dict[str, float]
+    dense: list[int]  # numbers of each dense tensor, in parameter order (gradient buckets)
+    experts: int  # numbers of this rank's expert weights
+    blocks: int  # transformer blocks on this stage
+    head: bool
+    embed: bool
+
+
+def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
+    """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
+    c, f = model.n_embd, model.hidden
+    ln = [c, c]
+    attn = [3 * c * c // tp, 3 * c // tp, c * c // tp, c]
+    mats = 3 if model.gated else 2
+    mlp = [(mats - 1) * f * c // tp, (mats - 1) * f // tp, f * c // tp, c]
+    if model.experts:  # the router is dense; the experts' MLPs are not split over tp
+        return ln + attn + ln + [c * model.experts], model.experts * (mats * c * f + f + c)
+    return ln + attn + ln + mlp, 0
+
+
+def stage_tensors(model: ModelShape, lay: Layout, seq: int,
+                  stage: int) -> tuple[list[int], int, int, bool, bool]:
+    """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
+    dense, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    return (list(dense), *rest)
+
+
+@functools.lru_cache(maxsize=16384)
+def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
+             stage: int) -> tuple[tuple[int, ...], int, int, bool, bool]:
+    lay = Layout(tp=tp, pp=pp, virtual=virtual, ep=ep, schedule="interleaved" if virtual > 1 else "1f1b")
+    n = model.n_layer + 2
+    layers = [i for r in stage_layers(n, lay.pp, stage, None, lay.virtual) for i in r]
+    dense: list[int] = []
+    experts = 0
+    blocks = 0
+    for i in layers:
+        if i == 0:
+            dense += [model.vocab // lay.tp * model.n_embd, seq * model.n_embd]
+        elif i == n - 1:
+            dense += [model.n_embd, model.n_embd]
+            if not model.tied or lay.pp > 1 and 0 not in layers:
+                dense.append(model.vocab // lay.tp * model.n_embd)
+        else:
+            d, e = _block_tensors(model, lay.tp)
+            dense += d
+            experts += e // max(1, lay.ep)
+            blocks += 1
+    return tuple(dense), experts, blocks, n - 1 in layers, 0 in layers
+
+
+def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's context-parallel attention messages."""
+    if lay.cp == 1:
+        return 0.0, 0.0
+    if lay.cp_attention == "ulysses":
+        qkv = collective_seconds(c, "all_to_all", 3 * act, g.cp)
+        out = collective_seconds(c, "all_to_all", act, g.cp)
+        return qkv + out, qkv + out
+    from dt.plan.comm import send_seconds
+
+    hop = send_seconds(c, 2 * act, g.cp[0], g.cp[1])
+    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
+
+
+def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
+               stage: int) -> StageWork:
+    """One micro-batch through every chunk of `stage`, forward and backward, by kind."""
+    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage)
+    b = batch // lay.dp // lay.micro_batches
+    t = seq // lay.cp
+    act = b * t * model.n_embd * c.itemsize
+    bf, bb = layer_seconds(c, "block", model, b, t, seq, lay.tp, lay.world, lay.recompute)
+    hf, hb = layer_seconds(c, "head", model, b, t, seq, lay.tp, lay.world) if head else (0.0, 0.0)
+    tp1 = collective_seconds(c, "all_reduce", act, g.tp)
+    small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
+    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
+    routed = b * t * model.top_k * model.n_embd * c.itemsize
+    ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
+    tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
+    fwd = {"compute": bf * blocks + hf, "tp": tp_fwd,
+           "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
+    bwd = {"compute": bb * blocks + hb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
+           "cp": cpb * blocks, "ep": 2 * ep1 * blocks}
+    return StageWork(fwd, bwd, dense, experts, blocks, head, embed)

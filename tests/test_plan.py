@@ -1,0 +1,116 @@
+"""dt plan's arithmetic: the layouts dt train accepts, the schedule played out, the step's parts, memory."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dt.cost.levels import Levels
+from dt.cost.machine import Machine
+from dt.cost.time import estimate
+from dt.parallel.pipeline import bubble_fraction
+from dt.plan.check import train_argv
+from dt.plan.cli import main
+from dt.plan.cluster import catalogue_cluster
+from dt.plan.comm import ONE_HOST, collective_seconds
+from dt.plan.layouts import Layout, enumerate_layouts, grid
+from dt.plan.memory import peak_bytes
+from dt.plan.model import ModelShape, preset
+from dt.plan.pipeline import play
+from dt.plan.stage import stage_tensors
+from dt.plan.step_model import predict
+from dt.train.cli import parse_args
+
+TINY = ModelShape(4, 4, 64, 44)
+
+
+def _accepted(lay: Layout, model: ModelShape, batch: int, seq: int) -> bool:
+    try:
+        parse_args(train_argv(lay, model, batch, seq, steps=1))
+    except SystemExit as e:
+        assert e.code == 2
+        return False
+    return True
+
+
+@pytest.mark.parametrize("world,model,batch,seq", [
+    (2, TINY, 16, 32), (4, TINY, 16, 32), (4, ModelShape(2, 2, 32, 44), 6, 8),
+    (4, ModelShape(4, 4, 64, 44, experts=4, top_k=2), 8, 16)])
+def test_the_planner_enumerates_exactly_the_layouts_dt_train_accepts(world, model, batch, seq, capsys):
+    planned = set(enumerate_layouts(model, world, batch, seq))
+    considered = set(grid(world, batch, experts=model.experts))
+    assert planned and planned < considered  # some of the grid is refused (odd heads, batch, ...)
+    for lay in considered:
+        assert _accepted(lay, model, batch, seq) == (lay in planned), lay.name()
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2)])
+def test_the_played_schedule_idles_the_bubble_formula(name, v):
+    p, m = 4, 8
+    played, stash = play(name, p, m, v, (1.0 / v,) * p, (2.0 / v,) * p, 0.0)
+    step = max(acts[-1][4] for acts in played)
+    assert 1 - 3 * m / step == pytest.approx(bubble_fraction(p, m, v))
+    assert stash[0] == {"gpipe": m, "1f1b": p, "interleaved": v * m}[name]
+
+
+def test_the_parts_sum_to_the_step_and_each_ranks_spans_tile_it():
+    c = catalogue_cluster("h100", 2, 4)
+    model = preset("gpt2")
+    for lay in (Layout(dp=8), Layout(dp=2, tp=2, pp=2, micro_batches=8), Layout(tp=4, pp=2, micro_batches=4,
+                schedule="interleaved", virtual=2), Layout(dp=4, cp=2, cp_attention="ulysses"),
+                Layout(dp=4, pp=2, zero=1, micro_batches=4, tp_across=False)):
+        p = predict(c, model, lay, 32, 1024, timelines=True)
+        assert sum(p.parts.values()) == pytest.approx(p.step)
+        assert len(p.timelines) == lay.pp
+        for spans in p.timelines.values():
+            ends = sorted((s.start, s.end) for s in spans)
+            assert all(a[1] <= b[0] + 1e-12 for a, b in zip(ends, ends[1:])), lay.name()
+            assert ends[0][0] >= 0 and ends[-1][1] == pytest.approx(p.step)
+
+
+def test_a_group_inside_a_host_is_priced_by_the_cheapest_cost_model_algorithm():
+    m = Machine(alpha=5e-6, beta=1 / 450e9, gamma=0.0)
+    c = catalogue_cluster("h100", 1, 8)
+    c = type(c)(**{**c.__dict__, "levels": Levels(m, m)})
+    for nbytes in (1e3, 1e6, 1e9):
+        want = min(estimate("all_reduce", a, nbytes, 8, alpha=m.alpha, beta=m.beta).total
+                   for a in ONE_HOST["all_reduce"])
+        assert collective_seconds(c, "all_reduce", nbytes, tuple(range(8))) == pytest.approx(want, rel=1e-6)
+    ring = estimate("all_reduce", "ring", 1e9, 8, alpha=m.alpha, beta=m.beta).total
+    assert ring == pytest.approx(3.96e-3, rel=0.01)  # the seed's worked example
+    assert collective_seconds(c, "all_reduce", 1e9, tuple(range(8))) <= ring
+
+
+def test_memory_state_is_zeros_formula():
+    """fp32 Adam: 16 Psi without ZeRO, 8 Psi + 8 Psi / N with ZeRO-1 (Psi: this rank's parameters)."""
+    c = catalogue_cluster("a100", 1, 4, precision="fp32")
+    psi = sum(stage_tensors(TINY, Layout(dp=4), 32, 0)[0])
+    assert psi == TINY.params(32)  # every weight on the one stage
+    zero0 = peak_bytes(c, TINY, Layout(dp=4), 16, 32)[0]["state"]
+    zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]["state"]
+    assert zero0 == 16 * psi
+    assert zero1 == 8 * psi + 8 * psi // 4
+
+
+def test_dt_plan_ranks_explains_and_refuses_in_one_line(tmp_path, capsys):
+    assert main(["--preset", "gpt2", "--hosts", "1", "--per-host", "8", "--device", "h100",
+                 "--global-batch", "64", "--seq", "1024", "--top", "3",
+                 "--scatter", str(tmp_path / "s.png")]) == 0
+    out = capsys.readouterr().out
+    assert "layouts dt train accepts" in out and (tmp_path / "s.png").stat().st_size > 0
+    first = out.splitlines()[4].split()[1]
+    png = tmp_path / "t.png"
+    assert main(["--preset", "gpt2", "--per-host", "8", "--device", "h100", "--global-batch", "64",
+                 "--seq", "1024", "--explain", first, "--out", str(png)]) == 0
+    assert png.stat().st_size > 0 and "predicted step" in capsys.readouterr().out
+    assert main(["--preset", "gpt2", "--per-host", "8", "--device", "h100", "--global-batch", "64",
+                 "--seq", "1024", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["layouts"][0]["layout"] == first and data["layouts"][0]["step_s"] > 0
+    with pytest.raises(SystemExit) as e:
+        main(["--precision", "bf16"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "needs --device" in err
