@@ -130,8 +130,10 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
     s = a.seq_len / cp
     bs, sbh = s * sequences, s * sequences * a.n_embd
     if layer == 0:
-        if attention == "sdpa":  # plain: ids, and GPT's position ids
-            return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else 0)
+        if attention == "sdpa":  # plain: ids, and GPT's position ids (Llama: its rotary tables'
+            # rows at these positions, cos and sin [s, head_dim], looked up once for every block)
+            rotary = 0 if a.position_table else 2 * e * s * (a.n_embd // a.n_head)
+            return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else rotary)
         return INDEX_BYTES * bs + bs + INDEX_BYTES * s  # ids, outside-the-slice mask, positions
     if layer == a.n_layer + 1:
         return _head_bytes(a, e, st, s, sequences, tp, attention)
