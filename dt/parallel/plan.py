@@ -66,7 +66,7 @@ from torch import nn
 from dt.parallel.checkpoint.state import tensor_parallel_places
 from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.data_parallel import DistributedDataParallel
-from dt.parallel.expert.style import ExpertParallel
+from dt.parallel.expert.style import ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import Grid
 from dt.parallel.pipeline.cut import StageCut, cut
 from dt.parallel.recompute import Recompute
@@ -139,6 +139,7 @@ class Parallel:
     def checkpoint_layout(self) -> dict[str, Any]:
         sizes = self.grid.sizes
         extra = {k: sizes[k] for k in ("cp",) if sizes.get(k, 1) > 1}
+        extra |= {"ep": self.grid.ep} if self.grid.ep > 1 else {}  # a checkpoint says what it did
         return {"dp": sizes.get("dp", 1), **extra, "tp": sizes.get("tp", 1), "pp": sizes.get("pp", 1),
                 "virtual": len(self.stage.ranges), "zero": 0}
 
@@ -147,10 +148,13 @@ class Parallel:
 
         A tensor-parallel layer holds its slice; dp x cp replicas split the writing; a
         weight two stages share is written by the first (the others load it). The names
-        are the plain model's state_dict keys, so any grid reads any other's checkpoint.
+        are the plain model's state_dict keys, so any grid reads any other's checkpoint:
+        an expert keeps its global index (experts.{e}) and is replicated only over the
+        ranks holding the same experts (grid.group("edp")), which split its writing.
         """
         held = {id(t) for c in self.stage.chunks for t in (*c.parameters(), *c.buffers())}
         keys = set(self.model.state_dict())
+        experts = {id(p) for p in split_parameters(self.model)[1]}
         c = self.grid.coords()
         plane = 0
         for a in self.dp_axes:  # this rank's place in the dp x cp plane, dp major
@@ -161,6 +165,9 @@ class Parallel:
                 continue  # another stage's, or not state (rotary tables)
             if not self.stage.saves(t):
                 pieces = [(replace(p, saved=False), at) for p, at in pieces]
+            if id(t) in experts:
+                pieces = [(replace(p, replica=c["edp"], replicas=self.grid.plane // self.grid.ep), at)
+                          for p, at in pieces]
             out.append((t, pieces))
         return out
 
@@ -226,7 +233,10 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     stage = cut(layers, grid, plan.virtual, plan.stage_sizes) if "pp" in grid.names else \
         StageCut([nn.Sequential(*layers)], [range(len(layers))], 0, 1)
     chunks: list[nn.Module] = list(stage.chunks)
-    if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1:  # each chunk's gradients, overlapped
+    # Experts differ across the plane's ranks, so DDP (which averages, and first broadcasts,
+    # everything it wraps) would be wrong: with experts dt.train.step syncs after backward.
+    with_experts = any(isinstance(m, ExpertParallelMoE) for m in model.modules())  # every rank alike
+    if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
     return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device)
 

@@ -5,9 +5,9 @@
 
 The model is plain (dt.models.nanogpt.GPT or dt.models.llama.Llama, `--model`),
 built from the seed on every rank; dt.parallelize applies the grid's
-parallelism to it in its fixed order (dt.parallel.plan). Experts still run
-on dt.models.gpt.ParallelGPT (dt.train.legacy) until the step syncs their
-gradients and checkpoints them by global index.
+parallelism to it in its fixed order (dt.parallel.plan). With --experts
+every block's MLP is a mixture of experts (dt.models.moe), expert parallel
+over the grid's ep split of the dp x cp plane (dt.parallel.expert.style).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dt.parallel.plan import (
     Plan,
     gpt_blocks,
     gpt_context,
+    gpt_experts,
     gpt_plan,
     gpt_recompute,
     llama_blocks,
@@ -32,7 +33,6 @@ from dt.parallel.plan import (
     llama_recompute,
     parallelize,
 )
-from dt.train.legacy import build_legacy
 from dt.train.optim import Adam
 from dt.train.precision import Precision
 from dt.train.step import TrainStep, make_optimizer
@@ -69,7 +69,9 @@ def plain_model(args: argparse.Namespace, vocab_size: int) -> tuple[torch.nn.Mod
     if getattr(args, "model", "gpt") == "llama":
         cfg = LlamaConfig(**common, n_kv_head=args.n_kv_head or args.n_head)
         return Llama(cfg), cfg
-    cfg = GPTConfig(**common)
+    experts = {"n_experts": args.experts, "top_k": args.top_k, "capacity_factor": args.capacity_factor,
+               "aux_loss_coef": args.aux_loss_coef} if args.experts else {}
+    cfg = GPTConfig(**common, **experts)
     return GPT(cfg), cfg
 
 
@@ -81,15 +83,14 @@ def _precision(args: argparse.Namespace, device: torch.device) -> Precision | No
 
 def build(args: argparse.Namespace, vocab_size: int) -> Built:
     """Collective over the world: every rank builds the model and makes the grid's groups."""
-    if args.experts:
-        return Built(**build_legacy(args, vocab_size))
     grid = grid_of(args)
     model, cfg = plain_model(args, vocab_size)
     llama = isinstance(model, Llama)
     recompute = (llama_recompute if llama else gpt_recompute)(cfg) if getattr(args, "recompute", False) \
         else {}
     context = gpt_context(cfg, args.tp, args.cp, args.cp_attention) if not llama else {}  # cli: llama cp 1
-    plan = Plan(tensor=(llama_plan if llama else gpt_plan)(cfg, args.tp), context=context,
+    tensor = llama_plan(cfg, args.tp) if llama else gpt_plan(cfg, args.tp, experts=False)
+    plan = Plan(tensor=tensor, context=context, experts={} if llama else gpt_experts(cfg),
                 recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,
                 virtual=args.virtual,
                 data_parallel="ddp" if not args.zero else f"zero{args.zero}")

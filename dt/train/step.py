@@ -17,7 +17,13 @@ What one call does, in order:
 2. gradient sync over the dp x cp plane (dense gradients averaged): with DDP
    (dt.parallel.data_parallel) the buckets' all-reduces run during the last
    micro-batch's backward of each chunk, overlapped with the earlier layers'
-   compute; with ZeRO (zero=1, 2) the optimizer reduce-scatters them instead;
+   compute; with ZeRO (zero=1, 2) the optimizer reduce-scatters them instead.
+   With experts (dt.parallel.expert.style) the ranks of the plane hold
+   different experts, so no DDP wraps the chunks: after backward the dense
+   gradients are averaged over dp x cp and each expert's summed over its
+   replicas (grid.group("edp")), then divided by dp * cp (the style's doc says
+   why); every micro-batch's balance loss is weighted by 1 / this rank's
+   sequences (dt.models.moe.set_batch_sequences);
 3. a weight two stages share (a tied embedding and head) summed over its stages;
 4. precision.unscale_and_check(): False (an overflow) skips the optimizer step;
 5. clipping by the global norm over every axis (dt.train.clip);
@@ -45,10 +51,13 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.models.lm import lm_loss
+from dt.models.moe import set_batch_sequences
 from dt.parallel import data_parallel, pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.context.style import shard_sequence
+from dt.parallel.expert import router as expert_router
+from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
 from dt.parallel.plan import Parallel
 from dt.parallel.zero import ZeroOptimizer
 from dt.train.clip import clip_global_norm, counted_parameters
@@ -57,7 +66,8 @@ from dt.transport import resolve_group
 __all__ = ["LABELS", "TrainStep", "make_optimizer"]
 
 # bytes_sent's kinds inside forward and backward, each the labels its package charges dt.traffic() with.
-LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_parallel.LABEL,)}
+LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_parallel.LABEL,),
+          "expert": (expert_router.LABEL,)}
 
 
 def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:
@@ -82,9 +92,6 @@ class TrainStep:
                  clip: float | None = None, precision: Any = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
         grid = par.grid
-        if grid.ep > 1:
-            raise ValueError("TrainStep runs dp, cp, tp and pp (and ZeRO) for now; experts train through "
-                             "dt.models.gpt.ParallelGPT (dt.train.legacy)")
         if clip is not None and isinstance(optimizer, ZeroOptimizer):
             raise ValueError("clipping under ZeRO needs the norm of the sharded gradient inside the "
                              "optimizer's step: not wired yet (use --zero 0)")
@@ -111,7 +118,26 @@ class TrainStep:
         self.counted = counted_parameters(par.stage.chunks, coords.get("tp", 0), par.stage.saves)
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
         self.bytes_sent = {kind: 0 for kind in (*LABELS, "tied embedding", "norm", "other")}
-        self.stats: dict[str, Any] = {"peak_stash": 0, "skipped": 0, "grad_norm": None}
+        self.stats: dict[str, Any] = {"peak_stash": 0, "skipped": 0, "grad_norm": None, "moe": {}}
+        held = {id(p) for p in self.params}
+        dense, experts = split_parameters(par.model)
+        self.experts = [p for p in experts if id(p) in held]
+        self.dense = [p for p in dense if id(p) in held]
+        self.moe = [m for c in par.stage.chunks for m in c.modules() if isinstance(m, ExpertParallelMoE)]
+        # The whole model's (every rank alike, so all make the edp group): a stage holding no
+        # expert still syncs its dense gradients here, not in DDP.
+        self.with_experts = any(isinstance(m, ExpertParallelMoE) for m in par.model.modules())
+        self.edp_group = grid.group(EXPERT_GROUP) if self.with_experts else None
+        if self.with_experts and par.ddp:
+            raise ValueError("DDP would average (and first broadcast) the experts, which differ across "
+                             "the plane's ranks: a plan with experts syncs in the step (data_parallel "
+                             "'ddp' wraps no chunk, dt.parallel.plan)")
+        if self.with_experts and isinstance(optimizer, ZeroOptimizer):
+            raise ValueError("ZeRO shards every gradient over dp x cp, but an expert's replicas are only "
+                             "its edp group: experts train with zero 0")
+        if self.with_experts and clip is not None:
+            raise ValueError("clipping with experts needs their norm summed over the ep ranks too: "
+                             "not wired yet (drop clip)")
 
     def _hooks(self) -> pipeline.StepHooks:
         ddp = self.par.chunks
@@ -133,6 +159,9 @@ class TrainStep:
 
     def __call__(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> float:
         x, y = self._inputs(tokens, targets)
+        given = tokens if tokens is not None else targets
+        if self.moe and given is not None:  # each micro-batch's balance loss: its share of the batch's
+            set_batch_sequences(self.par.model, given.shape[0])
         self.optimizer.zero_grad()
         with contextlib.ExitStack() as no_sync, transport.traffic() as pipe_traffic:
             for d in self.par.ddp:  # the forward must not decide: backward does (before_backward)
@@ -143,6 +172,8 @@ class TrainStep:
         self.stats["peak_stash"] = max(self.stats["peak_stash"], stats.peak_stash)
         exposed = sum(d.stats.exposed_s for d in self.par.ddp)  # inside backward: not compute
         t0 = clock(self.device)
+        with transport.traffic() as expert_traffic:
+            self._sync_experts()
         with transport.traffic() as tied_traffic:
             if self.par.stage.shared_group is not None:
                 grads = [p.grad for p in self.par.stage.shared if p.grad is not None]
@@ -154,7 +185,27 @@ class TrainStep:
             self._update()
         opt_s = clock(self.device) - t_opt
         self._account(stats, pipe_traffic, tied_traffic, opt_traffic, exposed, comm, opt_s)
+        self.bytes_sent["data"] += expert_traffic.bytes_sent
+        self._count_routing()
         return loss_value
+
+    def _sync_experts(self) -> None:
+        """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp)."""
+        if not self.with_experts or self.dp == 1:
+            return
+        all_reduce_buckets([p.grad for p in self.dense if p.grad is not None], self.dp_group)
+        grads = [p.grad for p in self.experts if p.grad is not None]
+        all_reduce_buckets(grads, self.edp_group, op=ReduceOp.SUM)
+        for g in grads:
+            g.div_(self.dp)
+
+    def _count_routing(self) -> None:
+        """Routing totals of this stage's MoE layers since construction (the report's moe_stats)."""
+        total: dict[str, int] = {}
+        for m in self.moe:
+            for k, v in m.counted.items():
+                total[k] = total.get(k, 0) + v
+        self.stats["moe"] = total
 
     def _update(self) -> None:
         grads = [p.grad for p in self.params if p.grad is not None]
