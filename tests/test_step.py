@@ -178,7 +178,7 @@ def test_llama_resumes_on_another_grid(run, tmp_path):
 def test_cli_refuses_what_the_step_cannot_do(capsys):
     cases = [(["--model", "llama", "--cp", "2"], "--model llama trains on dp, tp and pp"),
              (["--model", "llama", "--tp", "4", "--n-kv-head", "2"], "divisible by --tp 4"),
-             (["--clip", "1", "--experts", "2"], "does not train --experts yet")]
+             (["--clip", "1", "--experts", "2"], "do not take --experts yet")]
     for argv, why in cases:
         with pytest.raises(SystemExit):
             train.parse_args(argv)

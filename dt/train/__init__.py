@@ -6,9 +6,9 @@
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
 
-Spawns dp*cp*tp*pp processes (dt.launcher.launch), builds the mesh
-(dt.parallel.mesh), the model (dt.models.gpt.ParallelGPT) and trains on the
-generated text (dt.models.data). Every data-parallel rank takes its slice of
+Spawns dp*cp*tp*pp processes (dt.launcher.launch), builds the grid
+(dt.parallel.grid), the plain model parallelized by its plan (dt.train.build)
+and trains on --data or the generated text (dt.models.data). Every data-parallel rank takes its slice of
 the same global batch, so the loss curve does not depend on the mesh. Rank 0
 shows a progress bar and prints, at the end, the loss, tokens/s and where the
 time went:
@@ -30,7 +30,6 @@ after a worker died resumes the same way. One machine, or a shared filesystem.
 - build.py       the plain model, its grid and plan, the step and optimizer a run trains with
 - step.py        TrainStep: one step apart from the model (pipeline, gradient sync, clipping, accounting)
 - clip.py        gradient clipping by the global norm over every axis
-- legacy.py      --cp / --experts: dt.models.gpt.ParallelGPT's own step, until their styles land
 - optim.py       Adam, written out
 - checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
 

@@ -21,13 +21,11 @@ import torch
 
 from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
-from dt.models.gpt import ParallelGPT
 from dt.parallel.context.style import shard_sequence
 from dt.train.dataset import TrainData
-from dt.train.legacy import LegacyStep
 from dt.train.step import TrainStep
 
-__all__ = ["ForwardLoss", "forward_loss_of", "parallel_gpt_loss", "train_step_loss", "validation_loss"]
+__all__ = ["ForwardLoss", "forward_loss_of", "train_step_loss", "validation_loss"]
 
 ForwardLoss = Callable[[torch.Tensor, torch.Tensor], float]
 
@@ -45,9 +43,7 @@ def validation_loss(forward_loss: ForwardLoss, data: TrainData, args: argparse.N
 
 
 def forward_loss_of(run: Any) -> ForwardLoss:
-    """The forward-only loss of a built run (dt.train.build.Built): its TrainStep's, or ParallelGPT's."""
-    if isinstance(run.step, LegacyStep):
-        return lambda x, y: parallel_gpt_loss(run.step.model, x, y)
+    """The forward-only loss of a built run (dt.train.build.Built): its TrainStep's."""
     return lambda x, y: train_step_loss(run.step, x, y)
 
 
@@ -73,28 +69,4 @@ def train_step_loss(step: TrainStep, tokens: torch.Tensor, targets: torch.Tensor
         all_reduce(loss, op=ReduceOp.AVG, group=step.dp_group)
     if step.pp_group.size > 1:
         broadcast(loss, src=step.pp_group.global_rank(step.pp_group.size - 1), group=step.pp_group)
-    return float(loss.item())
-
-
-@torch.no_grad()
-def parallel_gpt_loss(model: ParallelGPT, tokens: torch.Tensor, targets: torch.Tensor) -> float:
-    """ParallelGPT's loss on this rank's slice, forward only, averaged as its train_step averages it.
-
-    The pipeline runs its forward-only schedule; the last stage's vocab-parallel
-    cross-entropy is averaged over dp x cp and broadcast along the pipeline.
-    """
-    m = model.mesh
-    tokens, targets = tokens.to(model.device), targets.to(model.device)
-    if m.cp > 1:  # this rank's share of every sequence, as in training
-        pos = torch.tensor(model.place.layout.positions(m.cp_rank), device=model.device)
-        tokens, targets = tokens[:, pos], targets[:, pos]
-    logits = model.pipe.forward(tokens if m.is_first_stage else None, model.micro_batches)
-    dtype = getattr(torch, model.cfg.dtype)
-    loss = torch.zeros(1, dtype=dtype, device=model.device)
-    if m.is_last_stage:
-        loss += model.loss_fn(logits, targets)
-        if m.dp * m.cp > 1:
-            all_reduce(loss, op=ReduceOp.AVG, group=m.dp_cp_group)
-    if m.pp > 1:
-        broadcast(loss, src=m.pp_ranks[-1], group=m.pp_group)
     return float(loss.item())
