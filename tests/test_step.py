@@ -84,6 +84,30 @@ def test_layouts_follow_the_plain_model(run, world, runs):
         assert all(r[k]["losses"] == got for r in results), f"{model} {kw}: ranks disagree"
 
 
+EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
+WORLD2_EXPERTS = [("gpt", {"dp": 2, "ep": 2, **EXPERTS}), ("gpt", {"dp": 2, **EXPERTS}),
+                  ("gpt", {"pp": 2, **EXPERTS})]
+
+
+@pytest.mark.timeout(200)
+def test_experts_follow_the_plain_model(run):
+    """Experts on the step: ep 2 (each rank half the experts, summed over edp), ep 1 over dp 2, and
+    a pipeline whose stages hold the MoE blocks' balance losses, each against the plain MoE GPT."""
+    results = run(2, _runs, WORLD2_EXPERTS, timeout=180)
+    for k, (model, kw) in enumerate(WORLD2_EXPERTS):
+        want, _ = _twin(_args(model, **kw))
+        got = results[0][k]["losses"]
+        assert want[-1] < want[0] - 0.1
+        diff = max(abs(a - b) for a, b in zip(got, want))
+        assert len(got) == STEPS and diff < 1e-9, f"{kw}: max loss difference {diff}"
+        assert all(r[k]["losses"] == got for r in results), f"{kw}: ranks disagree"
+        moe = [r[k]["moe"] for r in results]
+        assert all(m["assignments"] > 0 for m in moe) and all(r[k]["bytes_sent"]["expert"] >= 0
+                                                               for r in results)
+    ep2 = [r[0]["bytes_sent"]["expert"] for r in results]
+    assert all(b > 0 for b in ep2)  # ep 2's all-to-alls charged to the expert label, not "other"
+
+
 def _clipped(runs: list[tuple[str, dict]]) -> list[tuple[list[float], float | None, dict]]:
     out = []
     for model, kw in runs:
