@@ -86,7 +86,7 @@ def test_layouts_follow_the_plain_model(run, world, runs):
 
 EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
 WORLD2_EXPERTS = [("gpt", {"dp": 2, "ep": 2, **EXPERTS}), ("gpt", {"dp": 2, **EXPERTS}),
-                  ("gpt", {"pp": 2, **EXPERTS})]
+                  ("gpt", {"pp": 2, **EXPERTS}), ("gpt", {"dp": 2, "ep": 2, "clip": 0.05, **EXPERTS})]
 
 
 @pytest.mark.timeout(200)
@@ -95,11 +95,14 @@ def test_experts_follow_the_plain_model(run):
     a pipeline whose stages hold the MoE blocks' balance losses, each against the plain MoE GPT."""
     results = run(2, _runs, WORLD2_EXPERTS, timeout=180)
     for k, (model, kw) in enumerate(WORLD2_EXPERTS):
-        want, _ = _twin(_args(model, **kw))
+        want, norms = _twin(_args(model, **kw))
         got = results[0][k]["losses"]
         assert want[-1] < want[0] - 0.1
         diff = max(abs(a - b) for a, b in zip(got, want))
         assert len(got) == STEPS and diff < 1e-9, f"{kw}: max loss difference {diff}"
+        if "clip" in kw:  # the norm over every expert (summed over ep) and dense weight, and it bit
+            assert norms[-1] > kw["clip"]
+            assert all(abs(r[k]["grad_norm"] - norms[-1]) < 1e-9 for r in results), kw
         assert all(r[k]["losses"] == got for r in results), f"{kw}: ranks disagree"
         moe = [r[k]["moe"] for r in results]
         assert all(m["assignments"] > 0 for m in moe) and all(r[k]["bytes_sent"]["expert"] >= 0
@@ -202,7 +205,7 @@ def test_llama_resumes_on_another_grid(run, tmp_path):
 def test_cli_refuses_what_the_step_cannot_do(capsys):
     cases = [(["--model", "llama", "--cp", "2"], "--model llama trains on dp, tp and pp"),
              (["--model", "llama", "--tp", "4", "--n-kv-head", "2"], "divisible by --tp 4"),
-             (["--clip", "1", "--experts", "2"], "do not take --experts yet")]
+             (["--zero", "1", "--experts", "2"], "does not take --experts yet")]
     for argv, why in cases:
         with pytest.raises(SystemExit):
             train.parse_args(argv)

@@ -35,9 +35,9 @@ def _mesh_error(a: Any) -> str | None:
         return "--ep > 1 needs --experts (an MoE model)"
     if a.experts and not a.top_k <= a.experts:
         return f"--top-k must be between 1 and --experts {a.experts}"
-    if (getattr(a, "clip", 0) or a.zero) and a.experts:
-        return ("--clip and --zero do not take --experts yet (an expert's gradient syncs over its "
-                "replicas, edp, not the whole dp x cp plane ZeRO shards and the norm sums): drop one")
+    if a.zero and a.experts:
+        return ("--zero does not take --experts yet (an expert's gradient syncs over its replicas, "
+                "edp, not the whole dp x cp plane ZeRO shards): drop one")
     model, kv = getattr(a, "model", "gpt"), getattr(a, "n_kv_head", None) or a.n_head
     if model == "llama" and (a.cp > 1 or a.experts):
         return "--model llama trains on dp, tp and pp; --cp and --experts are the GPT's for now"

@@ -128,6 +128,7 @@ class TrainStep:
         # expert still syncs its dense gradients here, not in DDP.
         self.with_experts = any(isinstance(m, ExpertParallelMoE) for m in par.model.modules())
         self.edp_group = grid.group(EXPERT_GROUP) if self.with_experts else None
+        self.ep_group = grid.group("ep") if self.with_experts else None  # the experts' norm sums here
         if self.with_experts and par.ddp:
             raise ValueError("DDP would average (and first broadcast) the experts, which differ across "
                              "the plane's ranks: a plan with experts syncs in the step (data_parallel "
@@ -135,9 +136,6 @@ class TrainStep:
         if self.with_experts and isinstance(optimizer, ZeroOptimizer):
             raise ValueError("ZeRO shards every gradient over dp x cp, but an expert's replicas are only "
                              "its edp group: experts train with zero 0")
-        if self.with_experts and clip is not None:
-            raise ValueError("clipping with experts needs their norm summed over the ep ranks too: "
-                             "not wired yet (drop clip)")
 
     def _hooks(self) -> pipeline.StepHooks:
         ddp = self.par.chunks
@@ -213,8 +211,9 @@ class TrainStep:
             self.stats["skipped"] += 1  # an overflow: every rank skips alike (one verdict)
             return
         if self.clip is not None:
-            self.stats["grad_norm"] = clip_global_norm(self.counted, self.params, self.clip,
-                                                       self.norm_group, self.device)
+            self.stats["grad_norm"] = clip_global_norm(
+                self.counted, self.params, self.clip, self.norm_group, self.device, split=self.experts,
+                split_group=self.ep_group)
         self.optimizer.step()
 
     def _global_loss(self, loss: float | None) -> float:
