@@ -210,3 +210,26 @@ def test_cli_refuses_what_the_step_cannot_do(capsys):
         with pytest.raises(SystemExit):
             train.parse_args(argv)
         assert why in capsys.readouterr().err, argv
+
+
+def _zero_with_experts() -> str:
+    """TrainStep given a ZeRO optimizer on a model with experts: its one-line refusal."""
+    from dt.models.nanogpt import GPT, GPTConfig
+    from dt.parallel.grid import Grid
+    from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, parallelize
+    from dt.train.step import TrainStep, make_optimizer
+
+    cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, n_experts=2)
+    par = parallelize(GPT(cfg), Grid({"pp": 1, "dp": 1, "tp": 1}),
+                      Plan(tensor=gpt_plan(cfg, 1), blocks=gpt_blocks, data_parallel="zero1"))
+    try:
+        TrainStep(par, make_optimizer(par, train.Adam, zero=1, lr=1e-3))
+    except ValueError as e:
+        return str(e)
+    return "accepted"
+
+
+@pytest.mark.timeout(60)
+def test_step_refuses_zero_with_experts_in_one_line(run):
+    why = run(1, _zero_with_experts, timeout=50)[0]
+    assert "experts train with zero 0" in why and "\n" not in why

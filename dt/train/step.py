@@ -119,6 +119,10 @@ class TrainStep:
         self.times = {"compute": 0.0, "bubble": 0.0, "communication": 0.0}
         self.bytes_sent = {kind: 0 for kind in (*LABELS, "tied embedding", "norm", "other")}
         self.stats: dict[str, Any] = {"peak_stash": 0, "skipped": 0, "grad_norm": None, "moe": {}}
+        self._split_experts(par, optimizer)
+
+    def _split_experts(self, par: Parallel, optimizer: Any) -> None:
+        """This stage's experts apart from its dense parameters, and the groups they sync over."""
         held = {id(p) for p in self.params}
         dense, experts = split_parameters(par.model)
         self.experts = [p for p in experts if id(p) in held]
@@ -127,8 +131,8 @@ class TrainStep:
         # The whole model's (every rank alike, so all make the edp group): a stage holding no
         # expert still syncs its dense gradients here, not in DDP.
         self.with_experts = any(isinstance(m, ExpertParallelMoE) for m in par.model.modules())
-        self.edp_group = grid.group(EXPERT_GROUP) if self.with_experts else None
-        self.ep_group = grid.group("ep") if self.with_experts else None  # the experts' norm sums here
+        self.edp_group = self.grid.group(EXPERT_GROUP) if self.with_experts else None
+        self.ep_group = self.grid.group("ep") if self.with_experts else None  # the experts' norm sums here
         if self.with_experts and par.ddp:
             raise ValueError("DDP would average (and first broadcast) the experts, which differ across "
                              "the plane's ranks: a plan with experts syncs in the step (data_parallel "
