@@ -1,7 +1,7 @@
 """Every layout of a model on a world that `dt train` accepts.
 
 The sizes dp x cp x tp x pp multiply to the world (ep divides dp x cp), and
-each is crossed with a ZeRO stage (0, 1), a schedule (1f1b, gpipe,
+each is crossed with a ZeRO stage (0, 1, 2), a schedule (1f1b, gpipe,
 interleaved with 1, 2 or 4 chunks), micro-batch counts (1, pp, 2pp, 4pp and
 the per-rank batch up to 8pp, as the per-rank batch allows), ring or Ulysses
 attention when cp > 1, and tp inside or across hosts when there are hosts.
@@ -70,7 +70,8 @@ def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNa
                            schedule=lay.schedule, virtual=lay.virtual, micro_batches=lay.micro_batches,
                            cp_attention=lay.cp_attention, batch_size=batch, block_size=seq,
                            n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
-                           experts=model.experts, top_k=model.top_k)
+                           experts=model.experts, top_k=model.top_k, model=model.family,
+                           n_kv_head=model.n_kv_head or None, untied=not model.tied)
 
 
 def _meshes(world: int, experts: int) -> Iterator[tuple[int, int, int, int, int]]:
@@ -97,7 +98,7 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
         per_rank = max(1, batch // dp)
         piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
         schedules = [("1f1b", 1), *piped]
-        for zero in (0, 1) if dp > 1 else (0,):
+        for zero in (0, 1, 2) if dp > 1 else (0,):
             for schedule, virtual in schedules:
                 for m in _micro_counts(pp, per_rank) if pp > 1 else [1]:
                     for attention in ("ring", "ulysses") if cp > 1 else ("ring",):

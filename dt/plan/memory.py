@@ -37,7 +37,7 @@ __all__ = ["peak_bytes"]
 
 
 def _decoder(model: ModelShape, seq: int) -> Decoder:
-    return Decoder.of(model, seq)
+    return model.decoder(seq)
 
 
 @functools.lru_cache(maxsize=65536)

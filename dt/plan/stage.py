@@ -90,6 +90,9 @@ class StageWork:
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
     c, f = model.n_embd, model.hidden
+    if model.family == "llama":  # RMSNorm, no biases; q and o of n_head heads, k and v of n_kv_head
+        kv = 2 * model.kv_heads * (c // model.n_head) * c // tp
+        return [c, c * c // tp + kv, c * c // tp, c, 2 * f * c // tp, f * c // tp], 0
     ln = [c, c]
     attn = [3 * c * c // tp, 3 * c // tp, c * c // tp, c]
     mats = 3 if model.gated else 2
@@ -117,9 +120,10 @@ def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: in
     blocks = 0
     for i in layers:
         if i == 0:
-            dense += [model.vocab // lay.tp * model.n_embd, seq * model.n_embd]
+            dense += [model.vocab // lay.tp * model.n_embd]
+            dense += [seq * model.n_embd] if model.family != "llama" else []  # rotary: no table
         elif i == n - 1:
-            dense += [model.n_embd, model.n_embd]
+            dense += [model.n_embd] * (1 if model.family == "llama" else 2)
             if not model.tied or lay.pp > 1 and 0 not in layers:
                 dense.append(model.vocab // lay.tp * model.n_embd)
         else:
