@@ -36,7 +36,8 @@ def _accepted(lay: Layout, model: ModelShape, batch: int, seq: int) -> bool:
 
 @pytest.mark.parametrize("world,model,batch,seq", [
     (2, TINY, 16, 32), (4, TINY, 16, 32), (4, ModelShape(2, 2, 32, 44), 6, 8),
-    (4, ModelShape(4, 4, 64, 44, experts=4, top_k=2), 8, 16), (4, llama_shape(2, 4, 64, 44, n_kv_head=2), 8, 16),
+    (4, ModelShape(4, 4, 64, 44, experts=4, top_k=2), 8, 16),
+    (4, llama_shape(2, 4, 64, 44, n_kv_head=2), 8, 16),
     (4, ModelShape(2, 2, 32, 44, tied=False), 8, 16)])
 def test_the_planner_enumerates_exactly_the_layouts_dt_train_accepts(world, model, batch, seq, capsys):
     planned = set(enumerate_layouts(model, world, batch, seq))

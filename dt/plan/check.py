@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from dt.plan.cluster import Cluster
-from dt.plan.layouts import Layout
+from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
@@ -50,6 +50,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
             "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
             "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
             "--no-progress", "--device", "cpu", "--model", model.family]
+    if lay.clip:
+        argv += ["--clip", str(CLIP)]
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])

@@ -18,7 +18,9 @@ from types import SimpleNamespace
 from dt.plan.model import ModelShape
 from dt.train.layouts import layout_error
 
-__all__ = ["Layout", "divisors", "enumerate_layouts", "grid", "train_args"]
+CLIP = 1.0  # the --clip dt plan --check runs with: its cost does not depend on the value
+
+__all__ = ["CLIP", "Layout", "divisors", "enumerate_layouts", "grid", "train_args"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Layout:
     cp_attention: str = "ring"
     tp_across: bool = False
     recompute: bool = False
+    clip: bool = False  # --clip: the global norm's all-reduce and pass (a user's choice, not searched)
 
     @property
     def world(self) -> int:
@@ -54,6 +57,8 @@ class Layout:
             parts.append("across")
         if self.recompute:
             parts.append("rc")
+        if self.clip:
+            parts.append("clip")
         return ".".join(parts)
 
     def as_dict(self) -> dict[str, object]:
@@ -71,7 +76,8 @@ def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNa
                            cp_attention=lay.cp_attention, batch_size=batch, block_size=seq,
                            n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
                            experts=model.experts, top_k=model.top_k, model=model.family,
-                           n_kv_head=model.n_kv_head or None, untied=not model.tied)
+                           n_kv_head=model.n_kv_head or None, untied=not model.tied,
+                           clip=CLIP if lay.clip else None)
 
 
 def _meshes(world: int, experts: int) -> Iterator[tuple[int, int, int, int, int]]:
@@ -91,7 +97,7 @@ def _micro_counts(pp: int, per_rank: int) -> list[int]:
 
 
 def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
-         recompute: tuple[bool, ...] = (False,)) -> Iterator[Layout]:
+         recompute: tuple[bool, ...] = (False,), clip: bool = False) -> Iterator[Layout]:
     """Every combination the planner considers, valid or not (the test checks the rule on all of it)."""
     placements = (False, True) if hosts > 1 else (False,)
     for dp, tp, pp, cp, ep in _meshes(world, experts):
@@ -105,11 +111,11 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
                         for across in placements if tp > 1 else (False,):
                             for rc in recompute:
                                 yield Layout(dp, tp, pp, cp, ep, zero, schedule, virtual, m, attention,
-                                             across, rc)
+                                             across, rc, clip)
 
 
 def enumerate_layouts(model: ModelShape, world: int, batch: int, seq: int, hosts: int = 1,
-                      recompute: tuple[bool, ...] = (False,)) -> list[Layout]:
+                      recompute: tuple[bool, ...] = (False,), clip: bool = False) -> list[Layout]:
     """The grid's layouts dt train accepts for this model, batch and sequence."""
-    return [lay for lay in grid(world, batch, hosts, model.experts, recompute)
+    return [lay for lay in grid(world, batch, hosts, model.experts, recompute, clip)
             if layout_error(train_args(lay, model, batch, seq)) is None]
