@@ -50,9 +50,10 @@ def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]]) -> str | None:
 
 
 def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int,
-                 recompute: tuple[bool, ...] = (False,)) -> tuple[list[Row], int, dict[str, int]]:
+                 recompute: tuple[bool, ...] = (False,),
+                 clip: bool = False) -> tuple[list[Row], int, dict[str, int]]:
     """(the fitting layouts' rows, fastest first; how many were enumerated; why the others were dropped)."""
-    layouts = enumerate_layouts(model, c.world, batch, seq, c.hosts, recompute)
+    layouts = enumerate_layouts(model, c.world, batch, seq, c.hosts, recompute, clip)
     flops = model_flops(model, batch, seq)
     rows: list[Row] = []
     dropped: dict[str, int] = {}
