@@ -104,7 +104,7 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
         per_rank = max(1, batch // dp)
         piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
         schedules = [("1f1b", 1), *piped]
-        for zero in (0, 1, 2) if dp > 1 else (0,):
+        for zero in (0, 1, 2) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
             for schedule, virtual in schedules:
                 for m in _micro_counts(pp, per_rank) if pp > 1 else [1]:
                     for attention in ("ring", "ulysses") if cp > 1 else ("ring",):

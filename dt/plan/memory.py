@@ -56,7 +56,8 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
     for s in range(lay.pp):
         dense, experts, _, _, _ = stage_tensors(model, lay, seq, s)
         psi = sum(dense) + experts
-        state = zero_memory_formula(psi, lay.dp, lay.zero, k=12 if mixed else 2 * item,
+        # ZeRO shards over the whole data plane, dp x cp (dt.train.step's dp group)
+        state = zero_memory_formula(psi, lay.dp * lay.cp, lay.zero, k=12 if mixed else 2 * item,
                                     param_bytes=2 if mixed else item, grad_bytes=2 if mixed else item)
         chunks = [stage_activation_bytes(a, r, b, item, lay.tp, lay.cp, recompute=recompute)
                   for r in stage_layers(model.n_layer + 2, lay.pp, s, None, lay.virtual)]
