@@ -54,10 +54,13 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: lis
             if nbytes not in priced:
                 priced[nbytes] = collective_seconds(c, op, nbytes, g.dp_cp)
             buckets.append((priced[nbytes], ready))
-        backs = [(a[2], a[3], a[4]) for a in acts if a[0] == "B" and a[1] == chunk]
+        backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
         if lay.zero == 0 and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
-        exposed += sum(max(0.0, thread_end(b0, b1, buckets) - b1) for _, b0, b1 in backs)
+        durations: dict[float, int] = {}  # a chunk's backwards mostly last alike: play each once
+        for _, d in backs:
+            durations[d] = durations.get(d, 0) + 1
+        exposed += sum(k * max(0.0, thread_end(0.0, d, buckets) - d) for d, k in durations.items())
     return exposed
 
 
