@@ -16,7 +16,7 @@ from dt.plan.cluster import catalogue_cluster
 from dt.plan.comm import ONE_HOST, collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
 from dt.plan.memory import peak_bytes
-from dt.plan.model import ModelShape, preset
+from dt.plan.model import ModelShape, llama_shape, preset
 from dt.plan.pipeline import play
 from dt.plan.stage import stage_tensors
 from dt.plan.step_model import predict
@@ -36,11 +36,14 @@ def _accepted(lay: Layout, model: ModelShape, batch: int, seq: int) -> bool:
 
 @pytest.mark.parametrize("world,model,batch,seq", [
     (2, TINY, 16, 32), (4, TINY, 16, 32), (4, ModelShape(2, 2, 32, 44), 6, 8),
-    (4, ModelShape(4, 4, 64, 44, experts=4, top_k=2), 8, 16)])
+    (4, ModelShape(4, 4, 64, 44, experts=4, top_k=2), 8, 16),
+    (4, llama_shape(2, 4, 64, 44, n_kv_head=2), 8, 16),
+    (4, ModelShape(2, 2, 32, 44, tied=False), 8, 16)])
 def test_the_planner_enumerates_exactly_the_layouts_dt_train_accepts(world, model, batch, seq, capsys):
     planned = set(enumerate_layouts(model, world, batch, seq))
     considered = set(grid(world, batch, experts=model.experts))
     assert planned and planned < considered  # some of the grid is refused (odd heads, batch, ...)
+    assert {lay.zero for lay in planned} == ({0} if model.experts else {0, 1, 2})  # ZeRO 2 is dt train's too
     for lay in considered:
         assert _accepted(lay, model, batch, seq) == (lay in planned), lay.name()
     capsys.readouterr()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dt.cost.flops import Decoder, train_flops_per_token
+from dt.cost.flops import train_flops_per_token
 from dt.plan.cluster import catalogue_cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
@@ -57,7 +57,7 @@ def _authors(run: PublishedRun) -> Layout:
 
 
 def _tflops(run: PublishedRun, model: ModelShape, step: float) -> float:
-    a = Decoder.of(model, run.seq_len)
+    a = model.decoder(run.seq_len)
     recompute = "full" if "Megatron" in run.source else "none"
     flops = train_flops_per_token(a, recompute=recompute) * run.global_batch * run.seq_len
     return flops / step / run.gpus / 1e12

@@ -2,8 +2,8 @@
 
 Each chosen layout becomes dt train's own options (dt.train.cli.parse_args:
 the run is one dt train accepts) and runs in a fresh world on this machine:
-dt train's model and optimizer (dt.train.loop.make_model), its step
-(train_step, then the optimizer), `steps` steps of which the first is
+dt train's model, optimizer and step (dt.train.loop.make_model: build.py's
+TrainStep, which runs the optimizer inside), `steps` steps of which the first is
 warm-up (groups connect, buffers are made); the measured step is the median
 of the rest on the slowest rank. Memory: a second, two-step run of the same
 layout inside dt.device_memory.LiveBytes (the peak of live tensor bytes,
@@ -23,7 +23,7 @@ import statistics
 from typing import Any
 
 from dt.plan.cluster import Cluster
-from dt.plan.layouts import Layout
+from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
@@ -49,18 +49,26 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
             "--cp-attention", lay.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
             "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
             "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
-            "--no-progress", "--device", "cpu"]
+            "--no-progress", "--device", "cpu", "--model", model.family]
+    if lay.clip:
+        argv += ["--clip", str(CLIP)]
+    if model.n_kv_head:
+        argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])
 
 
 def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
-    """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run)."""
+    """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run).
+
+    The run is dt train's own: dt.train.build's model, optimizer and step (TrainStep, or the
+    experts' ParallelGPT), called as dt.train.loop calls it, on the same data.
+    """
     import torch
 
     from dt import transport
     from dt.device_memory import LiveBytes
-    from dt.models.data import CharData
     from dt.plan.trace import Recorder
+    from dt.train.dataset import open_data
     from dt.train.loop import make_model
 
     torch.manual_seed(args.seed)
@@ -68,34 +76,43 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
     if args.threads:
         torch.set_num_threads(args.threads)
     transport.set_validation(args.validate)  # as dt train's worker does
-    data = CharData(seed=args.seed)
+    data = open_data(args)
     live = LiveBytes("cpu") if memory else None
     rec = Recorder()
     try:
         if live is not None:
             live.__enter__()
-        model, optimizer = make_model(args, data.vocab_size)
-        m = model.mesh
+        run = make_model(args, data.vocab_size)
+        _mark_optimizer(run.optimizer, rec)
         per_rank = args.batch_size // args.dp
-        sl = slice(m.dp_rank * per_rank, (m.dp_rank + 1) * per_rank)
+        dp_rank = run.coords[0]
+        sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         with rec.hooked():
             for step in range(steps):
                 x, y = data.batch(step, args.batch_size, args.block_size)
                 rec.begin(step)
-                optimizer.zero_grad()
-                model.train_step(x[sl], y[sl])
-                rec.mark("optimizer")
-                optimizer.step()
+                run.step(x[sl], y[sl])  # forward, backward, sync, clip, optimizer: the whole step
                 rec.end()
     finally:
         if live is not None:
             live.__exit__(None, None, None)
         torch.set_num_threads(threads)
-    out: dict[str, Any] = {"rank": m.rank, "stage": m.pp_rank, "steps": rec.step_seconds(),
+    out: dict[str, Any] = {"rank": run.rank, "stage": run.coords[2], "steps": rec.step_seconds(),
                            "spans": rec.spans}
     if live is not None:
         out["peak_bytes"] = live.peak
     return out
+
+
+def _mark_optimizer(optimizer: Any, rec: Any) -> None:
+    """The step calls the optimizer inside it: mark where its span starts (ZeRO's collectives in it)."""
+    inner = optimizer.step
+
+    def step(*a: Any, **k: Any) -> Any:
+        rec.mark("optimizer")
+        return inner(*a, **k)
+
+    optimizer.step = step
 
 
 def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from dataclasses import replace
 from dt import args as args_
 from dt.cost.devices import DEVICES
 from dt.plan.cluster import Cluster, catalogue_cluster, local_cluster
-from dt.plan.model import PRESETS, ModelShape
+from dt.plan.model import PRESETS, ModelShape, llama_shape
 from dt.plan.report import as_json, explain_plot, scatter_plot, table
 from dt.plan.search import rank_layouts
 from dt.plan.step_model import predict
@@ -40,6 +40,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--experts", type=args_.at_least(0), default=0)
     p.add_argument("--top-k", type=one, default=1)
     p.add_argument("--untied", action="store_true")
+    p.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="dt train's --model")
+    p.add_argument("--n-kv-head", type=one, default=None, help="--model llama's key/value heads")
+    p.add_argument("--clip", action="store_true", help="every layout clips by the global norm (--clip)")
     p.add_argument("--global-batch", type=one, default=16, help="sequences per step")
     p.add_argument("--seq", type=one, default=32, help="tokens per sequence")
     p.add_argument("--precision", choices=["float32", "float64", *PRECISIONS], default=None,
@@ -76,6 +79,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--check runs dt train on this machine: drop --device and --hosts")
     if a.recompute and a.device is None:
         p.error("--recompute is for catalogue clusters (--device): dt train has no recompute to check it by")
+    if a.n_kv_head and a.model != "llama":
+        p.error("--n-kv-head is --model llama's")
     if a.per_host is None:
         a.per_host = a.world if a.device is None and a.hosts == 1 else 8
     if a.device is None and a.hosts * a.per_host > args_.MAX_WORLD:
@@ -87,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def _model(a: argparse.Namespace) -> ModelShape:
     if a.preset:
         return PRESETS[a.preset]
+    if a.model == "llama":
+        return llama_shape(a.n_layer, a.n_head, a.n_embd, a.vocab, a.n_kv_head or 0, tied=not a.untied)
     return ModelShape(a.n_layer, a.n_head, a.n_embd, a.vocab, tied=not a.untied, experts=a.experts,
                       top_k=a.top_k)
 
@@ -103,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     model, cluster = _model(a), _cluster(a)
     t0, cpu0 = time.perf_counter(), time.process_time()
     rows, enumerated, dropped = rank_layouts(cluster, model, a.global_batch, a.seq,
-                                             (False, True) if a.recompute else (False,))
+                                             (False, True) if a.recompute else (False,), a.clip)
     took, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     title = (f"{model.name} ({model.params(a.seq) / 1e6:.1f}M parameters), global batch {a.global_batch} x "
              f"{a.seq} tokens, on {cluster.name}")

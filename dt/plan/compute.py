@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dt.cost.flops import Decoder, step_flops
+from dt.cost.flops import step_flops
 from dt.plan.cluster import Cluster
 from dt.plan.model import ModelShape
 
@@ -39,7 +39,7 @@ def _shard_shape(model: ModelShape, tp: int) -> tuple[int, int, int]:
 def layer_flops(model: ModelShape, seq: int, layer: int, sequences: int, tp: int, cp: int,
                 recompute: bool) -> tuple[float, float]:
     """(forward, backward + recompute) FLOPs of one layer on one rank (dt.cost.flops.step_flops)."""
-    f = step_flops(Decoder.of(model, seq), sequences, range(layer, layer + 1), tp, cp,
+    f = step_flops(model.decoder(seq), sequences, range(layer, layer + 1), tp, cp,
                    "full" if recompute else "none")
     return f.forward, f.backward + f.recompute
 

@@ -1,7 +1,7 @@
 """Every layout of a model on a world that `dt train` accepts.
 
 The sizes dp x cp x tp x pp multiply to the world (ep divides dp x cp), and
-each is crossed with a ZeRO stage (0, 1), a schedule (1f1b, gpipe,
+each is crossed with a ZeRO stage (0, 1, 2), a schedule (1f1b, gpipe,
 interleaved with 1, 2 or 4 chunks), micro-batch counts (1, pp, 2pp, 4pp and
 the per-rank batch up to 8pp, as the per-rank batch allows), ring or Ulysses
 attention when cp > 1, and tp inside or across hosts when there are hosts.
@@ -18,7 +18,9 @@ from types import SimpleNamespace
 from dt.plan.model import ModelShape
 from dt.train.layouts import layout_error
 
-__all__ = ["Layout", "divisors", "enumerate_layouts", "grid", "train_args"]
+CLIP = 1.0  # the --clip dt plan --check runs with: its cost does not depend on the value
+
+__all__ = ["CLIP", "Layout", "divisors", "enumerate_layouts", "grid", "train_args"]
 
 
 @dataclass(frozen=True)
@@ -35,6 +37,7 @@ class Layout:
     cp_attention: str = "ring"
     tp_across: bool = False
     recompute: bool = False
+    clip: bool = False  # --clip: the global norm's all-reduce and pass (a user's choice, not searched)
 
     @property
     def world(self) -> int:
@@ -54,6 +57,8 @@ class Layout:
             parts.append("across")
         if self.recompute:
             parts.append("rc")
+        if self.clip:
+            parts.append("clip")
         return ".".join(parts)
 
     def as_dict(self) -> dict[str, object]:
@@ -70,7 +75,9 @@ def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNa
                            schedule=lay.schedule, virtual=lay.virtual, micro_batches=lay.micro_batches,
                            cp_attention=lay.cp_attention, batch_size=batch, block_size=seq,
                            n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
-                           experts=model.experts, top_k=model.top_k)
+                           experts=model.experts, top_k=model.top_k, model=model.family,
+                           n_kv_head=model.n_kv_head or None, untied=not model.tied,
+                           clip=CLIP if lay.clip else None)
 
 
 def _meshes(world: int, experts: int) -> Iterator[tuple[int, int, int, int, int]]:
@@ -90,25 +97,25 @@ def _micro_counts(pp: int, per_rank: int) -> list[int]:
 
 
 def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
-         recompute: tuple[bool, ...] = (False,)) -> Iterator[Layout]:
+         recompute: tuple[bool, ...] = (False,), clip: bool = False) -> Iterator[Layout]:
     """Every combination the planner considers, valid or not (the test checks the rule on all of it)."""
     placements = (False, True) if hosts > 1 else (False,)
     for dp, tp, pp, cp, ep in _meshes(world, experts):
         per_rank = max(1, batch // dp)
         piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
         schedules = [("1f1b", 1), *piped]
-        for zero in (0, 1) if dp > 1 else (0,):
+        for zero in (0, 1, 2) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
             for schedule, virtual in schedules:
                 for m in _micro_counts(pp, per_rank) if pp > 1 else [1]:
                     for attention in ("ring", "ulysses") if cp > 1 else ("ring",):
                         for across in placements if tp > 1 else (False,):
                             for rc in recompute:
                                 yield Layout(dp, tp, pp, cp, ep, zero, schedule, virtual, m, attention,
-                                             across, rc)
+                                             across, rc, clip)
 
 
 def enumerate_layouts(model: ModelShape, world: int, batch: int, seq: int, hosts: int = 1,
-                      recompute: tuple[bool, ...] = (False,)) -> list[Layout]:
+                      recompute: tuple[bool, ...] = (False,), clip: bool = False) -> list[Layout]:
     """The grid's layouts dt train accepts for this model, batch and sequence."""
-    return [lay for lay in grid(world, batch, hosts, model.experts, recompute)
+    return [lay for lay in grid(world, batch, hosts, model.experts, recompute, clip)
             if layout_error(train_args(lay, model, batch, seq)) is None]

@@ -37,12 +37,21 @@ __all__ = ["peak_bytes"]
 
 
 def _decoder(model: ModelShape, seq: int) -> Decoder:
-    return Decoder.of(model, seq)
+    return model.decoder(seq)
 
 
 @functools.lru_cache(maxsize=65536)
 def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -> float:
     return peak_stash_bytes(name, p, s, m, chunks)  # many layouts (ZeRO, placement) share one
+
+
+@functools.lru_cache(maxsize=65536)
+def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, b: int, item: int,
+                       tp: int, cp: int, recompute: str) -> list[float]:
+    """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
+    a = _decoder(model, seq)
+    return [stage_activation_bytes(a, r, b, item, tp, cp, recompute=recompute)
+            for r in stage_layers(model.n_layer + 2, pp, stage, None, virtual)]
 
 
 def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
@@ -56,10 +65,10 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
     for s in range(lay.pp):
         dense, experts, _, _, _ = stage_tensors(model, lay, seq, s)
         psi = sum(dense) + experts
-        state = zero_memory_formula(psi, lay.dp, lay.zero, k=12 if mixed else 2 * item,
+        # ZeRO shards over the whole data plane, dp x cp (dt.train.step's dp group)
+        state = zero_memory_formula(psi, lay.dp * lay.cp, lay.zero, k=12 if mixed else 2 * item,
                                     param_bytes=2 if mixed else item, grad_bytes=2 if mixed else item)
-        chunks = [stage_activation_bytes(a, r, b, item, lay.tp, lay.cp, recompute=recompute)
-                  for r in stage_layers(model.n_layer + 2, lay.pp, s, None, lay.virtual)]
+        chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp, recompute)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute:  # one block's whole set, rebuilt for its backward
             acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp)

@@ -3,14 +3,18 @@
 dt's GPT block: attention (q, k, v and output projections, 4 C^2 weights)
 and an MLP of hidden F (2 C F weights; 3 C F when gated, as Llama's SwiGLU),
 two LayerNorms; a word embedding of V x C (tied with the head unless
-untied) and a learned position embedding of T x C.
+untied) and a learned position embedding of T x C. `family="llama"` is
+dt.models.llama's: no biases, RMSNorm, rotary positions (no table), grouped
+key/value heads (n_kv_head) and SwiGLU (gated) of dt's rounded width.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["PRESETS", "ModelShape", "preset"]
+from dt.cost.flops import Decoder
+
+__all__ = ["PRESETS", "ModelShape", "llama_shape", "preset"]
 
 
 @dataclass(frozen=True)
@@ -25,22 +29,41 @@ class ModelShape:
     experts: int = 0
     top_k: int = 1
     name: str = "gpt"
+    family: str = "gpt"  # dt train's --model: gpt (dt.models.nanogpt) or llama (dt.models.llama)
+    n_kv_head: int = 0  # llama's key/value heads; 0: n_head
 
     @property
     def hidden(self) -> int:
         return self.ffn or 4 * self.n_embd
 
+    @property
+    def kv_heads(self) -> int:
+        return self.n_kv_head or self.n_head
+
+    def decoder(self, seq: int) -> Decoder:
+        """This shape as dt.cost's Decoder (its FLOPs and activation bytes live there)."""
+        llama = self.family == "llama"
+        return Decoder(vocab_size=self.vocab, seq_len=seq, n_layer=self.n_layer, n_embd=self.n_embd,
+                       n_head=self.n_head, n_kv_head=self.kv_heads, ffn_hidden=self.hidden,
+                       gated=self.gated, n_experts=self.experts, top_k=self.top_k, tied=self.tied,
+                       position_table=not llama, bias=not llama)
+
     def block_params(self) -> int:
         """Weights of one block (biases and norms included), unsharded; an MoE block's every expert."""
         c, f = self.n_embd, self.hidden
+        if self.family == "llama":  # no biases, two RMSNorm weights, k and v of n_kv_head heads
+            kv = 2 * c * self.kv_heads * (c // self.n_head)
+            return 2 * c * c + kv + 3 * c * f + 2 * c
         mlp = (3 if self.gated else 2) * c * f + f + c
         router = c * self.experts if self.experts else 0
         return 4 * c * c + 4 * c + 4 * c + mlp * max(1, self.experts) + router
 
     def params(self, seq: int) -> int:
         """Every weight of the model, unsharded (the tied head counted once)."""
-        embed = self.vocab * self.n_embd * (1 if self.tied else 2) + seq * self.n_embd
-        return embed + self.n_layer * self.block_params() + 2 * self.n_embd
+        positions = 0 if self.family == "llama" else seq * self.n_embd
+        final_norm = self.n_embd if self.family == "llama" else 2 * self.n_embd
+        embed = self.vocab * self.n_embd * (1 if self.tied else 2) + positions
+        return embed + self.n_layer * self.block_params() + final_norm
 
 
 # Public shapes (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023), as dt's block.
@@ -52,6 +75,14 @@ PRESETS = {
     "llama-13b": ModelShape(40, 40, 5120, 32000, ffn=13824, gated=True, tied=False, name="llama-13b"),
     "llama-70b": ModelShape(80, 64, 8192, 32000, ffn=28672, gated=True, tied=False, name="llama-70b"),
 }
+
+
+def llama_shape(n_layer: int, n_head: int, n_embd: int, vocab: int, n_kv_head: int = 0,
+                tied: bool = False) -> ModelShape:
+    """dt train's --model llama: SwiGLU of dt.models.llama's width (8C/3 rounded up to 32)."""
+    width = int(2 * 4 * n_embd / 3)
+    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=-(-width // 32) * 32, gated=True, tied=tied,
+                      name="llama", family="llama", n_kv_head=n_kv_head)
 
 
 def preset(name: str, **changes: object) -> ModelShape:

@@ -11,9 +11,9 @@ from dt.units import fmt_bytes
 
 __all__ = ["as_json", "explain_plot", "scatter_plot", "table"]
 
-COMM = ("tp", "cp", "ep", "pp", "dp", "tied", "loss")
+COMM = ("tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm")
 COLOURS = {"compute": "#4c72b0", "tp": "#dd8452", "cp": "#55a868", "ep": "#c44e52", "pp": "#8172b3",
-           "dp": "#937860", "tied": "#da8bc3", "loss": "#8c8c8c", "bubble": "#eeeeee"}
+           "dp": "#937860", "tied": "#da8bc3", "loss": "#8c8c8c", "norm": "#bcbd22", "bubble": "#eeeeee"}
 
 
 def _ms(x: float) -> str:

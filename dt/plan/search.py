@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dt.cost.flops import Decoder, train_flops_per_token
+from dt.cost.flops import train_flops_per_token
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout, enumerate_layouts
 from dt.plan.memory import peak_bytes
@@ -36,7 +36,7 @@ class Row:
 
 def model_flops(model: ModelShape, batch: int, seq: int) -> float:
     """FLOPs one step needs, unsharded, without recompute: 3 x the forward (backward is 2x)."""
-    return train_flops_per_token(Decoder.of(model, seq)) * batch * seq
+    return train_flops_per_token(model.decoder(seq)) * batch * seq
 
 
 def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]]) -> str | None:
@@ -50,9 +50,10 @@ def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]]) -> str | None:
 
 
 def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int,
-                 recompute: tuple[bool, ...] = (False,)) -> tuple[list[Row], int, dict[str, int]]:
+                 recompute: tuple[bool, ...] = (False,),
+                 clip: bool = False) -> tuple[list[Row], int, dict[str, int]]:
     """(the fitting layouts' rows, fastest first; how many were enumerated; why the others were dropped)."""
-    layouts = enumerate_layouts(model, c.world, batch, seq, c.hosts, recompute)
+    layouts = enumerate_layouts(model, c.world, batch, seq, c.hosts, recompute, clip)
     flops = model_flops(model, batch, seq)
     rows: list[Row] = []
     dropped: dict[str, int] = {}

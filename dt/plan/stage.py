@@ -32,9 +32,11 @@ from dt.plan.compute import layer_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "Groups", "StageWork", "bucket_bytes", "stage_tensors", "stage_work"]
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
+           "chunk_tensors", "stage_tensors", "stage_work"]
 
-BUCKET_CAP = 25 * MB  # all_reduce_buckets' default cap (its first bucket the same)
+BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
+FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
 
 
 class _Sized:
@@ -51,14 +53,24 @@ class _Sized:
 
 
 def bucket_bytes(dense: list[int], itemsize: int) -> list[int]:
-    """Bytes of each gradient bucket all_reduce_buckets makes of these tensors (make_buckets' rule)."""
+    """Bytes of each gradient bucket DDP (and ZeRO 2) makes of these tensors, in launch order."""
+    return [nbytes for nbytes, _ in bucket_ready(dense, itemsize)]
+
+
+def bucket_ready(dense: list[int], itemsize: int) -> list[tuple[int, float]]:
+    """(bytes, ready) of each bucket in launch order: make_buckets over the parameters reversed
+    (backward's order), 1 MB first, 25 MB cap; `ready` is the fraction of the chunk's backward
+    done when its last gradient arrives, backward's pace taken as even per number."""
     return list(_buckets(tuple(dense), itemsize))
 
 
 @functools.lru_cache(maxsize=4096)
-def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[int, ...]:
-    return tuple(sum(dense[i] for i in idx) * itemsize
-                 for idx in make_buckets([_Sized(n, itemsize) for n in dense], BUCKET_CAP, BUCKET_CAP))
+def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[tuple[int, float], ...]:
+    back = dense[::-1]
+    total = sum(back) or 1
+    done = [sum(back[:i + 1]) / total for i in range(len(back))]
+    return tuple((sum(back[i] for i in idx) * itemsize, max(done[i] for i in idx))
+                 for idx in make_buckets([_Sized(n, itemsize) for n in back], FIRST_BUCKET, BUCKET_CAP))
 
 
 @dataclass(frozen=True)
@@ -72,6 +84,7 @@ class Groups:
     edp: tuple[int, ...]
     pp: tuple[int, ...]
     embed: tuple[int, ...]
+    norm: tuple[int, ...] = ()  # pp x tp: clipping's global norm (dt.train.step's norm_group)
 
 
 @dataclass(frozen=True)
@@ -81,6 +94,7 @@ class StageWork:
     fwd: dict[str, float]
     bwd: dict[str, float]
     dense: list[int]  # numbers of each dense tensor, in parameter order (gradient buckets)
+    chunks: list[list[int]]  # the same, per model chunk (each chunk's DDP has its own buckets)
     experts: int  # numbers of this rank's expert weights
     blocks: int  # transformer blocks on this stage
     head: bool
@@ -90,6 +104,9 @@ class StageWork:
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
     c, f = model.n_embd, model.hidden
+    if model.family == "llama":  # RMSNorm, no biases; q and o of n_head heads, k and v of n_kv_head
+        kv = 2 * model.kv_heads * (c // model.n_head) * c // tp
+        return [c, c * c // tp + kv, c * c // tp, c, 2 * f * c // tp, f * c // tp], 0
     ln = [c, c]
     attn = [3 * c * c // tp, 3 * c // tp, c * c // tp, c]
     mats = 3 if model.gated else 2
@@ -102,32 +119,41 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
 def stage_tensors(model: ModelShape, lay: Layout, seq: int,
                   stage: int) -> tuple[list[int], int, int, bool, bool]:
     """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
-    dense, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
-    return (list(dense), *rest)
+    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    return ([n for c in chunks for n in c], *rest)
+
+
+def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int) -> list[list[int]]:
+    """Dense tensor sizes of each model chunk of `stage` (each chunk has its own DDP buckets)."""
+    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)[0]]
 
 
 @functools.lru_cache(maxsize=16384)
 def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-             stage: int) -> tuple[tuple[int, ...], int, int, bool, bool]:
-    lay = Layout(tp=tp, pp=pp, virtual=virtual, ep=ep, schedule="interleaved" if virtual > 1 else "1f1b")
+             stage: int) -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
     n = model.n_layer + 2
-    layers = [i for r in stage_layers(n, lay.pp, stage, None, lay.virtual) for i in r]
-    dense: list[int] = []
+    chunks = stage_layers(n, pp, stage, None, virtual)
+    layers = [i for r in chunks for i in r]
+    out: list[tuple[int, ...]] = []
     experts = 0
     blocks = 0
-    for i in layers:
-        if i == 0:
-            dense += [model.vocab // lay.tp * model.n_embd, seq * model.n_embd]
-        elif i == n - 1:
-            dense += [model.n_embd, model.n_embd]
-            if not model.tied or lay.pp > 1 and 0 not in layers:
-                dense.append(model.vocab // lay.tp * model.n_embd)
-        else:
-            d, e = _block_tensors(model, lay.tp)
-            dense += d
-            experts += e // max(1, lay.ep)
-            blocks += 1
-    return tuple(dense), experts, blocks, n - 1 in layers, 0 in layers
+    for r in chunks:
+        dense: list[int] = []
+        for i in r:
+            if i == 0:
+                dense += [model.vocab // tp * model.n_embd]
+                dense += [seq * model.n_embd] if model.family != "llama" else []  # rotary: no table
+            elif i == n - 1:
+                dense += [model.n_embd] * (1 if model.family == "llama" else 2)
+                if not model.tied or pp > 1 and 0 not in layers:
+                    dense.append(model.vocab // tp * model.n_embd)
+            else:
+                d, e = _block_tensors(model, tp)
+                dense += d
+                experts += e // max(1, ep)
+                blocks += 1
+        out.append(tuple(dense))
+    return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
 
 
 def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple[float, float]:
@@ -163,4 +189,4 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
     bwd = {"compute": bb * blocks + hb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks}
-    return StageWork(fwd, bwd, dense, experts, blocks, head, embed)
+    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed)

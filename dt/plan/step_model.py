@@ -1,23 +1,24 @@
 """One layout's training step, predicted: a timeline per rank whose sum is the step.
 
-What `dt train` runs per step (dt.models.gpt.ParallelGPT.train_step, then
-the optimizer), in order, on every rank of pipeline stage s:
+What `dt train` runs per step (dt.train.step.TrainStep; --experts: dt.train.legacy's
+ParallelGPT), in order, on every rank of pipeline stage s:
 
 1. the pipeline: the schedule's actions (dt.plan.pipeline plays them with
    this stage's forward / backward seconds per micro-batch: compute, then
    its tp, cp and ep messages, which block), activations sent between stages;
-2. the data-parallel gradient sync after the pipeline: make_buckets' buckets
-   (25 MB cap, dt.parallel.buckets) all-reduced one after another over
-   dp x cp (experts over their replicas), not overlapped: ParallelGPT runs
-   it after the last backward; under ZeRO-1 the optimizer reduce-scatters
-   the gradients and all-gathers the updated shards instead;
-3. the tied embedding's gradient all-reduce between the first and last
-   stage, the loss's all-reduce and broadcast (which line the stages up:
-   what a stage waits for the slowest is idle, counted as bubble);
-4. Adam: an elementwise pass over this rank's (ZeRO: its shard's) numbers.
+   the gradient sync overlapped with backward (dt.plan.sync: DDP's buckets
+   during each chunk's last backward, ZeRO 2's during every backward): only
+   what runs past a backward's end is exposed, added at the stage's end;
+2. the tied embedding's gradient sum between the first and last stage, the
+   loss's all-reduce and broadcast, clipping's norm all-reduce over pp x tp
+   (these line the stages up: what a stage waits for the slowest is idle,
+   counted as bubble);
+3. the optimizer's step: ZeRO 1's reduce-scatter, clipping's pass over the
+   gradients and Adam's over this rank's (ZeRO: its shard's) numbers, ZeRO's
+   all-gather of the parameters.
 
 Parts: compute, exposed communication by kind (tp, cp, ep, pp, dp, tied,
-loss), bubble (idle). The spans of each rank tile [0, step] exactly.
+loss, norm), bubble (idle). The spans of each rank tile [0, step] exactly.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.pipeline import play
-from dt.plan.stage import Groups, StageWork, bucket_bytes, stage_work
+from dt.plan.stage import Groups, StageWork, stage_work
+from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
 
-__all__ = ["KINDS", "Prediction", "Span", "predict"]
+__all__ = ["KINDS", "Prediction", "Span", "predict", "stage_groups"]
 
-KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "tied", "loss", "bubble")
+KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm", "bubble")
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class Prediction:
     stash: list[int] = field(default_factory=list)  # peak in-flight micro-batches per stage
 
 
-def _groups(lay: Layout) -> list[Groups]:
+def stage_groups(lay: Layout) -> list[Groups]:
     """Per stage, one group of each kind its ranks belong to (the first such: a stage's groups of
     one kind sit alike on the hosts, the mesh numbering being regular)."""
     return _mesh_groups(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.tp_across)
@@ -72,31 +74,23 @@ def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> l
     for kind, groups in g.items():
         for x in groups:
             first[kind].setdefault(stage[x[0]], x)
+    pipe = set(g["pp"][0])  # stage s's rank of the first pipeline, and its tp peers: pp x tp
+    norm = tuple(sorted(r for t in g["tp"] if pipe & set(t) for r in t))
     return [Groups(first["tp"][s], first["cp"][s], first["ep"][s], first["dp_cp"][s], first["edp"][s],
-                   g["pp"][0], g["embed"][0]) for s in range(lay.pp)]
+                   g["pp"][0], g["embed"][0], norm) for s in range(lay.pp)]
 
 
-def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, t0: float) -> list[Span]:
-    """The gradient sync after the pipeline: bucketed all-reduces, or ZeRO-1's reduce-scatter + all-gather."""
+def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list, t0: float) -> list[Span]:
+    """After the stage's last action: its backwards' exposed sync, or the experts' run's whole sync."""
     spans, t = [], t0
-    item = c.itemsize
-    if lay.zero:
-        total = sum(w.dense) * item
-        for kind, op in (("dp", "reduce_scatter"), ("dp", "all_gather")):
-            d = collective_seconds(c, op, total, g.dp_cp)
-            spans.append(Span(kind, t, t + d, f"ZeRO-1 {op.replace('_', '-')}"))
-            t += d
-        return spans
-    priced: dict[int, float] = {}  # most buckets are the cap's size: price each size once
-    for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else []):
-        if nbytes not in priced:
-            priced[nbytes] = collective_seconds(c, "all_reduce", nbytes, g.dp_cp)
-        d = priced[nbytes]
-        spans.append(Span("dp", t, t + d, f"bucket {i} all-reduce"))
+    exposed = backward_exposed(c, lay, w, g, acts)
+    if exposed > 0:
+        label = "DDP buckets' all-reduce, exposed" if lay.zero == 0 else "ZeRO-2 reduce-scatter, exposed"
+        spans.append(Span("dp", t, t + exposed, label))
+        t += exposed
+    for label, d in after_backward(c, w, g):
+        spans.append(Span("dp", t, t + d, label))
         t += d
-    if w.experts and len(g.edp) > 1:
-        d = collective_seconds(c, "all_reduce", w.experts * item, g.edp)
-        spans.append(Span("dp", t, t + d, "experts' all-reduce"))
     return spans
 
 
@@ -116,7 +110,7 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
             timelines: bool = False) -> Prediction:
     """The step of `lay` on `c`: its parts and bytes per level; with `timelines`, one rank's spans
     per pipeline stage (the other ranks of a stage do the same work at the same times)."""
-    groups = _groups(lay)
+    groups = stage_groups(lay)
     works = [stage_work(c, model, lay, groups[s], batch, seq, s) for s in range(lay.pp)]
     b = batch // lay.dp // lay.micro_batches
     act = b * (seq // lay.cp) * model.n_embd * c.itemsize
@@ -127,10 +121,11 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
     # the sends of the steady state overlap other stages' work.
     pp_exposed = 2 * (lay.pp * lay.virtual - 1) * send if lay.pp > 1 else 0.0
-    syncs = [_sync_spans(c, lay, works[s], groups[s], played[s][-1][4]) for s in range(lay.pp)]
+    syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1][4]) for s in range(lay.pp)]
     t_sync = max(sp[-1].end if sp else acts[-1][4] for sp, acts in zip(syncs, played))
-    tail, adam = _tail(c, model, lay, works, groups)
-    step = t_sync + sum(d for _, d, _ in tail) + max(adam)
+    tail = _tail(c, model, lay, groups)
+    opt = [_optimizer(c, lay, w, g) for w, g in zip(works, groups)]
+    step = t_sync + sum(d for _, d, _ in tail) + max(sum(d for _, d, _ in o) for o in opt)
     parts = {k: 0.0 for k in KINDS}
     lines: dict[int, list[Span]] = {}
     for s, w in enumerate(works):
@@ -142,8 +137,11 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
         for kind, d, label in tail:
             spans.append(Span(kind, t, t + d, label))
             t += d
-        spans.append(Span("compute", step - adam[s], step, "Adam"))  # the wait lines up, then Adam
-        for sp in spans[-(len(syncs[s]) + len(tail) + 1):]:
+        t = step - sum(d for _, d, _ in opt[s])  # the wait lines up, then the optimizer's step
+        for kind, d, label in opt[s]:
+            spans.append(Span(kind, t, t + d, label))
+            t += d
+        for sp in spans[-(len(syncs[s]) + len(tail) + len(opt[s])):]:
             parts[sp.kind] += (sp.end - sp.start) / lay.pp
         if timelines:
             lines[groups[s].pp[s]] = spans
@@ -154,9 +152,8 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     return Prediction(lay, step, parts, lines, levels, stash)
 
 
-def _tail(c: Cluster, model: ModelShape, lay: Layout, works: list[StageWork],
-          groups: list[Groups]) -> tuple[list[tuple[str, float, str]], list[float]]:
-    """(the collectives every stage waits on after the sync, each stage's Adam seconds)."""
+def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> list[tuple[str, float, str]]:
+    """The collectives every stage waits on after the pipeline: tied sum, loss, clipping's norm."""
     item = c.itemsize
     tail = []
     if model.tied and lay.pp > 1:
@@ -165,13 +162,24 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout, works: list[StageWork],
     tail.append(("loss", collective_seconds(c, "all_reduce", item, groups[-1].dp_cp)
                  + (collective_seconds(c, "all_reduce", item, groups[0].pp) if lay.pp > 1 else 0.0),
                  "loss all-reduce, broadcast"))
-    opt = []
-    for w in works:
-        numbers = sum(w.dense) + w.experts
-        moments = numbers / lay.dp if lay.zero else numbers
-        # Adam reads weight, gradient and both moments and writes weight and moments
-        opt.append((3 * numbers + 4 * moments) * item / c.mem_bw)
-    return tail, opt
+    if lay.clip and lay.pp * lay.tp > 1:
+        norm = collective_seconds(c, "all_reduce", item, groups[0].norm)
+        tail.append(("norm", norm, "clip: norm all-reduce"))
+    return tail
+
+
+def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[str, float, str]]:
+    """This stage's optimizer step in order: ZeRO 1's reduce-scatter, clipping's and Adam's passes
+    (memory-bound), ZeRO's all-gather."""
+    before, after = optimizer_collectives(c, lay, w, g)
+    numbers = sum(w.dense) + w.experts
+    moments = numbers / len(g.dp_cp) if lay.zero else numbers
+    # Adam reads weight, gradient and both moments and writes weight and moments
+    out = [("dp", d, label) for label, d in before]
+    if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
+        out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
+    out.append(("compute", (3 * numbers + 4 * moments) * c.itemsize / c.mem_bw, "Adam"))
+    return out + [("dp", d, label) for label, d in after]
 
 
 def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, seq: int,

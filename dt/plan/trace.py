@@ -35,14 +35,15 @@ class Recorder:
 
     def begin(self, step: int) -> None:
         self._step, self._t0 = step, time.perf_counter()
-        self._mark = self._t0
+        self._mark, self._mark_name = self._t0, ""  # no mark: no span (an overflow skipped the step)
 
     def mark(self, name: str) -> None:
         self._mark_name, self._mark = name, time.perf_counter()
 
     def end(self) -> None:
         now = time.perf_counter()
-        self.spans.append((self._step, self._mark_name, self._mark - self._t0, now - self._t0))
+        if self._mark_name:
+            self.spans.append((self._step, self._mark_name, self._mark - self._t0, now - self._t0))
         self.bounds.append((self._t0, now))
 
     def step_seconds(self) -> list[float]:

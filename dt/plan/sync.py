@@ -1,0 +1,87 @@
+"""The gradient sync and the optimizer's collectives as dt.train.step.TrainStep runs them, priced.
+
+    DDP (zero 0)  each model chunk's buckets (stage.bucket_ready: backward's order, 1 MB
+                  first, 25 MB cap) all-reduced over dp x cp on dt's one gradient thread,
+                  each launched as its last gradient arrives during the chunk's last
+                  micro-batch's backward (only that one syncs), strictly in order; backward
+                  ends waiting for them all: what runs past its end is exposed
+    ZeRO 2        the same buckets reduce-scattered during every micro-batch's backward
+                  (ZeRO's hooks have no no_sync), exposed likewise; then, after Adam on
+                  the shard, an all-gather of the updated parameters
+    ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
+                  after backward (nothing overlaps it), Adam on the shard, the all-gather
+    experts       dt.models.gpt.ParallelGPT (dt.train.legacy): the buckets all-reduced one
+                  after another after the last backward, then the experts' over their replicas
+
+A backward's gradients are taken to arrive at an even pace per number (the
+head's backward is heavier than its one matrix says; for the small models
+this machine runs, all of a chunk is one bucket, ready at its end anyway).
+The overlapped collectives also take turns on the cores with backward's
+compute, which this model does not charge.
+"""
+
+from __future__ import annotations
+
+from dt.plan.cluster import Cluster
+from dt.plan.comm import collective_seconds
+from dt.plan.layouts import Layout
+from dt.plan.stage import Groups, StageWork, bucket_bytes, bucket_ready
+
+__all__ = ["after_backward", "backward_exposed", "optimizer_collectives", "thread_end"]
+
+Action = tuple[str, int, int, float, float]  # (kind, chunk, micro-batch, start, end)
+
+
+def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> float:
+    """When the gradient thread finishes: buckets (seconds, ready fraction of [b0, b1]) run one
+    after another, each no earlier than its last gradient."""
+    t = b0
+    for seconds, ready in buckets:
+        t = max(t, b0 + ready * (b1 - b0)) + seconds
+    return t
+
+
+def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list[Action]) -> float:
+    """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
+    if len(g.dp_cp) < 2 or lay.zero == 1 or w.experts:
+        return 0.0
+    op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    priced: dict[int, float] = {}  # most buckets are the cap's size: price each size once
+    exposed = 0.0
+    for chunk, dense in enumerate(w.chunks):
+        buckets = []
+        for nbytes, ready in bucket_ready(dense, c.itemsize):
+            if nbytes not in priced:
+                priced[nbytes] = collective_seconds(c, op, nbytes, g.dp_cp)
+            buckets.append((priced[nbytes], ready))
+        backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
+        if lay.zero == 0 and backs:
+            backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
+        durations: dict[float, int] = {}  # a chunk's backwards mostly last alike: play each once
+        for _, d in backs:
+            durations[d] = durations.get(d, 0) + 1
+        exposed += sum(k * max(0.0, thread_end(0.0, d, buckets) - d) for d, k in durations.items())
+    return exposed
+
+
+def after_backward(c: Cluster, w: StageWork, g: Groups) -> list[tuple[str, float]]:
+    """(label, seconds) of the experts' run's sync after the pipeline: nothing overlaps it."""
+    if not w.experts:
+        return []
+    item = c.itemsize
+    out = [(f"bucket {i} all-reduce", collective_seconds(c, "all_reduce", nbytes, g.dp_cp))
+           for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else [])]
+    if len(g.edp) > 1:
+        out.append(("experts' all-reduce", collective_seconds(c, "all_reduce", w.experts * item, g.edp)))
+    return out
+
+
+def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
+                          g: Groups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+    """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds)."""
+    if not lay.zero or len(g.dp_cp) < 2:
+        return [], []
+    total = sum(w.dense) * c.itemsize
+    before = [("ZeRO-1 reduce-scatter", collective_seconds(c, "reduce_scatter", total, g.dp_cp))] \
+        if lay.zero == 1 else []
+    return before, [(f"ZeRO-{lay.zero} all-gather", collective_seconds(c, "all_gather", total, g.dp_cp))]

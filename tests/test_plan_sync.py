@@ -1,0 +1,97 @@
+"""The planner's gradient sync as dt.train.step.TrainStep runs it: buckets, overlap, ZeRO, clipping."""
+
+from __future__ import annotations
+
+import pytest
+
+from dt.plan.cluster import catalogue_cluster
+from dt.plan.comm import collective_seconds
+from dt.plan.layouts import Layout, enumerate_layouts, grid
+from dt.plan.model import ModelShape
+from dt.plan.stage import bucket_bytes, bucket_ready, stage_work
+from dt.plan.step_model import predict, stage_groups
+from dt.plan.sync import backward_exposed, optimizer_collectives, thread_end
+
+TINY = ModelShape(2, 2, 32, 44)
+WIDE = ModelShape(2, 8, 2048, 1000)  # several MB of gradients per block: more than one bucket
+
+
+def _ddp_buckets(sizes: list[tuple[int, int]]) -> list[int]:
+    from torch import nn
+
+    from dt.parallel.data_parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel(nn.Sequential(*[nn.Linear(a, b) for a, b in sizes]))
+    return [sum(t.numel() * t.element_size() for t in b.tensors) for b in ddp.buckets]
+
+
+@pytest.mark.timeout(120)
+def test_the_planned_buckets_are_the_ones_ddp_makes(run):
+    sizes = [(512, 1024), (1024, 4096), (4096, 2048), (2048, 64)]
+    dense = [n for a, b in sizes for n in (a * b, b)]  # weight, bias: parameter order
+    assert bucket_bytes(dense, 4) == run(1, _ddp_buckets, sizes)[0]
+    ready = [r for _, r in bucket_ready(dense, 4)]
+    assert ready == sorted(ready) and ready[-1] == 1.0  # the last bucket waits for the first layer
+
+
+def test_the_gradient_thread_runs_buckets_in_order_once_ready():
+    # ready at 2 s and 5 s and at the end (10 s): 2 + 3 = 5, 5 + 3 = 8, 10 + 1 = 11: 1 s exposed
+    assert thread_end(0.0, 10.0, [(3.0, 0.2), (3.0, 0.5), (1.0, 1.0)]) == pytest.approx(11.0)
+    assert thread_end(0.0, 10.0, [(1.0, 0.1)]) == pytest.approx(2.0)  # hidden entirely
+
+
+def test_ddp_syncs_the_last_micro_batch_zero_2_every_one_and_zero_1_after_backward():
+    c = catalogue_cluster("h100", 1, 8)
+    acts = [("F", 0, i, 2.0 * i, 2.0 * i + 1) for i in range(4)] + \
+           [("B", 0, i, 10.0 + i, 11.0 + i) for i in range(4)]
+    ddp, z1, z2 = Layout(dp=4), Layout(dp=4, zero=1), Layout(dp=4, zero=2)
+    g = stage_groups(ddp)[0]
+    w = stage_work(c, TINY, ddp, g, 16, 32, 0)
+    total = sum(w.dense) * c.itemsize  # a tiny model: one bucket, ready at backward's end
+    assert bucket_bytes(w.dense, c.itemsize) == [total]
+    ar = collective_seconds(c, "all_reduce", total, g.dp_cp)
+    assert backward_exposed(c, ddp, w, g, acts) == pytest.approx(ar)
+    rs = collective_seconds(c, "reduce_scatter", total, g.dp_cp)
+    assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * rs)
+    assert backward_exposed(c, z1, w, g, acts) == 0.0
+    before, after = optimizer_collectives(c, z1, w, g)
+    assert [d for _, d in before] == [pytest.approx(rs)] and len(after) == 1
+    assert optimizer_collectives(c, z2, w, g)[0] == [] and optimizer_collectives(c, ddp, w, g) == ([], [])
+
+
+def test_overlap_hides_the_early_buckets_of_a_wide_model():
+    c = catalogue_cluster("h100", 1, 8)
+    lay = Layout(dp=8)
+    g = stage_groups(lay)[0]
+    w = stage_work(c, WIDE, lay, g, 64, 512, 0)
+    assert len(bucket_bytes(w.dense, c.itemsize)) > 1
+    acts = [("B", 0, 0, 0.0, 1.0)]  # a long backward: every bucket but the last is hidden
+    last = bucket_bytes(w.dense, c.itemsize)[-1]
+    assert backward_exposed(c, lay, w, g, acts) == pytest.approx(
+        collective_seconds(c, "all_reduce", last, g.dp_cp))
+
+
+def test_clipping_adds_its_norm_and_its_pass_and_dt_train_accepts_exactly_those_layouts():
+    c = catalogue_cluster("h100", 1, 4)
+    base, clipped = predict(c, TINY, Layout(tp=2, pp=2, micro_batches=2), 8, 32), \
+        predict(c, TINY, Layout(tp=2, pp=2, micro_batches=2, clip=True), 8, 32)
+    assert clipped.parts["norm"] > 0 and base.parts["norm"] == 0 and clipped.step > base.step
+    from tests.test_plan import _accepted
+
+    planned = set(enumerate_layouts(TINY, 4, 8, 16, clip=True))
+    considered = set(grid(4, 8, clip=True))
+    assert planned and all(lay.zero == 0 for lay in planned)  # dt train clips only without ZeRO
+    for lay in considered:
+        assert _accepted(lay, TINY, 8, 16) == (lay in planned), lay.name()
+
+
+def test_dt_train_refuses_in_one_line_what_the_step_refuses(capsys):
+    from dt.train.cli import parse_args
+
+    cases = [(["--dp", "2", "--zero", "1", "--clip", "1"], "--clip under --zero"),
+             (["--pp", "2", "--zero", "2"], "--zero 2 frees each full gradient")]
+    for argv, why in cases:
+        with pytest.raises(SystemExit) as e:
+            parse_args(argv)
+        assert e.value.code == 2 and why in capsys.readouterr().err, argv
+    parse_args(["--pp", "2", "--zero", "2", "--untied"])  # untied: nothing shared, ZeRO 2 runs
