@@ -90,12 +90,12 @@ def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, 
         torch.manual_seed(0)
         dt_ = getattr(torch, dtype)
         c, heads, hidden = _shard_shape(model, tp)
-        x = torch.randn(b, t, c, dtype=dt_, requires_grad=True)
+        x = torch.randn(b, t, c, dtype=dt_, requires_grad=True)  # host: this machine's CPU is timed
         if kind == "block":
             layer = Shard(c, heads, model.n_embd // model.n_head, hidden, model.gated).to(dt_)
             run = lambda: layer(x, keys).sum().backward()  # noqa: E731
         else:
-            w = torch.randn(model.vocab // tp or 1, c, dtype=dt_, requires_grad=True)
+            w = torch.randn(model.vocab // tp or 1, c, dtype=dt_, requires_grad=True)  # host: as x
             run = lambda: F.linear(F.layer_norm(x, (c,)), w).logsumexp(-1).sum().backward()  # noqa: E731
         return _time(run)
     finally:
