@@ -1,4 +1,4 @@
-"""The pipeline's schedule played out with predicted durations: when each action starts and ends.
+"""The pipeline's schedule played out with predicted durations (dt.parallel.pipeline.timeline).
 
 Each stage runs dt.parallel.pipeline.schedules.schedule's own action order.
 An action starts when its stage is free and its input has arrived:
@@ -15,17 +15,12 @@ from __future__ import annotations
 
 import functools
 
-from dt.parallel.pipeline.schedules import schedule
+from dt.parallel.pipeline import timeline
 from dt.parallel.pipeline.stash import peak_stash
 
 __all__ = ["Played", "play", "stash"]
 
 Played = tuple[list[list[tuple[str, int, int, float, float]]], list[int]]
-
-
-@functools.lru_cache(maxsize=1024)
-def _orders(name: str, p: int, m: int, v: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
-    return tuple(tuple(schedule(name, p, s, m, v)) for s in range(p))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -35,36 +30,7 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
 
     fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s.
     """
-    orders = _orders(name, p, m, v)
-    done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
-    fs, bs = fwd, bwd
-    free = [0.0] * p
-    nxt = [0] * p
-    out: list[list[tuple[str, int, int, float, float]]] = [[] for _ in range(p)]
-    last = p * v - 1
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s in range(p):
-            while nxt[s] < len(orders[s]):
-                kind, c, i = orders[s][nxt[s]]
-                pos = c * p + s
-                if kind == "F":
-                    dep, hop = (("F", pos - 1, i), send) if pos else (None, 0.0)
-                else:
-                    dep, hop = (("B", pos + 1, i), send) if pos < last else (("F", pos, i), 0.0)
-                if dep is not None and dep not in done:
-                    break
-                start = max(free[s], done[dep] + hop) if dep is not None else free[s]
-                end = start + (fs[s] if kind == "F" else bs[s])
-                done[(kind, pos, i)] = free[s] = end
-                out[s].append((kind, c, i, start, end))
-                nxt[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError(f"schedule {name} p={p} m={m} v={v} deadlocks")  # the schedules never do
-    return out, stash(name, p, m, v)
+    return timeline.play(name, p, m, v, fwd, bwd, send), stash(name, p, m, v)
 
 
 @functools.lru_cache(maxsize=4096)

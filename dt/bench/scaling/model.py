@@ -142,39 +142,12 @@ def simulate_bubble(schedule_name: str, p: int, m: int, virtual: int = 1, forwar
     stages of idle time / makespan: (p-1)/(m+p-1) for GPipe and 1F1B, and for
     interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when m < p).
     """
-    from dt.parallel.pipeline import schedule
+    from dt.parallel.pipeline.timeline import play
 
-    def actions(stage: int) -> list[tuple[str, int, int]]:
-        acts = schedule(schedule_name, p, stage, m, virtual) if virtual > 1 else \
-            schedule(schedule_name, p, stage, m)
-        return [a if len(a) == 3 else (a[0], 0, a[1]) for a in acts]
-
-    todo = [actions(st) for st in range(p)]
-    finish: dict[tuple[str, int, int], float] = {}
-    free, busy, nxt = [0.0] * p, [0.0] * p, [0] * p
-    last = p * virtual - 1
-    moved = True
-    while moved:
-        moved = False
-        for st in range(p):
-            while nxt[st] < len(todo[st]):
-                kind, chunk, i = todo[st][nxt[st]]
-                q = chunk * p + st
-                if kind == "F":
-                    dep = ("F", q - 1, i) if q > 0 else None
-                else:
-                    dep = ("B", q + 1, i) if q < last else ("F", q, i)
-                if dep is not None and dep not in finish:
-                    break  # waits on another stage
-                seconds = (forward if kind == "F" else backward) / virtual
-                start = max(free[st], finish[dep] if dep else 0.0)
-                finish[(kind, q, i)] = free[st] = start + seconds
-                busy[st] += seconds
-                nxt[st] += 1
-                moved = True
-    if any(nxt[st] < len(todo[st]) for st in range(p)):
-        raise RuntimeError(f"schedule {schedule_name!r} deadlocks at p={p}, m={m}, v={virtual}")
-    span = max(free)
+    fwd, bwd = (forward / virtual,) * p, (backward / virtual,) * p
+    played = play(schedule_name, p, m, virtual, fwd, bwd)
+    busy = [sum(end - start for _, _, _, start, end in stage) for stage in played]
+    span = max(stage[-1][4] for stage in played if stage)
     return sum(1 - b / span for b in busy) / p
 
 

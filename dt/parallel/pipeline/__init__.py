@@ -41,6 +41,7 @@ and puts the shape headers on groups of their own (see there).
 - p2p.py        the point-to-point of activations and gradients, with a shape header
 - cut.py        a model's layer list cut into this rank's chunks; weights two stages share
 - stash.py      peak_stash: how many micro-batches' activations a stage holds, from the schedule
+- timeline.py   play: the schedule played out with durations (each action's start and end)
 """
 
 from dt.parallel.pipeline.cut import StageCut, cut

@@ -1,0 +1,65 @@
+"""A schedule played out with durations: when each stage's actions start and end.
+
+Each stage runs dt.parallel.pipeline.schedules.schedule's own action order.
+An action starts when its stage is free and its input has arrived:
+
+    F(chunk c, micro-batch i) at virtual position c*p + s needs F(c', i) of position - 1
+    B(c, i) needs B of position + 1, or, on the last position, its own F(c, i)
+
+plus `send` seconds for the activation (or its gradient) to cross between
+stages. What a stage waits is its bubble. The planner (dt.plan) plays it with
+predicted durations; the scaling study's bubble table with unit ones.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from dt.parallel.pipeline.schedules import schedule
+
+__all__ = ["Action", "play"]
+
+Action = tuple[str, int, int, float, float]  # kind, chunk, micro-batch, start, end
+
+
+@functools.lru_cache(maxsize=1024)
+def _orders(name: str, p: int, m: int, v: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+    return tuple(tuple(schedule(name, p, s, m, v)) for s in range(p))
+
+
+@functools.lru_cache(maxsize=4096)
+def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+         send: float = 0.0) -> list[list[Action]]:
+    """Per stage: (kind, chunk, micro-batch, start, end) of every action, in its order.
+
+    fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s.
+    """
+    orders = _orders(name, p, m, v)
+    done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
+    free = [0.0] * p
+    nxt = [0] * p
+    out: list[list[Action]] = [[] for _ in range(p)]
+    last = p * v - 1
+    remaining = sum(len(o) for o in orders)
+    while remaining:
+        progressed = False
+        for s in range(p):
+            while nxt[s] < len(orders[s]):
+                kind, c, i = orders[s][nxt[s]]
+                pos = c * p + s
+                if kind == "F":
+                    dep, hop = (("F", pos - 1, i), send) if pos else (None, 0.0)
+                else:
+                    dep, hop = (("B", pos + 1, i), send) if pos < last else (("F", pos, i), 0.0)
+                if dep is not None and dep not in done:
+                    break  # waits on another stage
+                start = max(free[s], done[dep] + hop) if dep is not None else free[s]
+                end = start + (fwd[s] if kind == "F" else bwd[s])
+                done[(kind, pos, i)] = free[s] = end
+                out[s].append((kind, c, i, start, end))
+                nxt[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError(f"schedule {name!r} deadlocks at p={p}, m={m}, v={v}")  # never happens
+    return out
