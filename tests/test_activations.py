@@ -13,8 +13,8 @@ from dt.cost.activations import (
 )
 from dt.cost.flops import Decoder
 from dt.device_memory import SavedBytes
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.timeout(180)
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
@@ -44,64 +44,111 @@ def test_plain_models_formula_is_the_measurement(make, dtype):
     for b, s in ((2, model.cfg.block_size), (3, model.cfg.block_size // 2)):
         arch = Decoder.of(model.cfg, s)
         layers = range(arch.n_layer + 2)
-        predicted = stage_activation_bytes(arch, layers, b, ITEMSIZE[dtype], attention="sdpa")
+        predicted = stage_activation_bytes(arch, layers, b, ITEMSIZE[dtype], attention="sdpa",
+                                           parallelized=False)
         assert predicted == saved_by(model, b, s)  # to the byte
 
 
-def parallel_saved(dtype: str, n_layer: int, tp: int, cp: int, attention: str) -> int:
-    import dt
-    from dt.models.gpt import GPTConfig as ParallelConfig
-    from dt.models.gpt import ParallelGPT
-    m = dt.mesh(tp=tp, cp=cp)
-    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=n_layer, n_head=4, n_embd=64, dtype=dtype)
-    model = ParallelGPT(cfg, m, cp_attention=attention)
-    g = torch.Generator().manual_seed(0)
-    ids, targets = (torch.randint(0, 64, (2, 32), generator=g) for _ in range(2))
+def dt_train_saved(argv: list[str], dtype: str) -> int:
+    """What one step of dt train's own build (plain model, dt.parallelize, TrainStep) saves on this rank."""
+    import torch.distributed as dist
+
+    from dt import train
+    from dt.train.build import build
+    args = train.parse_args(argv)
+    args.dtype = dtype  # the model's own dtype (the command line offers float32 and float64)
+    run = build(args, 64)
+    g = torch.Generator().manual_seed(dist.get_rank())  # other tokens on every rank: routing differs
+    ids, targets = (torch.randint(0, 64, (args.batch_size // args.dp, args.block_size), generator=g)
+                    for _ in range(2))
+    model = run.saved.model
     with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
-        model.train_step(ids, targets)
+        run.step(ids, targets)
     return saved.bytes
+
+
+def _argv(n_layer: int, *extra: str) -> list[str]:
+    return ["--block-size", "32", "--n-layer", str(n_layer), "--n-head", "4", "--n-embd", "64",
+            "--micro-batches", "1", "--threads", "1", "--no-progress", *extra]
 
 
 @pytest.mark.parametrize("world,tp,cp,attention", [(1, 1, 1, "ring"), (2, 2, 1, "ring"), (2, 1, 2, "ring"),
                                                    (2, 1, 2, "ulysses")])
 def test_dt_train_model_formula_is_the_measurement(run, world, tp, cp, attention):
-    """ParallelGPT (what dt train runs): the written-out attention, tensor and context parallel."""
+    """What dt train runs (the plain GPT as dt.parallelize splits it, in TrainStep): torch's fused
+    attention, tensor parallel, ring attention and Ulysses."""
     arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
+    argv = _argv(2, "--batch-size", "2", "--tp", str(tp), "--cp", str(cp), "--cp-attention", attention)
     for dtype in ("float32", "bfloat16"):
-        measured = run(world, parallel_saved, dtype, 2, tp, cp, attention)
+        measured = run(world, dt_train_saved, argv, dtype)
         predicted = stage_activation_bytes(arch, range(4), 2, ITEMSIZE[dtype], tp=tp, cp=cp)
         assert all(m == predicted for m in measured), (measured, predicted)
 
 
+def written_out_block_saved(dtype: str, s: int) -> int:
+    """dt.parallel.tensor's attention written out (attention="dt"): one block of its layers, on tp ranks."""
+    from torch import nn
+
+    from dt.parallel import tensor as tp
+    torch.manual_seed(0)
+    norms = nn.LayerNorm(64), nn.LayerNorm(64)
+    attn, mlp = tp.ParallelSelfAttention(64, 4, causal=True), tp.ParallelMLP(64, 256)
+    parts = [*norms, attn, mlp]
+    for m in parts:
+        m.to(getattr(torch, dtype))
+    x = torch.randn(2, s, 64, generator=torch.Generator().manual_seed(1)).to(getattr(torch, dtype))
+    x.requires_grad_()
+    with SavedBytes(exclude=[p for m in parts for p in m.parameters()]) as saved:  # x: ln_1 keeps it
+        h = x + attn(norms[0](x))
+        (h + mlp(norms[1](h))).sum().backward()
+    return saved.bytes
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_written_out_attention_block_is_the_measurement(run, world):
+    """attention="dt": the s^2 softmax and mask that torch's fused kernel does not keep."""
+    for dtype, s in (("float32", 32), ("bfloat16", 16)):
+        arch = Decoder.of(GPTConfig(vocab_size=64, block_size=s, n_layer=1, n_head=4, n_embd=64))
+        predicted = layer_activation_bytes(arch, 1, 2, ITEMSIZE[dtype], tp=world, attention="dt")
+        assert run(world, written_out_block_saved, dtype, s) == [predicted] * world
+
+
 def test_korthikanti_less_what_dt_does_not_run():
     """s b h (34 + 5 a s / h) at 16 bits, less dropout (2 sbh masks, 3 a s^2 b), plus dt's causal
-    mask (s^2 bools) and the two norms' mean and rstd (4 b s of 2 bytes)."""
+    mask (s^2 bools) and the two norms' mean and rstd (4 b s of 2 bytes); torch's fused kernel
+    keeps no s^2 term (Korthikanti's 34 sbh, selective recompute) but its log-sum-exp (4 a b s)."""
     for s, b, h, a in ((2048, 4, 12288, 96), (1024, 8, 768, 12), (32, 2, 64, 4)):
         arch = Decoder.of(GPTConfig(vocab_size=256, block_size=s, n_layer=1, n_head=a, n_embd=h))
         korthikanti = s * b * h * (34 + 5 * a * s / h)
         dt_block = korthikanti - 2 * s * b * h - 3 * a * s * s * b + s * s + 4 * 2 * b * s
-        assert layer_activation_bytes(arch, 1, b, 2) == pytest.approx(dt_block, rel=1e-12)
+        assert layer_activation_bytes(arch, 1, b, 2, attention="dt") == pytest.approx(dt_block, rel=1e-12)
+        fused = 34 * s * b * h - 2 * s * b * h + 4 * a * b * s + 4 * 2 * b * s
+        assert layer_activation_bytes(arch, 1, b, 2) == pytest.approx(fused, rel=1e-12)
 
 
 def test_splits_and_recompute():
     arch = Decoder.of(GPTConfig(vocab_size=256, block_size=128, n_layer=4, n_head=8, n_embd=256))
     s, b, h, e = 128, 2, 256, 2
-    one = layer_activation_bytes(arch, 1, b, e)
+    one = layer_activation_bytes(arch, 1, b, e, attention="dt")
     # tp without sp: Korthikanti's split: 4 e sbh replicated (+ norm stats, mask), the rest / t
-    parts = block_activation_bytes(arch, b, e, tp=4)
+    parts = block_activation_bytes(arch, b, e, tp=4, attention="dt")
     assert parts["norms"] + parts["matmul_inputs"] == 4 * e * s * b * h + 4 * e * b * s
     # with sequence parallel everything but the (tiny, replicated) causal mask divides by t
-    sp = layer_activation_bytes(arch, 1, b, e, tp=4, sequence_parallel=True)
+    sp = layer_activation_bytes(arch, 1, b, e, tp=4, sequence_parallel=True, attention="dt")
     assert sp - s * s == pytest.approx((one - s * s) / 4)
     assert layer_activation_bytes(arch, 1, b, e, recompute="full") == e * s * b * h
-    assert layer_activation_bytes(arch, 1, b, e, recompute="selective") == one - e * 8 * s * s * b - s * s
-    assert recompute_peak_bytes(arch, b, e) == one
+    assert layer_activation_bytes(arch, 1, b, e, recompute="selective", attention="dt") == \
+        one - e * 8 * s * s * b - s * s
+    assert recompute_peak_bytes(arch, b, e, attention="dt") == one
+    fused = layer_activation_bytes(arch, 1, b, e)  # torch's kernel keeps no s^2 term: nothing to select
+    assert layer_activation_bytes(arch, 1, b, e, recompute="selective") == fused
+    assert recompute_peak_bytes(arch, b, e) == fused
     with pytest.raises(ValueError, match="recompute must be one of"):
         layer_activation_bytes(arch, 1, b, e, recompute="half")
     with pytest.raises(ValueError, match="attention must be one of"):
         layer_activation_bytes(arch, 1, b, e, attention="flash")
     with pytest.raises(ValueError, match="mixture of experts is"):
-        layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e, attention="sdpa")
+        layer_activation_bytes(Decoder(**{**arch.__dict__, "n_experts": 4}), 1, b, e, parallelized=False)
 
 
 def measured_stash(cases: list[tuple[str, int, int]]) -> list[tuple[int, int, int]]:
@@ -143,28 +190,15 @@ def test_peak_stash_bytes_weighs_the_chunks():
         stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])
 
 
-def moe_saved(top_k: int, ep: int) -> int:
-    import dt
-    from dt.models.gpt import GPTConfig as ParallelConfig
-    from dt.models.gpt import ParallelGPT
-    m = dt.mesh(dp=ep, ep=ep)
-    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64, n_experts=4,
-                         top_k=top_k)
-    model = ParallelGPT(cfg, m)
-    g = torch.Generator().manual_seed(m.rank)
-    ids, targets = (torch.randint(0, 64, (2, 32), generator=g) for _ in range(2))
-    with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
-        model.train_step(ids, targets)
-    return saved.bytes
-
-
 @pytest.mark.parametrize("world", [1, 2])
 def test_moe_block_formula_is_the_measurement(run, world):
-    """One rank exactly (uniform = actual rows at ep 1); over ep ranks the rows received add up to
+    """dt train's MoE GPT (the plain one, experts swapped for dt.parallel.expert's over ep = dp ranks):
+    one rank exactly (uniform = actual rows at ep 1); over ep ranks the rows received add up to
     the rows sent, so the ranks' sum is exact whatever the routing."""
-    from dt.models.gpt import GPTConfig as ParallelConfig
     for top_k in (1, 2):
-        arch = Decoder.of(ParallelConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64,
-                                         n_experts=4, top_k=top_k))
-        measured = run(world, moe_saved, top_k, world)
+        arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64,
+                                    n_experts=4, top_k=top_k))
+        argv = _argv(1, "--batch-size", str(2 * world), "--dp", str(world), "--ep", str(world),
+                     "--experts", "4", "--top-k", str(top_k))
+        measured = run(world, dt_train_saved, argv, "float32")
         assert sum(measured) == world * stage_activation_bytes(arch, range(3), 2, 4)

@@ -16,8 +16,8 @@ from dt.cost.flops import (
     step_flops,
     train_flops_per_token,
 )
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.timeout(120)
 

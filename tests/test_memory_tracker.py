@@ -10,7 +10,7 @@ import torch
 from dt.cost.activations import stage_activation_bytes
 from dt.cost.flops import Decoder
 from dt.device_memory import LiveBytes
-from dt.models.nanogpt import GPT, GPTConfig
+from dt.models.gpt import GPT, GPTConfig
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -86,25 +86,24 @@ def test_cuda_reads_the_allocator():
 
 
 def train_step_memory(dp: int, tp: int, pp: int, micro_batches: int, batch: int) -> dict:
-    """dt train's model and optimizer on this mesh: the second step's live-byte peak, what is held."""
-    import dt
-    from dt.models.gpt import GPTConfig as ParallelConfig
-    from dt.models.gpt import ParallelGPT
+    """dt train's own build (plain GPT, dt.parallelize, TrainStep) on this grid: the second step's
+    live-byte peak, and what is held after it."""
+    from dt import train
     from dt.parallel.zero.memory import memory_held
-    from dt.train.optim import Adam
-    mesh = dt.mesh(dp=dp, tp=tp, pp=pp)
-    cfg = ParallelConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
-    model = ParallelGPT(cfg, mesh, micro_batches=micro_batches)
-    optimizer = Adam(model.parameters())
-    g = torch.Generator().manual_seed(mesh.dp_rank)
+    from dt.train.build import build
+    args = train.parse_args(["--dp", str(dp), "--tp", str(tp), "--pp", str(pp), "--batch-size",
+                             str(batch * dp), "--micro-batches", str(micro_batches), "--block-size", "32",
+                             "--n-layer", "2",
+                             "--n-head", "4", "--n-embd", "64", "--threads", "1", "--no-progress"])
+    run = build(args, 64)
+    dp_rank, stage = run.coords[0], run.coords[2]
+    g = torch.Generator().manual_seed(dp_rank)
     ids, targets = (torch.randint(0, 64, (batch, 32), generator=g) for _ in range(2))
     for _ in range(2):  # the first step makes the optimizer's state and the collectives' scratch
-        optimizer.zero_grad()
         with LiveBytes() as live:
-            model.train_step(ids, targets)
-            optimizer.step()
-    held = memory_held(model.parameters(), [p.grad for p in model.parameters()], optimizer)
-    return {"stage": mesh.pp_rank, "peak": live.peak, **held}
+            run.step(ids, targets)  # zero_grad, the pipeline, the gradient sync, the optimizer step
+    held = memory_held(run.parameters, [p.grad for p in run.parameters], run.optimizer)
+    return {"stage": stage, "peak": live.peak, **held}
 
 
 @pytest.mark.parametrize("world,dp,tp,pp,m,batch", [(1, 1, 1, 1, 1, 4), (1, 1, 1, 1, 2, 4),

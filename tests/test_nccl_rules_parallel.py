@@ -1,6 +1,6 @@
 """NCCL's rules over every parallel mode: DDP, ZeRO 1-3, FSDP, tensor parallel, the
-pipeline schedules and the mesh trainer, each run as it would post on NCCL
-(dt.transport.rules) and replayed on in-order streams. Each mode's result under
+pipeline schedules and dt train's step (its plans, experts, context parallel), each run
+as it would post on NCCL (dt.transport.rules) and replayed on in-order streams. Each mode's result under
 the rules is also compared with the same code run the ordinary (gloo) way, so
 the NCCL posting path is checked for correctness too.
 """
@@ -84,39 +84,16 @@ def _pipeline_step(schedule: str, m: int, virtual: int) -> list[float]:
     return grads + ([loss] if loss is not None else [])
 
 
-def _gpt_step(dp: int, tp_: int, pp: int, cp: int = 1, ep: int = 1, experts: int = 0,
-              cp_attention: str = "ring") -> list[float]:
-    """Two training steps of the small GPT on a dp x cp x ep x tp x pp mesh: the losses."""
-    import dt
-    from dt.models.data import CharData
-    from dt.models.gpt import GPTConfig, ParallelGPT
-
-    mesh = dt.mesh(dp=dp, tp=tp_, pp=pp, cp=cp, ep=ep)
-    data = CharData(seed=0)
-    cfg = GPTConfig(vocab_size=data.vocab_size, block_size=8, n_layer=2, n_head=2, n_embd=8,
-                    n_experts=experts, top_k=min(2, experts) or 1, capacity_factor=1.0 if experts else None)
-    model = ParallelGPT(cfg, mesh, micro_batches=2, cp_attention=cp_attention)
-    opt = torch.optim.SGD(model.stage.parameters(), lr=0.1)
-    losses = []
-    for step in range(2):
-        x, y = data.batch(step, 4, 8)
-        per = 4 // dp
-        sl = slice(mesh.dp_rank * per, (mesh.dp_rank + 1) * per)
-        opt.zero_grad()
-        losses.append(model.train_step(x[sl], y[sl]))
-        opt.step()
-    return losses
-
-
-def _train_step(model: str, dp: int, tp_: int, pp: int) -> list[float]:
-    """Two steps of dt train's step (dt.train.step: overlapped DDP, tensor plan, pipeline): the losses."""
+def _train_step(model: str, dp: int, tp_: int, pp: int, *extra: str) -> list[float]:
+    """Two steps of dt train's step (dt.train.step: overlapped DDP, the plan's styles, pipeline; with
+    experts the step's own gradient sync): the losses."""
     from dt import train
     from dt.models.data import CharData
     from dt.train.build import build
 
     args = train.parse_args(["--model", model, "--dp", str(dp), "--tp", str(tp_), "--pp", str(pp),
                              "--batch-size", "4", "--block-size", "8", "--n-layer", "2", "--n-head", "2",
-                             "--n-embd", "8", "--micro-batches", "2"])
+                             "--n-embd", "8", "--micro-batches", "2", *extra])
     data = CharData(seed=0)
     run_ = build(args, data.vocab_size)
     per = 4 // dp
@@ -124,6 +101,7 @@ def _train_step(model: str, dp: int, tp_: int, pp: int) -> list[float]:
             for step in range(2)]
 
 
+EXPERTS = ("--experts", "3", "--top-k", "2", "--capacity-factor", "1.0")
 CASES = {
     "ddp": lambda: _data_parallel_step("ddp"),
     "zero1": lambda: _data_parallel_step("zero1"),
@@ -137,8 +115,9 @@ CASES = {
     "gpt dp2 x pp2": lambda: _train_step("gpt", 2, 1, 2),
     "gpt tp2 x pp2": lambda: _train_step("gpt", 1, 2, 2),
     "llama dp2 x tp2": lambda: _train_step("llama", 2, 2, 1),
-    "gpt cp2 ring x ep2 x pp2": lambda: _gpt_step(1, 1, 2, cp=2, ep=2, experts=3),
-    "gpt dp2 x cp2 ulysses x ep4": lambda: _gpt_step(2, 1, 1, cp=2, ep=4, experts=3, cp_attention="ulysses"),
+    "gpt cp2 ring x ep2 x pp2": lambda: _train_step("gpt", 1, 1, 2, "--cp", "2", "--ep", "2", *EXPERTS),
+    "gpt dp2 x cp2 ulysses x ep4": lambda: _train_step("gpt", 2, 1, 1, "--cp", "2", "--ep", "4",
+                                                       "--cp-attention", "ulysses", *EXPERTS),
 }
 
 

@@ -14,8 +14,8 @@ import torch
 from torch import nn
 
 from dt.layout import edges
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.grid import Grid
 from dt.parallel.plan import gpt_plan, llama_plan, parallelize
 from dt.parallel.tensor import ColwiseParallel, RowwiseParallel, VocabParallel

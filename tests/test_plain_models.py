@@ -1,24 +1,27 @@
-"""The plain models of dt/models/: no parallelism inside, today's GPT reproduced, a Llama-style decoder.
+"""The plain models of dt/models/: no parallelism inside, the GPT dt trains, a Llama-style decoder.
 
-The plain GPT must be the model ParallelGPT trains: same names, shapes and
-weights from the same seed, and in float64 the same logits, loss and gradients
-as its single-process run. The Llama pieces are each checked against an
-independent statement of what they compute (torch's RMSNorm, rotation as
-complex multiplication, GQA as MHA with its key/value heads repeated).
+Each is checked against an independent statement of what it computes: the GPT
+against GPT-2 written out from its state_dict in a few lines (float64 logits,
+loss and every gradient), the Llama pieces against torch's RMSNorm, rotation as
+complex multiplication, GQA as MHA with its key/value heads repeated. The plans
+applied to these models are held to them elsewhere: tensor parallel in
+test_parallelize.py, context, expert, loss and recompute styles in
+test_styles_*.py, every layout of dt train in test_step.py and test_mesh_train.py.
 """
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+import torch.nn.functional as F
 
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig, RMSNorm, apply_rotary, rotary_tables
 from dt.models.lm import lm_loss
-from dt.models.nanogpt import GPT, GPTConfig
 from tests.test_architecture import EDGES, MODULES
 
-# Modules of dt/models that still hold parallelism inside; the next session removes it.
-NOT_YET_PLAIN = {"dt.models.gpt"}
 FORBIDDEN = ("dt.parallel", "dt.transport", "dt.collectives", "dt.backend", "dt.launcher")
 
 
@@ -34,59 +37,79 @@ def _reachable(module: str) -> set[str]:
 
 
 def test_plain_models_import_no_parallelism():
-    plain = [m for m in MODULES if m.startswith("dt.models") and m not in NOT_YET_PLAIN]
-    assert {"dt.models.nanogpt", "dt.models.llama", "dt.models.lm", "dt.models.moe"} <= set(plain)
+    plain = [m for m in MODULES if m.startswith("dt.models")]  # every one, no exception
+    assert {"dt.models.gpt", "dt.models.llama", "dt.models.lm", "dt.models.moe"} <= set(plain)
     wrong = {m: sorted(t for t in _reachable(m) if t.startswith(FORBIDDEN)) for m in plain}
     assert not {m: t for m, t in wrong.items() if t}, f"plain models reaching parallel code: {wrong}"
 
 
-def _parallel_twin(cfg_dict: dict, ids: torch.Tensor, targets: torch.Tensor) -> dict:
-    """Today's ParallelGPT on a world of 1: its weights, logits, loss and gradients."""
-    import dt
-    from dt.models.gpt import GPTConfig as ParallelConfig
-    from dt.models.gpt import ParallelGPT
+def gpt2_written_out(w: dict[str, torch.Tensor], cfg: GPTConfig, ids: torch.Tensor,
+                     targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPT-2 pre-norm from the weights `w` (the model's parameter names), every step by hand."""
+    b, s = ids.shape
+    n, heads = cfg.n_embd, cfg.n_head
+    d = n // heads
+    x = w["layers.0.wte.weight"][ids] + w["layers.0.wpe.weight"][:s]
+    causal = torch.ones(s, s, dtype=torch.bool).tril()
+    for i in range(1, cfg.n_layer + 1):
+        p = f"layers.{i}."
+        h = F.layer_norm(x, (n,), w[p + "ln_1.weight"], w[p + "ln_1.bias"])
+        qkv = h @ w[p + "attn.query_key_value.weight"].T + w[p + "attn.query_key_value.bias"]
+        q, k, v = qkv.view(b, s, heads, 3, d).permute(3, 0, 2, 1, 4)  # rows per head: q_h, k_h, v_h
+        scores = (q @ k.transpose(-1, -2) / math.sqrt(d)).masked_fill(~causal, float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(b, s, n)
+        x = x + y @ w[p + "attn.dense.weight"].T + w[p + "attn.dense.bias"]
+        h = F.layer_norm(x, (n,), w[p + "ln_2.weight"], w[p + "ln_2.bias"])
+        h = F.gelu(h @ w[p + "mlp.dense_h_to_4h.weight"].T + w[p + "mlp.dense_h_to_4h.bias"])
+        x = x + h @ w[p + "mlp.dense_4h_to_h.weight"].T + w[p + "mlp.dense_4h_to_h.bias"]
+    head = f"layers.{cfg.n_layer + 1}."
+    x = F.layer_norm(x, (n,), w[head + "ln_f.weight"], w[head + "ln_f.bias"])
+    logits = x @ (w["layers.0.wte.weight"] if cfg.tied else w[head + "lm_head.weight"]).T
+    return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
-    gpt = ParallelGPT(ParallelConfig(**cfg_dict), dt.mesh())
-    for block in gpt.moe_blocks:  # what train_step sets: the balance loss per sequence of the batch
-        block.aux_weight = cfg_dict["aux_loss_coef"] / ids.shape[0]
-    logits = gpt.stage(ids)
-    loss = gpt.loss_fn(logits, targets)
-    loss.backward()
-    named = dict(gpt.stage.named_parameters(remove_duplicate=False))
-    return {"state": {k: v.detach().clone() for k, v in gpt.stage.state_dict().items()},
-            "logits": logits.detach(), "loss": loss.detach(),
-            "grads": {k: p.grad.clone() for k, p in named.items() if p.grad is not None}}
 
-
-@pytest.mark.parametrize("tied, experts", [(True, {}), (False, {}),
-                                           (True, {"n_experts": 4, "top_k": 2, "capacity_factor": 1.0}),
-                                           (False, {"n_experts": 3, "aux_loss_coef": 0.5})])
-def test_plain_gpt_is_todays_gpt_in_float64(run, tied, experts):
+@pytest.mark.parametrize("tied", [True, False])
+def test_plain_gpt_is_gpt2_written_out_in_float64(tied):
     cfg = GPTConfig(vocab_size=23, block_size=12, n_layer=2, n_head=4, n_embd=16, tied=tied, seed=3,
-                    dtype="float64", **experts)
+                    dtype="float64")
     ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
     targets = torch.roll(ids, -1, dims=1)
-    twin = run(1, _parallel_twin, cfg.as_dict(), ids, targets)[0]
     model = GPT(cfg)
-    state = model.state_dict()
-    assert sorted(state) == sorted(f"layers.{k}" for k in twin["state"])
-    for k, v in twin["state"].items():
-        assert torch.equal(state[f"layers.{k}"], v), k  # same seed, same weights, bit for bit
+    # the leaves the written-out pass differentiates: one per parameter (a tied head reads the embedding's)
+    w = {k: p.detach().clone().requires_grad_() for k, p in model.named_parameters()}
+    want_logits, want_loss = gpt2_written_out(w, cfg, ids, targets)
+    want_loss.backward()
     logits, loss = model(ids, targets)
     loss.backward()
     assert logits.dtype == torch.float64
-    torch.testing.assert_close(logits, twin["logits"], rtol=0, atol=1e-12)
-    torch.testing.assert_close(loss, twin["loss"], rtol=0, atol=1e-12)
-    grads = {n: p.grad for n, p in model.named_parameters()}
-    for k, g in twin["grads"].items():
-        if f"layers.{k}" in grads:
-            torch.testing.assert_close(grads[f"layers.{k}"], g, rtol=0, atol=1e-12)
-    assert len(grads) == len(list(model.parameters()))
+    torch.testing.assert_close(logits, want_logits, rtol=0, atol=1e-12)
+    torch.testing.assert_close(loss, want_loss, rtol=0, atol=1e-12)
+    grads = {k: p.grad for k, p in model.named_parameters()}
+    assert sorted(grads) == sorted(w) and all(g is not None for g in grads.values())
+    for k, leaf in w.items():
+        torch.testing.assert_close(grads[k], leaf.grad, rtol=0, atol=1e-12, msg=k)
     assert (model.layers[-1].weight is model.layers[0].wte.weight) == tied
-    if experts:  # the balance loss reached the router (its gradient equal to ParallelGPT's, above)
-        assert model.layers[1].mlp.counted["assignments"] == 3 * 12 * cfg.top_k
-        if cfg.capacity_factor:
-            assert model.layers[1].mlp.counted["dropped"] > 0  # capacity bit, and matched
+    assert all(k.startswith("layers.") for k in model.state_dict())  # every checkpoint's names
+    again = GPT(cfg).state_dict()  # the seed alone decides the weights
+    assert all(torch.equal(again[k], v) for k, v in model.state_dict().items())
+
+
+def test_plain_moe_gpt_routes_every_token_and_its_balance_loss_reaches_only_the_gradients():
+    common = {"vocab_size": 23, "block_size": 12, "n_layer": 2, "n_head": 4, "n_embd": 16, "seed": 3,
+              "dtype": "float64", "n_experts": 4, "top_k": 2, "capacity_factor": 1.0}
+    ids = torch.randint(0, 23, (3, 12), generator=torch.Generator().manual_seed(1))
+    targets = torch.roll(ids, -1, dims=1)
+    runs = []
+    for coef in (0.0, 0.5):
+        model = GPT(GPTConfig(**common, aux_loss_coef=coef))
+        loss = model(ids, targets)[1]
+        loss.backward()
+        runs.append((loss.detach(), model.layers[1].mlp.router.weight.grad, model.layers[1].mlp.counted))
+    (loss0, router0, counted), (loss1, router1, _) = runs
+    assert torch.equal(loss0, loss1)  # the returned loss is the task's cross-entropy alone
+    assert not torch.allclose(router0, router1)  # the balance loss reached the router's gradient
+    assert counted["assignments"] == 3 * 12 * 2
+    assert counted["dropped"] > 0  # capacity factor 1.0 bit
 
 
 def test_gpt_config_refuses_bad_values_in_one_line():

@@ -1,6 +1,6 @@
 """dt.train.step.TrainStep against the plain model trained in one process, on both shipped models.
 
-The twin is the plain model (dt.models.nanogpt.GPT, dt.models.llama.Llama)
+The twin is the plain model (dt.models.gpt.GPT, dt.models.llama.Llama)
 built from the same seed and trained by a loop of a few lines (forward, mean
 loss, backward, Adam); `dt train` on worlds 2 and 4 (dp, tp, pp, ZeRO,
 schedules, tied and untied) must follow its float64 loss trajectory.
@@ -214,7 +214,7 @@ def test_cli_refuses_what_the_step_cannot_do(capsys):
 
 def _zero_with_experts() -> str:
     """TrainStep given a ZeRO optimizer on a model with experts: its one-line refusal."""
-    from dt.models.nanogpt import GPT, GPTConfig
+    from dt.models.gpt import GPT, GPTConfig
     from dt.parallel.grid import Grid
     from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, parallelize
     from dt.train.step import TrainStep, make_optimizer

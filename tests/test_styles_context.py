@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dt.models.nanogpt import GPT, GPTConfig
+from dt.models.gpt import GPT, GPTConfig
 from dt.parallel.context.style import shard_sequence
 from dt.parallel.grid import Grid
 from dt.parallel.plan import gpt_plan, parallelize

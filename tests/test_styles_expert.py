@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from dt.layout import edges, split_sizes
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.context.style import sequence_layout, shard_sequence
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, dense_axes, split_parameters
 from dt.parallel.grid import Grid

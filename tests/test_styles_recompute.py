@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.grid import Grid
 from dt.parallel.plan import parallelize
 from dt.parallel.recompute import Recompute, recomputed

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from dt.cost.flops import train_flops_per_token
-from dt.models.nanogpt import GPTConfig
+from dt.models.gpt import GPTConfig
 from dt.tools.cli import main as dt_main
 from dt.train import metrics as metrics_mod
 from dt.train.metrics import (

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dt.models.data import CharData
-from dt.models.nanogpt import GPT, GPTConfig
+from dt.models.gpt import GPT, GPTConfig
 from dt.train.optim import Adam
 from dt.train.precision import Precision
 

@@ -9,15 +9,21 @@ the byte): s tokens, b sequences, h hidden, a heads, f MLP hidden, V vocabulary,
 activation itemsize, t = tp.
 
 Korthikanti et al. 2022 count s b h (34 + 5 a s / h) bytes for a 16-bit GPT block. dt's
-block (dt/models/gpt.py's, what `dt train` runs: dt.parallel.tensor's attention, written out)
-saves, in elements of e bytes:
+GPT block (dt/models/gpt.py; attention="sdpa", the default: torch's fused kernel, what the
+plain models and `dt train` run) saves, in elements of e bytes:
     the two norms' inputs 2 sbh, their outputs (the qkv and MLP inputs) 2 sbh,
-    q, k^T and v 3 sbh, the softmax a s^2 b, the attention output 1 sbh,
-    GELU's input and output 2 x 4 sbh                           -> 16 sbh + a s^2 b
-plus the causal mask (s^2 bools) and the norms' mean and rstd (4 b s, in the activation
-dtype on the CPU; CUDA keeps them in float32: stats_bytes=4). At e = 2 that is Korthikanti's
-34 sbh + 5 a s^2 b less what dt does not run: no dropout (its two sbh masks, 1 byte each,
-and the softmax's mask and output, 3 a s^2 b bytes).
+    qkv (one storage the kernel keeps) 3 sbh, its output (the projection's input) 1 sbh,
+    GELU's input and output 2 x 4 sbh                           -> 16 sbh
+plus the kernel's log-sum-exp (a b s in at least float32) and the norms' mean and rstd
+(4 b s, in the activation dtype on the CPU; CUDA keeps them in float32: stats_bytes=4). At
+e = 2 that is Korthikanti's 34 sbh with selective recompute (no s^2 term: the kernel keeps
+no scores) less what dt does not run: no dropout (its two sbh masks, 1 byte each).
+
+attention="dt" is dt.parallel.tensor's ParallelSelfAttention, written out (no model dt
+trains runs it since the mesh GPT went; tests/test_activations.py measures its block): in
+place of the kernel it keeps q, k^T and v 3 sbh, the softmax a s^2 b and the attention
+output 1 sbh, plus the causal mask (s^2 bools): Korthikanti's 34 sbh + 5 a s^2 b less the
+dropout (two sbh masks and the softmax's mask and output, 3 a s^2 b bytes).
 
 Tensor parallel (t > 1): everything inside attention and the MLP divides by t (whole
 heads, a slice of f); the norms' inputs and outputs are replicated, 4 e sbh per rank,
@@ -25,31 +31,36 @@ as Korthikanti's 10 sbh (at e = 2 less the dropout masks). Sequence parallel div
 by t as well (Korthikanti's rule; dt's trainer does not run it, so it is not measured).
 
 Context parallel (cp > 1): a rank holds s / cp tokens, and dt.parallel.context's ring
-attention and Ulysses work block-wise, as a fused kernel: they keep q, k, v, the output and
-its log-sum-exp (in the activation dtype: e a b s / cp bytes), never s^2 scores, and the output projection's
-input is a copy of the output: 17 e s b h / cp in all.
+attention and Ulysses (which dt.parallelize swaps in for the model's kernel) work
+block-wise: they keep q, k, v, the output and its log-sum-exp (in the activation dtype:
+e a b s / cp bytes), never s^2 scores, and the output projection's input is a copy of the
+output: 17 e s b h / cp in all.
 
-The plain models (dt/models/nanogpt.py, llama.py; attention="sdpa") use torch's fused
-kernel: qkv is one storage the kernel keeps, its output is the projection's input: GPT's
-block keeps 16 e sbh + 4 a b s (log-sum-exp) + the norms' stats. Llama's RMSNorm computes
-in at least float32 (w = max(e, 4) bytes: the input's wide copy, its rsqrt per token), and
-keeps its normed and weighted outputs (2 e sbh); attention keeps q, k, v (k and v repeated
-to every head) and the output (4 e sbh) plus the log-sum-exp; SwiGLU keeps gate, silu,
-up and their product (4 e s b f).
+Llama (dt/models/llama.py): its RMSNorm computes in at least float32 (w = max(e, 4) bytes:
+the input's wide copy, its rsqrt per token), and keeps its normed and weighted outputs
+(2 e sbh); attention keeps q, k, v (k and v repeated to every head) and the output
+(4 e sbh) plus the log-sum-exp; SwiGLU keeps gate, silu, up and their product (4 e s b f).
 
 Recompute: "full" keeps only each block's input (e sbh, / t with sequence parallel); its
 activations come back, one block at a time, in its backward: recompute_peak_bytes is that
 one block's. "selective" (Korthikanti) drops the s^2 terms (softmax and mask) and keeps
-the rest.
+the rest: only attention="dt" has any.
 
-The embedding keeps the token ids (int64) and, vocab-parallel, the mask of ids outside the
-rank's slice (bool), and the positions (int64); the head keeps ln_f's input and output, the
-softmax of its vocabulary slice (ParallelGPT: in the activation dtype; the plain models'
-loss upcasts: max(e, 4) bytes), the targets (int64) and their outside-the-slice mask.
+The embedding keeps the token ids (int64) and the positions (int64; Llama: its rotary tables'
+rows at these positions, cos and sin [s, head_dim]); parallelized (the default: the model as
+dt.parallelize's plans split it, even at tp = 1) the vocab-parallel embedding also keeps the
+mask of ids outside the rank's slice (bool), and Llama's pipeline layers read the rotary
+tables as views of its buffers (dt.parallel.plan.llama_blocks), so no rows are saved. The
+head keeps ln_f's input and output, the loss's softmax over the whole vocabulary (the head
+gathers the logits; the loss upcasts: max(e, 4) bytes), and the targets (int64); attention="dt"
+is the vocabulary-parallel loss instead (dt.parallel.tensor.vocab_parallel_cross_entropy):
+the softmax of the rank's slice in the activation dtype, the targets and their
+outside-the-slice mask.
 
-Mixture of experts (dt/models/gpt.py's MoE block, replicated over tp, so never divided by
-it), T = b s / cp tokens, R = T top_k rows this rank routes, R' the rows its experts receive
-(R' = R with uniform routing; pass received_rows for a measured routing), in place of the MLP:
+Mixture of experts (dt.parallel.expert.MoE, which dt.parallelize's ExpertParallel swaps in
+for the plain model's; replicated over tp, so never divided by it), T = b s / cp tokens,
+R = T top_k rows this rank routes, R' the rows its experts receive (R' = R with uniform
+routing; pass received_rows for a measured routing), in place of the MLP:
     router   its probabilities e T E, the top-k ids 8 T k, the balance loss's e b E, and at
              top_k > 1 the renormalising sum e T and the gates e T k
     dispatch the sort orders of sent and received rows 16 R + 16 R', the received rows e R' h
@@ -64,18 +75,19 @@ from dt.cost.flops import Decoder
 __all__ = ["ATTENTION", "block_activation_bytes", "layer_activation_bytes", "moe_activation_bytes",
            "recompute_peak_bytes", "stage_activation_bytes"]
 
-ATTENTION = ("dt", "sdpa")  # dt.parallel's attention (dt train), torch's fused kernel (plain models)
+ATTENTION = ("sdpa", "dt")  # torch's fused kernel (the plain models, dt train); dt.parallel.tensor's
 INDEX_BYTES = 8  # int64 token ids, positions and targets
 RECOMPUTE = ("none", "selective", "full")
 
 
-def _check(a: Decoder, attention: str, recompute: str) -> None:
+def _check(a: Decoder, attention: str, recompute: str, parallelized: bool = True) -> None:
     if attention not in ATTENTION:
         raise ValueError(f"attention must be one of {', '.join(ATTENTION)}, got {attention!r}")
     if recompute not in RECOMPUTE:
         raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}")
-    if a.n_experts and (a.gated or attention == "sdpa"):
-        raise ValueError("a mixture of experts is dt/models/gpt.py's block (attention='dt', not gated)")
+    if a.n_experts and (a.gated or not parallelized):
+        raise ValueError("a mixture of experts is dt.parallel.expert's layer in dt's GPT (not gated), "
+                         "as dt.parallelize swaps it in: parallelized=True")
 
 
 def moe_activation_bytes(a: Decoder, sequences: int, itemsize: int, cp: int = 1,
@@ -92,11 +104,11 @@ def moe_activation_bytes(a: Decoder, sequences: int, itemsize: int, cp: int = 1,
 
 
 def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
-                           sequence_parallel: bool = False, attention: str = "dt",
-                           stats_bytes: int | None = None, received_rows: float | None = None
-                           ) -> dict[str, float]:
+                           sequence_parallel: bool = False, attention: str = "sdpa",
+                           stats_bytes: int | None = None, received_rows: float | None = None,
+                           parallelized: bool = True) -> dict[str, float]:
     """Bytes one block keeps for backward on one rank, by part, with no recompute."""
-    _check(a, attention, "none")
+    _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
     lse = max(e, 4)  # the log-sum-exp: float32, or the activations' dtype when wider
     s = a.seq_len / cp
@@ -110,39 +122,47 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
     norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / rep}
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
+    if cp > 1:  # ring attention / Ulysses, block-wise: q, k, v, output, its copy into the projection; lse
+        return {**norms, "attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t, "mlp": mlp}
     if attention == "sdpa":  # one qkv storage, the output (the projection's input), log-sum-exp
         return {**norms, "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t, "mlp": mlp}
-    if cp > 1:  # block-wise: q, k, v, output, its copy into the projection; log-sum-exp
-        return {**norms, "attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t, "mlp": mlp}
     scores = e * a.n_head * s * s * sequences / t + s * s  # the softmax, and the causal mask (bool)
     return {**norms, "attention": 4 * e * sbh / t, "scores": scores, "mlp": mlp}
 
 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
-                           cp: int = 1, sequence_parallel: bool = False, attention: str = "dt",
-                           recompute: str = "none", stats_bytes: int | None = None) -> float:
+                           cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
+                           recompute: str = "none", stats_bytes: int | None = None,
+                           parallelized: bool = True) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
-    backward on one rank, for `sequences` sequences of a.seq_len tokens."""
-    _check(a, attention, recompute)
+    backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
+    as dt.parallelize splits it (what dt train runs), else the plain model whole."""
+    _check(a, attention, recompute, parallelized)
     if not 0 <= layer <= a.n_layer + 1:
         raise ValueError(f"layer {layer} is not one of the model's 0..{a.n_layer + 1}")
     e, st = itemsize, itemsize if stats_bytes is None else stats_bytes
     s = a.seq_len / cp
-    bs, sbh = s * sequences, s * sequences * a.n_embd
+    sbh = s * sequences * a.n_embd
     if layer == 0:
-        if attention == "sdpa":  # plain: ids, and GPT's position ids (Llama: its rotary tables'
-            # rows at these positions, cos and sin [s, head_dim], looked up once for every block)
-            rotary = 0 if a.position_table else 2 * e * s * (a.n_embd // a.n_head)
-            return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else rotary)
-        return INDEX_BYTES * bs + bs + INDEX_BYTES * s  # ids, outside-the-slice mask, positions
+        return _embedding_bytes(a, e, s, sequences, parallelized)
     if layer == a.n_layer + 1:
         return _head_bytes(a, e, st, s, sequences, tp, attention)
     if recompute == "full":
         return e * sbh / (tp if sequence_parallel else 1)
-    parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes)
+    parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
+                                   parallelized=parallelized)
     if recompute == "selective" and attention == "dt" and cp == 1:
         parts["scores"] = 0.0
     return sum(parts.values())
+
+
+def _embedding_bytes(a: Decoder, e: int, s: float, sequences: int, vocab_parallel: bool) -> float:
+    """The ids, GPT's position ids; vocab-parallel: the outside-the-slice mask, else Llama's rotary rows."""
+    bs = s * sequences
+    if vocab_parallel:  # Llama's pipeline layers read its tables as views of its buffers
+        return INDEX_BYTES * bs + bs + (INDEX_BYTES * s if a.position_table else 0)
+    rotary = 2 * e * s * (a.n_embd // a.n_head)  # cos and sin rows, looked up once for every block
+    return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else rotary)
 
 
 def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, attention: str) -> float:
@@ -158,16 +178,17 @@ def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, 
 
 
 def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
-                         sequence_parallel: bool = False, attention: str = "dt",
-                         stats_bytes: int | None = None) -> float:
+                         sequence_parallel: bool = False, attention: str = "sdpa",
+                         stats_bytes: int | None = None, parallelized: bool = True) -> float:
     """What full recompute adds at its peak: one block's activations, rebuilt for its backward."""
     return sum(block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      stats_bytes).values())
+                                      stats_bytes, parallelized=parallelized).values())
 
 
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
-                           cp: int = 1, sequence_parallel: bool = False, attention: str = "dt",
-                           recompute: str = "none", stats_bytes: int | None = None) -> float:
+                           cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
+                           recompute: str = "none", stats_bytes: int | None = None,
+                           parallelized: bool = True) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes) for i in layers)
+                                      recompute, stats_bytes, parallelized) for i in layers)

@@ -1,4 +1,4 @@
-"""FLOPs of dt's decoders (dt/models/nanogpt.py's GPT, llama.py's Llama, gpt.py's MoE), layer by layer.
+"""FLOPs of dt's decoders (dt/models/gpt.py's GPT, its MoE blocks, llama.py's Llama), layer by layer.
 
     arch = Decoder.of(cfg)                        # any GPTConfig / LlamaConfig (read by field name)
     train_flops_per_token(cfg)                    # forward + backward per token: MFU's numerator
@@ -26,7 +26,7 @@ What is counted, and why (the convention Megatron, PaLM and torch's FlopCounterM
 
 Splits (what one rank computes): tp divides every tensor-parallel matmul (qkv, out_proj,
 the dense MLP, the vocab-parallel head) and attention (whole heads per rank); an MoE is
-replicated over tp (dt/models/gpt.py: its tokens are), so tp does not divide it. cp gives a
+replicated over tp (gpt_plan splits no MoE: its tokens are), so tp does not divide it. cp gives a
 rank seq_len / cp of the queries against every key: 1/cp of every term. ep moves tokens,
 not work: with uniform routing a rank runs as many expert rows as its own tokens chose
 (T top_k), whatever ep. pp: a stage computes the layers it holds; layer indices follow
@@ -76,7 +76,7 @@ class Decoder:
 
     @classmethod
     def of(cls, cfg: Any, seq_len: int | None = None) -> Decoder:
-        """From a dt GPTConfig (nanogpt.py or gpt.py) or LlamaConfig (seq_len defaults to
+        """From a dt GPTConfig (dt/models/gpt.py) or LlamaConfig (seq_len defaults to
         block_size), or from dt.plan's ModelShape (vocab, ffn, gated, experts; give seq_len)."""
         if hasattr(cfg, "vocab"):  # dt.plan.model.ModelShape: dt's block, gated = SwiGLU
             return cls(vocab_size=cfg.vocab, seq_len=_given(seq_len), n_layer=cfg.n_layer,
@@ -212,8 +212,8 @@ def optimizer_flops(params: int) -> float:
 
 
 def layer_params(model: Decoder | Any, layer: int, tp: int = 1, ep: int = 1) -> float:
-    """Parameters dt's layer `layer` holds on one rank of a tp (x ep) split, as dt/models/gpt.py
-    builds them (biases and norms included): the embedding's word table is vocab-parallel, the
+    """Parameters dt's layer `layer` holds on one rank of a tp (x ep) split, as gpt_plan splits
+    dt/models/gpt.py's GPT (biases and norms included): the embedding's word table is vocab-parallel, the
     position table replicated; a block's column-parallel weights and biases and row-parallel
     weights divide by tp, the row-parallel bias and the norms do not; an MoE (replicated over
     tp) holds the router and n_experts / ep experts. The head holds ln_f and, untied, its

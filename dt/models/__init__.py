@@ -1,2 +1,2 @@
-"""Models: plain ones (nanogpt.py, llama.py, moe.py, lm.py; no parallelism inside), the mesh GPT (gpt.py),
-and generated text (data.py)."""
+"""Models, plain (no parallelism inside): the GPT dt trains (gpt.py), a Llama-style decoder (llama.py),
+the mixture of experts (moe.py), what they share (lm.py), and generated text (data.py)."""

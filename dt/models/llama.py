@@ -3,7 +3,7 @@
     model = Llama(LlamaConfig(vocab_size=256, block_size=64, n_head=4, n_kv_head=2))
     logits, loss = model(ids, targets)
 
-What differs from GPT-2 (dt/models/nanogpt.py), each for a reason:
+What differs from GPT-2 (dt/models/gpt.py), each for a reason:
 
 - RMSNorm instead of LayerNorm: x / rms(x) * g, no mean subtracted and no bias;
   as good in practice and cheaper.

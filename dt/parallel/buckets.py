@@ -14,8 +14,9 @@ buffer has one dtype). A tensor larger than the cap gets a bucket alone.
 
 Every bucketed sync in dt cuts its buckets here: DDP (data_parallel.py,
 overlapped with backward), ZeRO stage 2 (zero/, reduce-scattered during
-backward) and the mesh trainer's gradient all-reduce after the pipeline
-step (`all_reduce_buckets`, dt.models.gpt).
+backward) and the training step's all-reduces after backward
+(`all_reduce_buckets`, dt.train.step: the gradients of a model with experts,
+which no DDP wraps, and of a weight two pipeline stages share).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """dt.parallelize: parallelism applied to a plain model from outside, by a plan, in one fixed order.
 
-    model = GPT(GPTConfig(...))                            # dt/models/nanogpt.py: no parallelism inside
+    model = GPT(GPTConfig(...))                            # dt/models/gpt.py: no parallelism inside
     grid = dt.Grid({"dp": 2, "tp": 2})
     dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
     logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
@@ -287,17 +287,17 @@ def _recompute(blocks: range) -> dict[str, Style]:
 
 
 def gpt_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
-    """dt.models.nanogpt.GPT's context-parallel entries (styles on "cp"; empty at cp 1)."""
+    """dt.models.gpt.GPT's context-parallel entries (styles on "cp"; empty at cp 1)."""
     return _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
 
 
 def gpt_experts(cfg: Any) -> dict[str, Style]:
-    """dt.models.nanogpt.GPT's expert-parallel entry (on "ep"; empty without experts)."""
+    """dt.models.gpt.GPT's expert-parallel entry (on "ep"; empty without experts)."""
     return {"layers.*.mlp": ExpertParallel(cfg.block_size)} if getattr(cfg, "n_experts", 0) else {}
 
 
 def gpt_recompute(cfg: Any) -> dict[str, Style]:
-    """Every block of dt.models.nanogpt.GPT recomputed in backward."""
+    """Every block of dt.models.gpt.GPT recomputed in backward."""
     return _recompute(range(1, cfg.n_layer + 1))
 
 
@@ -314,7 +314,7 @@ def llama_recompute(cfg: Any) -> dict[str, Style]:
 def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
              cp_attention: str = "ring", recompute: bool = False, loss_parallel: bool = False,
              experts: bool = True) -> dict[str, Style]:
-    """The plan of dt.models.nanogpt.GPT: Megatron's split; the logits gathered for the loss.
+    """The plan of dt.models.gpt.GPT: Megatron's split; the logits gathered for the loss.
 
     sequence_parallel: between blocks (the layer norms, the residual stream) each
     rank holds block/tp tokens; sequences must split evenly over tp.
@@ -406,7 +406,7 @@ def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 
 
 
 def gpt_blocks(model: nn.Module) -> list[nn.Module]:
-    """dt.models.nanogpt.GPT's block list: its layers already are [Embedding, Block x n, Head]."""
+    """dt.models.gpt.GPT's block list: its layers already are [Embedding, Block x n, Head]."""
     return list(model.layers)
 
 

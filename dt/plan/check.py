@@ -60,8 +60,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
 def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
     """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run).
 
-    The run is dt train's own: dt.train.build's model, optimizer and step (TrainStep, or the
-    experts' ParallelGPT), called as dt.train.loop calls it, on the same data.
+    The run is dt train's own: dt.train.build's model, optimizer and step (TrainStep, experts
+    included), called as dt.train.loop calls it, on the same data.
     """
     import torch
 

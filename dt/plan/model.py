@@ -29,7 +29,7 @@ class ModelShape:
     experts: int = 0
     top_k: int = 1
     name: str = "gpt"
-    family: str = "gpt"  # dt train's --model: gpt (dt.models.nanogpt) or llama (dt.models.llama)
+    family: str = "gpt"  # dt train's --model: gpt (dt.models.gpt) or llama (dt.models.llama)
     n_kv_head: int = 0  # llama's key/value heads; 0: n_head
 
     @property

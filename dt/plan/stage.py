@@ -1,6 +1,6 @@
 """What one pipeline stage of a layout holds and does: its tensors, its layers' seconds and messages.
 
-Tensor sizes follow dt's GPT (dt.models.gpt) sharded over tp: the embedding
+Tensor sizes follow dt's GPT (dt.models.gpt) as gpt_plan shards it over tp: the embedding
 and head are vocabulary-parallel (V / tp rows), every block's qkv and first
 MLP matrix are column-parallel (output / tp) and the projections row-parallel
 (input / tp), LayerNorms and row-parallel biases replicated; an MoE block's

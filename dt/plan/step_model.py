@@ -1,7 +1,7 @@
 """One layout's training step, predicted: a timeline per rank whose sum is the step.
 
-What `dt train` runs per step (dt.train.step.TrainStep; --experts: dt.train.legacy's
-ParallelGPT), in order, on every rank of pipeline stage s:
+What `dt train` runs per step (dt.train.step.TrainStep, --experts included), in order,
+on every rank of pipeline stage s:
 
 1. the pipeline: the schedule's actions (dt.plan.pipeline plays them with
    this stage's forward / backward seconds per micro-batch: compute, then

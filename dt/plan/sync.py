@@ -10,7 +10,7 @@
                   the shard, an all-gather of the updated parameters
     ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
-    experts       dt.models.gpt.ParallelGPT (dt.train.legacy): the buckets all-reduced one
+    experts       TrainStep's own sync (no DDP wraps the chunks): the buckets all-reduced one
                   after another after the last backward, then the experts' over their replicas
 
 A backward's gradients are taken to arrive at an even pace per number (the

@@ -59,7 +59,7 @@ class Recorder:
         def moved() -> dict[str, int]:
             if not accounting.open_records:  # blocking times nothing then: no span either
                 return {}
-            record = accounting.open_records[-1]  # the step's own (ParallelGPT keeps one open)
+            record = accounting.open_records[-1]  # the step's own (TrainStep keeps one open)
             return {k: c.bytes_sent + c.bytes_received + c.calls for k, c in record.by_collective.items()}
 
         def timed(fn: Any) -> Any:

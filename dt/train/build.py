@@ -3,7 +3,7 @@
     run = build(args, vocab_size)
     loss = run.step(tokens, targets)        # one whole step (dt.train.step.TrainStep)
 
-The model is plain (dt.models.nanogpt.GPT or dt.models.llama.Llama, `--model`),
+The model is plain (dt.models.gpt.GPT or dt.models.llama.Llama, `--model`),
 built from the seed on every rank; dt.parallelize applies the grid's
 parallelism to it in its fixed order (dt.parallel.plan). With --experts
 every block's MLP is a mixture of experts (dt.models.moe), expert parallel
@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
-from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.grid import Grid
 from dt.parallel.plan import (
     Plan,

@@ -83,7 +83,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--n-embd", type=one, default=64)
     p.add_argument("--untied", action="store_true", help="separate output projection")
     p.add_argument("--model", choices=["gpt", "llama"], default="gpt",
-                   help="the plain model to train (dt.models.nanogpt, dt.models.llama)")
+                   help="the plain model to train (dt.models.gpt, dt.models.llama)")
     p.add_argument("--n-kv-head", type=one, default=None,
                    help="Llama's key/value heads (grouped-query attention; default --n-head)")
     p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,

@@ -8,7 +8,7 @@ Reads the newest good checkpoint in DIR (its manifest and sha256s checked, as
 resuming checks them), the model configuration it was saved with and the
 tokenizer `dt train` saved in its manifest, assembles every
 tensor whole from the shards whatever mesh saved them (dt.parallel.checkpoint
-.read_full), and generates with the plain model's generate (dt.models.nanogpt.GPT or
+.read_full), and generates with the plain model's generate (dt.models.gpt.GPT or
 dt.models.llama.Llama): one process, no process group. The prompt is kept to the last block_size tokens
 the model can see; sampling is seeded (--seed), so a command gives the same text again.
 """
@@ -23,9 +23,9 @@ from typing import Any
 import torch
 
 from dt import args as args_
+from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
 from dt.models.lm import LanguageModel
-from dt.models.nanogpt import GPT, GPTConfig
 from dt.parallel.checkpoint import CheckpointError, latest, read_full
 from dt.train.tokenizer import Tokenizer, tokenizer_from_json
 

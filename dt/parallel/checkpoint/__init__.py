@@ -1,6 +1,6 @@
 """Sharded checkpoints: each rank writes what it holds, any layout reads them back.
 
-    ck.save("ckpt", step, model, optimizer, keep=3)    # collective: DDP, ZeRO 1-2, FSDP, ParallelGPT
+    ck.save("ckpt", step, model, optimizer, keep=3)    # collective: DDP, ZeRO 1-2, FSDP, dt.parallelize's
     loaded = ck.load("ckpt", model, optimizer)         # collective: the newest good one, resharded
     loaded.step, loaded.layout, loaded.warnings        # None if "ckpt" holds no checkpoint yet
 
@@ -40,8 +40,8 @@ The manifest (one line per file and per tensor)
          {"file": "rank-00000.pt", "key": "7", "offsets": [0, 0], "lengths": [8, 32]}, ...]},
       "optim/layers.2.mlp.dense_4h_to_h.weight/exp_avg": {...}, ...}}
 
-Tensors are named as in the unsharded model (ParallelGPT: layers.<i>.<name in
-the layer>, whatever the mesh), optimizer state as optim/<parameter>/<key>
+Tensors are named as in the unsharded model (dt's GPT: layers.<i>.<name in
+the layer>, whatever the grid), optimizer state as optim/<parameter>/<key>
 (torch's keys: step, exp_avg, exp_avg_sq). A chunk is a box of the full
 tensor: offsets and lengths per dimension, its data stored under `key` in
 `file`. The chunks of a tensor tile it exactly (checked when saving: no gap,

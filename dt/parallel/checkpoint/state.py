@@ -1,7 +1,7 @@
 """A model and its optimizer as the list of tensors this rank holds, each with its Place.
 
 A model says where its tensors sit (`checkpoint_places()`: DDP, FSDP,
-ParallelGPT; a plain module is replicated over a group), and an optimizer
+dt.parallelize's Parallel; a plain module is replicated over a group), and an optimizer
 says which parameters it steps (a torch optimizer: its param_groups; a
 ZeroOptimizer: `checkpoint_pieces`, its flat shard cut at the parameters'
 edges). Optimizer state follows its parameter: Adam's exp_avg of a

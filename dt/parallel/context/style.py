@@ -1,7 +1,7 @@
 """Context parallelism applied to a plain model from outside: three styles and the input split.
 
     grid = dt.Grid({"dp": 2, "cp": 2, "tp": 2})
-    model = GPT(cfg)                                          # dt/models/nanogpt.py, plain
+    model = GPT(cfg)                                          # dt/models/gpt.py, plain
     dt.parallelize(model, grid, gpt_plan(cfg, tp=2, cp=2))    # or cp_attention="ulysses"
     ids, targets = shard_sequence(ids, grid), shard_sequence(targets, grid)
     logits, loss = model(ids, targets)                        # this rank's tokens only
