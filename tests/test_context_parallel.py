@@ -171,3 +171,40 @@ def test_layers_are_deadlock_free_under_nccl_rules(run, world):
             failures.append(f"{name}: recorded nothing")
         failures += [f"{name}: {problem}" for problem in rules.simulate(traces)]
     assert not failures, "\n".join(failures[:20])
+
+
+def _layer_against_whole_sequence(S: int) -> list[str]:
+    """ContextParallelSelfAttention (cp = world, tp = 1) against ParallelSelfAttention on whole sequences."""
+    from dt.parallel.context import ContextParallelSelfAttention
+    from dt.parallel.grid import Grid
+    from dt.parallel.tensor import ParallelSelfAttention
+
+    grid = Grid({"cp": dist.get_world_size(), "tp": 1})
+    tp_group, cp_group = grid.group("tp"), grid.group("cp")
+    layout = SequenceLayout(S, grid.size("cp"), zigzag=True)
+    pos = torch.tensor(layout.positions(grid.coords()["cp"]), dtype=torch.int64)
+    x = _randn(B, S, 4 * HEADS, seed=7)
+    torch.manual_seed(0)
+    whole = ParallelSelfAttention(4 * HEADS, HEADS, tp_group, dtype=F64)
+    whole(x).sum().backward()
+    bad = []
+    for kind in ("ring", "ulysses"):
+        torch.manual_seed(0)  # the same seed: the same weights as the whole-sequence layer
+        layer = ContextParallelSelfAttention(4 * HEADS, HEADS, tp_group, cp_group, layout, kind, dtype=F64)
+        out = layer(x[:, pos])
+        out.sum().backward()
+        want = whole(x)[:, pos]
+        if not torch.allclose(out, want, atol=1e-12, rtol=1e-10):
+            bad.append(f"{kind} out: {(out - want).abs().max().item()}")
+        for (name, p), ref in zip(layer.named_parameters(), whole.parameters()):
+            g = p.grad.clone()
+            dt.all_reduce(g, group=cp_group)  # every rank's tokens' share of the gradient
+            if not torch.allclose(g, ref.grad, atol=1e-12, rtol=1e-10):
+                bad.append(f"{kind} d{name}: {(g - ref.grad).abs().max().item()}")
+    return [f"rank {dist.get_rank()} S={S} {b}" for b in bad]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_context_parallel_layer_is_the_whole_sequence_layer(run, world):
+    failures = [f for res in run(world, _layer_against_whole_sequence, 13) for f in res]
+    assert not failures, "\n".join(failures[:20])

@@ -23,7 +23,7 @@ aux_loss_coef / (sequences in the batch) and attaches it to y: y's value is
 unchanged and its backward sends gradient 1 into the weighted loss
 (Megatron's aux-loss scaler), so the balance loss reaches the gradients on
 whichever pipeline stage holds the layer, while the model's returned loss
-stays the task's cross-entropy (as dt/models/gpt.py's ParallelGPT reports it).
+stays the task's cross-entropy (what dt train reports).
 A step that cuts a batch of B sequences into micro-batches and weights each
 micro-batch's loss by its share sets `set_batch_sequences(model, B)` first.
 

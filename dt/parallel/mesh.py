@@ -1,8 +1,8 @@
 """The mesh: which ranks talk for data, context, expert, tensor and pipeline parallelism.
 
-A thin view over dt.parallel.grid.Grid for the callers that want every group
-at once as attributes (dt.models.gpt.ParallelGPT): the numbering and the
-groups are the grid's, asked for by axis name.
+A thin view over dt.parallel.grid.Grid for a script that wants every group
+at once as attributes (dt.parallelize and dt train ask the grid for its
+groups by axis name instead): the numbering and the groups are the grid's.
 
     m = dt.mesh(dp=2, cp=2, tp=2)             # on a world of 8
     m = dt.mesh(dp=2, cp=2, ep=4, pp=2)       # experts over 4 ranks of the dp x cp plane

@@ -76,8 +76,8 @@ def load_model(directory: str) -> tuple[LanguageModel, Tokenizer, int]:
 def _plain_model(saved: dict[str, Any], where: str) -> LanguageModel:
     """The plain model a checkpoint's config describes: Llama's has n_kv_head, the GPT's not.
 
-    ParallelGPT's (--cp, --experts) config has the GPT's fields and MoE's: a dense one
-    is the plain GPT; experts are refused unless the plain model has them too.
+    A config is the plain model's own (the first round's mesh GPT saved the same fields):
+    fields the model does not know are dropped; experts are refused unless it has them.
     """
     cls, config = (Llama, LlamaConfig) if "n_kv_head" in saved else (GPT, GPTConfig)
     fields = {f.name for f in dataclasses.fields(config)}

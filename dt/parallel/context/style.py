@@ -26,7 +26,7 @@ The styles (axis "cp"; each a swap or hook onto dt's existing layers):
     SharePositions(seq_len)          a module indexed by positions (GPT's position table, Llama's
                                      rotary tables) reads this rank's positions, not 0..s_r-1
     ShareLoss(seq_len)               the mean loss over this rank's tokens becomes
-                                     sum * cp / (b * seq_len), as ParallelGPT scales it: the cp
+                                     sum * cp / (b * seq_len), not the share's own mean: the cp
                                      ranks' losses (and gradients) average to the whole
                                      sequences' mean, however unevenly the tokens split
 

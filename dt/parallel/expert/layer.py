@@ -38,7 +38,7 @@ from dt.parallel.expert.dispatch import Plan, combine, dispatch
 from dt.parallel.expert.router import Router, Routing
 from dt.transport import resolve_group
 
-__all__ = ["Expert", "MoE", "attach_loss"]
+__all__ = ["Expert", "MoE"]
 
 
 class Expert(nn.Module):
@@ -104,27 +104,3 @@ class MoE(nn.Module):
         return (f"experts {self.first}..{self.first + len(self.experts) - 1} of {self.num_experts} "
                 f"(held per rank {self.held}), top_k={self.top_k}, "
                 f"capacity_factor={self.router.capacity_factor}")
-
-
-class _AttachLoss(torch.autograd.Function):
-    """y unchanged forward; backward also sends gradient 1 into `loss` (Megatron's aux-loss scaler)."""
-
-    @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        ctx.shape, ctx.dtype, ctx.device = loss.shape, loss.dtype, loss.device
-        return y.view_as(y)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return grad, torch.ones(ctx.shape, dtype=ctx.dtype, device=ctx.device)
-
-
-def attach_loss(y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-    """Make `loss` part of whatever objective y's gradient comes from.
-
-    A balance loss computed inside a pipeline stage never reaches the loss
-    the last stage backpropagates from; attached to the layer's output, its
-    gradient (d total / d loss = 1) flows the moment y's gradient does, on
-    the stage that owns it, whatever the schedule. Weight `loss` first.
-    """
-    return _AttachLoss.apply(y, loss)
