@@ -1,6 +1,6 @@
 """The parallelisms, each built on dt's collectives and nothing else.
 
-- buckets.py        gradient buckets: the rule DDP, ZeRO and the mesh trainer share
+- buckets.py        gradient buckets: the rule DDP, ZeRO and the training step share
 - data_parallel.py  DDP: one all-reduce of the gradients per step, overlapped with backward
 - zero/             ZeRO 1-2 (sharded optimizer state and gradients), 3 (FSDP)
 - tensor/           Megatron's tensor parallelism: f/g mappings, parallel layers, vocab parallel
