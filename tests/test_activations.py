@@ -85,32 +85,44 @@ def test_dt_train_model_formula_is_the_measurement(run, world, tp, cp, attention
         assert all(m == predicted for m in measured), (measured, predicted)
 
 
-def written_out_block_saved(dtype: str, s: int) -> int:
-    """dt.parallel.tensor's attention written out (attention="dt"): one block of its layers, on tp ranks."""
+def written_out_saved(dtype: str, s: int) -> tuple[int, int]:
+    """attention="dt" on tp ranks: a block of dt.parallel.tensor's layers (its attention written out),
+    and a head of ln_f, the vocabulary-parallel logits and cross-entropy."""
     from torch import nn
 
     from dt.parallel import tensor as tp
+    kind = getattr(torch, dtype)
     torch.manual_seed(0)
-    norms = nn.LayerNorm(64), nn.LayerNorm(64)
+    norms = nn.LayerNorm(64), nn.LayerNorm(64), nn.LayerNorm(64)
     attn, mlp = tp.ParallelSelfAttention(64, 4, causal=True), tp.ParallelMLP(64, 256)
+    lo, hi = tp.shard_range(96)
+    vocab = nn.Parameter(torch.randn(96, 64)[lo:hi])  # this rank's rows of the word embedding
     parts = [*norms, attn, mlp]
     for m in parts:
-        m.to(getattr(torch, dtype))
-    x = torch.randn(2, s, 64, generator=torch.Generator().manual_seed(1)).to(getattr(torch, dtype))
-    x.requires_grad_()
-    with SavedBytes(exclude=[p for m in parts for p in m.parameters()]) as saved:  # x: ln_1 keeps it
+        m.to(kind)
+    vocab.data = vocab.data.to(kind)
+    weights = [vocab, *(p for m in parts for p in m.parameters())]
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(2, s, 64, generator=g).to(kind).requires_grad_()  # ln_1 keeps it: not excluded
+    targets = torch.randint(0, 96, (2, s), generator=g)
+    with SavedBytes(exclude=weights) as block:
         h = x + attn(norms[0](x))
         (h + mlp(norms[1](h))).sum().backward()
-    return saved.bytes
+    with SavedBytes(exclude=weights) as head:
+        logits = tp.parallel_lm_logits(norms[2](x), vocab)
+        tp.vocab_parallel_cross_entropy(logits, targets, vocab_size=96).mean().backward()
+    return block.bytes, head.bytes
 
 
 @pytest.mark.parametrize("world", [1, 2])
-def test_written_out_attention_block_is_the_measurement(run, world):
-    """attention="dt": the s^2 softmax and mask that torch's fused kernel does not keep."""
+def test_written_out_attention_is_the_measurement(run, world):
+    """attention="dt": the s^2 softmax and mask torch's fused kernel does not keep, and the
+    vocabulary-parallel loss (the rank's softmax slice) in place of the gathered one."""
     for dtype, s in (("float32", 32), ("bfloat16", 16)):
-        arch = Decoder.of(GPTConfig(vocab_size=64, block_size=s, n_layer=1, n_head=4, n_embd=64))
-        predicted = layer_activation_bytes(arch, 1, 2, ITEMSIZE[dtype], tp=world, attention="dt")
-        assert run(world, written_out_block_saved, dtype, s) == [predicted] * world
+        arch = Decoder.of(GPTConfig(vocab_size=96, block_size=s, n_layer=1, n_head=4, n_embd=64))
+        predicted = tuple(layer_activation_bytes(arch, i, 2, ITEMSIZE[dtype], tp=world, attention="dt")
+                          for i in (1, 2))
+        assert run(world, written_out_saved, dtype, s) == [predicted] * world
 
 
 def test_korthikanti_less_what_dt_does_not_run():
