@@ -1,7 +1,8 @@
 """Layouts dt train used to refuse, each against the plain model trained in one process.
 
 ZeRO through the step with clipping from the sharded gradients; recompute
-(bit for bit the losses without it).
+(bit for bit the losses without it); ZeRO with experts (the dense part over
+dp x cp, each expert over its replicas).
 
 Each run is dt.train.build's step driven for a few float64 steps on the same
 global batches as the single-process twin (tests/test_step.py's _twin): the
@@ -47,9 +48,12 @@ def _stepped_one(model: str, kw: dict) -> dict:
         x, y = data.batch(i, args.batch_size, args.block_size)
         losses.append(built.step(x[mine], y[mine]))
     sent = {k: v / STEPS for k, v in built.step.bytes_sent.items()}
-    formula = getattr(built.optimizer, "expected_bytes_sent", None)
+    opt = built.optimizer
+    sharded = hasattr(opt, "expected_bytes_sent")
     return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent,
-            "formula": formula(args.micro_batches) if formula else None,
+            "formula": opt.expected_bytes_sent(args.micro_batches) if sharded else None,
+            # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
+            "state": (opt.memory()["optimizer"], opt.formula(k=16)["optimizer"]) if sharded else None,
             "recomputed": sum(recomputed(m) for c in built.saved.stage.chunks for m in c.modules())}
 
 
@@ -93,3 +97,32 @@ def test_recompute_gives_the_same_losses_bit_for_bit(run):
             assert again["losses"] == plain["losses"], f"{model} {kw}: recompute changed the losses"
             assert plain["recomputed"] == 0 and again["recomputed"] > 0  # its stage's blocks recompute
             assert max(abs(a - b) for a, b in zip(again["losses"], want)) < 1e-9, f"{model} {kw}"
+
+
+EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
+EXPERT_ZERO = {2: [("gpt", {"dp": 2, "ep": 2, "zero": 1, **EXPERTS}),
+                   ("gpt", {"dp": 2, "zero": 2, **EXPERTS}),
+                   ("gpt", {"dp": 2, "ep": 2, "zero": 2, "clip": 0.05, **EXPERTS})],
+               4: [("gpt", {"dp": 4, "ep": 2, "zero": 1, "clip": 0.05, **EXPERTS}),
+                   ("gpt", {"dp": 2, "tp": 2, "ep": 2, "zero": 2, **EXPERTS})]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero_with_experts_follows_the_plain_model(run, world):
+    """Dense parameters sharded over dp x cp, each expert's over its edp replicas (summed there, divided
+    by dp x cp): the plain MoE GPT's losses and clipped norm, ZeRO's bytes and state per part."""
+    runs = EXPERT_ZERO[world]
+    results = run(world, _stepped, runs, timeout=280)
+    for k, (model, kw) in enumerate(runs):
+        want, norms = _twin(_args(model, **kw))
+        assert want[-1] < want[0] - 0.1
+        for r in results:
+            got = r[k]
+            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+            assert diff < 1e-9, f"{kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
+            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            held, formula = got["state"]
+            assert held == formula, (kw, held, formula)

@@ -35,9 +35,6 @@ def _mesh_error(a: Any) -> str | None:
         return "--ep > 1 needs --experts (an MoE model)"
     if a.experts and not a.top_k <= a.experts:
         return f"--top-k must be between 1 and --experts {a.experts}"
-    if a.zero and a.experts:
-        return ("--zero does not take --experts yet (an expert's gradient syncs over its replicas, "
-                "edp, not the whole dp x cp plane ZeRO shards): drop one")
     if a.zero == 2 and a.pp > 1 and not getattr(a, "untied", False):
         return ("--zero 2 frees each full gradient in backward, so the embedding and head that two "
                 "pipeline stages share cannot be summed: use --zero 1, or --untied")

@@ -22,7 +22,8 @@ What one call does, in order:
    different experts, so no DDP wraps the chunks: after backward the dense
    gradients are averaged over dp x cp and each expert's summed over its
    replicas (grid.group("edp")), then divided by dp * cp (the style's doc says
-   why); every micro-batch's balance loss is weighted by 1 / this rank's
+   why; under ZeRO each part's reduce-scatter does it, dt.parallel.zero.parts);
+   every micro-batch's balance loss is weighted by 1 / this rank's
    sequences (dt.models.moe.set_batch_sequences);
 3. a weight two stages share (a tied embedding and head) summed over its stages;
 4. precision.unscale_and_check(): False (an overflow) skips the optimizer step;
@@ -61,7 +62,7 @@ from dt.parallel.context.style import shard_sequence
 from dt.parallel.expert import router as expert_router
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
 from dt.parallel.plan import Parallel
-from dt.parallel.zero import ZeroOptimizer
+from dt.parallel.zero import ZeroOptimizer, ZeroParts
 from dt.train.clip import clip_global_norm, clip_sharded_norm, counted_parameters
 from dt.transport import resolve_group
 
@@ -73,7 +74,11 @@ LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_para
 
 
 def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:
-    """This rank's optimizer: `optimizer_cls` on its stage's parameters, sharded over dp x cp by ZeRO."""
+    """This rank's optimizer: `optimizer_cls` on its stage's parameters, sharded over dp x cp by ZeRO.
+
+    With experts ZeRO shards each part over the ranks that hold it (dt.parallel.zero.parts):
+    the dense parameters over dp x cp, this rank's experts over their replicas (edp).
+    """
     if zero not in (0, 1, 2):
         raise ValueError(f"zero {zero}: 0 (DDP), 1 or 2 (ZeRO); stage 3 is not wired into dt train yet")
     if (zero > 0) != par.data_parallel.startswith("zero"):
@@ -83,8 +88,17 @@ def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: 
     if zero == 2 and par.stage.shared:
         raise ValueError("ZeRO 2 frees each full gradient in backward, so a weight two pipeline stages "
                          "share cannot be summed: use --zero 1, or --untied")
-    return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=par.grid.group(*par.dp_axes),
-                         **kwargs)
+    plane = par.grid.group(*par.dp_axes)
+    if not any(isinstance(m, ExpertParallelMoE) for m in par.model.modules()):
+        return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=plane, **kwargs)
+    held = {id(p) for p in par.parameters()}
+    dense, experts = ([p for p in part if id(p) in held] for part in split_parameters(par.model))
+    edp = par.grid.group(EXPERT_GROUP)  # every rank makes it (collective), holding experts or not
+    parts = [ZeroOptimizer(dense, optimizer_cls, stage=zero, group=plane, **kwargs)]
+    if experts:  # an edp group's ranks hold the same experts: all of them have some, or none
+        parts.append(ZeroOptimizer(experts, optimizer_cls, stage=zero, group=edp,
+                                   divisor=par.grid.size(*par.dp_axes), **kwargs))
+    return ZeroParts(parts)
 
 
 class TrainStep:
@@ -137,8 +151,8 @@ class TrainStep:
                              "the plane's ranks: a plan with experts syncs in the step (data_parallel "
                              "'ddp' wraps no chunk, dt.parallel.plan)")
         if self.with_experts and isinstance(optimizer, ZeroOptimizer):
-            raise ValueError("ZeRO shards every gradient over dp x cp, but an expert's replicas are only "
-                             "its edp group: experts train with zero 0")
+            raise ValueError("one ZeroOptimizer shards every gradient over one group, but an expert's "
+                             "replicas are only its edp group: make_optimizer(par, ..., zero=1 or 2)")
 
     def _hooks(self) -> pipeline.StepHooks:
         ddp = self.par.chunks
@@ -191,8 +205,9 @@ class TrainStep:
         return loss_value
 
     def _sync_experts(self) -> None:
-        """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp)."""
-        if not self.with_experts or self.dp == 1:
+        """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp).
+        Under ZeRO its reduce-scatters do the same, over the same groups (make_optimizer)."""
+        if not self.with_experts or self.dp == 1 or hasattr(self.optimizer, "reduce_gradients"):
             return
         all_reduce_buckets([p.grad for p in self.dense if p.grad is not None], self.dp_group)
         grads = [p.grad for p in self.experts if p.grad is not None]

@@ -14,7 +14,8 @@ import torch
 from dt.cost import ring_all_gather, ring_reduce_scatter
 from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
 
-__all__ = ["comm_scratch_formula", "memory_held", "zero_memory_formula", "zero_traffic_formula"]
+__all__ = ["comm_scratch_formula", "memory_held", "zero_memory_formula", "zero_memory_parts",
+           "zero_traffic_formula"]
 
 
 def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float | None = None,
@@ -32,6 +33,20 @@ def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float |
     g = psi if stage < 2 else s
     o = psi if stage < 1 else s
     return {"params": param_bytes * p, "grads": grad_bytes * g, "optimizer": k * o}
+
+
+def zero_memory_parts(parts: list[tuple[float, int]], stage: int, k: int = 8, param_bytes: int = 4,
+                      grad_bytes: int = 4) -> dict[str, float]:
+    """zero_memory_formula summed over parts sharded over different counts of ranks: (Psi, N) each.
+
+    With experts (dt.parallel.zero.parts): the dense (Psi_d, dp * cp) and this rank's
+    experts (Psi_e, dp * cp / ep, their replicas).
+    """
+    out = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
+    for psi, n in parts:
+        for key, v in zero_memory_formula(psi, n, stage, k, None, param_bytes, grad_bytes).items():
+            out[key] += v
+    return out
 
 
 def zero_traffic_formula(shard_lists: list[list[int]], rank: int, stage: int,

@@ -55,7 +55,8 @@ class ZeroOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
                  stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
-                 first_bucket_mb: float = 1, algorithm: str = "ring", **optim_kwargs: Any):
+                 first_bucket_mb: float = 1, algorithm: str = "ring", divisor: int | None = None,
+                 **optim_kwargs: Any):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "
                              f"FullyShardedDataParallel (got stage={stage})")
@@ -64,6 +65,9 @@ class ZeroOptimizer:
             raise ValueError("ZeroOptimizer flattens all parameters into one buffer: one dtype")
         self.stage, self.group, self.algorithm = stage, resolve_group(group), algorithm
         n, r = self.group.size, self.group.rank
+        # Gradients are summed over the group and divided by this: the group's size (an average),
+        # unless more ranks than the group fed them (an expert's tokens come from the whole plane).
+        self.divisor = n if divisor is None else divisor
         self.numels = [p.numel() for p in self.params]
         self.offsets = edges(self.numels)[:-1]
         self.psi = sum(self.numels)
@@ -140,8 +144,16 @@ class ZeroOptimizer:
     def _reduce_scatter(self, out: torch.Tensor, pieces: list[torch.Tensor]) -> float:
         t0 = clock(self.flat.device)
         with charged_to(DATA_LABEL, self.algorithm):
-            reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm)
+            self._reduce_scatter_now(out, pieces)
         return clock(self.flat.device) - t0
+
+    def _reduce_scatter_now(self, out: torch.Tensor, pieces: list[torch.Tensor]) -> None:
+        """This rank's piece of the pieces summed over the group, divided by self.divisor."""
+        average = self.divisor == self.group.size
+        reduce_scatter(out, pieces, ReduceOp.AVG if average else ReduceOp.SUM, self.group,
+                       algorithm=self.algorithm)
+        if not average:
+            out.div_(self.divisor)
 
     def _finish_backward(self) -> None:
         for b in range(self._next, len(self.buckets)):  # parameters with no grad: zeros
@@ -173,8 +185,7 @@ class ZeroOptimizer:
                     slot.copy_(p.grad)
                 p.grad = slot
             mine = self.flat_grad[self.start:self.end]
-            reduce_scatter(mine, list(self.flat_grad.split(self.shard_sizes)), ReduceOp.AVG,
-                           self.group, algorithm=self.algorithm)
+            self._reduce_scatter_now(mine, list(self.flat_grad.split(self.shard_sizes)))
             self.shard.grad = mine
         else:
             self.shard.grad = self.shard_grad
