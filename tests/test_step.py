@@ -203,7 +203,7 @@ def test_llama_resumes_on_another_grid(run, tmp_path):
 
 
 def test_cli_refuses_what_the_step_cannot_do(capsys):
-    cases = [(["--model", "llama", "--cp", "2"], "--model llama trains on dp, tp and pp"),
+    cases = [(["--model", "llama", "--experts", "2"], "--experts are the GPT's"),
              (["--model", "llama", "--tp", "4", "--n-kv-head", "2"], "divisible by --tp 4")]
     for argv, why in cases:
         with pytest.raises(SystemExit):

@@ -48,12 +48,15 @@ def _stepped_one(model: str, kw: dict) -> dict:
         x, y = data.batch(i, args.batch_size, args.block_size)
         losses.append(built.step(x[mine], y[mine]))
     sent = {k: v / STEPS for k, v in built.step.bytes_sent.items()}
-    opt = built.optimizer
+    fsdp = built.saved.fsdp
+    opt = fsdp[0] if fsdp else built.optimizer  # FSDP's formulas are its module's
     sharded = hasattr(opt, "expected_bytes_sent")
     return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent,
-            "formula": opt.expected_bytes_sent(args.micro_batches) if sharded else None,
+            # a backward per micro-batch and chunk: ZeRO 2 scatters every bucket in each
+            "formula": opt.expected_bytes_sent(args.micro_batches * args.virtual) if sharded else None,
             # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
-            "state": (opt.memory()["optimizer"], opt.formula(k=16)["optimizer"]) if sharded else None,
+            "state": (opt.memory(*([built.optimizer] if fsdp else []))["optimizer"],
+                      opt.formula(k=16)["optimizer"]) if sharded else None,
             "recomputed": sum(recomputed(m) for c in built.saved.stage.chunks for m in c.modules())}
 
 
@@ -126,3 +129,69 @@ def test_zero_with_experts_follows_the_plain_model(run, world):
             assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
             held, formula = got["state"]
             assert held == formula, (kw, held, formula)
+
+
+TIED_ZERO2 = [("gpt", {"dp": 2, "pp": 2, "zero": 2}), ("llama", {"dp": 2, "pp": 2, "zero": 2, "clip": 0.5}),
+              ("gpt", {"dp": 2, "pp": 2, "zero": 2, "schedule": "interleaved", "virtual": 2})]
+
+
+@pytest.mark.timeout(300)
+def test_zero_2_sums_the_tied_weight_across_stages(run):
+    """ZeRO 2 with the embedding and head tied across two stages: the tied weight keeps its full
+    gradient, the step sums it over its stages, then ZeRO reduce-scatters it once (the formula's
+    bytes: the other gradients once per micro-batch, the tied one once per step)."""
+    results = run(4, _stepped, TIED_ZERO2, timeout=280)
+    for k, (model, kw) in enumerate(TIED_ZERO2):
+        want, norms = _twin(_args(model, **kw))
+        for r in results:
+            got = r[k]
+            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
+            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            assert got["sent"]["tied embedding"] > 0 and got["sent"]["other"] == 0
+
+
+LLAMA_CP = [("llama", {"cp": 2, "dp": 2, "n_kv_head": 2}),
+            ("llama", {"cp": 2, "tp": 2, "cp_attention": "ulysses"}),
+            ("llama", {"cp": 2, "pp": 2, "zero": 1, "dp": 1, "clip": 0.5})]
+
+
+@pytest.mark.timeout(300)
+def test_llama_with_context_parallel_follows_the_plain_model(run):
+    """Llama under cp (ring and Ulysses; grouped-query attention; a pipeline): each rank's rotary
+    positions are its zig-zag share (SharePositions on the model's rotary module, on every stage)."""
+    results = run(4, _stepped, LLAMA_CP, timeout=280)
+    for k, (model, kw) in enumerate(LLAMA_CP):
+        want, norms = _twin(_args(model, **kw))
+        assert want[-1] < want[0] - 0.1
+        for r in results:
+            diff = max(abs(a - b) for a, b in zip(r[k]["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
+
+
+FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5})],
+        4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3})]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_through_the_step_follows_the_plain_model(run, world):
+    """--zero 3: FSDP over dp x cp through the same TrainStep and make_optimizer (tied embedding and
+    head one unit; tp slices sharded further; two micro-batches, each gathering its own copy)."""
+    runs = FSDP[world]
+    results = run(world, _stepped, runs, timeout=280)
+    for k, (model, kw) in enumerate(runs):
+        want, norms = _twin(_args(model, **kw))
+        for r in results:
+            diff = max(abs(a - b) for a, b in zip(r[k]["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
+            # every forward and backward gathers, every backward scatters: all charged to data
+            assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k])
+            assert r[k]["sent"]["other"] == 0 or kw.get("cp"), (kw, r[k])  # ring attention: no label yet
+            assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)

@@ -17,7 +17,7 @@ dense ones' sum over pp x tp. Then every gradient is scaled by
 min(1, max_norm / norm), torch.nn.utils.clip_grad_norm_'s rule.
 
 Under ZeRO (clip_sharded_norm) each rank of the dp x cp plane holds only its
-shard of the averaged gradient (dt.parallel.zero.ZeroOptimizer.shard_pieces),
+shard of the averaged gradient (ZeroOptimizer.shard_pieces; FSDP's, stage 3),
 so the plane's ranks hold different pieces: each sums the squares of the
 pieces of the parameters it counts, the sum is all-reduced over the plane
 (one float64), then over pp x tp as above. The scale multiplies the shards,
@@ -34,7 +34,7 @@ from torch import nn
 from dt.collectives import all_reduce
 from dt.collectives.ops import ReduceOp
 
-__all__ = ["counted_parameters", "clip_global_norm", "clip_sharded_norm"]
+__all__ = ["clip_global_norm", "clip_sharded_norm", "counted_parameters", "counts"]
 
 
 def counted_parameters(modules: Sequence[nn.Module], tp_rank: int, saves: object) -> list[nn.Parameter]:
@@ -45,11 +45,16 @@ def counted_parameters(modules: Sequence[nn.Module], tp_rank: int, saves: object
     out: dict[int, nn.Parameter] = {}
     for module in modules:
         for mod in module.modules():
-            split = getattr(mod, "shard_dims", {})  # dt's tensor-parallel layers name their split tensors
             for name, p in mod.named_parameters(recurse=False):
-                if p.requires_grad and (name in split or tp_rank == 0) and saves(p):
+                if p.requires_grad and counts(mod, name, tp_rank) and saves(p):
                     out.setdefault(id(p), p)
     return list(out.values())
+
+
+def counts(module: nn.Module, name: str, tp_rank: int) -> bool:
+    """Whether this tp rank adds `module`'s parameter `name` to the norm: a tensor-parallel
+    shard on every rank (dt's layers name their split tensors in shard_dims), a replica on rank 0."""
+    return name in getattr(module, "shard_dims", {}) or tp_rank == 0
 
 
 @torch.no_grad()
@@ -71,17 +76,15 @@ def clip_global_norm(counted: Sequence[nn.Parameter], every: Sequence[nn.Paramet
 
 
 @torch.no_grad()
-def clip_sharded_norm(pieces: Sequence[tuple[nn.Parameter, torch.Tensor]], counted: Sequence[nn.Parameter],
-                      shards: Sequence[torch.Tensor], max_norm: float, plane_group: object, group: object,
-                      device: torch.device) -> float:
+def clip_sharded_norm(counted: Sequence[torch.Tensor], shards: Sequence[torch.Tensor], max_norm: float,
+                      plane_group: object, group: object, device: torch.device) -> float:
     """ZeRO's clip: scale the `shards` so the global norm is at most max_norm; the norm before.
 
-    `pieces`: (parameter, its part of this rank's shard gradient) (ZeroOptimizer.shard_pieces);
-    those of `counted` parameters are summed, over `plane_group` (dp x cp, whose ranks hold
-    different pieces), then over `group` (pp x tp).
+    `counted`: the pieces of this rank's shard gradient that belong to parameters it counts
+    (ZeroOptimizer.shard_pieces, FullyShardedDataParallel.shard_pieces, filtered by `counts`),
+    summed over `plane_group` (dp x cp, whose ranks hold different pieces), then `group` (pp x tp).
     """
-    mine = {id(p) for p in counted}
-    squares = _squares([g for p, g in pieces if id(p) in mine], device)
+    squares = _squares(counted, device)
     all_reduce(squares, ReduceOp.SUM, plane_group)
     return _scale(squares, shards, max_norm, group)
 

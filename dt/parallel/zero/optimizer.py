@@ -56,7 +56,7 @@ class ZeroOptimizer:
     def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
                  stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
                  first_bucket_mb: float = 1, algorithm: str = "ring", divisor: int | None = None,
-                 **optim_kwargs: Any):
+                 keep_full: Iterable[nn.Parameter] = (), **optim_kwargs: Any):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "
                              f"FullyShardedDataParallel (got stage={stage})")
@@ -96,16 +96,55 @@ class ZeroOptimizer:
         else:
             self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype,
                                           device=self.flat.device)
-            order = list(range(len(self.params)))[::-1]  # backward order
-            self.buckets = [[order[i] for i in b] for b in make_buckets(
-                [self.params[i] for i in order], int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
+            # A weight another pipeline stage also holds (a tied embedding and head) keeps its full
+            # gradient until reduce_gradients: its holders sum it after backward (the step's tied
+            # sum), which a hook cannot (see _kept_out); it is reduce-scattered once, then.
+            kept = {id(p) for p in keep_full}
+            self.kept = [i for i, p in enumerate(self.params) if id(p) in kept]
+            self.buckets = self._make_buckets(int(first_bucket_mb * MB), int(bucket_cap_mb * MB))
             self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
             self._index = {p: i for i, p in enumerate(self.params)}
             self._in_backward = False
-            for p in self.params:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+            for i, p in enumerate(self.params):
+                if i not in self.kept:
+                    p.register_post_accumulate_grad_hook(self._grad_ready)
 
     # -- stage 2: bucketed reduce-scatter during backward --------------------
+    def _make_buckets(self, first: int, cap: int) -> list[list[int]]:
+        """Buckets in backward order, never across a kept parameter: they and the kept ranges tile
+        the flat buffer, so a step scatters every element once per backward or once per step."""
+        order = list(range(len(self.params)))[::-1]
+        runs: list[list[int]] = [[]]
+        for i in order:
+            if i in self.kept:
+                runs.append([])
+            else:
+                runs[-1].append(i)
+        out: list[list[int]] = []
+        for run in runs:
+            if run:
+                out += [[run[i] for i in b] for b in make_buckets(
+                    [self.params[i] for i in run], first if not out else cap, cap)]
+        return out
+
+    def _kept_out(self) -> None:
+        """Reduce-scatter each kept parameter's full gradient into the shard (once per step).
+
+        Why not a hook, summing the tied gradient across its stages in backward: ZeRO 2's
+        backward ends by waiting for its reduce-scatters, before the pipeline sends the
+        input's gradient on, and the other stage reaches its half of the sum only after it
+        receives that gradient: the two would wait on each other.
+        """
+        for i in self.kept:
+            p, o = self.params[i], self.offsets[i]
+            full = p.grad.reshape(-1) if p.grad is not None else self.flat.new_zeros(p.numel())
+            a, z = min(max(self.start, o), o + p.numel()), min(max(self.end, o), o + p.numel())
+            out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
+            with charged_to(DATA_LABEL, self.algorithm):
+                self._reduce_scatter_now(out, self._cut(o, o + p.numel(), full))
+            self.shard_grad[a - self.start:z - self.start] += out
+            p.grad = None
+
     def _range(self, b: int) -> tuple[int, int]:
         idx = self.buckets[b]
         return min(self.offsets[i] for i in idx), max(self.offsets[i] + self.numels[i] for i in idx)
@@ -188,6 +227,7 @@ class ZeroOptimizer:
             self._reduce_scatter_now(mine, list(self.flat_grad.split(self.shard_sizes)))
             self.shard.grad = mine
         else:
+            self._kept_out()
             self.shard.grad = self.shard_grad
         self._reduced = True
         self.last_step["step_comm_s"] = clock(self.flat.device) - t0
@@ -240,12 +280,22 @@ class ZeroOptimizer:
 
     def _scattered(self) -> list[list[int]]:
         """Element counts of the pieces of every reduce-scatter one step runs."""
-        return [self.shard_sizes] if self.stage == 1 else \
-            [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))]
+        if self.stage == 1:
+            return [self.shard_sizes]
+        return [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))] + \
+            self._kept_cuts()
+
+    def _kept_cuts(self) -> list[list[int]]:
+        """Element counts of each kept parameter's reduce-scatter pieces."""
+        return [[t.numel() for t in self._cut(self.offsets[i], self.offsets[i] + self.numels[i], None)]
+                for i in self.kept]
 
     def _pieces(self, b: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
         """Bucket b's buffer cut where the shards' boundaries fall (empty pieces included)."""
-        lo, hi = self._range(b)
+        return self._cut(*self._range(b), buf)
+
+    def _cut(self, lo: int, hi: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
+        """`buf`, elements [lo, hi) of the flat buffer, cut where the shards' boundaries fall."""
         if buf is None:
             buf = torch.empty(hi - lo, device="meta")
         bounds = edges(self.shard_sizes)
@@ -253,15 +303,18 @@ class ZeroOptimizer:
                 for j in range(self.group.size)]
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start)
+        kept = sum(self.numels[i] for i in self.kept) if self.stage == 2 else 0
+        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start,
+                                  kept=kept)
         out["comm_scratch"] = comm_scratch_formula(self._scattered(), self.flat.element_size(),
                                                    self.group.rank, self.algorithm)
         return out
 
     def expected_bytes_sent(self, micro_batches: int = 1) -> int:
         """Bytes this rank sends per step with `micro_batches` backwards (zero_traffic_formula)."""
+        kept = self._kept_cuts() if self.stage == 2 else []
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
-                                    self.flat.element_size(), micro_batches)
+                                    self.flat.element_size(), micro_batches, kept)
 
     def state_dict(self) -> dict[str, Any]:
         """The full (unsharded) optimizer state, as torch's optimizer over `params` has it.
