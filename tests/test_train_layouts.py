@@ -18,7 +18,7 @@ import math
 
 import pytest
 
-from dt import transport
+from dt import train, transport
 from dt.models.data import CharData
 from dt.parallel.recompute import recomputed
 from dt.train.build import build
@@ -195,3 +195,40 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
             assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k])
             assert r[k]["sent"]["other"] == 0 or kw.get("cp"), (kw, r[k])  # ring attention: no label yet
             assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)
+
+
+def _resume_fsdp(a: str, b: str) -> list[list[float]]:
+    """Straight; FSDP saves at 2, a pipeline resumes; tensor parallel saves at 2, FSDP resumes."""
+    straight = train.train_worker(_args("gpt", dp=2, steps=4))["losses"]
+    train.train_worker(_args("gpt", dp=2, zero=3, steps=2, checkpoint=a))
+    on_pp = train.train_worker(_args("gpt", pp=2, steps=4, checkpoint=a))
+    train.train_worker(_args("gpt", tp=2, steps=2, checkpoint=b))
+    on_fsdp = train.train_worker(_args("gpt", dp=2, zero=3, steps=4, checkpoint=b))
+    assert on_pp["start"] == on_fsdp["start"] == 2 and on_pp["resumed"]["layout"]["zero"] == 3
+    return [straight, on_pp["losses"], on_fsdp["losses"]]
+
+
+@pytest.mark.timeout(200)
+def test_fsdp_checkpoints_resume_on_other_layouts(run, tmp_path):
+    """FSDP's shards are saved as pieces of the plain model's tensors (and Adam's state beside them):
+    a pipeline resumes from them, and FSDP resumes from a tensor-parallel checkpoint."""
+    straight, on_pp, on_fsdp = run(2, _resume_fsdp, str(tmp_path / "a"), str(tmp_path / "b"), timeout=180)[0]
+    for resumed in (on_pp, on_fsdp):
+        assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
+
+
+def test_what_stays_refused_is_one_line_naming_it(capsys):
+    """FSDP on a pipeline, with experts or with recompute; a Llama with experts (it has no MoE)."""
+    cases = [(["--zero", "3", "--dp", "2", "--pp", "2"], "--zero 3 (FSDP) runs on one stage"),
+             (["--zero", "3", "--dp", "2", "--recompute"], "without --experts or --recompute"),
+             (["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
+             (["--model", "llama", "--experts", "2"], "no mixture of experts")]
+    for argv, why in cases:
+        with pytest.raises(SystemExit) as e:
+            train.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and why in err and err.count("\n") == 1, (argv, err)
+    for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
+                 ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
+                 ["--recompute"]):
+        train.parse_args(argv)  # each accepted now

@@ -146,7 +146,7 @@ class Parallel:
         extra = {k: sizes[k] for k in ("cp",) if sizes.get(k, 1) > 1}
         extra |= {"ep": self.grid.ep} if self.grid.ep > 1 else {}  # a checkpoint says what it did
         return {"dp": sizes.get("dp", 1), **extra, "tp": sizes.get("tp", 1), "pp": sizes.get("pp", 1),
-                "virtual": len(self.stage.ranges), "zero": 0}
+                "virtual": len(self.stage.ranges), "zero": 3 if self.fsdp else 0}  # ZeRO 1-2: the optimizer's
 
     def checkpoint_places(self) -> list[tuple[torch.Tensor, list[Any]]]:
         """This stage's tensors under their names in the plain model, whatever the grid.
