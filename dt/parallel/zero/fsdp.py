@@ -123,9 +123,12 @@ class FullyShardedDataParallel(nn.Module):
         holders = _holders(module)
         params = {id(p): p for p in module.parameters()}
         tied = [i for i, h in holders.items() if len(h) > 1]
+        own: dict[int, list[int]] = {}  # module id -> the parameters only it holds, in its order
+        for i, h in holders.items():
+            if len(h) == 1:
+                own.setdefault(id(h[0][1]), []).append(i)
         for mod_name, mod in list(module.named_modules()):
-            own = [i for i, h in holders.items() if h[0][1] is mod and len(h) == 1]
-            self._make_unit(mod_name, mod, own, holders, params, place_of)
+            self._make_unit(mod_name, mod, own.get(id(mod), []), holders, params, place_of)
         self._make_unit("", module, tied, holders, params, place_of)  # on the root: both uses
         self.psi = sum(sum(u.sizes) for u in self.units)
 
