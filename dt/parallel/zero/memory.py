@@ -37,15 +37,17 @@ def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float |
 
 
 def zero_memory_parts(parts: list[tuple[float, int]], stage: int, k: int = 8, param_bytes: int = 4,
-                      grad_bytes: int = 4) -> dict[str, float]:
+                      grad_bytes: int = 4, kept: float = 0) -> dict[str, float]:
     """zero_memory_formula summed over parts sharded over different counts of ranks: (Psi, N) each.
 
     With experts (dt.parallel.zero.parts): the dense (Psi_d, dp * cp) and this rank's
-    experts (Psi_e, dp * cp / ep, their replicas).
+    experts (Psi_e, dp * cp / ep, their replicas). `kept`: the first part's elements whose
+    full gradient stage 2 keeps (a tied weight two pipeline stages sum).
     """
     out = {"params": 0.0, "grads": 0.0, "optimizer": 0.0}
-    for psi, n in parts:
-        for key, v in zero_memory_formula(psi, n, stage, k, None, param_bytes, grad_bytes).items():
+    for j, (psi, n) in enumerate(parts):
+        held = kept if j == 0 else 0
+        for key, v in zero_memory_formula(psi, n, stage, k, None, param_bytes, grad_bytes, held).items():
             out[key] += v
     return out
 
