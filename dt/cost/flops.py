@@ -39,7 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "StepFlops",
+__all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "StepFlops", "expert_params",
            "forward_flops_per_token", "layer_forward", "layer_params", "matmul_params", "optimizer_flops",
            "step_flops", "train_flops_per_token"]
 
@@ -211,6 +211,16 @@ def optimizer_flops(params: int) -> float:
     return OPTIMIZER_FLOPS_PER_PARAM * params
 
 
+def expert_params(model: Decoder | Any, layer: int, ep: int = 1) -> float:
+    """Parameters of the experts one rank of an ep split holds in layer `layer` (0 outside an MoE
+    block): n_experts / ep experts, each an MLP (its biases too), replicated over tp."""
+    a = _arch(model)
+    if not a.n_experts or layer in (0, a.n_layer + 1):
+        return 0.0
+    expert = (3 if a.gated else 2) * a.n_embd * a.ffn_hidden + int(a.bias) * (a.ffn_hidden + a.n_embd)
+    return expert * a.n_experts / ep
+
+
 def layer_params(model: Decoder | Any, layer: int, tp: int = 1, ep: int = 1) -> float:
     """Parameters dt's layer `layer` holds on one rank of a tp (x ep) split, as gpt_plan splits
     dt/models/gpt.py's GPT (biases and norms included): the embedding's word table is vocab-parallel, the
@@ -231,8 +241,7 @@ def layer_params(model: Decoder | Any, layer: int, tp: int = 1, ep: int = 1) -> 
     out = a.n_head * d * h / tp + bias * h
     mats = 3 if a.gated else 2
     if a.n_experts:
-        expert = mats * h * a.ffn_hidden + bias * (a.ffn_hidden + h)
-        ffn = h * a.n_experts + expert * a.n_experts / ep
+        ffn = h * a.n_experts + expert_params(a, layer, ep)
     else:
         ffn = mats * h * a.ffn_hidden / tp + bias * (a.ffn_hidden / tp + h)
     return 2 * norm + qkv + out + ffn

@@ -24,7 +24,7 @@ A Plan applies every kind of parallelism, always in ORDER (torchtitan's, for its
     experts    swap MoE MLPs for expert-parallel ones over the grid's "ep" split
     recompute  wrap each block so its activations are recomputed in backward
     pipeline   cut the model's block list (`blocks`) into this rank's stage(s) (grid "pp")
-    data       DDP (overlapped) or ZeRO 1-2 over the grid's dp x cp plane
+    data       DDP (overlapped), ZeRO 1-2 or FSDP (ZeRO 3, one stage) over the grid's dp x cp plane
 
 Why this order: the swaps come first because everything after them holds on
 to parameters and modules, and must hold the final ones (a pipeline cut made
@@ -69,7 +69,7 @@ from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.expert.style import ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import Grid
 from dt.parallel.pipeline.cut import StageCut, cut
-from dt.parallel.recompute import Recompute
+from dt.parallel.recompute import Recompute, recomputed
 from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
@@ -81,6 +81,7 @@ from dt.parallel.tensor.styles import (
     VocabParallel,
     VocabParallelHead,
 )
+from dt.parallel.zero import FullyShardedDataParallel
 from dt.transport import default_device, resolve_group
 
 __all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "Plan", "gpt_blocks", "gpt_context", "gpt_experts",
@@ -89,7 +90,7 @@ __all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "Plan", "gpt_blocks", "gpt_cont
 
 ORDER = ("tensor", "context", "experts", "recompute", "pipeline", "data")
 SWAP_AXES = {"tensor": "tp", "context": "cp", "experts": "ep", "recompute": None}  # the group each swaps on
-DATA_PARALLEL = ("ddp", "zero1", "zero2")  # how the dp x cp plane synchronises (dt.train.step)
+DATA_PARALLEL = ("ddp", "zero1", "zero2", "zero3")  # how the dp x cp plane synchronises (dt.train.step)
 DP_AXES = ("dp", "cp")  # dense gradients are averaged over this plane
 
 
@@ -127,10 +128,14 @@ class Parallel:
     def ddp(self) -> list[DistributedDataParallel]:
         return [c for c in self.chunks if isinstance(c, DistributedDataParallel)]
 
+    @property
+    def fsdp(self) -> list[FullyShardedDataParallel]:
+        return [c for c in self.chunks if isinstance(c, FullyShardedDataParallel)]
+
     def parameters(self) -> list[nn.Parameter]:
-        """This rank's parameters, each once (what its optimizer steps)."""
+        """This rank's parameters, each once (what its optimizer steps; under FSDP its shards)."""
         seen: dict[int, nn.Parameter] = {}
-        for c in self.stage.chunks:
+        for c in self.chunks:
             for p in c.parameters():
                 seen.setdefault(id(p), p)
         return list(seen.values())
@@ -141,7 +146,7 @@ class Parallel:
         extra = {k: sizes[k] for k in ("cp",) if sizes.get(k, 1) > 1}
         extra |= {"ep": self.grid.ep} if self.grid.ep > 1 else {}  # a checkpoint says what it did
         return {"dp": sizes.get("dp", 1), **extra, "tp": sizes.get("tp", 1), "pp": sizes.get("pp", 1),
-                "virtual": len(self.stage.ranges), "zero": 0}
+                "virtual": len(self.stage.ranges), "zero": 3 if self.fsdp else 0}  # ZeRO 1-2: the optimizer's
 
     def checkpoint_places(self) -> list[tuple[torch.Tensor, list[Any]]]:
         """This stage's tensors under their names in the plain model, whatever the grid.
@@ -169,6 +174,8 @@ class Parallel:
                 pieces = [(replace(p, replica=c["edp"], replicas=self.grid.plane // self.grid.ep), at)
                           for p, at in pieces]
             out.append((t, pieces))
+        for f in self.fsdp:  # its shards, each a piece of the parameters it covers (place_of)
+            out += [(t, pieces) for t, pieces in f.checkpoint_places() if isinstance(t, nn.Parameter)]
         return out
 
 
@@ -238,7 +245,26 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     with_experts = any(isinstance(m, ExpertParallelMoE) for m in model.modules())  # every rank alike
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
+    if plan.data_parallel == "zero3":
+        chunks = [_fully_sharded(model, grid, dp_axes, chunks, with_experts)]
     return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device)
+
+
+def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], chunks: list[nn.Module],
+                   with_experts: bool) -> FullyShardedDataParallel:
+    """The one stage's chunk under FSDP over the dp x cp plane; each shard's pieces named as the
+    plain model names its parameters (tensor-parallel slices included), for checkpoints."""
+    if len(chunks) != 1 or grid.sizes.get("pp", 1) > 1:
+        raise ValueError("FSDP (zero3) wraps one stage: a pipeline would need each chunk's shards and "
+                         "the tied weight's sum across stages on them; use pp 1, or ZeRO 1-2")
+    if with_experts:
+        raise ValueError("FSDP (zero3) shards every parameter over dp x cp, but experts differ across "
+                         "the plane's ranks: use ZeRO 1-2 with experts")
+    if any(recomputed(m) for m in model.modules()):
+        raise ValueError("FSDP (zero3) gathers in forward hooks, which a recomputed block would run "
+                         "again in backward: drop recompute, or use ZeRO 1-2")
+    places = {id(t): pieces[0][0] for t, pieces in tensor_parallel_places(model)}
+    return FullyShardedDataParallel(chunks[0], grid.group(*dp_axes), place_of=lambda p: places[id(p)])
 
 
 def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | None) -> nn.Module:
@@ -411,20 +437,25 @@ def gpt_blocks(model: nn.Module) -> list[nn.Module]:
 
 
 class _Rotated(nn.Module):
-    """A Llama decoder layer as a pipeline layer x -> x: the model's rotary tables held beside it."""
+    """A Llama decoder layer as a pipeline layer x -> x: the model's rotary module held beside it.
 
-    def __init__(self, layer: nn.Module, cos: torch.Tensor, sin: torch.Tensor):
+    The tables are looked up through the module (as Llama.forward does), so a context-parallel
+    plan's SharePositions hands every layer this rank's zig-zag positions, on any stage.
+    """
+
+    def __init__(self, layer: nn.Module, rotary: nn.Module):
         super().__init__()
-        self.layer, self.cos, self.sin = layer, cos, sin  # the model's own buffers (already on device)
+        self.layer = layer
+        object.__setattr__(self, "rotary", rotary)  # the model's, not this layer's: not a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        s = x.shape[1]
-        return self.layer(x, self.cos[:s], self.sin[:s])
+        cos, sin = self.rotary(torch.arange(x.shape[1], device=x.device))
+        return self.layer(x, cos, sin)
 
 
 def llama_blocks(model: nn.Module) -> list[nn.Module]:
     """dt.models.llama.Llama as [embed_tokens, decoder layer x n, (norm, lm_head)]: its forward, cut."""
-    layers = [_Rotated(layer, model.rope_cos, model.rope_sin) for layer in model.layers]
+    layers = [_Rotated(layer, model.rotary) for layer in model.layers]
     return [model.embed_tokens, *layers, nn.Sequential(model.norm, model.lm_head)]
 
 

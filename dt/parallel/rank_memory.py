@@ -33,10 +33,10 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from dt.cost.activations import stage_activation_bytes
-from dt.cost.flops import Decoder, layer_params
+from dt.cost.flops import Decoder, expert_params, layer_params
 from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
 from dt.parallel.pipeline.schedules import schedule, stage_layers
-from dt.parallel.zero.memory import zero_memory_formula
+from dt.parallel.zero.memory import zero_memory_parts
 
 __all__ = ["BUCKET_CAP_BYTES", "OPTIMIZER_TEMPORARIES", "RankMemory", "rank_memory"]
 
@@ -99,9 +99,16 @@ def rank_memory(a: Decoder, micro_batch: int, micro_batches: int, itemsize: int,
     chunks = stage_layers(a.n_layer + 2, pp, stage, stage_sizes, virtual)
     psi = _stage_params(a, chunks, tp, ep)
     n = dp * cp
-    z = zero_memory_formula(psi, n, zero, k=optimizer_bytes, param_bytes=itemsize, grad_bytes=itemsize)
+    # ZeRO shards the dense part over the plane, the experts over their replicas (dt.parallel.zero.parts)
+    layers = {i for r in chunks for i in r}
+    experts = sum(expert_params(a, i, ep) for i in layers)
+    # ZeRO 2 keeps the full gradient of a word table two stages share (dt.parallel.zero.optimizer)
+    tied = a.tied and pp > 1 and (0 in layers) != (a.n_layer + 1 in layers)
+    kept = a.vocab_size * a.n_embd / tp if tied and zero == 2 else 0.0
+    z = zero_memory_parts([(psi - experts, n), (experts, n // ep)], zero, k=optimizer_bytes,
+                          param_bytes=itemsize, grad_bytes=itemsize, kept=kept)
     step_grads = z["grads"]
-    held_grads = step_grads if zero >= 2 else 0.0
+    held_grads = step_grads - kept * itemsize if zero >= 2 else 0.0  # the kept one is freed by the step
     made = psi * itemsize  # backward makes every gradient of the stage in full before any sharding
     last = a.n_layer + 1
     per_chunk = [stage_activation_bytes(a, r, micro_batch, itemsize, tp, cp, recompute=recompute)

@@ -29,6 +29,7 @@ from dt.parallel.plan import (
     gpt_plan,
     gpt_recompute,
     llama_blocks,
+    llama_context,
     llama_plan,
     llama_recompute,
     parallelize,
@@ -88,7 +89,7 @@ def build(args: argparse.Namespace, vocab_size: int) -> Built:
     llama = isinstance(model, Llama)
     recompute = (llama_recompute if llama else gpt_recompute)(cfg) if getattr(args, "recompute", False) \
         else {}
-    context = gpt_context(cfg, args.tp, args.cp, args.cp_attention) if not llama else {}  # cli: llama cp 1
+    context = (llama_context if llama else gpt_context)(cfg, args.tp, args.cp, args.cp_attention)
     tensor = llama_plan(cfg, args.tp) if llama else gpt_plan(cfg, args.tp, experts=False)
     plan = Plan(tensor=tensor, context=context, experts={} if llama else gpt_experts(cfg),
                 recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,

@@ -35,17 +35,13 @@ def _mesh_error(a: Any) -> str | None:
         return "--ep > 1 needs --experts (an MoE model)"
     if a.experts and not a.top_k <= a.experts:
         return f"--top-k must be between 1 and --experts {a.experts}"
-    if a.zero and a.experts:
-        return ("--zero does not take --experts yet (an expert's gradient syncs over its replicas, "
-                "edp, not the whole dp x cp plane ZeRO shards): drop one")
-    if a.zero and getattr(a, "clip", None):
-        return "--clip under --zero needs the sharded gradient's norm inside ZeRO's step: not wired yet"
-    if a.zero == 2 and a.pp > 1 and not getattr(a, "untied", False):
-        return ("--zero 2 frees each full gradient in backward, so the embedding and head that two "
-                "pipeline stages share cannot be summed: use --zero 1, or --untied")
+    if a.zero == 3 and (a.pp > 1 or a.experts or getattr(a, "recompute", False)):
+        return ("--zero 3 (FSDP) runs on one stage, without --experts or --recompute: a pipeline needs "
+                "each chunk's shards and the tied sum on them, experts differ over the plane FSDP "
+                "shards, a recomputed block reruns its gather hooks; use --zero 1 or 2")
     model, kv = getattr(a, "model", "gpt"), getattr(a, "n_kv_head", None) or a.n_head
-    if model == "llama" and (a.cp > 1 or a.experts):
-        return "--model llama trains on dp, tp and pp; --cp and --experts are the GPT's for now"
+    if model == "llama" and a.experts:
+        return "--model llama has no mixture of experts (dt.models.llama): --experts are the GPT's"
     if model == "llama" and a.n_head % kv:
         return f"--n-head {a.n_head} must be a multiple of --n-kv-head {kv}"
     if model == "llama" and kv % a.tp:

@@ -1,7 +1,7 @@
 """One training step, apart from the model: pipeline schedule, gradient sync, clipping, accounting.
 
     par = dt.parallelize(GPT(cfg), grid, Plan(tensor=gpt_plan(cfg, tp), blocks=gpt_blocks))
-    optimizer = make_optimizer(par, Adam, zero=0, lr=1e-3)     # or zero=1, 2 (ZeRO over dp x cp)
+    optimizer = make_optimizer(par, Adam, zero=0, lr=1e-3)     # or 1, 2 (ZeRO over dp x cp), 3 (FSDP)
     step = TrainStep(par, optimizer, micro_batches=4, schedule="1f1b", clip=1.0)
     loss = step(tokens, targets)     # this dp rank's batch; returns the global batch's mean loss
     step.times, step.bytes_sent, step.stats
@@ -22,11 +22,15 @@ What one call does, in order:
    different experts, so no DDP wraps the chunks: after backward the dense
    gradients are averaged over dp x cp and each expert's summed over its
    replicas (grid.group("edp")), then divided by dp * cp (the style's doc says
-   why); every micro-batch's balance loss is weighted by 1 / this rank's
+   why; under ZeRO each part's reduce-scatter does it, dt.parallel.zero.parts);
+   every micro-batch's balance loss is weighted by 1 / this rank's
    sequences (dt.models.moe.set_batch_sequences);
-3. a weight two stages share (a tied embedding and head) summed over its stages;
+3. a weight two stages share (a tied embedding and head) summed over its stages
+   (under ZeRO 2 too: its full gradient is kept for this, then reduce-scattered once);
 4. precision.unscale_and_check(): False (an overflow) skips the optimizer step;
-5. clipping by the global norm over every axis (dt.train.clip);
+5. clipping by the global norm over every axis (dt.train.clip); under ZeRO
+   the optimizer first reduce-scatters the gradients and the norm is summed
+   from each rank's averaged shard (dt.train.clip.clip_sharded_norm);
 6. the optimizer step (ZeRO's all-gather of the parameters inside);
 7. the loss averaged over dp x cp on the last stage, broadcast along the pipeline.
 
@@ -59,8 +63,8 @@ from dt.parallel.context.style import shard_sequence
 from dt.parallel.expert import router as expert_router
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
 from dt.parallel.plan import Parallel
-from dt.parallel.zero import ZeroOptimizer
-from dt.train.clip import clip_global_norm, counted_parameters
+from dt.parallel.zero import ZeroOptimizer, ZeroParts
+from dt.train.clip import clip_global_norm, clip_sharded_norm, counted_parameters, counts
 from dt.transport import resolve_group
 
 __all__ = ["LABELS", "TrainStep", "make_optimizer"]
@@ -71,18 +75,30 @@ LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_para
 
 
 def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:
-    """This rank's optimizer: `optimizer_cls` on its stage's parameters, sharded over dp x cp by ZeRO."""
-    if zero not in (0, 1, 2):
-        raise ValueError(f"zero {zero}: 0 (DDP), 1 or 2 (ZeRO); stage 3 is not wired into dt train yet")
-    if (zero > 0) != par.data_parallel.startswith("zero"):
+    """This rank's optimizer: `optimizer_cls` on its stage's parameters, sharded over dp x cp by ZeRO.
+
+    With experts ZeRO shards each part over the ranks that hold it (dt.parallel.zero.parts):
+    the dense parameters over dp x cp, this rank's experts over their replicas (edp).
+    """
+    if zero not in (0, 1, 2, 3):
+        raise ValueError(f"zero {zero}: 0 (DDP), 1 or 2 (ZeRO), 3 (FSDP)")
+    if par.data_parallel != ("ddp" if zero == 0 else f"zero{zero}"):
         raise ValueError(f"zero {zero} with a plan whose data_parallel is {par.data_parallel!r}")
-    if zero == 0:
+    if zero in (0, 3):  # DDP's replicas, or FSDP's shards (its reduce-scatters run in backward)
         return optimizer_cls(par.parameters(), **kwargs)
-    if zero == 2 and par.stage.shared:
-        raise ValueError("ZeRO 2 frees each full gradient in backward, so a weight two pipeline stages "
-                         "share cannot be summed: use --zero 1, or --untied")
-    return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=par.grid.group(*par.dp_axes),
-                         **kwargs)
+    plane = par.grid.group(*par.dp_axes)
+    # A weight two stages share keeps its full gradient under ZeRO 2 too, for the step's tied sum.
+    kept = {"keep_full": par.stage.shared} if zero == 2 else {}
+    if not any(isinstance(m, ExpertParallelMoE) for m in par.model.modules()):
+        return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=plane, **kept, **kwargs)
+    held = {id(p) for p in par.parameters()}
+    dense, experts = ([p for p in part if id(p) in held] for part in split_parameters(par.model))
+    edp = par.grid.group(EXPERT_GROUP)  # every rank makes it (collective), holding experts or not
+    parts = [ZeroOptimizer(dense, optimizer_cls, stage=zero, group=plane, **kept, **kwargs)]
+    if experts:  # an edp group's ranks hold the same experts: all of them have some, or none
+        parts.append(ZeroOptimizer(experts, optimizer_cls, stage=zero, group=edp,
+                                   divisor=par.grid.size(*par.dp_axes), **kwargs))
+    return ZeroParts(parts)
 
 
 class TrainStep:
@@ -92,9 +108,6 @@ class TrainStep:
                  clip: float | None = None, precision: Any = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
         grid = par.grid
-        if clip is not None and isinstance(optimizer, ZeroOptimizer):
-            raise ValueError("clipping under ZeRO needs the norm of the sharded gradient inside the "
-                             "optimizer's step: not wired yet (use --zero 0)")
         self.par, self.grid, self.optimizer = par, grid, optimizer
         self.micro_batches, self.schedule, self.clip = micro_batches, schedule, clip
         self.precision, self.loss_fn = precision, loss_fn
@@ -138,8 +151,8 @@ class TrainStep:
                              "the plane's ranks: a plan with experts syncs in the step (data_parallel "
                              "'ddp' wraps no chunk, dt.parallel.plan)")
         if self.with_experts and isinstance(optimizer, ZeroOptimizer):
-            raise ValueError("ZeRO shards every gradient over dp x cp, but an expert's replicas are only "
-                             "its edp group: experts train with zero 0")
+            raise ValueError("one ZeroOptimizer shards every gradient over one group, but an expert's "
+                             "replicas are only its edp group: make_optimizer(par, ..., zero=1 or 2)")
 
     def _hooks(self) -> pipeline.StepHooks:
         ddp = self.par.chunks
@@ -192,8 +205,9 @@ class TrainStep:
         return loss_value
 
     def _sync_experts(self) -> None:
-        """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp)."""
-        if not self.with_experts or self.dp == 1:
+        """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp).
+        Under ZeRO its reduce-scatters do the same, over the same groups (make_optimizer)."""
+        if not self.with_experts or self.dp == 1 or hasattr(self.optimizer, "reduce_gradients"):
             return
         all_reduce_buckets([p.grad for p in self.dense if p.grad is not None], self.dp_group)
         grads = [p.grad for p in self.experts if p.grad is not None]
@@ -209,12 +223,29 @@ class TrainStep:
                 total[k] = total.get(k, 0) + v
         self.stats["moe"] = total
 
+    def _counted_pieces(self) -> list[torch.Tensor]:
+        """Under ZeRO or FSDP: the pieces of this rank's shard gradients that it adds to the norm."""
+        if self.par.fsdp:
+            tp_rank = self.grid.coords().get("tp", 0)
+            return [g for f in self.par.fsdp for mod, name, g in f.shard_pieces()
+                    if counts(mod, name, tp_rank)]
+        mine = {id(p) for p in self.counted}
+        return [g for p, g in self.optimizer.shard_pieces() if id(p) in mine]
+
     def _update(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
+        sharded = hasattr(self.optimizer, "reduce_gradients") or bool(self.par.fsdp)  # a shard is all
+        if hasattr(self.optimizer, "reduce_gradients"):
+            self.optimizer.reduce_gradients()  # the averaged shard, before it is unscaled or clipped
+            grads = self.optimizer.shard_gradients()
+        else:  # DDP's averaged replicas, or FSDP's averaged shards
+            grads = [p.grad for p in self.params if p.grad is not None]
         if self.precision is not None and not self.precision.unscale_and_check(grads, self.world_group):
             self.stats["skipped"] += 1  # an overflow: every rank skips alike (one verdict)
             return
-        if self.clip is not None:
+        if self.clip is not None and sharded:
+            self.stats["grad_norm"] = clip_sharded_norm(
+                self._counted_pieces(), grads, self.clip, self.dp_group, self.norm_group, self.device)
+        elif self.clip is not None:
             self.stats["grad_norm"] = clip_global_norm(
                 self.counted, self.params, self.clip, self.norm_group, self.device, split=self.experts,
                 split_group=self.ep_group)

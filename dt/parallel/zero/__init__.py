@@ -31,12 +31,14 @@ shard only.
 - memory.py     the memory and traffic formulas, and the measured bytes held
 - shards.py     gathering a sharded flat buffer (parameters, optimizer state) back
 - optimizer.py  ZeroOptimizer: stages 1 and 2
+- parts.py      ZeroParts: ZeroOptimizers over several groups as one (experts over their replicas)
 - fsdp.py       FullyShardedDataParallel: stage 3
 """
 
 from dt.parallel.zero.fsdp import FullyShardedDataParallel
 from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
 from dt.parallel.zero.optimizer import ZeroOptimizer
+from dt.parallel.zero.parts import ZeroParts
 
-__all__ = ["FullyShardedDataParallel", "ZeroOptimizer", "memory_held", "zero_memory_formula",
+__all__ = ["FullyShardedDataParallel", "ZeroOptimizer", "ZeroParts", "memory_held", "zero_memory_formula",
            "zero_traffic_formula"]

@@ -8,6 +8,7 @@ the parameters (zero_traffic_formula).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -18,6 +19,7 @@ from dt.collectives.ops import ReduceOp
 from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
 from dt.parallel.checkpoint.place import Place
+from dt.parallel.data_parallel import LABEL as DATA_LABEL
 from dt.parallel.zero.memory import (
     comm_scratch_formula,
     memory_held,
@@ -25,24 +27,32 @@ from dt.parallel.zero.memory import (
     zero_traffic_formula,
 )
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state, gather_flat
-from dt.transport import resolve_group
+from dt.transport import charged_to, resolve_group
 
 __all__ = ["FullyShardedDataParallel"]
 
 
 class _Unit:
-    """One module's own parameters as one flat, sharded buffer."""
+    """One module's own parameters as one flat, sharded buffer.
+
+    `holders[j]`: every (module, attribute) that holds parameter j: one, or two for a weight
+    tied between modules (an embedding and a head), whose unit then lives on the root.
+    `places[j]`: where parameter j sits in the full model, when the caller said (place_of).
+    """
 
     def __init__(self, module: nn.Module, names: list[str], shard: nn.Parameter,
-                 sizes: list[int], shapes: list[torch.Size]):
+                 sizes: list[int], shapes: list[torch.Size],
+                 holders: list[list[tuple[nn.Module, str]]], places: list[Place | None]):
         self.module, self.names, self.shard, self.sizes, self.shapes = (
             module, names, shard, sizes, shapes)
+        self.holders, self.places = holders, places
         self.full: torch.Tensor | None = None  # the gathered parameters while in use
 
     def set_views(self, full: torch.Tensor) -> None:
         o = 0
-        for name, shape in zip(self.names, self.shapes):
-            setattr(self.module, name, full[o:o + shape.numel()].view(shape))
+        for holders, shape in zip(self.holders, self.shapes):
+            for mod, attr in holders:
+                setattr(mod, attr, full[o:o + shape.numel()].view(shape))
             o += shape.numel()
 
 
@@ -53,21 +63,34 @@ class _Unshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FullyShardedDataParallel) -> Any:
         ctx.unit, ctx.fsdp = unit, fsdp
-        return gather_flat(shard, unit.sizes, fsdp.group, fsdp.algorithm)
+        with charged_to(DATA_LABEL, fsdp.algorithm):  # data parallel's bytes (dt.train.step's LABELS)
+            full = gather_flat(shard, unit.sizes, fsdp.group, fsdp.algorithm)
+        ctx.full = full  # this forward's: each forward (a micro-batch) frees its own in backward
+        return full
 
     @staticmethod
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         unit, g = ctx.unit, ctx.fsdp.group
         grad_shard = torch.empty_like(unit.shard)
-        reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), ReduceOp.AVG, g,
-                       algorithm=ctx.fsdp.algorithm)
-        _free(unit)
+        with charged_to(DATA_LABEL, ctx.fsdp.algorithm):
+            reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), ReduceOp.AVG, g,
+                           algorithm=ctx.fsdp.algorithm)
+        _free(ctx.full)
         return grad_shard, None, None
 
 
-def _free(unit: _Unit) -> None:
-    if unit.full is not None:
-        unit.full.untyped_storage().resize_(0)
+def _free(full: torch.Tensor | None) -> None:
+    if full is not None:
+        full.untyped_storage().resize_(0)
+
+
+def _holders(module: nn.Module) -> dict[int, list[tuple[str, nn.Module, str]]]:
+    """Every (module name, module, attribute) holding each parameter, by the parameter's id."""
+    out: dict[int, list[tuple[str, nn.Module, str]]] = {}
+    for mod_name, mod in module.named_modules():
+        for nm, p in mod.named_parameters(recurse=False):
+            out.setdefault(id(p), []).append((mod_name, mod, nm))
+    return out
 
 
 class FullyShardedDataParallel(nn.Module):
@@ -76,40 +99,64 @@ class FullyShardedDataParallel(nn.Module):
     Forward: all-gather a module's parameters just before it runs, free them
     just after. Backward: all-gather them again when the gradient reaches the
     module's output, reduce-scatter their gradient into the shard, free them.
-    `parameters()` yields only this rank's shards: give those to any torch
-    optimizer. A module whose forward runs twice per step is not supported.
+    Each forward (several micro-batches before their backwards) gathers and
+    frees its own copy. A weight two modules hold (tied) is one unit on the
+    root module, gathered for the whole forward and backward. `parameters()`
+    yields only this rank's shards: give those to any torch optimizer.
+    `place_of(p)`: where parameter p sits in the full model (a tensor-parallel
+    slice, its name there), for checkpoints; default: its name in `module`.
+    A recomputed module (activation checkpointing) is not supported.
     """
 
-    def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring"):
+    def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring",
+                 place_of: Callable[[nn.Parameter], Place] | None = None):
         super().__init__()
         self.module = module
         self.group = resolve_group(group)
         self.algorithm = algorithm
-        n, r = self.group.size, self.group.rank
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
                 broadcast(t.data, self.group.ranks[0], group=self.group)
         self.units: list[_Unit] = []
         self.unit_names: list[str] = []
         self.shards = nn.ParameterList()
+        holders = _holders(module)
+        params = {id(p): p for p in module.parameters()}
+        tied = [i for i, h in holders.items() if len(h) > 1]
+        own: dict[int, list[int]] = {}  # module id -> the parameters only it holds, in its order
+        for i, h in holders.items():
+            if len(h) == 1:
+                own.setdefault(id(h[0][1]), []).append(i)
         for mod_name, mod in list(module.named_modules()):
-            own = list(mod.named_parameters(recurse=False))
-            if not own:
-                continue
-            flat = torch.cat([p.detach().reshape(-1) for _, p in own])
-            sizes = split_sizes(flat.numel(), n)
-            start = edges(sizes)[r]
-            shard = nn.Parameter(flat[start:start + sizes[r]].clone())
-            unit = _Unit(mod, [nm for nm, _ in own], shard, sizes, [p.shape for _, p in own])
-            for nm, _ in own:
-                del mod._parameters[nm]
-                setattr(mod, nm, None)
-            self.shards.append(shard)
-            self.units.append(unit)
-            self.unit_names.append(mod_name)
-            mod.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
-            mod.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
+            self._make_unit(mod_name, mod, own.get(id(mod), []), holders, params, place_of)
+        self._make_unit("", module, tied, holders, params, place_of)  # on the root: both uses
         self.psi = sum(sum(u.sizes) for u in self.units)
+
+    def _make_unit(self, mod_name: str, mod: nn.Module, ids: list[int], holders: dict[int, Any],
+                   params: dict[int, nn.Parameter], place_of: Any) -> None:
+        if not ids:
+            return
+        n, r = self.group.size, self.group.rank
+        own = [params[i] for i in ids]
+        flat = torch.cat([p.detach().reshape(-1) for p in own])
+        sizes = split_sizes(flat.numel(), n)
+        start = edges(sizes)[r]
+        shard = nn.Parameter(flat[start:start + sizes[r]].clone())
+        first = [holders[i][0] for i in ids]  # a tied weight is named as its first holder names it
+        names = [f"{m}.{a}"[len(mod_name) + 1:] if mod_name else (f"{m}.{a}" if m else a)
+                 for m, _, a in first]
+        unit = _Unit(mod, names, shard, sizes, [p.shape for p in own],
+                     [[(h, a) for _, h, a in holders[i]] for i in ids],
+                     [place_of(p) if place_of is not None else None for p in own])
+        for i in ids:
+            for _, holder, attr in holders[i]:
+                del holder._parameters[attr]
+                setattr(holder, attr, None)
+        self.shards.append(shard)
+        self.units.append(unit)
+        self.unit_names.append(mod_name)
+        mod.register_forward_pre_hook(lambda m, a, u=unit: self._before_forward(u))
+        mod.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.module(*args, **kwargs)
@@ -118,26 +165,43 @@ class FullyShardedDataParallel(nn.Module):
         if torch.is_grad_enabled():
             unit.full = _Unshard.apply(unit.shard, unit, self)
         else:
-            unit.full = gather_flat(unit.shard, unit.sizes, self.group, self.algorithm)
+            with charged_to(DATA_LABEL, self.algorithm):
+                unit.full = gather_flat(unit.shard, unit.sizes, self.group, self.algorithm)
         unit.set_views(unit.full)
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
-        _free(unit)  # the saved views now point at an empty storage until backward
+        full = unit.full
+        _free(full)  # the saved views now point at an empty storage until backward
         outs = out if isinstance(out, (tuple, list)) else [out]
         needs = [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
-        unit.regathered = False
+        regathered = [False]  # this forward's: its backward regathers its own copy, once
         for t in needs:
-            t.register_hook(lambda grad, u=unit: self._before_backward(u))
+            t.register_hook(lambda grad, u=unit, f=full, done=regathered: self._before_backward(u, f, done))
 
-    def _before_backward(self, unit: _Unit) -> None:
-        if unit.regathered or unit.full is None:
+    def _before_backward(self, unit: _Unit, full: torch.Tensor | None, done: list[bool]) -> None:
+        if done[0] or full is None:
             return
-        unit.regathered = True
-        full = unit.full
+        done[0] = True
         full.untyped_storage().resize_(full.numel() * full.element_size())
         # Into .data: refilling the storage must not bump the version autograd checks.
-        all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group,
-                   algorithm=self.algorithm)
+        with charged_to(DATA_LABEL, self.algorithm):
+            all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group,
+                       algorithm=self.algorithm)
+
+    def shard_pieces(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
+        """(module holding it, its attribute, its part of this rank's shard gradient) for each
+        parameter this rank's shards cover (after backward; views: scaling them scales it)."""
+        out = []
+        for unit in self.units:
+            start = edges(unit.sizes)[self.group.rank]
+            end, off = start + unit.shard.numel(), 0
+            for holders, shape in zip(unit.holders, unit.shapes):
+                lo, hi = max(start, off), min(end, off + shape.numel())
+                if lo < hi and unit.shard.grad is not None:
+                    mod, attr = holders[0]
+                    out.append((mod, attr, unit.shard.grad[lo - start:hi - start]))
+                off += shape.numel()
+        return out
 
     # -- accounting and checkpoints ----------------------------------------------
     @property
@@ -157,9 +221,10 @@ class FullyShardedDataParallel(nn.Module):
                                                    self.group.rank, self.algorithm)
         return out
 
-    def expected_bytes_sent(self) -> int:
+    def expected_bytes_sent(self, micro_batches: int = 1) -> int:
+        """Bytes this rank sends per step with `micro_batches` forwards and backwards."""
         return zero_traffic_formula([u.sizes for u in self.units], self.group.rank, 3,
-                                    self.units[0].shard.element_size() if self.units else 4)
+                                    self.units[0].shard.element_size() if self.units else 4, micro_batches)
 
     @torch.no_grad()
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
@@ -238,11 +303,13 @@ class FullyShardedDataParallel(nn.Module):
         for unit in self.units:
             start = edges(unit.sizes)[self.group.rank]
             end, off, pieces = start + unit.shard.numel(), 0, []
-            for shape in unit.shapes:
+            for shape, place in zip(unit.shapes, unit.places):
                 name, n = next(names), shape.numel()
                 lo, hi = max(start, off), min(end, off + n)
                 if lo < hi:
-                    pieces.append((Place(name, tuple(shape), flat=(lo - off, hi - off)), lo - start))
+                    where = place.part(lo - off, hi - off) if place is not None else \
+                        Place(name, tuple(shape), flat=(lo - off, hi - off))
+                    pieces.append((where, lo - start))
                 off += n
             out.append((unit.shard, pieces))
         for name, b in self.module.named_buffers():

@@ -55,7 +55,8 @@ class ZeroOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
                  stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
-                 first_bucket_mb: float = 1, algorithm: str = "ring", **optim_kwargs: Any):
+                 first_bucket_mb: float = 1, algorithm: str = "ring", divisor: int | None = None,
+                 keep_full: Iterable[nn.Parameter] = (), **optim_kwargs: Any):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "
                              f"FullyShardedDataParallel (got stage={stage})")
@@ -64,6 +65,9 @@ class ZeroOptimizer:
             raise ValueError("ZeroOptimizer flattens all parameters into one buffer: one dtype")
         self.stage, self.group, self.algorithm = stage, resolve_group(group), algorithm
         n, r = self.group.size, self.group.rank
+        # Gradients are summed over the group and divided by this: the group's size (an average),
+        # unless more ranks than the group fed them (an expert's tokens come from the whole plane).
+        self.divisor = n if divisor is None else divisor
         self.numels = [p.numel() for p in self.params]
         self.offsets = edges(self.numels)[:-1]
         self.psi = sum(self.numels)
@@ -83,6 +87,7 @@ class ZeroOptimizer:
         self.shard = nn.Parameter(self.flat[self.start:self.end])  # aliases self.flat
         self.optimizer = optimizer_cls([self.shard], **optim_kwargs)
         self.last_step = {"comm_s": 0.0}
+        self._reduced = False  # reduce_gradients has run since the last step
 
         if stage == 1:
             self.flat_grad = _flat_buffer(self.psi, self.flat.dtype, self.flat.device, self.group).zero_()
@@ -91,16 +96,55 @@ class ZeroOptimizer:
         else:
             self.shard_grad = torch.zeros(self.end - self.start, dtype=self.flat.dtype,
                                           device=self.flat.device)
-            order = list(range(len(self.params)))[::-1]  # backward order
-            self.buckets = [[order[i] for i in b] for b in make_buckets(
-                [self.params[i] for i in order], int(first_bucket_mb * MB), int(bucket_cap_mb * MB))]
+            # A weight another pipeline stage also holds (a tied embedding and head) keeps its full
+            # gradient until reduce_gradients: its holders sum it after backward (the step's tied
+            # sum), which a hook cannot (see _kept_out); it is reduce-scattered once, then.
+            kept = {id(p) for p in keep_full}
+            self.kept = [i for i, p in enumerate(self.params) if id(p) in kept]
+            self.buckets = self._make_buckets(int(first_bucket_mb * MB), int(bucket_cap_mb * MB))
             self._bucket_of = {i: b for b, idx in enumerate(self.buckets) for i in idx}
             self._index = {p: i for i, p in enumerate(self.params)}
             self._in_backward = False
-            for p in self.params:
-                p.register_post_accumulate_grad_hook(self._grad_ready)
+            for i, p in enumerate(self.params):
+                if i not in self.kept:
+                    p.register_post_accumulate_grad_hook(self._grad_ready)
 
     # -- stage 2: bucketed reduce-scatter during backward --------------------
+    def _make_buckets(self, first: int, cap: int) -> list[list[int]]:
+        """Buckets in backward order, never across a kept parameter: they and the kept ranges tile
+        the flat buffer, so a step scatters every element once per backward or once per step."""
+        order = list(range(len(self.params)))[::-1]
+        runs: list[list[int]] = [[]]
+        for i in order:
+            if i in self.kept:
+                runs.append([])
+            else:
+                runs[-1].append(i)
+        out: list[list[int]] = []
+        for run in runs:
+            if run:
+                out += [[run[i] for i in b] for b in make_buckets(
+                    [self.params[i] for i in run], first if not out else cap, cap)]
+        return out
+
+    def _kept_out(self) -> None:
+        """Reduce-scatter each kept parameter's full gradient into the shard (once per step).
+
+        Why not a hook, summing the tied gradient across its stages in backward: ZeRO 2's
+        backward ends by waiting for its reduce-scatters, before the pipeline sends the
+        input's gradient on, and the other stage reaches its half of the sum only after it
+        receives that gradient: the two would wait on each other.
+        """
+        for i in self.kept:
+            p, o = self.params[i], self.offsets[i]
+            full = p.grad.reshape(-1) if p.grad is not None else self.flat.new_zeros(p.numel())
+            a, z = min(max(self.start, o), o + p.numel()), min(max(self.end, o), o + p.numel())
+            out = torch.empty(z - a, dtype=self.flat.dtype, device=self.flat.device)
+            with charged_to(DATA_LABEL, self.algorithm):
+                self._reduce_scatter_now(out, self._cut(o, o + p.numel(), full))
+            self.shard_grad[a - self.start:z - self.start] += out
+            p.grad = None
+
     def _range(self, b: int) -> tuple[int, int]:
         idx = self.buckets[b]
         return min(self.offsets[i] for i in idx), max(self.offsets[i] + self.numels[i] for i in idx)
@@ -139,8 +183,16 @@ class ZeroOptimizer:
     def _reduce_scatter(self, out: torch.Tensor, pieces: list[torch.Tensor]) -> float:
         t0 = clock(self.flat.device)
         with charged_to(DATA_LABEL, self.algorithm):
-            reduce_scatter(out, pieces, ReduceOp.AVG, self.group, algorithm=self.algorithm)
+            self._reduce_scatter_now(out, pieces)
         return clock(self.flat.device) - t0
+
+    def _reduce_scatter_now(self, out: torch.Tensor, pieces: list[torch.Tensor]) -> None:
+        """This rank's piece of the pieces summed over the group, divided by self.divisor."""
+        average = self.divisor == self.group.size
+        reduce_scatter(out, pieces, ReduceOp.AVG if average else ReduceOp.SUM, self.group,
+                       algorithm=self.algorithm)
+        if not average:
+            out.div_(self.divisor)
 
     def _finish_backward(self) -> None:
         for b in range(self._next, len(self.buckets)):  # parameters with no grad: zeros
@@ -153,7 +205,15 @@ class ZeroOptimizer:
 
     # -- the step --------------------------------------------------------------
     @torch.no_grad()
-    def step(self) -> None:
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the group into this rank's shard (self.shard.grad).
+
+        Stage 1: the reduce-scatter of the full local gradients; stage 2: backward
+        already did it (the shard is ready). step() calls it when the caller has not:
+        call it first to read or scale the averaged shard (clipping, loss scaling).
+        """
+        if self._reduced:
+            return
         t0 = clock(self.flat.device)
         if self.stage == 1:
             for p, o in zip(self.params, self.offsets):
@@ -164,15 +224,37 @@ class ZeroOptimizer:
                     slot.copy_(p.grad)
                 p.grad = slot
             mine = self.flat_grad[self.start:self.end]
-            reduce_scatter(mine, list(self.flat_grad.split(self.shard_sizes)), ReduceOp.AVG,
-                           self.group, algorithm=self.algorithm)
+            self._reduce_scatter_now(mine, list(self.flat_grad.split(self.shard_sizes)))
             self.shard.grad = mine
         else:
+            self._kept_out()
             self.shard.grad = self.shard_grad
+        self._reduced = True
+        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
+
+    def shard_gradients(self) -> list[torch.Tensor]:
+        """The gradient this rank holds once reduce_gradients has run: its shard's, averaged."""
+        return [self.shard.grad]
+
+    def shard_pieces(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """(parameter, its part of the shard's averaged gradient) for each parameter the shard
+        covers, in order; after reduce_gradients. Views: scaling them scales the shard."""
+        out = []
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            lo, hi = max(self.start, off), min(self.end, off + n)
+            if lo < hi:
+                out.append((p, self.shard.grad[lo - self.start:hi - self.start]))
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.reduce_gradients()
+        t0 = clock(self.flat.device)
         self.optimizer.step()
         all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
                    algorithm=self.algorithm)
-        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
+        self.last_step["step_comm_s"] = self.last_step.get("step_comm_s", 0.0) + clock(self.flat.device) - t0
+        self._reduced = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
@@ -183,6 +265,7 @@ class ZeroOptimizer:
             for p in self.params:
                 p.grad = None
         self.last_step = {"comm_s": 0.0}
+        self._reduced = False
 
     # -- accounting and checkpoints --------------------------------------------
     @property
@@ -197,12 +280,22 @@ class ZeroOptimizer:
 
     def _scattered(self) -> list[list[int]]:
         """Element counts of the pieces of every reduce-scatter one step runs."""
-        return [self.shard_sizes] if self.stage == 1 else \
-            [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))]
+        if self.stage == 1:
+            return [self.shard_sizes]
+        return [[t.numel() for t in self._pieces(b, None)] for b in range(len(self.buckets))] + \
+            self._kept_cuts()
+
+    def _kept_cuts(self) -> list[list[int]]:
+        """Element counts of each kept parameter's reduce-scatter pieces."""
+        return [[t.numel() for t in self._cut(self.offsets[i], self.offsets[i] + self.numels[i], None)]
+                for i in self.kept]
 
     def _pieces(self, b: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
         """Bucket b's buffer cut where the shards' boundaries fall (empty pieces included)."""
-        lo, hi = self._range(b)
+        return self._cut(*self._range(b), buf)
+
+    def _cut(self, lo: int, hi: int, buf: torch.Tensor | None) -> list[torch.Tensor]:
+        """`buf`, elements [lo, hi) of the flat buffer, cut where the shards' boundaries fall."""
         if buf is None:
             buf = torch.empty(hi - lo, device="meta")
         bounds = edges(self.shard_sizes)
@@ -210,14 +303,18 @@ class ZeroOptimizer:
                 for j in range(self.group.size)]
 
     def formula(self, k: int = 8) -> dict[str, float]:
-        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start)
+        kept = sum(self.numels[i] for i in self.kept) if self.stage == 2 else 0
+        out = zero_memory_formula(self.psi, self.group.size, self.stage, k, shard=self.end - self.start,
+                                  kept=kept)
         out["comm_scratch"] = comm_scratch_formula(self._scattered(), self.flat.element_size(),
                                                    self.group.rank, self.algorithm)
         return out
 
-    def expected_bytes_sent(self) -> int:
+    def expected_bytes_sent(self, micro_batches: int = 1) -> int:
+        """Bytes this rank sends per step with `micro_batches` backwards (zero_traffic_formula)."""
+        kept = self._kept_cuts() if self.stage == 2 else []
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
-                                    self.flat.element_size())
+                                    self.flat.element_size(), micro_batches, kept)
 
     def state_dict(self) -> dict[str, Any]:
         """The full (unsharded) optimizer state, as torch's optimizer over `params` has it.

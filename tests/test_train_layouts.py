@@ -1,0 +1,234 @@
+"""Layouts dt train used to refuse, each against the plain model trained in one process.
+
+ZeRO through the step with clipping from the sharded gradients; recompute
+(bit for bit the losses without it); ZeRO with experts (the dense part over
+dp x cp, each expert over its replicas).
+
+Each run is dt.train.build's step driven for a few float64 steps on the same
+global batches as the single-process twin (tests/test_step.py's _twin): the
+losses must follow its trajectory, the clipped norm must be its
+clip_grad_norm_ figure, and the bytes the step charges to data parallel must
+be ZeRO's formula (ZeroOptimizer.expected_bytes_sent: dt.cost's ring arithmetic; stage 2
+reduce-scatters once per micro-batch's backward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dt import train, transport
+from dt.models.data import CharData
+from dt.parallel.recompute import recomputed
+from dt.train.build import build
+from tests.test_step import STEPS, _args, _twin
+
+
+def _stepped(runs: list[tuple[str, dict]]) -> list[dict]:
+    """Each run's losses, last clipped norm, and bytes per step by kind, next to ZeRO's formula."""
+    out, validating = [], transport.validation_enabled()
+    transport.set_validation(False)  # as dt train runs: its signature exchange would be bytes too
+    try:
+        for model, kw in runs:
+            out.append(_stepped_one(model, kw))
+    finally:
+        transport.set_validation(validating)
+    return out
+
+
+def _stepped_one(model: str, kw: dict) -> dict:
+    args = _args(model, **kw)
+    data = CharData(seed=args.seed)
+    built = build(args, data.vocab_size)
+    per_rank = args.batch_size // args.dp
+    mine = slice(built.coords[0] * per_rank, (built.coords[0] + 1) * per_rank)
+    losses = []
+    for i in range(STEPS):
+        x, y = data.batch(i, args.batch_size, args.block_size)
+        losses.append(built.step(x[mine], y[mine]))
+    sent = {k: v / STEPS for k, v in built.step.bytes_sent.items()}
+    fsdp = built.saved.fsdp
+    opt = fsdp[0] if fsdp else built.optimizer  # FSDP's formulas are its module's
+    sharded = hasattr(opt, "expected_bytes_sent")
+    return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent,
+            # a backward per micro-batch and chunk: ZeRO 2 scatters every bucket in each
+            "formula": opt.expected_bytes_sent(args.micro_batches * args.virtual) if sharded else None,
+            # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
+            "state": (opt.memory(*([built.optimizer] if fsdp else []))["optimizer"],
+                      opt.formula(k=16)["optimizer"]) if sharded else None,
+            "recomputed": sum(recomputed(m) for c in built.saved.stage.chunks for m in c.modules())}
+
+
+CLIPPED = [("gpt", {"dp": 2, "tp": 2, "zero": 1, "clip": 0.5}),
+           ("gpt", {"dp": 2, "pp": 2, "zero": 2, "untied": True, "clip": 0.5}),
+           ("llama", {"dp": 4, "zero": 2, "clip": 0.5})]
+
+
+@pytest.mark.timeout(240)
+def test_clip_under_zero_is_the_unsharded_clip(run):
+    """The global norm from each rank's shard of the averaged gradient (summed over dp x cp, then
+    pp x tp; tp replicas and the tied weight once) equals the plain model's, to float64 precision."""
+    results = run(4, _stepped, CLIPPED, timeout=220)
+    for k, (model, kw) in enumerate(CLIPPED):
+        want, norms = _twin(_args(model, **kw))
+        assert min(norms) > kw["clip"]  # the clip bites every step: a wrong norm changes the trajectory
+        got = results[0][k]
+        diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+        assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+        for r in results:
+            assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), (kw, r[k]["norm"], norms[-1])
+            assert r[k]["losses"] == got["losses"]
+            assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k]["sent"], r[k]["formula"])
+            assert r[k]["sent"]["norm"] > 0 and r[k]["sent"]["other"] == 0
+
+
+RECOMPUTED = [("gpt", {"pp": 2, "schedule": "gpipe"}), ("llama", {"tp": 2}), ("gpt", {"dp": 2, "zero": 2}),
+              ("llama", {"pp": 2, "clip": 0.5})]
+
+
+@pytest.mark.timeout(200)
+def test_recompute_gives_the_same_losses_bit_for_bit(run):
+    """--recompute reruns each block's forward in backward: the same operations on the same values,
+    so every loss is exactly the one without it (and the plain model's, to float64 precision)."""
+    both = [run_ for m, kw in RECOMPUTED for run_ in ((m, kw), (m, {**kw, "recompute": True}))]
+    results = run(2, _stepped, both, timeout=180)
+    for k, (model, kw) in enumerate(RECOMPUTED):
+        want, _ = _twin(_args(model, **kw))
+        for r in results:
+            plain, again = r[2 * k], r[2 * k + 1]
+            assert again["losses"] == plain["losses"], f"{model} {kw}: recompute changed the losses"
+            assert plain["recomputed"] == 0 and again["recomputed"] > 0  # its stage's blocks recompute
+            assert max(abs(a - b) for a, b in zip(again["losses"], want)) < 1e-9, f"{model} {kw}"
+
+
+EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
+EXPERT_ZERO = {2: [("gpt", {"dp": 2, "ep": 2, "zero": 1, **EXPERTS}),
+                   ("gpt", {"dp": 2, "zero": 2, **EXPERTS}),
+                   ("gpt", {"dp": 2, "ep": 2, "zero": 2, "clip": 0.05, **EXPERTS})],
+               4: [("gpt", {"dp": 4, "ep": 2, "zero": 1, "clip": 0.05, **EXPERTS}),
+                   ("gpt", {"dp": 2, "tp": 2, "ep": 2, "zero": 2, **EXPERTS})]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_zero_with_experts_follows_the_plain_model(run, world):
+    """Dense parameters sharded over dp x cp, each expert's over its edp replicas (summed there, divided
+    by dp x cp): the plain MoE GPT's losses and clipped norm, ZeRO's bytes and state per part."""
+    runs = EXPERT_ZERO[world]
+    results = run(world, _stepped, runs, timeout=280)
+    for k, (model, kw) in enumerate(runs):
+        want, norms = _twin(_args(model, **kw))
+        assert want[-1] < want[0] - 0.1
+        for r in results:
+            got = r[k]
+            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+            assert diff < 1e-9, f"{kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
+            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            held, formula = got["state"]
+            assert held == formula, (kw, held, formula)
+
+
+TIED_ZERO2 = [("gpt", {"dp": 2, "pp": 2, "zero": 2}), ("llama", {"dp": 2, "pp": 2, "zero": 2, "clip": 0.5}),
+              ("gpt", {"dp": 2, "pp": 2, "zero": 2, "schedule": "interleaved", "virtual": 2})]
+
+
+@pytest.mark.timeout(300)
+def test_zero_2_sums_the_tied_weight_across_stages(run):
+    """ZeRO 2 with the embedding and head tied across two stages: the tied weight keeps its full
+    gradient, the step sums it over its stages, then ZeRO reduce-scatters it once (the formula's
+    bytes: the other gradients once per micro-batch, the tied one once per step)."""
+    results = run(4, _stepped, TIED_ZERO2, timeout=280)
+    for k, (model, kw) in enumerate(TIED_ZERO2):
+        want, norms = _twin(_args(model, **kw))
+        for r in results:
+            got = r[k]
+            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
+            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            assert got["sent"]["tied embedding"] > 0 and got["sent"]["other"] == 0
+
+
+LLAMA_CP = [("llama", {"cp": 2, "dp": 2, "n_kv_head": 2}),
+            ("llama", {"cp": 2, "tp": 2, "cp_attention": "ulysses"}),
+            ("llama", {"cp": 2, "pp": 2, "zero": 1, "dp": 1, "clip": 0.5})]
+
+
+@pytest.mark.timeout(300)
+def test_llama_with_context_parallel_follows_the_plain_model(run):
+    """Llama under cp (ring and Ulysses; grouped-query attention; a pipeline): each rank's rotary
+    positions are its zig-zag share (SharePositions on the model's rotary module, on every stage)."""
+    results = run(4, _stepped, LLAMA_CP, timeout=280)
+    for k, (model, kw) in enumerate(LLAMA_CP):
+        want, norms = _twin(_args(model, **kw))
+        assert want[-1] < want[0] - 0.1
+        for r in results:
+            diff = max(abs(a - b) for a, b in zip(r[k]["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
+
+
+FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5})],
+        4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3})]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_through_the_step_follows_the_plain_model(run, world):
+    """--zero 3: FSDP over dp x cp through the same TrainStep and make_optimizer (tied embedding and
+    head one unit; tp slices sharded further; two micro-batches, each gathering its own copy)."""
+    runs = FSDP[world]
+    results = run(world, _stepped, runs, timeout=280)
+    for k, (model, kw) in enumerate(runs):
+        want, norms = _twin(_args(model, **kw))
+        for r in results:
+            diff = max(abs(a - b) for a, b in zip(r[k]["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert norms[-1] > kw["clip"] and math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
+            # every forward and backward gathers, every backward scatters: all charged to data
+            assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k])
+            assert r[k]["sent"]["other"] == 0 or kw.get("cp"), (kw, r[k])  # ring attention: no label yet
+            assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)
+
+
+def _resume_fsdp(a: str, b: str) -> list[list[float]]:
+    """Straight; FSDP saves at 2, a pipeline resumes; tensor parallel saves at 2, FSDP resumes."""
+    straight = train.train_worker(_args("gpt", dp=2, steps=4))["losses"]
+    train.train_worker(_args("gpt", dp=2, zero=3, steps=2, checkpoint=a))
+    on_pp = train.train_worker(_args("gpt", pp=2, steps=4, checkpoint=a))
+    train.train_worker(_args("gpt", tp=2, steps=2, checkpoint=b))
+    on_fsdp = train.train_worker(_args("gpt", dp=2, zero=3, steps=4, checkpoint=b))
+    assert on_pp["start"] == on_fsdp["start"] == 2 and on_pp["resumed"]["layout"]["zero"] == 3
+    return [straight, on_pp["losses"], on_fsdp["losses"]]
+
+
+@pytest.mark.timeout(200)
+def test_fsdp_checkpoints_resume_on_other_layouts(run, tmp_path):
+    """FSDP's shards are saved as pieces of the plain model's tensors (and Adam's state beside them):
+    a pipeline resumes from them, and FSDP resumes from a tensor-parallel checkpoint."""
+    straight, on_pp, on_fsdp = run(2, _resume_fsdp, str(tmp_path / "a"), str(tmp_path / "b"), timeout=180)[0]
+    for resumed in (on_pp, on_fsdp):
+        assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
+
+
+def test_what_stays_refused_is_one_line_naming_it(capsys):
+    """FSDP on a pipeline, with experts or with recompute; a Llama with experts (it has no MoE)."""
+    cases = [(["--zero", "3", "--dp", "2", "--pp", "2"], "--zero 3 (FSDP) runs on one stage"),
+             (["--zero", "3", "--dp", "2", "--recompute"], "without --experts or --recompute"),
+             (["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
+             (["--model", "llama", "--experts", "2"], "no mixture of experts")]
+    for argv, why in cases:
+        with pytest.raises(SystemExit) as e:
+            train.parse_args(argv)
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and why in err and err.count("\n") == 1, (argv, err)
+    for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
+                 ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
+                 ["--recompute"]):
+        train.parse_args(argv)  # each accepted now
