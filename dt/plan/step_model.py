@@ -32,6 +32,7 @@ from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
+from dt.plan.optimizer import adam_step_seconds
 from dt.plan.pipeline import play
 from dt.plan.stage import Groups, StageWork, stage_work
 from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
@@ -173,12 +174,10 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[s
     (memory-bound), ZeRO's all-gather."""
     before, after = optimizer_collectives(c, lay, w, g)
     numbers = sum(w.dense) + w.experts
-    moments = numbers / len(g.dp_cp) if lay.zero else numbers
-    # Adam reads weight, gradient and both moments and writes weight and moments
     out = [("dp", d, label) for label, d in before]
     if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
         out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
-    out.append(("compute", (3 * numbers + 4 * moments) * c.itemsize / c.mem_bw, "Adam"))
+    out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp)), "Adam"))
     return out + [("dp", d, label) for label, d in after]
 
 
