@@ -89,6 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--zero", type=int, choices=[0, 1, 2], default=0,
                    help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
                         "state sharded), 2 ZeRO (gradients too)")
+    p.add_argument("--recompute", action="store_true",
+                   help="recompute every block's activations in backward (the same losses, less memory)")
     p.add_argument("--clip", type=args_.positive, default=None,
                    help="clip gradients to this global norm (over every axis)")
     p.add_argument("--lr", type=args_.positive, default=3e-3)

@@ -38,8 +38,6 @@ def _mesh_error(a: Any) -> str | None:
     if a.zero and a.experts:
         return ("--zero does not take --experts yet (an expert's gradient syncs over its replicas, "
                 "edp, not the whole dp x cp plane ZeRO shards): drop one")
-    if a.zero and getattr(a, "clip", None):
-        return "--clip under --zero needs the sharded gradient's norm inside ZeRO's step: not wired yet"
     if a.zero == 2 and a.pp > 1 and not getattr(a, "untied", False):
         return ("--zero 2 frees each full gradient in backward, so the embedding and head that two "
                 "pipeline stages share cannot be summed: use --zero 1, or --untied")

@@ -26,7 +26,9 @@ What one call does, in order:
    sequences (dt.models.moe.set_batch_sequences);
 3. a weight two stages share (a tied embedding and head) summed over its stages;
 4. precision.unscale_and_check(): False (an overflow) skips the optimizer step;
-5. clipping by the global norm over every axis (dt.train.clip);
+5. clipping by the global norm over every axis (dt.train.clip); under ZeRO
+   the optimizer first reduce-scatters the gradients and the norm is summed
+   from each rank's averaged shard (dt.train.clip.clip_sharded_norm);
 6. the optimizer step (ZeRO's all-gather of the parameters inside);
 7. the loss averaged over dp x cp on the last stage, broadcast along the pipeline.
 
@@ -60,7 +62,7 @@ from dt.parallel.expert import router as expert_router
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
 from dt.parallel.plan import Parallel
 from dt.parallel.zero import ZeroOptimizer
-from dt.train.clip import clip_global_norm, counted_parameters
+from dt.train.clip import clip_global_norm, clip_sharded_norm, counted_parameters
 from dt.transport import resolve_group
 
 __all__ = ["LABELS", "TrainStep", "make_optimizer"]
@@ -92,9 +94,6 @@ class TrainStep:
                  clip: float | None = None, precision: Any = None,
                  loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = lm_loss):
         grid = par.grid
-        if clip is not None and isinstance(optimizer, ZeroOptimizer):
-            raise ValueError("clipping under ZeRO needs the norm of the sharded gradient inside the "
-                             "optimizer's step: not wired yet (use --zero 0)")
         self.par, self.grid, self.optimizer = par, grid, optimizer
         self.micro_batches, self.schedule, self.clip = micro_batches, schedule, clip
         self.precision, self.loss_fn = precision, loss_fn
@@ -210,11 +209,20 @@ class TrainStep:
         self.stats["moe"] = total
 
     def _update(self) -> None:
-        grads = [p.grad for p in self.params if p.grad is not None]
+        sharded = hasattr(self.optimizer, "reduce_gradients")  # ZeRO: the shard is all it holds
+        if sharded:
+            self.optimizer.reduce_gradients()  # the averaged shard, before it is unscaled or clipped
+            grads = self.optimizer.shard_gradients()
+        else:
+            grads = [p.grad for p in self.params if p.grad is not None]
         if self.precision is not None and not self.precision.unscale_and_check(grads, self.world_group):
             self.stats["skipped"] += 1  # an overflow: every rank skips alike (one verdict)
             return
-        if self.clip is not None:
+        if self.clip is not None and sharded:
+            self.stats["grad_norm"] = clip_sharded_norm(
+                self.optimizer.shard_pieces(), self.counted, grads, self.clip, self.dp_group,
+                self.norm_group, self.device)
+        elif self.clip is not None:
             self.stats["grad_norm"] = clip_global_norm(
                 self.counted, self.params, self.clip, self.norm_group, self.device, split=self.experts,
                 split_group=self.ep_group)

@@ -157,9 +157,10 @@ class FullyShardedDataParallel(nn.Module):
                                                    self.group.rank, self.algorithm)
         return out
 
-    def expected_bytes_sent(self) -> int:
+    def expected_bytes_sent(self, micro_batches: int = 1) -> int:
+        """Bytes this rank sends per step with `micro_batches` forwards and backwards."""
         return zero_traffic_formula([u.sizes for u in self.units], self.group.rank, 3,
-                                    self.units[0].shard.element_size() if self.units else 4)
+                                    self.units[0].shard.element_size() if self.units else 4, micro_batches)
 
     @torch.no_grad()
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]

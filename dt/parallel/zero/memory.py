@@ -35,14 +35,22 @@ def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float |
 
 
 def zero_traffic_formula(shard_lists: list[list[int]], rank: int, stage: int,
-                         itemsize: int = 4) -> int:
+                         itemsize: int = 4, micro_batches: int = 1) -> int:
     """Bytes this rank sends per step: ring reduce-scatter + ring all-gather per sharded
     buffer (stages 1, 2: the bytes of a ring all-reduce), plus a second all-gather
-    before backward at stage 3. `shard_lists`: element counts of each buffer's shards."""
+    before backward at stage 3. `shard_lists`: element counts of each buffer's shards.
+
+    With `micro_batches` backwards per step (gradient accumulation, a pipeline's
+    micro-batches): stage 1 reduce-scatters once, from the accumulated full gradient;
+    stage 2 keeps no full gradient to accumulate into, so it reduce-scatters in every
+    backward; stage 3 also gathers the parameters for every forward and backward.
+    """
+    m = micro_batches
+    scatters, gathers = {1: (1, 1), 2: (m, 1), 3: (m, 2 * m)}.get(stage, (1, 1))
     total = 0
     for sizes in shard_lists:
-        total += ring_reduce_scatter(sizes, itemsize, rank).bytes_sent
-        total += ring_all_gather(sizes, itemsize, rank).bytes_sent * (2 if stage == 3 else 1)
+        total += ring_reduce_scatter(sizes, itemsize, rank).bytes_sent * scatters
+        total += ring_all_gather(sizes, itemsize, rank).bytes_sent * gathers
     return total
 
 

@@ -83,6 +83,7 @@ class ZeroOptimizer:
         self.shard = nn.Parameter(self.flat[self.start:self.end])  # aliases self.flat
         self.optimizer = optimizer_cls([self.shard], **optim_kwargs)
         self.last_step = {"comm_s": 0.0}
+        self._reduced = False  # reduce_gradients has run since the last step
 
         if stage == 1:
             self.flat_grad = _flat_buffer(self.psi, self.flat.dtype, self.flat.device, self.group).zero_()
@@ -153,7 +154,15 @@ class ZeroOptimizer:
 
     # -- the step --------------------------------------------------------------
     @torch.no_grad()
-    def step(self) -> None:
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the group into this rank's shard (self.shard.grad).
+
+        Stage 1: the reduce-scatter of the full local gradients; stage 2: backward
+        already did it (the shard is ready). step() calls it when the caller has not:
+        call it first to read or scale the averaged shard (clipping, loss scaling).
+        """
+        if self._reduced:
+            return
         t0 = clock(self.flat.device)
         if self.stage == 1:
             for p, o in zip(self.params, self.offsets):
@@ -169,10 +178,32 @@ class ZeroOptimizer:
             self.shard.grad = mine
         else:
             self.shard.grad = self.shard_grad
+        self._reduced = True
+        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
+
+    def shard_gradients(self) -> list[torch.Tensor]:
+        """The gradient this rank holds once reduce_gradients has run: its shard's, averaged."""
+        return [self.shard.grad]
+
+    def shard_pieces(self) -> list[tuple[nn.Parameter, torch.Tensor]]:
+        """(parameter, its part of the shard's averaged gradient) for each parameter the shard
+        covers, in order; after reduce_gradients. Views: scaling them scales the shard."""
+        out = []
+        for p, off, n in zip(self.params, self.offsets, self.numels):
+            lo, hi = max(self.start, off), min(self.end, off + n)
+            if lo < hi:
+                out.append((p, self.shard.grad[lo - self.start:hi - self.start]))
+        return out
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.reduce_gradients()
+        t0 = clock(self.flat.device)
         self.optimizer.step()
         all_gather(list(self.flat.split(self.shard_sizes)), self.shard.detach(), group=self.group,
                    algorithm=self.algorithm)
-        self.last_step["step_comm_s"] = clock(self.flat.device) - t0
+        self.last_step["step_comm_s"] = self.last_step.get("step_comm_s", 0.0) + clock(self.flat.device) - t0
+        self._reduced = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero the gradients (kept as buffers: stage 1 full, stage 2 the shard)."""
@@ -183,6 +214,7 @@ class ZeroOptimizer:
             for p in self.params:
                 p.grad = None
         self.last_step = {"comm_s": 0.0}
+        self._reduced = False
 
     # -- accounting and checkpoints --------------------------------------------
     @property
@@ -215,9 +247,10 @@ class ZeroOptimizer:
                                                    self.group.rank, self.algorithm)
         return out
 
-    def expected_bytes_sent(self) -> int:
+    def expected_bytes_sent(self, micro_batches: int = 1) -> int:
+        """Bytes this rank sends per step with `micro_batches` backwards (zero_traffic_formula)."""
         return zero_traffic_formula([self.shard_sizes], self.group.rank, self.stage,
-                                    self.flat.element_size())
+                                    self.flat.element_size(), micro_batches)
 
     def state_dict(self) -> dict[str, Any]:
         """The full (unsharded) optimizer state, as torch's optimizer over `params` has it.
