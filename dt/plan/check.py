@@ -52,6 +52,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
             "--no-progress", "--device", "cpu", "--model", model.family]
     if lay.clip:
         argv += ["--clip", str(CLIP)]
+    if lay.recompute:
+        argv.append("--recompute")
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])

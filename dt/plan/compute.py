@@ -8,10 +8,11 @@ On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency).
 On this machine, for dt's GPT, a stage's real layers are timed together
 (dt.plan.timed: dt train's modules at this rank's tp shard) with the threads
 each rank gets (cores / world), split between forward and backward by their
-FLOPs. Elsewhere on this machine (Llama, experts, context parallel,
-recompute) one stand-in block (Shard) and the head are timed and the FLOPs
-above divided by that time; tiny layers are bound by the ops' fixed costs,
-not by arithmetic, and timing catches both.
+FLOPs (recompute adds the blocks' forward share to backward). Elsewhere on
+this machine (Llama, experts, context parallel) one stand-in block (Shard)
+and the head are timed and the FLOPs above divided by that time; tiny
+layers are bound by the ops' fixed costs, not by arithmetic, and timing
+catches both.
 """
 
 from __future__ import annotations
@@ -115,11 +116,10 @@ def oversubscribed(world: int) -> float:
     return max(1.0, world * rank_threads(world) / cores)
 
 
-def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int, recompute: bool) -> bool:
+def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
     """Whether dt train's real layers are timed for this stage (dt.plan.timed): dt's GPT on this
-    machine; Llama, experts, context parallel and recompute keep the per-layer stand-in."""
-    return (cluster.flops == 0 and model.family == "gpt" and not model.experts and keys == t
-            and not recompute)
+    machine; Llama, experts and context parallel keep the per-layer stand-in."""
+    return cluster.flops == 0 and model.family == "gpt" and not model.experts and keys == t
 
 
 def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -128,7 +128,7 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
 
     On this machine (dt's GPT) the stage's real layers are timed together (dt.plan.timed) and
     split between forward and backward by their FLOPs; else the sum of layer_seconds."""
-    if not _timed_here(cluster, model, t, keys, recompute):
+    if not _timed_here(cluster, model, t, keys):
         bf, bb = layer_seconds(cluster, "block", model, b, t, keys, tp, world, recompute)
         hf, hb = layer_seconds(cluster, "head", model, b, t, keys, tp, world) if head else (0.0, 0.0)
         return blocks * bf + hf, blocks * bb + hb
@@ -139,7 +139,11 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
     total = stage_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
                           rank_threads(world), dtype) * oversubscribed(world)
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
-    return total * share, total * (1 - share)
+    fwd, bwd = total * share, total * (1 - share)
+    if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
+        block_fwd = blocks * layer_flops(model, keys, 1, b, tp, 1, False)[0]
+        bwd += fwd * block_fwd / flops[0]
+    return fwd, bwd
 
 
 def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, blocks: int,
