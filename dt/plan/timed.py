@@ -38,7 +38,7 @@ from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
-__all__ = ["adam_seconds", "stage_seconds", "timed"]
+__all__ = ["adam_seconds", "stage_module", "stage_seconds", "timed"]
 
 REPS = 5
 
@@ -93,6 +93,16 @@ class _Stage(nn.Module):
         return self.loss(self.head(x), ids) if self.head is not None else x
 
 
+def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: int, head: bool,
+                 embed: bool, dtype: str = "float32") -> nn.Module:
+    """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
+    stage's output (the loss on the last stage)."""
+    # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=blocks, n_head=n_head,
+                    n_embd=n_embd, dtype=dtype)
+    return _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
+
+
 @functools.cache
 def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
                   head: bool, embed: bool, threads: int, dtype: str) -> float:
@@ -100,12 +110,9 @@ def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int,
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
-        cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=blocks, n_head=n_head,
-                        n_embd=n_embd, dtype=dtype)
-        stage = _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
+        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype)
         g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, cfg.vocab_size, (b, t), generator=g)  # host: this machine's CPU is timed
+        ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
         x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype), requires_grad=not embed)
         grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
 
