@@ -36,9 +36,9 @@ def test_adam_steps_each_tensor_without_zero_and_one_flat_shard_with_it():
 
 
 def test_adam_costs_per_tensor_here_and_its_bytes_on_a_catalogue_device():
-    many = adam_seconds((4096,) * 52, 1, "float32")
-    flat = adam_seconds((52 * 4096,), 1, "float32")
-    assert many > 2 * flat  # ten ops per tensor: 52 tensors' fixed costs outweigh their bytes
+    many = adam_seconds((256,) * 52, 1, "float32")
+    flat = adam_seconds((52 * 256,), 1, "float32")
+    assert many > 5 * flat  # ten ops per tensor (measured about 40x): fixed costs, not bytes
     c = catalogue_cluster("h100", 1, 4, precision="fp32")
     lay = Layout(dp=4, zero=1)
     w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
