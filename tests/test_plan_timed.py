@@ -66,3 +66,25 @@ def test_recompute_layouts_are_the_ones_dt_train_accepts_with_recompute():
     assert planned
     for lay in planned:
         assert parse_args(train_argv(lay, TINY, 16, 32, steps=1)).recompute, lay.name()
+
+
+def test_the_memory_check_adds_the_shared_buffers_the_dispatch_counter_cannot_see():
+    """DDP's buckets and ZeRO's flat buffers are torch.frombuffer views of shared memory: LiveBytes
+    never sees them made, so --check adds each storage the parameters or gradients live in once."""
+    import mmap
+
+    import torch
+
+    from dt.device_memory import LiveBytes
+    from dt.plan.check import shared_bytes
+
+    mm = mmap.mmap(-1, 4096)
+    with LiveBytes() as live:
+        flat = torch.frombuffer(mm, dtype=torch.float32, count=1000)  # 4000 bytes, as dt.shm_empty makes
+        a, b = torch.nn.Parameter(torch.zeros(10)), torch.nn.Parameter(torch.zeros(20))
+        a.grad, b.grad = flat[:10].view_as(a), flat[10:30].view_as(b)  # two views: one storage
+    assert live.peak == 4 * 30  # the two parameters only
+    assert shared_bytes([a, b]) == 4000
+    assert shared_bytes([torch.nn.Parameter(torch.zeros(5))]) == 0
+    del flat, a, b
+    mm.close()
