@@ -17,7 +17,8 @@ TINY = ModelShape(4, 4, 64, 44)
 
 
 @pytest.mark.parametrize("lay,stage", [(Layout(), 0), (Layout(tp=2), 0), (Layout(tp=4), 0),
-                                       (Layout(pp=2), 0), (Layout(pp=2), 1)])
+                                       (Layout(pp=2), 0), (Layout(pp=2), 1), (Layout(pp=4), 3),
+                                       (Layout(tp=2, pp=4), 2)])
 def test_the_timed_stage_holds_the_numbers_the_plan_prices(lay, stage):
     """The module timed is the rank's shard: as many numbers as stage_tensors counts, to the one."""
     dense, _, blocks, head, embed = stage_tensors(TINY, lay, 32, stage)

@@ -98,8 +98,8 @@ def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: 
     """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
     stage's output (the loss on the last stage)."""
     # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
-    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=blocks, n_head=n_head,
-                    n_embd=n_embd, dtype=dtype)
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=max(1, blocks),  # 0: a head alone
+                    n_head=n_head, n_embd=n_embd, dtype=dtype)
     return _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
 
 
