@@ -5,9 +5,15 @@ the run is one dt train accepts) and runs in a fresh world on this machine:
 dt train's model, optimizer and step (dt.train.loop.make_model: build.py's
 TrainStep, which runs the optimizer inside), `steps` steps of which the first is
 warm-up (groups connect, buffers are made); the measured step is the median
-of the rest on the slowest rank. Memory: a second, two-step run of the same
+of the rest on the slowest rank. Beside it, the busiest rank's process CPU
+time per step (time.process_time: its threads and spin-waits), against the
+predicted step less its bubble: with a core per rank that is the same
+figure, and other programs' turns on the cores add to wall time, not to it.
+Memory: a second, two-step run of the same
 layout inside dt.device_memory.LiveBytes (the peak of live tensor bytes,
-what dt counts on the CPU; the counting slows it, so it is not timed).
+what dt counts on the CPU; the counting slows it, so it is not timed), plus the
+shared-memory buffers the parameters and gradients live in (shared_bytes: made by
+torch.frombuffer, outside the counter's sight).
 
 The measured timeline (trace.py): each step's span on every rank, every
 synchronous collective's wait inside it (the transport's `blocking` wrapper,
@@ -20,6 +26,7 @@ own wire, not through `blocking`).
 from __future__ import annotations
 
 import statistics
+import time
 from typing import Any
 
 from dt.plan.cluster import Cluster
@@ -27,7 +34,7 @@ from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
-__all__ = ["check", "chosen", "measure_worker", "train_argv"]
+__all__ = ["busy_seconds", "check", "chosen", "comparison", "measure_worker", "train_argv"]
 
 
 def chosen(rows: list[Row], runs: int) -> list[Row]:
@@ -52,6 +59,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
             "--no-progress", "--device", "cpu", "--model", model.family]
     if lay.clip:
         argv += ["--clip", str(CLIP)]
+    if lay.recompute:
+        argv.append("--recompute")
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])
@@ -87,21 +96,39 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
         per_rank = args.batch_size // args.dp
         dp_rank = run.coords[0]
         sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+        cpu = []
         with rec.hooked():
             for step in range(steps):
                 x, y = data.batch(step, args.batch_size, args.block_size)
                 rec.begin(step)
+                c0 = time.process_time()
                 run.step(x[sl], y[sl])  # forward, backward, sync, clip, optimizer: the whole step
+                cpu.append(time.process_time() - c0)
                 rec.end()
     finally:
         if live is not None:
             live.__exit__(None, None, None)
         torch.set_num_threads(threads)
     out: dict[str, Any] = {"rank": run.rank, "stage": run.coords[2], "steps": rec.step_seconds(),
-                           "spans": rec.spans}
+                           "cpu": cpu, "spans": rec.spans}
     if live is not None:
-        out["peak_bytes"] = live.peak
+        out["peak_bytes"] = live.peak + shared_bytes(run.parameters)
+        out["shared_bytes"] = shared_bytes(run.parameters)
     return out
+
+
+def shared_bytes(params: list[Any]) -> int:
+    """Bytes of the shared-memory buffers the parameters and gradients live in (dt.shm_empty:
+    DDP's buckets, ZeRO's flat parameters and gradients). torch.frombuffer makes them outside any
+    op, so LiveBytes' dispatch counter never sees them; they are made when the model is built and
+    held to the end, so they add to the peak whole. Such a storage is this rank's part exactly
+    (dt.transport.shm.alloc) and, unlike torch's own, not resizable."""
+    seen: dict[int, int] = {}
+    for p in params:
+        for t in (p, p.grad):
+            if t is not None and not t.untyped_storage().resizable():
+                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(seen.values())
 
 
 def _mark_optimizer(optimizer: Any, rec: Any) -> None:
@@ -123,7 +150,8 @@ def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> dict[
     timed = launch(measure_worker, row.layout.world, args, steps, False, backend="gloo")
     mem = launch(measure_worker, row.layout.world, args, 2, True, backend="gloo")
     per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's
-    return {"step_s": statistics.median(per_step), "steps_s": per_step,
+    cpu = [max(r["cpu"][i] for r in timed) for i in range(1, steps)]  # the busiest rank's CPU
+    return {"step_s": statistics.median(per_step), "steps_s": per_step, "cpu_s": statistics.median(cpu),
             "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem), "ranks": timed}
 
 
@@ -148,26 +176,38 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
     return {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in measured.items()}, text
 
 
+def busy_seconds(p: Any) -> float:
+    """The predicted step less its idle (bubble): what a rank's core is busy with, on this
+    machine's one core per rank the CPU time its process spends (threads and spin-waits included)."""
+    return p.step - p.parts.get("bubble", 0.0)
+
+
 def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
     """Predicted beside measured for each run, both rankings, and the errors' summary."""
     by_meas = sorted(picked, key=lambda r: measured[r.layout.name()]["step_s"])
     meas_rank = {r.layout.name(): i + 1 for i, r in enumerate(by_meas)}
-    lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'pred peak':>10} "
-             f"{'meas peak':>10} {'err':>7}  rank pred/meas"]
-    t_err, m_err = [], []
+    lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'busy ms':>8} {'cpu ms':>8} "
+             f"{'err':>7} {'pred peak':>10} {'meas peak':>10} {'err':>7}  rank pred/meas"]
+    t_err, c_err, m_err = [], [], []
     for i, r in enumerate(picked, 1):
         me = measured[r.layout.name()]
         te = (r.prediction.step - me["step_s"]) / me["step_s"]
+        busy = busy_seconds(r.prediction)
+        ce = (busy - me["cpu_s"]) / me["cpu_s"] if me.get("cpu_s") else 0.0
         pe = (r.peak - me["peak_bytes_per_rank"]) / me["peak_bytes_per_rank"]
         t_err.append(abs(te))
+        c_err.append(abs(ce))
         m_err.append(abs(pe))
         lines.append(f"{r.layout.name():<42} {r.prediction.step * 1e3:9.2f} {me['step_s'] * 1e3:9.2f} "
-                     f"{100 * te:+6.1f}% {r.peak / 1e6:9.2f}M {me['peak_bytes_per_rank'] / 1e6:9.2f}M "
+                     f"{100 * te:+6.1f}% {busy * 1e3:8.2f} {me.get('cpu_s', 0.0) * 1e3:8.2f} "
+                     f"{100 * ce:+6.1f}% "
+                     f"{r.peak / 1e6:9.2f}M {me['peak_bytes_per_rank'] / 1e6:9.2f}M "
                      f"{100 * pe:+6.1f}%  {i}/{meas_rank[r.layout.name()]}")
     fastest = measured[by_meas[0].layout.name()]["step_s"]
     first = measured[picked[0].layout.name()]["step_s"]
     lines.append(f"step: median |pred - meas| / meas {100 * statistics.median(t_err):.1f}%, worst "
-                 f"{100 * max(t_err):.1f}%; memory: median {100 * statistics.median(m_err):.1f}%, worst "
+                 f"{100 * max(t_err):.1f}%; busy vs CPU: median {100 * statistics.median(c_err):.1f}%, worst "
+                 f"{100 * max(c_err):.1f}%; memory: median {100 * statistics.median(m_err):.1f}%, worst "
                  f"{100 * max(m_err):.1f}%")
     behind = 100 * (first / fastest - 1)
     lines.append(f"first ranked {picked[0].layout.name()}: measured {first * 1e3:.2f} ms, the measured "

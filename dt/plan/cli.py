@@ -56,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--efficiency", type=args_.positive, default=None,
                    help="sustained fraction of the device's peak (default: the catalogue's stated one)")
     p.add_argument("--recompute", action="store_true", help="also consider full activation recompute "
-                   "(catalogue clusters: dt train has no recompute)")
+                   "(dt train --recompute)")
     p.add_argument("--top", type=one, default=15, help="rows of the table")
     p.add_argument("--explain", metavar="LAYOUT", default=None, help="draw this layout's per-rank timeline")
     p.add_argument("--out", default=None, help="the --explain PNG (default plan-LAYOUT.png)")
@@ -77,8 +77,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 f"{', '.join(PRECISIONS)}")
     if a.check and (a.device or a.hosts > 1):
         p.error("--check runs dt train on this machine: drop --device and --hosts")
-    if a.recompute and a.device is None:
-        p.error("--recompute is for catalogue clusters (--device): dt train has no recompute to check it by")
     if a.n_kv_head and a.model != "llama":
         p.error("--n-kv-head is --model llama's")
     if a.per_host is None:

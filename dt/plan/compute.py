@@ -5,11 +5,14 @@ share: Megatron's count; backward twice the forward, recompute one more
 forward of every block).
 
 On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency).
-On this machine the rate is measured at the layer's own shapes: one block
-(and the head) of this rank's shard is built and timed forward and backward
-with the threads each rank gets (cores / world), and the FLOPs above
-divided by that time; tiny layers are bound by the ops' fixed costs, not by
-arithmetic, and this catches both.
+On this machine, for dt's GPT, a stage's real layers are timed together
+(dt.plan.timed: dt train's modules at this rank's tp shard) with the threads
+each rank gets (cores / world), split between forward and backward by their
+FLOPs (recompute adds the blocks' forward share to backward). Elsewhere on
+this machine (Llama, experts, context parallel) one stand-in block (Shard)
+and the head are timed and the FLOPs above divided by that time; tiny
+layers are bound by the ops' fixed costs, not by arithmetic, and timing
+catches both.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from dt.cost.flops import step_flops
 from dt.plan.cluster import Cluster
 from dt.plan.model import ModelShape
 
-__all__ = ["Shard", "layer_flops", "layer_seconds"]
+__all__ = ["Shard", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads", "stage_compute"]
 
 
 @functools.cache
@@ -102,6 +105,55 @@ def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, 
         torch.set_num_threads(old)
 
 
+def rank_threads(world: int) -> int:
+    """Torch threads a rank of `world` gets here: dt train's default, cores // processes."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def oversubscribed(world: int) -> float:
+    """More ranks than cores: they take turns on them."""
+    cores = os.cpu_count() or 1
+    return max(1.0, world * rank_threads(world) / cores)
+
+
+def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
+    """Whether dt train's real layers are timed for this stage (dt.plan.timed): dt's GPT on this
+    machine; Llama, experts and context parallel keep the per-layer stand-in."""
+    return cluster.flops == 0 and model.family == "gpt" and not model.experts and keys == t
+
+
+def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
+                  blocks: int, head: bool, embed: bool, recompute: bool = False) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch through a stage's layers on one rank.
+
+    On this machine (dt's GPT) the stage's real layers are timed together (dt.plan.timed) and
+    split between forward and backward by their FLOPs; else the sum of layer_seconds."""
+    if not _timed_here(cluster, model, t, keys):
+        bf, bb = layer_seconds(cluster, "block", model, b, t, keys, tp, world, recompute)
+        hf, hb = layer_seconds(cluster, "head", model, b, t, keys, tp, world) if head else (0.0, 0.0)
+        return blocks * bf + hf, blocks * bb + hb
+    from dt.plan.timed import stage_seconds
+
+    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
+    flops = _stage_flops(model, keys, b, tp, blocks, head)
+    total = stage_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
+                          rank_threads(world), dtype) * oversubscribed(world)
+    share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
+    fwd, bwd = total * share, total * (1 - share)
+    if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
+        block_fwd = blocks * layer_flops(model, keys, 1, b, tp, 1, False)[0]
+        bwd += fwd * block_fwd / flops[0]
+    return fwd, bwd
+
+
+def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, blocks: int,
+                 head: bool) -> tuple[float, float]:
+    """(forward, backward) FLOPs of a stage's blocks and head: how its timed seconds split."""
+    bf, bb = layer_flops(model, seq, 1, b, tp, 1, False)
+    hf, hb = layer_flops(model, seq, model.n_layer + 1, b, tp, 1, False) if head else (0.0, 0.0)
+    return blocks * bf + hf, blocks * bb + hb
+
+
 def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int, keys: int,
                   tp: int, world: int, recompute: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of one block or head on one rank of `cluster` (backward
@@ -111,9 +163,8 @@ def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int
     fwd, bwd = layer_flops(model, keys, layer, b, tp, cp, recompute and kind == "block")
     if cluster.flops > 0:
         return fwd / cluster.flops, bwd / cluster.flops
-    cores = os.cpu_count() or 1
-    threads = max(1, cores // world)
+    threads = rank_threads(world)
     total = _measured(kind, model, b, t, keys, tp, threads, {4: "float32", 8: "float64"}[cluster.itemsize])
-    total *= max(1.0, world * threads / cores)  # more ranks than cores: they take turns on them
+    total *= oversubscribed(world)
     rate = 3 * fwd / total  # FLOP/s this shape sustains here, forward and backward alike
     return fwd / rate, bwd / rate

@@ -77,7 +77,7 @@ def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNa
                            n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
                            experts=model.experts, top_k=model.top_k, model=model.family,
                            n_kv_head=model.n_kv_head or None, untied=not model.tied,
-                           clip=CLIP if lay.clip else None)
+                           clip=CLIP if lay.clip else None, recompute=lay.recompute)
 
 
 def _meshes(world: int, experts: int) -> Iterator[tuple[int, int, int, int, int]]:

@@ -28,7 +28,7 @@ from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
-from dt.plan.compute import layer_seconds
+from dt.plan.compute import stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
@@ -177,16 +177,15 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     b = batch // lay.dp // lay.micro_batches
     t = seq // lay.cp
     act = b * t * model.n_embd * c.itemsize
-    bf, bb = layer_seconds(c, "block", model, b, t, seq, lay.tp, lay.world, lay.recompute)
-    hf, hb = layer_seconds(c, "head", model, b, t, seq, lay.tp, lay.world) if head else (0.0, 0.0)
+    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
     routed = b * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
-    fwd = {"compute": bf * blocks + hf, "tp": tp_fwd,
+    fwd = {"compute": cf, "tp": tp_fwd,
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
-    bwd = {"compute": bb * blocks + hb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
+    bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks}
     return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed)

@@ -32,6 +32,7 @@ from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
+from dt.plan.optimizer import adam_step_seconds
 from dt.plan.pipeline import play
 from dt.plan.stage import Groups, StageWork, stage_work
 from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
@@ -169,16 +170,18 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> l
 
 
 def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[str, float, str]]:
-    """This stage's optimizer step in order: ZeRO 1's reduce-scatter, clipping's and Adam's passes
-    (memory-bound), ZeRO's all-gather."""
+    """This stage's optimizer step in order: ZeRO 1's reduce-scatter, clipping's pass, Adam (timed
+    here, memory-bound on a catalogue device: dt.plan.optimizer), ZeRO's all-gather. Under ZeRO
+    clipping reads this rank's shard and sums its norm over dp x cp first (dt.train.clip)."""
     before, after = optimizer_collectives(c, lay, w, g)
-    numbers = sum(w.dense) + w.experts
-    moments = numbers / len(g.dp_cp) if lay.zero else numbers
-    # Adam reads weight, gradient and both moments and writes weight and moments
+    shards = len(g.dp_cp) if lay.zero else 1
+    numbers = (sum(w.dense) + w.experts) / shards
     out = [("dp", d, label) for label, d in before]
+    if lay.clip and shards > 1:
+        out.append(("norm", collective_seconds(c, "all_reduce", c.itemsize, g.dp_cp), "clip: shards' norm"))
     if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
         out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
-    out.append(("compute", (3 * numbers + 4 * moments) * c.itemsize / c.mem_bw, "Adam"))
+    out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp)), "Adam"))
     return out + [("dp", d, label) for label, d in after]
 
 

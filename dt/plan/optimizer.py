@@ -1,0 +1,39 @@
+"""The optimizer's step, priced: dt.train.optim.Adam over one rank's tensors.
+
+On a catalogue device Adam is memory-bound: it reads weight, gradient and both
+moments and writes weight and moments, (3 numbers + 4 moments) x itemsize
+bytes at the device's bandwidth. On this machine it is bound by its ops (about
+ten per tensor: a 0.2M-parameter GPT's 52 tensors cost 3-6 ms of CPU where
+their bytes say 1.2 ms), so Adam's own step is timed (dt.plan.timed) over the
+tensors it steps: every dense tensor apart without ZeRO, one flat shard of
+psi / N numbers with it (ZeroOptimizer's), the experts' weights as one more.
+"""
+
+from __future__ import annotations
+
+from dt.plan.cluster import Cluster
+from dt.plan.compute import oversubscribed, rank_threads
+from dt.plan.layouts import Layout
+from dt.plan.stage import StageWork
+
+__all__ = ["adam_step_seconds", "adam_tensors"]
+
+
+def adam_tensors(lay: Layout, w: StageWork, shards: int) -> tuple[int, ...]:
+    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N))."""
+    if lay.zero and shards > 1:
+        psi = sum(w.dense) + w.experts
+        return (-(-psi // shards),)
+    return tuple(w.dense) + ((w.experts,) if w.experts else ())
+
+
+def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int) -> float:
+    """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
+    sizes = adam_tensors(lay, w, shards)
+    if c.flops > 0:
+        numbers = sum(w.dense) + w.experts
+        return (3 * numbers + 4 * sum(sizes)) * c.itemsize / c.mem_bw
+    from dt.plan.timed import adam_seconds
+
+    threads = rank_threads(lay.world)
+    return adam_seconds(sizes, threads, {4: "float32", 8: "float64"}[c.itemsize]) * oversubscribed(lay.world)

@@ -1,0 +1,142 @@
+"""dt train's own layers and optimizer, timed on this machine at one rank's shapes.
+
+The step a rank of a tiny model runs is bound by the ops' fixed costs (each
+op's dispatch, autograd's nodes, Python between them), not by arithmetic, so
+FLOPs at a measured rate miss most of it: a stand-in block with the same
+matmuls ran 1.45x faster than the real one (CPU time, side by side), and
+Adam over 52 parameter tensors costs about ten ops per tensor, not its bytes.
+So the planner times what `dt train` runs:
+
+    stage   one micro-batch forward and backward through the stage's real
+            layers (dt.models.nanogpt's Embedding, Block, Head and the loss),
+            each Linear swapped for dt.parallel.tensor's column / row
+            parallel layer at this rank's tp shard (built on a one-rank
+            group: the same autograd functions and shapes, the collectives,
+            priced apart, skipped); gradients set to None between
+            repetitions, as dt train's step does
+    adam    dt.train.optim.Adam's step over this rank's tensors: every dense
+            tensor apart without ZeRO, one flat shard of psi / N numbers with
+            it (dt.parallel.zero's ZeroOptimizer runs Adam on its flat shard)
+
+Timed with time.thread_time when a rank has one thread (the CPU time the
+rank's own thread spends: what other programs on the cores do not add to),
+else the wall clock; the least of a few repetitions after a warm one.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from dt.models.lm import NextTokenLoss
+from dt.models.nanogpt import Block, Embedding, GPTConfig, Head
+from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dt.train.optim import Adam
+from dt.transport.group import Group
+
+__all__ = ["adam_seconds", "stage_module", "stage_seconds", "timed"]
+
+REPS = 5
+
+
+def timed(fn: Callable[[], object], threads: int, reps: int = REPS) -> float:
+    """Seconds of fn: the least of `reps` after a warm call; CPU time of this thread when one thread
+    runs the ops (robust to other programs' turns on the cores), else wall time."""
+    clock = time.thread_time if threads == 1 else time.perf_counter
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        t0 = clock()
+        fn()
+        best = min(best, clock() - t0)
+    return best
+
+
+def _one_rank() -> Group:
+    """A group of this process alone: the tp layers' shapes as given, their collectives skipped."""
+    return Group(pg=None, rank=0, size=1, ranks=(0,))
+
+
+def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
+    """dt.models.nanogpt's Block with its four Linears at one rank's tp shard (Megatron's split)."""
+    c, g = cfg.n_embd, _one_rank()
+    block = Block(cfg, 1)
+    block.attn.query_key_value = ColumnParallelLinear(c, 3 * c // tp, group=g)
+    block.attn.dense = RowParallelLinear(c // tp, c, group=g)
+    block.mlp.dense_h_to_4h = ColumnParallelLinear(c, 4 * c // tp, group=g)
+    block.mlp.dense_4h_to_h = RowParallelLinear(4 * c // tp, c, group=g)
+    return block
+
+
+class _Stage(nn.Module):
+    """One pipeline stage of the GPT at one rank's shapes: [embedding], blocks, [head and loss]."""
+
+    def __init__(self, cfg: GPTConfig, tp: int, blocks: int, head: bool, embed: bool):
+        super().__init__()
+        self.embed = Embedding(cfg, 0) if embed else None
+        self.blocks = nn.ModuleList(_sharded_block(cfg, tp) for _ in range(blocks))
+        table = self.embed.wte.weight if self.embed is not None else None
+        self.head = Head(cfg, cfg.n_layer + 1, table) if head and table is not None else None
+        if head and self.head is None:  # a last stage without the table: the head's own copy
+            self.head = Head(GPTConfig(**{**cfg.as_dict(), "tied": False}), cfg.n_layer + 1, None)
+        self.loss = NextTokenLoss()
+
+    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.loss(self.head(x), ids) if self.head is not None else x
+
+
+def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: int, head: bool,
+                 embed: bool, dtype: str = "float32") -> nn.Module:
+    """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
+    stage's output (the loss on the last stage)."""
+    # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=max(1, blocks),  # 0: a head alone
+                    n_head=n_head, n_embd=n_embd, dtype=dtype)
+    return _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
+
+
+@functools.cache
+def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+                  head: bool, embed: bool, threads: int, dtype: str) -> float:
+    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype)
+        g = torch.Generator().manual_seed(0)
+        ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
+        x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype), requires_grad=not embed)
+        grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+
+        def run() -> None:
+            for p in stage.parameters():
+                p.grad = None  # dt train's step: fresh gradients every step
+            out = stage(x, ids)
+            out.backward(None if out.dim() == 0 else grad)
+
+        return timed(run, threads)
+    finally:
+        torch.set_num_threads(old)
+
+
+@functools.cache
+def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str) -> float:
+    """Seconds of dt.train.optim.Adam's step over tensors of these numbers (the moments made)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype))) for n in sizes]
+        for p in params:
+            p.grad = torch.full_like(p, 1e-3)
+        adam = Adam(params, lr=1e-3)
+        return timed(adam.step, threads)
+    finally:
+        torch.set_num_threads(old)

@@ -1,0 +1,91 @@
+"""dt plan on this machine: dt train's real layers and Adam timed at one rank's shapes (dt.plan.timed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from dt.plan.cluster import catalogue_cluster, local_cluster
+from dt.plan.compute import layer_flops, stage_compute
+from dt.plan.layouts import Layout
+from dt.plan.model import ModelShape
+from dt.plan.optimizer import adam_step_seconds, adam_tensors
+from dt.plan.stage import stage_tensors, stage_work
+from dt.plan.step_model import stage_groups
+from dt.plan.timed import adam_seconds, stage_module
+
+TINY = ModelShape(4, 4, 64, 44)
+
+
+@pytest.mark.parametrize("lay,stage", [(Layout(), 0), (Layout(tp=2), 0), (Layout(tp=4), 0),
+                                       (Layout(pp=2), 0), (Layout(pp=2), 1), (Layout(pp=4), 3),
+                                       (Layout(tp=2, pp=4), 2)])
+def test_the_timed_stage_holds_the_numbers_the_plan_prices(lay, stage):
+    """The module timed is the rank's shard: as many numbers as stage_tensors counts, to the one."""
+    dense, _, blocks, head, embed = stage_tensors(TINY, lay, 32, stage)
+    module = stage_module(TINY.n_embd, TINY.n_head, TINY.vocab, 32, lay.tp, blocks, head, embed)
+    assert sum(p.numel() for p in module.parameters()) == sum(dense)
+
+
+def test_adam_steps_each_tensor_without_zero_and_one_flat_shard_with_it():
+    c = local_cluster(2)
+    lay = Layout(dp=2)
+    w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
+    assert adam_tensors(lay, w, 2) == tuple(w.dense) and len(w.dense) == 52  # 4 blocks x 12 + 4
+    psi = sum(w.dense)
+    assert adam_tensors(Layout(dp=2, zero=1), w, 2) == ((psi + 1) // 2,)
+    assert adam_tensors(Layout(dp=4, zero=2), w, 4) == (-(-psi // 4),)
+
+
+def test_adam_costs_per_tensor_here_and_its_bytes_on_a_catalogue_device():
+    many = adam_seconds((256,) * 52, 1, "float32")
+    flat = adam_seconds((52 * 256,), 1, "float32")
+    assert many > 5 * flat  # ten ops per tensor (measured about 40x): fixed costs, not bytes
+    c = catalogue_cluster("h100", 1, 4, precision="fp32")
+    lay = Layout(dp=4, zero=1)
+    w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
+    psi = sum(w.dense)
+    want = (3 * psi + 4 * -(-psi // 4)) * 4 / c.mem_bw  # reads w, g, m, v; writes w, m, v
+    assert adam_step_seconds(c, lay, w, 4) == pytest.approx(want)
+
+
+def test_recompute_adds_the_blocks_forward_to_backward():
+    c = local_cluster(2)
+    fwd, bwd = stage_compute(c, TINY, 8, 32, 32, 1, 2, 4, True, True)
+    fwd_rc, bwd_rc = stage_compute(c, TINY, 8, 32, 32, 1, 2, 4, True, True, recompute=True)
+    blocks = 4 * layer_flops(TINY, 32, 1, 8, 1, 1, False)[0]
+    head = layer_flops(TINY, 32, TINY.n_layer + 1, 8, 1, 1, False)[0]
+    assert fwd_rc == fwd and fwd > 0
+    assert bwd_rc - bwd == pytest.approx(fwd * blocks / (blocks + head))
+
+
+def test_recompute_layouts_are_the_ones_dt_train_accepts_with_recompute():
+    from dt.plan.check import train_argv
+    from dt.plan.layouts import enumerate_layouts
+    from dt.train.cli import parse_args
+
+    planned = [lay for lay in enumerate_layouts(TINY, 2, 16, 32, recompute=(False, True)) if lay.recompute]
+    assert planned
+    for lay in planned:
+        assert parse_args(train_argv(lay, TINY, 16, 32, steps=1)).recompute, lay.name()
+
+
+def test_the_memory_check_adds_the_shared_buffers_the_dispatch_counter_cannot_see():
+    """DDP's buckets and ZeRO's flat buffers are torch.frombuffer views of shared memory: LiveBytes
+    never sees them made, so --check adds each storage the parameters or gradients live in once."""
+    import mmap
+
+    import torch
+
+    from dt.device_memory import LiveBytes
+    from dt.plan.check import shared_bytes
+
+    mm = mmap.mmap(-1, 4096)
+    with LiveBytes() as live:
+        flat = torch.frombuffer(mm, dtype=torch.float32, count=1000)  # 4000 bytes, as dt.shm_empty makes
+        a, b = torch.nn.Parameter(torch.zeros(10)), torch.nn.Parameter(torch.zeros(20))
+        a.grad, b.grad = flat[:10].view_as(a), flat[10:30].view_as(b)  # two views: one storage
+    assert live.peak == 4 * 30  # the two parameters only
+    assert shared_bytes([a, b]) == 4000
+    assert shared_bytes([torch.nn.Parameter(torch.zeros(5))]) == 0
+    del flat, a, b
+    mm.close()
