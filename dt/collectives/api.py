@@ -121,14 +121,13 @@ def launch(
                 # The signature travels on the group's own device, whatever the caller passed.
                 validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
                          recv=recv, local_error=local_error, device=wire_device)
-            with transport.charged_to(collective, algo):
-                try:
-                    result = run(algo)  # what the Work's future carries, as torch's
-                except transport.CollectiveError:
-                    raise  # the transport has told the other ranks already
-                except Exception as exc:
-                    plan.failed(me, collective, algo, exc)
-                    raise
+            try:
+                result = run(algo)  # the registered algorithm, which charges its traffic (registry.charged)
+            except transport.CollectiveError:
+                raise  # the transport has told the other ranks already
+            except Exception as exc:
+                plan.failed(me, collective, algo, exc)
+                raise
             if plan_key is not None and not local_error:
                 plan.make(g, plan_key, collective, algo, numel=plan_key[1], dtype=dtype, op=op,
                           root=root, send=send, recv=recv)

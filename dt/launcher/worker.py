@@ -105,9 +105,9 @@ def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        # Each run starts from the defaults (DT_TIMEOUT, DT_VALIDATE), whatever the last one set.
-        settings.set_timeout(None)
-        settings.set_validation(None)
+        # Each run starts where a new process would, whatever the last one set or connected
+        # (its settings, its groups' links, DT_HOST's hosts): dt.transport.state.
+        transport.reset()
         settings.set_launcher_timeout(wait_timeout)
         try:
             reply = pickle.dumps(("ok", fn(*args, **kwargs)))

@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from dt.transport import settings
+from dt.transport.discover import discover
 from dt.transport.errors import CollectiveError
 from dt.transport.group import Group, Links
-from dt.transport.shm.host import attach_host
+from dt.transport.shm.attach import attach_host
 from dt.transport.shm.wire import PumpedTorchWire
-from dt.transport.topology import Topology, discover
+from dt.transport.topology import Topology
 
 __all__ = ["board", "connect", "topology_of"]
 
