@@ -26,9 +26,13 @@ step calls only the ones below it; nothing climbs back up):
                                auto.choose / registry.lookup: the algorithm
        transport.submit(job)   inline, or on the group's thread in issue order (async_op)
        job                     validate (the signature's exchange), then run(algo): the
-                               registered algorithm (e.g. ring.py, one_shot.py) on a
-                               contiguous buffer, Writable.copy_back; then plan.make keeps
-                               the shape's decisions for the fast path next time
+                               registered algorithm (e.g. ring.py, one_shot.py; its wrapper,
+                               registry.charged, sets its traffic's label) on a contiguous
+                               buffer, Writable.copy_back; then plan.make keeps the shape's
+                               decisions for the fast path next time
+
+What all of it reads between calls (groups and their links, settings, threads) is the
+transport's one state object, dt.transport.STATE (dt/transport/state.py).
 """
 
 from __future__ import annotations

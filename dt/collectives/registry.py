@@ -67,13 +67,14 @@ def algorithm(collective: str, name: str, *, traffic: Traffic | None = None, for
         if prepare is not None:
             PREPARED[(collective, name)] = prepare
 
+        run = charged(fn, collective, name)
         table = ALGORITHMS.setdefault(collective, {})
         for each in (name, *aliases):
-            table[each] = charged(fn, collective, each)
+            table[each] = run
         if family(collective) == collective:
             wires = ("shm",) if shared_memory else POINT_TO_POINT
             records.register(CostRecord(collective, name, traffic, formula, levels, wires), aliases)
-        return table[name]  # type: ignore[return-value]
+        return run
 
     return register
 
@@ -82,10 +83,10 @@ def charged(fn: F, collective: str, label: str) -> F:
     """fn with its traffic charged to `collective:label`: THE place a collective's label is set.
 
     Every registered algorithm runs through it, from the dispatchers (dt.collectives.api
-    looks it up by the name asked for: an alias is charged under that name) or called
-    directly; an algorithm built from others (naive all-reduce = reduce + broadcast) is
-    charged once, to the outermost. The transport reads the label (accounting.label),
-    it never sets one.
+    looks it up; an alias is charged under the algorithm's own name) or called directly;
+    an algorithm built from others (naive all-reduce = reduce + broadcast) is charged
+    once, to the outermost. The transport reads the label (accounting.label), it never
+    sets one.
     """
 
     @functools.wraps(fn)
