@@ -55,6 +55,8 @@ class Links:
         collection, is what unmaps the segment now (the board points back at its group).
         """
         with self.lock:
+            if self.torch is not None:
+                self.torch.close()  # across hosts: its pump thread
             fresh = Links()
             for f in fields(self):
                 if f.name != "lock":
