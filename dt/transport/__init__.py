@@ -18,8 +18,8 @@ group seen from one rank, bound to one collective call) and use its
 Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
 validation; the transport), liveness.py (failed ranks, announced so waits
 end at once), wire.py (what carries bytes: torch.distributed), group.py (a
-group from one rank's view), topology.py (which ranks share a host),
-connect.py (each peer's wire, once per group), parts.py (some of a group's
+group from one rank's view), topology.py (which ranks share a host; discover.py
+finds it), connect.py (each peer's wire, once per group), parts.py (some of a group's
 ranks as a group over its wires: hierarchical collectives' hosts and rails), shm/ (the shared-memory wire:
 segments, syncs, channels, the board of load/store algorithms, shared
 allocations), accounting.py, comm.py (point-to-point with context), rules.py

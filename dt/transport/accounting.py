@@ -7,7 +7,7 @@
 Every message the transport posts is counted here, against the outermost
 collective the user called (`charged_to`): a naive all-reduce built from a
 reduce and a broadcast is charged to "all_reduce", once. A group's setup
-(its first collective's connection messages, dt.transport.topology) is no
+(its first collective's connection messages, dt.transport.discover) is no
 one's traffic: `setup()` marks it, so that the dt backend's send/recv, which
 count what torch code posts itself, do not file it under "send_recv".
 """

@@ -5,7 +5,7 @@ its pid and a random token over the group's torch wire, so every rank ends with 
 same `Topology`. It is a collective: dt runs it at the first collective on a group,
 on every rank at the same point (dt.transport.connect), never inside a lone send or
 receive. `post_and_wait` is the setup's messaging, shared with the segment handshake
-(dt.transport.shm.host) and the figures' agreement across hosts (dt.collectives.agreed).
+(dt.transport.shm.attach) and the figures' agreement across hosts (dt.collectives.agreed).
 
 The setup messages are not counted in dt.traffic(): they are how the wire
 is built, not what a collective moves (like gloo's own rendezvous).
