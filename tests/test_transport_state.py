@@ -4,8 +4,9 @@ A pool reuses its processes from test to test, so whatever one run leaves in the
 transport (a timeout set, a group connected under DT_HOST's hosts, a thread, a
 failure heard) would reach the next; the worker resets before each run. Checked:
 one run leaves all of it behind and the next run starts without any of it; reset
-called by hand disconnects a group connected across marked hosts and stops its
-communication thread, and the group connects afresh (one host, a board) after it.
+called by hand disconnects a group connected across marked hosts, stops its
+communication thread and unmaps its segment, and the group connects afresh (one
+host, a board) after it. And the timeout's precedence, rule by rule.
 """
 
 from __future__ import annotations
@@ -89,6 +90,23 @@ def test_reset_disconnects_groups_and_stops_their_threads(run):
     for got in run(2, _reset_by_hand, timeout=100):
         assert got == {"before": 2, "old view": True, "new view": True, "thread": False, "after": 1,
                        "value": 2.0}
+
+
+def _mapped_segments() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("/dev/shm/dt-" in line for line in f)
+
+
+def _reset_unmaps() -> list[int]:
+    dt.all_reduce(torch.ones(4))  # connected: the group's segment mapped
+    before = _mapped_segments()
+    transport.reset()
+    return [before, _mapped_segments()]
+
+
+def test_reset_unmaps_the_segment_at_once(run):
+    for before, after in run(2, _reset_unmaps):
+        assert before >= 1 and after == 0, (before, after)
 
 
 def _precedence() -> list:
