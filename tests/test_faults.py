@@ -332,6 +332,10 @@ def test_a_late_rank_is_waited_for(run):
 
 def _absent() -> None:
     dt.set_timeout(120)  # dt's own wait would outlast the run: the run's deadline must speak
+    # Every run starts unconnected (dt.transport.reset): connected here by all three ranks,
+    # so the wait on the absent rank is the all-reduce's own (its validation), not the
+    # connection's (it relied on an earlier test's connection, and failed run alone).
+    dt.barrier()
     if dist.get_rank() != 2:
         dt.all_reduce(torch.ones(5))
 

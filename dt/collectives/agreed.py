@@ -32,7 +32,7 @@ import torch
 from dt.cost.levels import Levels
 from dt.cost.machine import DEFAULT_MACHINE, Machine, figures, machine
 from dt.transport import RECV, SEND, Group, default_device, topology_of
-from dt.transport.topology import post_and_wait
+from dt.transport.discover import post_and_wait
 
 __all__ = ["Agreed", "agree", "local_figures"]
 

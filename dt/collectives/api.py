@@ -26,9 +26,13 @@ step calls only the ones below it; nothing climbs back up):
                                auto.choose / registry.lookup: the algorithm
        transport.submit(job)   inline, or on the group's thread in issue order (async_op)
        job                     validate (the signature's exchange), then run(algo): the
-                               registered algorithm (e.g. ring.py, one_shot.py) on a
-                               contiguous buffer, Writable.copy_back; then plan.make keeps
-                               the shape's decisions for the fast path next time
+                               registered algorithm (e.g. ring.py, one_shot.py; its wrapper,
+                               registry.charged, sets its traffic's label) on a contiguous
+                               buffer, Writable.copy_back; then plan.make keeps the shape's
+                               decisions for the fast path next time
+
+What all of it reads between calls (groups and their links, settings, threads) is the
+transport's one state object, dt.transport.STATE (dt/transport/state.py).
 """
 
 from __future__ import annotations
@@ -121,14 +125,13 @@ def launch(
                 # The signature travels on the group's own device, whatever the caller passed.
                 validate(g, collective, algo, dtype=dtype, op=op, root=root, send=send,
                          recv=recv, local_error=local_error, device=wire_device)
-            with transport.charged_to(collective, algo):
-                try:
-                    result = run(algo)  # what the Work's future carries, as torch's
-                except transport.CollectiveError:
-                    raise  # the transport has told the other ranks already
-                except Exception as exc:
-                    plan.failed(me, collective, algo, exc)
-                    raise
+            try:
+                result = run(algo)  # the registered algorithm, which charges its traffic (registry.charged)
+            except transport.CollectiveError:
+                raise  # the transport has told the other ranks already
+            except Exception as exc:
+                plan.failed(me, collective, algo, exc)
+                raise
             if plan_key is not None and not local_error:
                 plan.make(g, plan_key, collective, algo, numel=plan_key[1], dtype=dtype, op=op,
                           root=root, send=send, recv=recv)

@@ -67,20 +67,34 @@ def algorithm(collective: str, name: str, *, traffic: Traffic | None = None, for
         if prepare is not None:
             PREPARED[(collective, name)] = prepare
 
-        @functools.wraps(fn)
-        def charged(*args: Any, **kwargs: Any) -> Any:
-            with transport.charged_to(collective, name):
-                return fn(*args, **kwargs)
-
+        run = charged(fn, collective, name)
         table = ALGORITHMS.setdefault(collective, {})
         for each in (name, *aliases):
-            table[each] = charged
+            table[each] = run
         if family(collective) == collective:
             wires = ("shm",) if shared_memory else POINT_TO_POINT
             records.register(CostRecord(collective, name, traffic, formula, levels, wires), aliases)
-        return charged  # type: ignore[return-value]
+        return run
 
     return register
+
+
+def charged(fn: F, collective: str, label: str) -> F:
+    """fn with its traffic charged to `collective:label`: THE place a collective's label is set.
+
+    Every registered algorithm runs through it, from the dispatchers (dt.collectives.api
+    looks it up; an alias is charged under the algorithm's own name) or called directly;
+    an algorithm built from others (naive all-reduce = reduce + broadcast) is charged
+    once, to the outermost. The transport reads the label (accounting.label), it never
+    sets one.
+    """
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with transport.charged_to(collective, label):
+            return fn(*args, **kwargs)
+
+    return run  # type: ignore[return-value]
 
 
 def equal_blocks(flat: Any, block: int, p: int) -> list[Any]:

@@ -85,7 +85,7 @@ def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn:
     os.environ["LOCAL_RANK"] = str(rank)  # every rank of a local run is on this host
     os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
     # On NCCL dt's waits only order streams and NCCL's watchdog uses this timeout.
-    init_process_group(backend, settings.get_timeout(), store=store, rank=rank, world_size=world_size)
+    init_process_group(backend, settings.timeout_for(None), store=store, rank=rank, world_size=world_size)
     conn.send_bytes(pickle.dumps(("ready", None)))
     while True:
         try:
@@ -105,9 +105,9 @@ def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        # Each run starts from the defaults (DT_TIMEOUT, DT_VALIDATE), whatever the last one set.
-        settings.set_timeout(None)
-        settings.set_validation(None)
+        # Each run starts where a new process would, whatever the last one set or connected
+        # (its settings, its groups' links, DT_HOST's hosts): dt.transport.state.
+        transport.reset()
         settings.set_launcher_timeout(wait_timeout)
         try:
             reply = pickle.dumps(("ok", fn(*args, **kwargs)))

@@ -18,13 +18,14 @@ group seen from one rank, bound to one collective call) and use its
 Files: errors.py, settings.py (timeouts: `timeout_for`, the one rule;
 validation; the transport), liveness.py (failed ranks, announced so waits
 end at once), wire.py (what carries bytes: torch.distributed), group.py (a
-group from one rank's view), topology.py (which ranks share a host),
-connect.py (each peer's wire, once per group), parts.py (some of a group's
+group from one rank's view), topology.py (which ranks share a host; discover.py
+finds it), connect.py (each peer's wire, once per group), parts.py (some of a group's
 ranks as a group over its wires: hierarchical collectives' hosts and rails), shm/ (the shared-memory wire:
 segments, syncs, channels, the board of load/store algorithms, shared
 allocations), accounting.py, comm.py (point-to-point with context), rules.py
 (NCCL's rules, checked on the CPU), asynchronous.py, p2p.py (torch-shaped
-isend/irecv/batch_isend_irecv for users).
+isend/irecv/batch_isend_irecv for users), state.py (everything the transport remembers
+between calls, in one object, and `reset()`).
 """
 
 from dt.transport import liveness
@@ -49,12 +50,14 @@ from dt.transport.settings import (
     validation_enabled,
 )
 from dt.transport.shm.alloc import allocate, is_shared
+from dt.transport.state import STATE, TransportState, reset
 from dt.transport.topology import Topology
 from dt.transport.wire import RECV, SEND, TorchWire, Wire
 
 __all__ = [
     "RECV",
     "SEND",
+    "STATE",
     "CollectiveError",
     "CollectiveTimeout",
     "Comm",
@@ -67,6 +70,7 @@ __all__ = [
     "Topology",
     "TorchWire",
     "TrafficRecord",
+    "TransportState",
     "Wire",
     "Work",
     "account",
@@ -89,6 +93,7 @@ __all__ = [
     "part",
     "isend",
     "recv",
+    "reset",
     "resolve_group",
     "shared_group",
     "send",

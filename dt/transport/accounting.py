@@ -7,7 +7,7 @@
 Every message the transport posts is counted here, against the outermost
 collective the user called (`charged_to`): a naive all-reduce built from a
 reduce and a broadcast is charged to "all_reduce", once. A group's setup
-(its first collective's connection messages, dt.transport.topology) is no
+(its first collective's connection messages, dt.transport.discover) is no
 one's traffic: `setup()` marks it, so that the dt backend's send/recv, which
 count what torch code posts itself, do not file it under "send_recv".
 """
@@ -22,8 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Counts", "TrafficRecord", "account", "blocking", "charge_target", "charged_to",
-           "in_setup", "open_records", "setup", "traffic"]
+__all__ = ["RECORDERS", "Counts", "Recorders", "TrafficRecord", "account", "blocking", "charge_target",
+           "charged_to", "in_setup", "label", "open_records", "setup", "traffic"]
 
 
 @dataclass
@@ -56,11 +56,32 @@ class TrafficRecord(Counts):
     seconds: float = 0.0
 
 
-# The traffic() blocks open now, in any thread (a fast path that counts nothing runs only
-# while this is empty: dt.collectives.plan).
-open_records: list[TrafficRecord] = []
-_recorders_lock = threading.Lock()
-_scope = threading.local()
+@dataclass(eq=False)
+class Recorders:
+    """The traffic() blocks open now, in any thread, and each thread's label (`charged_to`).
+
+    `reset()` (dt.transport.reset) closes blocks a run left open (none, when every block
+    is a `with`) and this thread's label; the list stays the same object, so the hot
+    path's one read of it (`open_records`, below) costs what a module global costs.
+    """
+
+    open: list[TrafficRecord] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    scope: threading.local = field(default_factory=threading.local, repr=False)  # name, setup, blocking
+
+    def reset(self) -> None:
+        with self.lock:
+            self.open.clear()
+        self.scope.__dict__.clear()
+
+
+RECORDERS = Recorders()
+# The same objects as RECORDERS' (reset empties them in place), read as module globals on
+# every message and by the fast path (dt.collectives.plan runs only while open_records is
+# empty: the fast path counts nothing).
+open_records = RECORDERS.open
+_recorders_lock = RECORDERS.lock
+_scope = RECORDERS.scope
 
 
 @contextlib.contextmanager
@@ -99,6 +120,12 @@ def account(collective: str, algorithm: str, sent: int, received: int, calls: in
 def charge_target() -> tuple[str, str] | None:
     """(collective, algorithm) the current thread's traffic is charged to, if inside one."""
     return getattr(_scope, "name", None)
+
+
+def label(collective: str, algorithm: str) -> tuple[str, str]:
+    """What traffic posted now is counted under: the enclosing `charged_to`'s label (set by the
+    algorithm's registry wrapper, or a layer's own), else the poster's own names."""
+    return getattr(_scope, "name", None) or (collective, algorithm)
 
 
 @contextlib.contextmanager

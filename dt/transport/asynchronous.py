@@ -20,6 +20,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,7 +30,7 @@ from dt.transport import accounting
 from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group, default_device
 
-__all__ = ["Work", "submit"]
+__all__ = ["THREADS", "CommThreads", "Work", "submit"]
 
 
 class Work(dist.Work):
@@ -137,8 +138,8 @@ class _CommThread:
         if self.device is not None:
             torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
             stream = torch.cuda.Stream(self.device)
-        while True:
-            work, fn, ready = self.jobs.get()
+        while (job := self.jobs.get()) is not None:  # None: stop (CommThreads.reset)
+            work, fn, ready = job
             work.started_at = time.perf_counter()
             try:
                 if stream is None:
@@ -158,17 +159,39 @@ class _CommThread:
                 self.pending -= 1
 
 
-_comm_threads: dict[tuple, _CommThread] = {}
-_comm_threads_lock = threading.Lock()
+    def stop(self) -> None:
+        """End the thread once what is queued has run (it is not waited for)."""
+        self.jobs.put(None)
+
+
+@dataclass
+class CommThreads:
+    """Every group's communication thread in this process, by the group's key (its name and ranks).
+
+    `reset()` (dt.transport.reset) stops them all: a run starts with none, as its groups
+    start unconnected; a run that left work queued has it run first.
+    """
+
+    threads: dict[tuple, _CommThread] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def reset(self) -> None:
+        with self.lock:
+            for thread in self.threads.values():
+                thread.stop()
+            self.threads.clear()
+
+
+THREADS = CommThreads()
 
 
 def _comm_thread(group: Group) -> _CommThread:
-    with _comm_threads_lock:
-        t = _comm_threads.get(group.key)
+    with THREADS.lock:
+        t = THREADS.threads.get(group.key)
         if t is None:
             device = default_device(group)
-            t = _comm_threads[group.key] = _CommThread(group.key,
-                                                       device if device.type == "cuda" else None)
+            t = THREADS.threads[group.key] = _CommThread(group.key,
+                                                         device if device.type == "cuda" else None)
         group.links.comm = t  # read without a call by a fast path (is anything queued?)
         return t
 
@@ -182,7 +205,7 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
     otherwise queues behind the earlier asynchronous ones and waits, so every
     rank sees the same order.
     """
-    thread = _comm_threads.get(group.key)
+    thread = THREADS.threads.get(group.key)
     if not async_op and (thread is None or thread.pending == 0):
         return accounting.blocking(fn)
     thread = thread or _comm_thread(group)

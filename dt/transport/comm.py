@@ -79,10 +79,10 @@ class Comm:
         self.collective = collective
         self.algorithm = algorithm
         self.step = 0
-        # Traffic of a collective built from others (naive all-reduce = reduce +
-        # broadcast) is charged to the outermost one, the one the user called.
-        # Asked only while a dt.traffic() block is open: nothing is counted otherwise.
-        self._charge_to = (accounting.open_records and accounting.charge_target()) or (collective, algorithm)
+        # The label its messages are counted under (accounting.label); asked only while a
+        # dt.traffic() block is open: nothing is counted otherwise.
+        self._charge_to = (accounting.label(collective, algorithm) if accounting.open_records
+                           else (collective, algorithm))
         self._rules = rules.recorder
         # Receives may go out ahead of their step only where every wire allows it
         # (and not while NCCL's rules are being checked).

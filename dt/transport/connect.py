@@ -7,9 +7,9 @@ rank, which is what a collective step like this needs. A lone send or
 receive never connects: point-to-point on a group that has not run a
 collective yet stays on the torch wire.
 
-It discovers the topology (dt.transport.topology); then, unless the
+It discovers the topology (dt.transport.discover); then, unless the
 shared-memory wire is off (DT_TRANSPORT=torch) or the group is NCCL's, the
-ranks of each host share one segment (dt.transport.shm.host) and talk
+ranks of each host share one segment (dt.transport.shm.attach) and talk
 through it; ranks on other hosts stay on torch.distributed. When the whole
 group is on one host, its `board` carries the load/store algorithms.
 """
@@ -19,11 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 from dt.transport import settings
+from dt.transport.discover import discover
 from dt.transport.errors import CollectiveError
 from dt.transport.group import Group, Links
-from dt.transport.shm.host import attach_host
+from dt.transport.shm.attach import attach_host
 from dt.transport.shm.wire import PumpedTorchWire
-from dt.transport.topology import Topology, discover
+from dt.transport.topology import Topology
 
 __all__ = ["board", "connect", "topology_of"]
 

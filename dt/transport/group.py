@@ -11,39 +11,56 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from dt.transport.wire import TorchWire, Wire
 
-__all__ = ["Group", "Links", "default_device", "resolve_group", "shared_group"]
+if TYPE_CHECKING:  # the types only: these files import no Group, so no cycle
+    from dt.transport.shm.board import Board
+    from dt.transport.shm.host import HostLink
+    from dt.transport.topology import Topology
+
+__all__ = ["GROUPS", "Group", "Groups", "Links", "default_device", "resolve_group", "shared_group"]
 
 
+@dataclass(eq=False)
 class Links:
     """How one rank reaches each peer of a group; filled once by dt.transport.connect.
 
-    topology: which ranks share a host (dt.transport.topology.Topology);
-    wires: the wire per group rank (None until connected: the group's torch wire);
-    torch: the torch wire CPU traffic to other hosts takes (pumps the shm engine);
-    host: this host's shared segment, engine and board (None without one);
-    board: the host's board when the whole group is on it (load/store algorithms).
+    The three fields typed Any are filled by layers above this file: their types
+    cannot be named here (dt.collectives is above the transport; asynchronous.py
+    imports this file).
     """
 
-    def __init__(self) -> None:
-        self.topology: Any = None
-        self.wires: list[Wire] | None = None
-        self.torch: Wire | None = None
-        self.host: Any = None
-        self.board: Any = None
-        self.why_not = ""  # why there is no board
-        self.parts: dict[tuple[int, ...], Any] = {}  # sub-groups over these wires (dt.transport.parts)
-        self.agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed)
-        self.comm: Any = None  # the group's communication thread, once an async call made one
-        self.plans: dict[tuple, Any] = {}  # decided once per call shape (dt.collectives.plan)
-        self.lock = threading.Lock()
+    topology: Topology | None = None  # which ranks share a host; None: not connected yet
+    wires: list[Wire] | None = None  # the wire per group rank (None: the group's torch wire)
+    torch: Wire | None = None  # the torch wire CPU traffic to other hosts takes (pumps the shm engine)
+    host: HostLink | None = None  # this host's shared segment, engine and board (None without one)
+    board: Board | None = None  # the host's board when the whole group is on it (load/store algorithms)
+    why_not: str = ""  # why there is no board
+    parts: dict[tuple[int, ...], Group] = field(default_factory=dict)  # sub-groups on these wires (parts.py)
+    agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed.Agreed)
+    comm: Any = None  # the group's communication thread once an async call made one (asynchronous.py)
+    plans: dict[tuple, Any] = field(default_factory=dict)  # per call shape (dt.collectives.plan.Plan)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def close(self) -> None:
+        """Forget the connection (dt.transport.reset): the next collective connects afresh.
+
+        Dropping the host's segment, wires and plans here, not at the next garbage
+        collection, is what unmaps the segment now (the board points back at its group).
+        """
+        with self.lock:
+            if self.torch is not None:
+                self.torch.close()  # across hosts: its pump thread
+            fresh = Links()
+            for f in fields(self):
+                if f.name != "lock":
+                    setattr(self, f.name, getattr(fresh, f.name))
 
 
 @dataclass(frozen=True)
@@ -99,7 +116,26 @@ class Group:
         return self
 
 
-_groups: dict[int, Group] = {}
+@dataclass
+class Groups:
+    """This process's views of its groups, and the process groups dt made for reuse.
+
+    `reset()` (dt.transport.reset) disconnects and forgets every view: a run starts
+    with its groups unconnected (its DT_HOST, DT_TRANSPORT may differ from the last
+    run's). `made` stays: each gloo group keeps threads of its own (shared_group).
+    """
+
+    views: dict[int, Group] = field(default_factory=dict)  # id(process group) -> resolve_group's view
+    # (ranks, purpose) -> (the world it was made in, the process group): shared_group's
+    made: dict[tuple[tuple[int, ...], str], tuple[Any, Any]] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        for view in self.views.values():
+            view.links.close()
+        self.views.clear()
+
+
+GROUPS = Groups()
 
 
 def resolve_group(group: Any = None) -> Group:
@@ -120,7 +156,7 @@ def resolve_group(group: Any = None) -> Group:
             f"rank {dist.get_rank()} is not a member of the group it passed "
             "(dist.new_group returned NON_GROUP_MEMBER on this rank)"
         )
-    cached = _groups.get(id(group))
+    cached = GROUPS.views.get(id(group))
     if cached is not None and cached.pg is group:
         return cached
     if group is None:
@@ -134,11 +170,8 @@ def resolve_group(group: Any = None) -> Group:
     name = (group or dist.group.WORLD).group_name
     view = Group(pg=group, rank=ranks.index(me), size=len(ranks), ranks=ranks, backend=backend,
                  name=name, wire=TorchWire(group, backend))
-    _groups[id(group)] = view
+    GROUPS.views[id(group)] = view
     return view
-
-
-_made: dict[tuple[tuple[int, ...], str], tuple[Any, Any]] = {}
 
 
 def shared_group(ranks: Sequence[int], purpose: str = "") -> Any:
@@ -155,11 +188,11 @@ def shared_group(ranks: Sequence[int], purpose: str = "") -> Any:
     """
     key = (tuple(ranks), purpose)
     world = dist.group.WORLD
-    made = _made.get(key)
+    made = GROUPS.made.get(key)
     if made is not None and made[0] is world:  # made in this world, not an earlier one
         return made[1]
     pg = dist.new_group(list(ranks))
-    _made[key] = (world, pg)
+    GROUPS.made[key] = (world, pg)
     return pg
 
 

@@ -50,13 +50,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["EVERYONE", "Channel", "Failure", "PeerFailed", "PipeChannel", "StoreChannel", "announce",
-           "attach", "attached", "cause", "check", "decode", "encode", "failures", "watching"]
+__all__ = ["EVERYONE", "WATCH", "Channel", "Failure", "PeerFailed", "PipeChannel", "StoreChannel", "announce",
+           "attach", "attached", "cause", "check", "decode", "encode", "failures", "watching", "Watch"]
 
 EVERYONE = -1
 PREFIX = "dt/liveness"
@@ -84,13 +84,32 @@ class PeerFailed(Exception):
         self.failure = failure
 
 
-_lock = threading.Condition()
-_known: list[Failure] = []
-_pending: dict[int, tuple[tuple[int, ...], Any, str]] = {}  # token -> (ranks, pg, backend)
-_tokens = itertools.count()
-_channel: Channel | None = None
-_keep_ports: set[int] = set()  # the store's connections: aborting leaves them alone
-_aborted = False
+@dataclass(eq=False)
+class Watch:
+    """What this process knows of failures, and the waits a failure would abort.
+
+    `reset()` (dt.transport.reset, before each run of a reused worker) forgets the
+    failures heard: a pool whose run heard of one starts new workers anyway, so a
+    run that begins with one known could only fail for an earlier run's sake. The
+    channel and the store's ports stay: the watchdog is attached once per process.
+    """
+
+    lock: threading.Condition = field(default_factory=threading.Condition, repr=False)
+    known: list[Failure] = field(default_factory=list)  # in the order announced
+    # the waits in progress: token -> (global ranks, process group, backend)
+    pending: dict[int, tuple[tuple[int, ...], Any, str]] = field(default_factory=dict)
+    tokens: Iterator[int] = field(default_factory=itertools.count, repr=False)
+    channel: Channel | None = None
+    keep_ports: set[int] = field(default_factory=set)  # the store's connections: aborting leaves them alone
+    aborted: bool = False  # this process shut its connections down for a failure's sake
+
+    def reset(self) -> None:
+        with self.lock:
+            self.known.clear()
+            self.aborted = False
+
+
+WATCH = Watch()
 
 
 # -- channels: how a rank hears of failures, and tells of its own ------------
@@ -166,11 +185,10 @@ def attach(channel: Channel, keep_ports: tuple[int, ...] = (),
            on_gone: Callable[[], None] | None = None) -> None:
     """Start this rank's watchdog on `channel`; `keep_ports`: the store's (never aborted);
     `on_gone`: what to do when the channel closes."""
-    global _channel
-    if _channel is not None:
+    if WATCH.channel is not None:
         return
-    _channel = channel
-    _keep_ports.update(keep_ports)
+    WATCH.channel = channel
+    WATCH.keep_ports.update(keep_ports)
 
     def watch() -> None:
         while (failure := channel.receive()) is not None:
@@ -182,25 +200,24 @@ def attach(channel: Channel, keep_ports: tuple[int, ...] = (),
 
 
 def attached() -> bool:
-    return _channel is not None
+    return WATCH.channel is not None
 
 
 def announce(failure: Failure) -> None:
     """Tell every rank (this one included) that `failure` happened."""
-    if _channel is not None:
-        _channel.send(failure)
+    if WATCH.channel is not None:
+        WATCH.channel.send(failure)
 
 
 def _learn(failure: Failure) -> None:
-    global _aborted
-    with _lock:
-        _known.append(failure)
-        _lock.notify_all()
-        hit = [(pg, backend) for ranks, pg, backend in _pending.values()
+    with WATCH.lock:
+        WATCH.known.append(failure)
+        WATCH.lock.notify_all()
+        hit = [(pg, backend) for ranks, pg, backend in WATCH.pending.values()
                if failure.rank == EVERYONE or failure.rank in ranks]
-        if not hit or _aborted:
+        if not hit or WATCH.aborted:
             return
-        _aborted = True
+        WATCH.aborted = True
     _abort(hit)
 
 
@@ -223,7 +240,7 @@ def _shutdown_if_peer_link(fd: int) -> None:
         if sock.family not in (socket.AF_INET, socket.AF_INET6) or sock.type != socket.SOCK_STREAM:
             return
         peer, local = sock.getpeername(), sock.getsockname()  # a listener has no peer: OSError
-        if peer[1] in _keep_ports or local[1] in _keep_ports:
+        if peer[1] in WATCH.keep_ports or local[1] in WATCH.keep_ports:
             return
         sock.shutdown(socket.SHUT_RDWR)
     finally:
@@ -234,18 +251,18 @@ def _shutdown_if_peer_link(fd: int) -> None:
 
 
 def _among(ranks: tuple[int, ...]) -> list[Failure]:
-    return [f for f in _known if f.rank == EVERYONE or f.rank in ranks]
+    return [f for f in WATCH.known if f.rank == EVERYONE or f.rank in ranks]
 
 
 def failures() -> list[Failure]:
     """Every failure this rank has heard of, in the order announced."""
-    with _lock:
-        return list(_known)
+    with WATCH.lock:
+        return list(WATCH.known)
 
 
 def check(ranks: tuple[int, ...]) -> None:
     """Raise PeerFailed if a member of `ranks` (global) has failed."""
-    with _lock:
+    with WATCH.lock:
         known = _among(ranks)
     if known:
         raise PeerFailed(_root(known[0]))
@@ -254,17 +271,17 @@ def check(ranks: tuple[int, ...]) -> None:
 @contextlib.contextmanager
 def watching(ranks: tuple[int, ...], pg: Any, backend: str) -> Iterator[None]:
     """Around a wait on a group: a failure of a member announced meanwhile aborts it."""
-    token = next(_tokens)
-    with _lock:
-        _pending[token] = (ranks, pg, backend)
+    token = next(WATCH.tokens)
+    with WATCH.lock:
+        WATCH.pending[token] = (ranks, pg, backend)
         known = _among(ranks)
     try:
         if known:
             raise PeerFailed(_root(known[0]))
         yield
     finally:
-        with _lock:
-            del _pending[token]
+        with WATCH.lock:
+            del WATCH.pending[token]
 
 
 def _root(failure: Failure) -> Failure:
@@ -273,7 +290,7 @@ def _root(failure: Failure) -> Failure:
     while failure.blame != EVERYONE and failure.blame not in seen:
         if failure.kind in PRIMARY and failure.kind != "timeout":
             break
-        nxt = next((f for f in _known if f.rank == failure.blame), None)
+        nxt = next((f for f in WATCH.known if f.rank == failure.blame), None)
         if nxt is None:
             break
         seen.add(nxt.rank)
@@ -287,16 +304,16 @@ def cause(ranks: tuple[int, ...], grace: float = CAUSE_GRACE_S) -> Failure | Non
     Waits up to `grace` seconds for one that explains itself (a rank's death
     is announced by the launcher a moment after its peers' connections close).
     """
-    if _channel is None:
+    if WATCH.channel is None:
         return None
     deadline = time.monotonic() + grace
-    with _lock:
+    with WATCH.lock:
         while True:
             # A wait on a group with no failed member fails too when this process aborted
             # its connections for another group's sake: that failure is the cause then.
-            roots = [_root(f) for f in _among(ranks) or (_known if _aborted else [])]
+            roots = [_root(f) for f in _among(ranks) or (WATCH.known if WATCH.aborted else [])]
             primary = [f for f in roots if f.kind in PRIMARY]
             left = deadline - time.monotonic()
             if primary or left <= 0:
                 return (primary or roots or [None])[0]
-            _lock.wait(left)
+            WATCH.lock.wait(left)

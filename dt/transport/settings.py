@@ -33,25 +33,48 @@ import contextvars
 import datetime
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch.distributed as dist
 
 from dt import args
 
-__all__ = ["DEFAULT_TIMEOUT", "Timeout", "call_timeout", "check_environment", "get_timeout",
+__all__ = ["DEFAULT_TIMEOUT", "SETTINGS", "TIMEOUT_SOURCES", "Settings", "Timeout", "call_timeout",
+           "check_environment", "get_timeout",
            "get_transport", "group_timeout", "launcher_owns", "parse_timeout", "set_launcher_timeout",
            "set_timeout", "set_transport", "set_validation", "shared_memory_allowed", "timeout_for",
            "validation_enabled"]
 
 DEFAULT_TIMEOUT = 300.0
+# The rules of `timeout_for`, first to last: what `Timeout.source` says chose the number.
+TIMEOUT_SOURCES = ("this call's timeout=", "the group's timeout", "dt.set_timeout", "DT_TIMEOUT",
+                   "the launcher's", "dt's default")
 
-_user_timeout: float | None = None  # dt.set_timeout
-_launcher_timeout: float | None = None  # set by dt.launcher for each run
-_validate: bool | None = None  # dt.set_validation; None: DT_VALIDATE, else on
-# id(process group) -> (group, its own timeout in seconds or None): read once per group.
-_declared: dict[int, tuple[Any, float | None]] = {}
-_env_seen: tuple[str | None, float | None] = (None, None)
+
+@dataclass
+class Settings:
+    """What this process was told (dt.set_*, the launcher) and what it read once, in one place.
+
+    `reset()` (dt.transport.reset, before each run of a reused worker) forgets what calls
+    and the launcher set; `declared` stays: it describes process groups, which outlive a run.
+    A call's own timeout (rule 1) is a context variable, `call_timeout`: it ends with its block.
+    """
+
+    user_timeout: float | None = None  # dt.set_timeout (rule 3)
+    launcher_timeout: float | None = None  # the launcher's, set for each run (rule 5)
+    validate: bool | None = None  # dt.set_validation; None: DT_VALIDATE, else on
+    transport: str | None = None  # dt.set_transport; None: DT_TRANSPORT, else auto
+    env_timeout: tuple[str | None, float | None] = (None, None)  # DT_TIMEOUT's text, and it parsed
+    # id(process group) -> (group, its own timeout in seconds or None): read once per group (rule 2).
+    declared: dict[int, tuple[Any, float | None]] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.user_timeout = self.launcher_timeout = self.validate = self.transport = None
+        self.env_timeout = (None, None)
+
+
+SETTINGS = Settings()
 
 
 def parse_timeout(value: Any, what: str = "timeout") -> float:
@@ -63,36 +86,20 @@ def parse_timeout(value: Any, what: str = "timeout") -> float:
 
 
 def _env_timeout() -> float | None:
-    global _env_seen
     text = os.environ.get("DT_TIMEOUT", "").strip()
-    if _env_seen[0] != text:  # every wait asks: parse each new value once
-        _env_seen = (text, parse_timeout(text, "DT_TIMEOUT") if text else None)
-    return _env_seen[1]
+    if SETTINGS.env_timeout[0] != text:  # every wait asks: parse each new value once
+        SETTINGS.env_timeout = (text, parse_timeout(text, "DT_TIMEOUT") if text else None)
+    return SETTINGS.env_timeout[1]
 
 
 def set_timeout(seconds: float | None) -> None:
-    """Longest dt waits on one message (rule 2 of `timeout_for`); None forgets it."""
-    global _user_timeout
-    _user_timeout = None if seconds is None else parse_timeout(seconds)
+    """Longest dt waits on one message (rule 3 of `timeout_for`); None forgets it."""
+    SETTINGS.user_timeout = None if seconds is None else parse_timeout(seconds)
 
 
 def set_launcher_timeout(seconds: float | None) -> None:
-    """The launcher's wait for this run (rule 4): below everything the user sets."""
-    global _launcher_timeout
-    _launcher_timeout = None if seconds is None else parse_timeout(seconds)
-
-
-def get_timeout() -> float:
-    """The timeout of a wait on a group with no timeout of its own (rules 3 to 6)."""
-    return _fallback()
-
-
-def _fallback() -> Timeout:
-    for seconds, source in ((_user_timeout, "dt.set_timeout"), (_env_timeout(), "DT_TIMEOUT"),
-                            (_launcher_timeout, "the launcher's")):
-        if seconds is not None:
-            return Timeout(seconds, source)
-    return Timeout(DEFAULT_TIMEOUT, "dt's default")
+    """The launcher's wait for this run (rule 5): below everything the user sets."""
+    SETTINGS.launcher_timeout = None if seconds is None else parse_timeout(seconds)
 
 
 class Timeout(float):
@@ -126,8 +133,8 @@ def call_timeout(timeout: float | datetime.timedelta | None) -> Iterator[None]:
 
 
 def launcher_owns(pg: Any) -> None:
-    """The launcher created `pg` with a timeout of its own choosing: not the user's (rule 1)."""
-    _declared[id(pg)] = (pg, None)
+    """The launcher created `pg` with a timeout of its own choosing: not the user's (rule 2)."""
+    SETTINGS.declared[id(pg)] = (pg, None)
 
 
 def group_timeout(pg: Any = None) -> float | None:
@@ -136,11 +143,11 @@ def group_timeout(pg: Any = None) -> float | None:
         if not dist.is_initialized():
             return None
         pg = dist.group.WORLD
-    hit = _declared.get(id(pg))
+    hit = SETTINGS.declared.get(id(pg))
     if hit is not None and hit[0] is pg:
         return hit[1]
     seconds = _read_group_timeout(pg)
-    _declared[id(pg)] = (pg, seconds)
+    SETTINGS.declared[id(pg)] = (pg, seconds)
     return seconds
 
 
@@ -160,15 +167,27 @@ def _read_group_timeout(pg: Any) -> float | None:
 def timeout_for(group: Any = None) -> Timeout:
     """How long a wait on `group` (a dt Group, a ProcessGroup, or None: the world) may last.
 
-    THE rule (module docstring): the call's timeout, else the group's, else
-    dt.set_timeout, else DT_TIMEOUT, else the launcher's, else 300 s.
+    THE rule (module docstring), every wait's one source: the first of TIMEOUT_SOURCES
+    that is set, read in this order and no further than needed.
     """
-    call = _call_timeout.get()
-    if call is not None:
-        return Timeout(call, "this call's timeout=")
+    seconds = _call_timeout.get()  # 1
+    if seconds is not None:
+        return Timeout(seconds, TIMEOUT_SOURCES[0])
     pg = getattr(group, "pg", group)
-    declared = group_timeout(pg) if pg is not None or dist.is_initialized() else None
-    return Timeout(declared, "the group's timeout") if declared is not None else _fallback()
+    seconds = group_timeout(pg)  # 2
+    if seconds is not None:
+        return Timeout(seconds, TIMEOUT_SOURCES[1])
+    return get_timeout()
+
+
+def get_timeout() -> Timeout:
+    """Rules 3 to 6 of `timeout_for`: a wait outside any call's timeout, on a group of no
+    timeout of its own (the launcher's process group at init)."""
+    for seconds, source in zip((SETTINGS.user_timeout, _env_timeout(), SETTINGS.launcher_timeout),
+                               TIMEOUT_SOURCES[2:5]):  # 3, 4, 5
+        if seconds is not None:
+            return Timeout(seconds, source)
+    return Timeout(DEFAULT_TIMEOUT, TIMEOUT_SOURCES[5])  # 6
 
 
 def set_validation(enabled: bool | None) -> None:
@@ -180,8 +199,7 @@ def set_validation(enabled: bool | None) -> None:
     every rank, where gloo would abort the receiving process. Benchmarks turn it
     off, as torch.distributed runs without such a check by default.
     """
-    global _validate
-    _validate = None if enabled is None else bool(enabled)
+    SETTINGS.validate = None if enabled is None else bool(enabled)
 
 
 def _env_validation() -> bool:
@@ -189,15 +207,13 @@ def _env_validation() -> bool:
 
 
 def validation_enabled() -> bool:
-    return _env_validation() if _validate is None else _validate
+    enabled = SETTINGS.validate
+    return _env_validation() if enabled is None else enabled
 
 
 def check_environment() -> None:
     """Read every DT_* variable now (dt.args.ENVIRONMENT): ValueError naming the bad one."""
     args.check_environment()
-
-
-_transport: str | None = None  # dt.set_transport; None: DT_TRANSPORT, else auto
 
 
 def set_transport(name: str | None) -> None:
@@ -209,18 +225,17 @@ def set_transport(name: str | None) -> None:
     connects (its first collective), so every rank must set the same value
     before then; `DT_TRANSPORT` sets it for a whole run; None forgets this call.
     """
-    global _transport
     if name is not None:
         try:
             name = args.transport(name)
         except args.InputError as exc:
             raise args.InputError(f"transport {exc}") from None
-    _transport = name
+    SETTINGS.transport = name
 
 
 def get_transport() -> str:
-    if _transport is not None:
-        return _transport
+    if SETTINGS.transport is not None:
+        return SETTINGS.transport
     return args.env_value("DT_TRANSPORT", "auto")
 
 

@@ -32,13 +32,16 @@ SEND, RECV = "send", "recv"
 
 
 class Wire:
-    """What every wire offers: post a batch, say whether receives may be posted ahead."""
+    """What every wire offers: post a batch, say whether receives may be posted ahead, close."""
 
     name = "wire"
     posts_ahead = True
 
     def post(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Any]:
         raise NotImplementedError
+
+    def close(self) -> None:
+        """Stop what the wire runs of its own (a thread), when its group is disconnected."""
 
 
 class TorchWire(Wire):

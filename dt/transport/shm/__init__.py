@@ -6,7 +6,8 @@
 - wire.py     ShmWire (a Wire like TorchWire), and the torch wire that pumps it
 - board.py    the load/store algorithms' side: staging, descriptors, rounds, syncs
 - alloc.py    shared allocations (dt.shm_empty): tensors peers read in place
-- host.py     one group's segment on one host: its layout, and how it is shared
+- host.py     one group's segment on one host: its layout, what a rank holds of it (HostLink)
+- attach.py   how the host's ranks come to share it, and the engine, wire and board built on it
 
 dt.transport.connect builds all of it for a group at its first collective.
 """

@@ -33,7 +33,7 @@ import torch
 
 from dt.transport.connect import connect
 from dt.transport.group import Group, resolve_group
-from dt.transport.shm.host import share
+from dt.transport.shm.attach import share
 
 __all__ = ["allocate", "is_shared"]
 

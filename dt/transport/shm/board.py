@@ -134,7 +134,7 @@ class Call:
 
     def __init__(self, board: Board, collective: str, algorithm: str):
         self.board, self.collective, self.algorithm = board, collective, algorithm
-        self.charge = accounting.charge_target() or (collective, algorithm)
+        self.charge = accounting.label(collective, algorithm)
         self.syncs = 0
         self.zero_copy = False  # did any rank publish in place in any round
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 
 import torch
@@ -91,8 +92,9 @@ class Engine:
     """This rank's pending point-to-point operations over its channels, and their progress."""
 
     def __init__(self, sync: Sync, out: dict[int, Channel], inn: dict[int, Channel],
-                 words: memoryview):
+                 words: memoryview, timeout: Callable[[], float]):
         self.sync, self.out, self.inn, self.words = sync, out, inn, words
+        self.timeout = timeout  # a wait given none: its group's (settings.timeout_for)
         self.sends: dict[int, deque[_Op]] = {j: deque() for j in out}
         self.recvs: dict[int, deque[_Op]] = {j: deque() for j in inn}
         self.lock = threading.RLock()
@@ -199,7 +201,8 @@ class Engine:
             try:
                 self.sync.wait(lambda: op.done or op.error is not None, self.blockers,
                                lambda: f"a {work.kind} of {op.nbytes} bytes with rank {name}",
-                               progress=self.progress, timeout=timeout)
+                               progress=self.progress,
+                               timeout=self.timeout if timeout is None else timeout)
             except Exception as exc:  # dead or failed peer, timeout: peers waiting on us stop too
                 self.break_(str(exc))
                 raise

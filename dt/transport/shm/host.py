@@ -12,30 +12,26 @@ rounds); the channels share DT_SHM_CHANNEL_BYTES (default CHANNEL_BUDGET,
 segment is large but costs memory only where touched (tmpfs allocates pages
 on first write).
 
-`share(g, topology, name, size)` creates or attaches a segment on every
-rank of a host and unlinks its name once all have mapped it (segment.py);
-`attach_host` builds the group's engine, wire and board on it.
+`HostLink` is what a rank holds for one group on its host. dt.transport.shm.attach
+makes it: `share` creates or attaches the segment on every rank of the host (and
+unlinks its name once all have mapped it: segment.py), `attach_host` builds the
+group's engine, wire and board on it. This file knows no Group, so a group's links
+(dt.transport.group) can name HostLink's type without a cycle.
 """
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
-
-import torch
 
 from dt import args
 from dt.layout import shm_slot_bytes
-from dt.transport.group import Group
 from dt.transport.shm.board import Board
-from dt.transport.shm.channel import Channel, Engine, channel_bytes
-from dt.transport.shm.segment import Segment, segment_name
+from dt.transport.shm.channel import Engine, channel_bytes
+from dt.transport.shm.segment import Segment
 from dt.transport.shm.sync import RANK_BYTES, Sync
 from dt.transport.shm.wire import ShmWire
-from dt.transport.topology import Topology, post_and_wait
-from dt.transport.wire import RECV, SEND
 
-__all__ = ["CHANNEL_BUDGET", "DEFAULT_STAGE_BYTES", "HostLink", "Layout", "attach_host", "share"]
+__all__ = ["CHANNEL_BUDGET", "DEFAULT_STAGE_BYTES", "HostLink", "Layout", "channel_budget", "stage_bytes"]
 
 PAGE = 4096
 HEADER = PAGE
@@ -90,44 +86,6 @@ class Layout:
         return self.staging + self.ranks * 2 * self.capacity
 
 
-def share(g: Group, topo: Topology, what: str, size: int) -> Segment:
-    """Create (host leader) or attach (the others) one segment per host; unlink once all have it.
-
-    Collective over the group's ranks on this host, through the torch wire:
-    the leader creates and tells each peer, each peer attaches and answers,
-    the leader unlinks. Ranks alone on their host get a private mapping.
-    """
-    local = topo.local
-    leader = local[0]
-    name = segment_name(topo.pids[leader], topo.token, f"g{g.name}-h{topo.host}-{what}")
-    flag = torch.zeros(1, dtype=torch.int64)  # host: shm groups are CPU groups
-    if len(local) == 1:
-        seg = Segment.create(name, size)
-        seg.unlink()
-        return seg
-    if topo.rank == leader:
-        seg = Segment.create(name, size)
-        try:
-            post_and_wait(g, [(SEND, flag, q) for q in local[1:]], f"sharing segment {name}")
-            acks = [torch.zeros(1, dtype=torch.int64) for _ in local[1:]]  # host: CPU groups
-            post_and_wait(g, [(RECV, a, q) for a, q in zip(acks, local[1:])], f"sharing segment {name}")
-        finally:
-            seg.unlink()
-        failed = [q for a, q in zip(acks, local[1:]) if int(a)]
-        if failed:
-            raise RuntimeError(f"ranks {[g.ranks[q] for q in failed]} could not map shared segment {name}")
-        return seg
-    post_and_wait(g, [(RECV, flag, leader)], f"sharing segment {name}")
-    try:
-        seg = Segment.attach(name, size)
-    except BaseException:
-        nack = torch.ones(1, dtype=torch.int64)  # host: CPU groups
-        post_and_wait(g, [(SEND, nack, leader)], f"sharing segment {name}")
-        raise
-    post_and_wait(g, [(SEND, flag, leader)], f"sharing segment {name}")
-    return seg
-
-
 @dataclass
 class HostLink:
     """What a rank holds for one group on its host: the segment and what runs on it."""
@@ -138,25 +96,3 @@ class HostLink:
     engine: Engine
     wire: ShmWire
     board: Board
-
-
-def attach_host(g: Group, topo: Topology) -> HostLink:
-    """Share this host's segment for group `g`; build the engine, wire and board on it."""
-    local = topo.local
-    me = topo.local_rank
-    layout = Layout(len(local), stage_bytes(), channel_budget())
-    seg = share(g, topo, "wire", layout.size)
-    buf = memoryview(seg.mm)
-    address = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))
-    names = [g.ranks[q] for q in local]
-    lines = buf[layout.lines:layout.lines + layout.ranks * RANK_BYTES]
-    sync = Sync(lines, address + layout.lines, me, names)
-    words = buf.cast("q")
-    out = {j: Channel(seg.tensor, layout.channel(me, j), layout.slots, layout.slot_bytes)
-           for j in range(len(local)) if j != me}
-    inn = {j: Channel(seg.tensor, layout.channel(j, me), layout.slots, layout.slot_bytes)
-           for j in range(len(local)) if j != me}
-    engine = Engine(sync, out, inn, words)
-    wire = ShmWire(engine, {g.ranks[q]: i for i, q in enumerate(local)})
-    board = Board(seg.tensor, sync, layout.staging, layout.capacity, names, g)
-    return HostLink(seg, layout, sync, engine, wire, board)

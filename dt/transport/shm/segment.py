@@ -27,17 +27,33 @@ import mmap
 import os
 import re
 import threading
+from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DIR", "Segment", "alive", "segment_name", "sweep"]
+__all__ = ["DIR", "NAMES", "Names", "Segment", "alive", "segment_name", "sweep"]
 
 DIR = "/dev/shm"
 _NAME = re.compile(r"^dt-(\d+)-[0-9a-f]+-[A-Za-z0-9_.-]+$")
 
-_pending: set[str] = set()  # names this process created and has not unlinked yet
-_lock = threading.Lock()
-_swept = False
+@dataclass(eq=False)
+class Names:
+    """The segment names this process created and has not unlinked yet (unlinked at exit).
+
+    `reset()` (dt.transport.reset) unlinks them now: a name outlives a run only when
+    a run failed mid-setup. `swept`: whether this process has swept dead creators' names.
+    """
+
+    pending: set[str] = field(default_factory=set)
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    swept: bool = False
+
+    def reset(self) -> None:
+        for name in list(self.pending):
+            Segment.unlink_name(name)
+
+
+NAMES = Names()
 
 
 def segment_name(pid: int, token: str, what: str) -> str:
@@ -89,14 +105,13 @@ class Segment:
 
     @classmethod
     def create(cls, name: str, size: int) -> Segment:
-        global _swept
-        if not _swept:
-            _swept = True
+        if not NAMES.swept:
+            NAMES.swept = True
             sweep()
         path = os.path.join(DIR, name)
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-        with _lock:
-            _pending.add(name)
+        with NAMES.lock:
+            NAMES.pending.add(name)
         try:
             os.ftruncate(fd, size)
             mm = mmap.mmap(fd, size)
@@ -132,15 +147,12 @@ class Segment:
 
     @staticmethod
     def unlink_name(name: str) -> None:
-        with _lock:
-            _pending.discard(name)
+        with NAMES.lock:
+            NAMES.pending.discard(name)
         try:
             os.unlink(os.path.join(DIR, name))
         except FileNotFoundError:
             pass
 
 
-@atexit.register
-def _unlink_pending() -> None:
-    for name in list(_pending):
-        Segment.unlink_name(name)
+atexit.register(NAMES.reset)

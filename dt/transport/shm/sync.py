@@ -42,7 +42,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from dt import args
-from dt.transport import liveness, settings
+from dt.transport import liveness
 from dt.transport.errors import timed_out
 from dt.transport.shm.segment import alive
 
@@ -183,7 +183,7 @@ class Sync:
         words = self.words
         return [j for j in range(self.n) if words[j * WORDS + ARRIVE] < v]
 
-    def sync(self, what: Callable[[], str], timeout: float | Callable[[], float] | None = None) -> None:
+    def sync(self, what: Callable[[], str], timeout: float | Callable[[], float]) -> None:
         """Arrive, then wait until every local rank has arrived as often.
 
         The spin is written out here rather than through `wait`'s callables: a small
@@ -248,8 +248,8 @@ class Sync:
                 raise PeerFailed(f"rank {self.names[j]} (pid {pid}) died")
 
     def wait(self, ready: Callable[[], bool], blockers: Callable[[], Sequence[int]],
-             what: Callable[[], str], progress: Callable[[], object] | None = None,
-             timeout: float | Callable[[], float] | None = None, spin: bool = True) -> None:
+             what: Callable[[], str], progress: Callable[[], object] | None = None, *,
+             timeout: float | Callable[[], float], spin: bool = True) -> None:
         """Return once ready(); spin, then sleep on this rank's bell.
 
         `blockers()` names the local ranks being waited on (checked for death),
@@ -264,7 +264,7 @@ class Sync:
                     progress()
                 if ready():
                     return
-        limit = settings.get_timeout() if timeout is None else timeout() if callable(timeout) else timeout
+        limit = timeout() if callable(timeout) else timeout  # the caller's: settings.timeout_for
         deadline = start + limit
         chunk = 1e-3
         me = self.me

@@ -58,6 +58,7 @@ class _Pump:
         self.lock = threading.Lock()
         self.wake = threading.Event()
         self.thread: threading.Thread | None = None
+        self.stopped = False
 
     def __enter__(self) -> None:
         with self.lock:
@@ -71,9 +72,13 @@ class _Pump:
         with self.lock:
             self.active -= 1
 
+    def stop(self) -> None:
+        self.stopped = True
+        self.wake.set()
+
     def _loop(self) -> None:
         engine = self.engine
-        while True:
+        while not self.stopped:
             self.wake.wait()
             self.wake.clear()
             while self.active and engine.pending and not engine.broken:
@@ -108,3 +113,6 @@ class PumpedTorchWire(TorchWire):
 
     def post(self, ops: Sequence[tuple[str, torch.Tensor, int]]) -> list[Any]:
         return [_Pumped(w, self.pump) for w in super().post(ops)]
+
+    def close(self) -> None:
+        self.pump.stop()

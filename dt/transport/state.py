@@ -1,0 +1,64 @@
+"""The transport's state, whole: everything dt.transport remembers between calls, and its reset.
+
+Each concern keeps one typed dataclass beside the code that uses it (so the hot path
+reads its own module's object, with no extra step), and they are gathered here:
+
+    settings   settings.Settings        timeouts set by dt.set_timeout and the launcher,
+                                         validation, the wire, DT_TIMEOUT as parsed,
+                                         each process group's own timeout (kept)
+    groups     group.Groups             resolve_group's view of each group, with its
+                                         links: topology, wires, board, plans; the
+                                         process groups shared_group made (kept)
+    threads    asynchronous.CommThreads one communication thread per group
+    liveness   liveness.Watch           the failures heard, the waits a failure aborts,
+                                         the channel they come by (kept)
+    traffic    accounting.Recorders     the dt.traffic() blocks open, each thread's label
+    segments   shm.segment.Names        /dev/shm names created and not yet unlinked
+
+`reset()` puts a process back where a new run starts: nothing set, no group connected,
+no thread, no failure known, no record open, no segment name left. What it keeps is
+marked (kept) above: facts of the process itself (its process groups, its watchdog's
+channel), which outlive a run. dt's launcher calls it in each worker before each run
+(dt.launcher.worker: the pool reuses its processes from test to test); a test may too.
+NCCL's rules recorder (rules.recorder) is not here: DT_NCCL_RULES sets it for the whole
+process, and `rules.recording()` restores it on exit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dt.transport import accounting, asynchronous, group, liveness, settings
+from dt.transport.shm import segment
+
+__all__ = ["STATE", "TransportState", "reset"]
+
+
+@dataclass(frozen=True)
+class TransportState:
+    """The transport's state in one object (see the module doc for what each part holds)."""
+
+    settings: settings.Settings
+    groups: group.Groups
+    threads: asynchronous.CommThreads
+    liveness: liveness.Watch
+    traffic: accounting.Recorders
+    segments: segment.Names
+
+    def reset(self) -> None:
+        """Back to a new run's state; threads stop before their groups are forgotten."""
+        self.threads.reset()
+        self.groups.reset()
+        self.settings.reset()
+        self.liveness.reset()
+        self.traffic.reset()
+        self.segments.reset()
+
+
+STATE = TransportState(settings.SETTINGS, group.GROUPS, asynchronous.THREADS, liveness.WATCH,
+                       accounting.RECORDERS, segment.NAMES)
+
+
+def reset() -> None:
+    """Put this process's transport back where a new run starts (TransportState.reset)."""
+    STATE.reset()

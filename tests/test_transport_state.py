@@ -1,0 +1,139 @@
+"""The transport's state in one object (dt.transport.state) and its reset.
+
+A pool reuses its processes from test to test, so whatever one run leaves in the
+transport (a timeout set, a group connected under DT_HOST's hosts, a thread, a
+failure heard) would reach the next; the worker resets before each run. Checked:
+one run leaves all of it behind and the next run starts without any of it; reset
+called by hand disconnects a group connected across marked hosts, stops its
+communication thread and unmaps its segment, and the group connects afresh (one
+host, a board) after it. And the timeout's precedence, rule by rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import dt
+from dt import transport
+from dt.transport import STATE, liveness, settings
+from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
+
+
+def test_the_state_gathers_every_part():
+    parts = {f.name for f in dataclasses.fields(STATE)}
+    assert parts == {"settings", "groups", "threads", "liveness", "traffic", "segments"}
+    assert STATE.settings is settings.SETTINGS and STATE.liveness is liveness.WATCH
+
+
+def _leave_everything_behind() -> bool:
+    """What a careless run leaves: settings, a connected group, a thread, a failure heard."""
+    dt.set_timeout(7)
+    dt.set_validation(False)
+    dt.set_transport("torch")
+    x = torch.ones(8)
+    dt.all_reduce(x, async_op=True).wait()  # connects the world group, starts its thread
+    # heard, as if announced: kept, the next run's first message would refuse to go to rank 1
+    liveness.WATCH.known.append(liveness.Failure(1, "raised", "rank 1 raised (made up)"))
+    return transport.resolve_group(None).links.topology is not None
+
+
+def _what_a_run_starts_with() -> dict:
+    view = transport.resolve_group(None)
+    out = {"source": transport.timeout_for(view).source, "validate": settings.validation_enabled(),
+           "wire": settings.get_transport(), "connected": view.links.topology is not None,
+           "threads": len(STATE.threads.threads), "known": len(liveness.failures()),
+           "records": len(STATE.traffic.open)}
+    x = torch.ones(8)
+    dt.all_reduce(x)
+    out["board"] = view.links.board is not None  # the wire is auto's again: shared memory
+    out["value"] = x[0].item()
+    return out
+
+
+def test_a_run_starts_from_a_fresh_transport(run):
+    assert run(2, _leave_everything_behind) == [True, True]
+    for got in run(2, _what_a_run_starts_with):
+        assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,
+                       "threads": 0, "known": 0, "records": 0, "board": True, "value": 2.0}
+
+
+def _reset_by_hand() -> dict:
+    saved = os.environ.get("DT_HOST")
+    os.environ["DT_HOST"] = f"host{dist.get_rank()}"  # each rank a host of its own
+    try:
+        view = transport.resolve_group(None)
+        dt.all_reduce(torch.ones(4), async_op=True).wait()
+        before = view.links.topology.host_count
+        thread = STATE.threads.threads[view.key].thread
+    finally:
+        if saved is None:
+            os.environ.pop("DT_HOST", None)
+        else:
+            os.environ["DT_HOST"] = saved
+    transport.reset()
+    thread.join(10)
+    after = transport.resolve_group(None)
+    x = torch.ones(4)
+    dt.all_reduce(x, algorithm="one_shot")  # needs one host's board: connected afresh
+    return {"before": before, "old view": view.links.topology is None, "new view": after is not view,
+            "thread": thread.is_alive(), "after": after.links.topology.host_count, "value": x[0].item()}
+
+
+@pytest.mark.timeout(120)
+def test_reset_disconnects_groups_and_stops_their_threads(run):
+    for got in run(2, _reset_by_hand, timeout=100):
+        assert got == {"before": 2, "old view": True, "new view": True, "thread": False, "after": 1,
+                       "value": 2.0}
+
+
+def _mapped_segments() -> int:
+    with open("/proc/self/maps") as f:
+        return sum("/dev/shm/dt-" in line for line in f)
+
+
+def _reset_unmaps() -> list[int]:
+    dt.all_reduce(torch.ones(4))  # connected: the group's segment mapped
+    before = _mapped_segments()
+    transport.reset()
+    return [before, _mapped_segments()]
+
+
+def test_reset_unmaps_the_segment_at_once(run):
+    for before, after in run(2, _reset_unmaps):
+        assert before >= 1 and after == 0, (before, after)
+
+
+def _precedence() -> list:
+    """Every source of the timeout set at once, then taken away from the top: the next one wins."""
+    given = dist.new_group(timeout=datetime.timedelta(seconds=2))
+    saved = os.environ.get("DT_TIMEOUT")
+    seen = []
+    try:
+        settings.set_timeout(3)
+        os.environ["DT_TIMEOUT"] = "4"
+        settings.set_launcher_timeout(5)
+        with settings.call_timeout(1):
+            seen.append(settings.timeout_for(given))
+        seen.append(settings.timeout_for(given))
+        seen.append(settings.timeout_for(None))  # the launcher's world group: none of its own
+        settings.set_timeout(None)
+        seen.append(settings.timeout_for(None))
+        del os.environ["DT_TIMEOUT"]
+        seen.append(settings.timeout_for(None))
+        settings.set_launcher_timeout(None)
+        seen.append(settings.timeout_for(None))
+    finally:
+        if saved is not None:
+            os.environ["DT_TIMEOUT"] = saved
+    return [(float(t), t.source) for t in seen]
+
+
+def test_the_timeout_precedence(run):
+    got = run(1, _precedence)[0]
+    assert got == list(zip((1.0, 2.0, 3.0, 4.0, 5.0, settings.DEFAULT_TIMEOUT), settings.TIMEOUT_SOURCES))
