@@ -198,18 +198,23 @@ def test_a_script_without_a_main_guard_is_refused_in_one_line(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text("from dt.launcher import run_workers\n\n\ndef f():\n    return 1\n\n\n"
                       "print(run_workers(f, 2, timeout=60))\n")
-    out = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True,
-                         timeout=200, cwd=tmp_path)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1] == (
+    guarded = tmp_path / "guarded.py"  # the same script with the guard: it runs (at once, beside)
+    guarded.write_text(script.read_text().replace("print(", "if __name__ == '__main__':\n    print("))
+    both = [subprocess.Popen([sys.executable, str(s)], env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path) for s in (script, guarded)]
+    try:
+        (_, err), (out_guarded, err_guarded) = (p.communicate(timeout=200) for p in both)
+    finally:
+        for p in both:  # only if the test failed
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert both[0].returncode == 1
+    assert err.strip().splitlines()[-1] == (
         "ValueError: unguarded.py, line 8: the script has no `if __name__ == '__main__':` guard, so "
         "spawned workers re-run it; put the code that starts the workers under that guard")
-    assert "exited with code" not in out.stderr and "dt-rank" not in out.stderr  # nothing spawned
-    guarded = script.read_text().replace("print(", "if __name__ == '__main__':\n    print(")
-    script.write_text(guarded)
-    out = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True,
-                         timeout=200, cwd=tmp_path)
-    assert out.returncode == 0 and out.stdout.strip() == "[1, 1]", out.stderr[-2000:]
+    assert "exited with code" not in err and "dt-rank" not in err  # nothing spawned
+    assert both[1].returncode == 0 and out_guarded.strip() == "[1, 1]", err_guarded[-2000:]
     assert _left_behind(str(tmp_path)) == []
 
 
