@@ -509,9 +509,18 @@ def _session_leftovers(sid: int) -> list[str]:
 
 
 def _dt(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    proc = subprocess.Popen([sys.executable, "-m", "dt", *argv], stdout=subprocess.PIPE,
+    return _dt_finished(_dt_started(*argv), timeout)
+
+
+def _dt_started(*argv: str) -> subprocess.Popen:
+    """`python -m dt ...` started, in a session of its own (to find what it leaves behind)."""
+    return subprocess.Popen([sys.executable, "-m", "dt", *argv], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True,
                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+
+
+def _dt_finished(proc: subprocess.Popen, timeout: float = 240) -> subprocess.CompletedProcess:
+    """Its output once it has ended; nothing of its session may be left."""
     try:
         out, err = proc.communicate(timeout=timeout)
     finally:
@@ -531,12 +540,13 @@ TRAIN = ["train", "--batch-size", "4", "--block-size", "8", "--n-layer", "1", "-
 @pytest.mark.timeout(300)
 def test_cli_refuses_bad_checkpoints_in_one_line_and_leaves_nothing(run, tmp_path):
     missing = tmp_path / "no" / "ckpt"
-    done = _dt(*TRAIN, "--steps", "2", "--checkpoint", str(missing))
+    refusal = _dt_started(*TRAIN, "--steps", "2", "--checkpoint", str(missing))  # while the pool trains
+    d = tmp_path / "ckpt"
+    run(2, _train_runs, [((2, 1, 1), 2, {"checkpoint": d, "batch_size": 4, "n_layer": 1})])
+    done = _dt_finished(refusal)
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"dt train: error: checkpoint directory {missing}: its parent {missing.parent} " \
                           f"does not exist\n"
-    d = tmp_path / "ckpt"
-    run(2, _train_runs, [((2, 1, 1), 2, {"checkpoint": d, "batch_size": 4, "n_layer": 1})])
     bad = d / "step-00000002" / "rank-00001.pt"
     size = bad.stat().st_size
     bad.write_bytes(b"")

@@ -14,6 +14,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -82,52 +84,99 @@ def _assert_nothing_left(job: str, marker: str, shm_before: set[str]) -> None:
     assert dt_segments() - shm_before == set(), "shared-memory segments left in /dev/shm"
 
 
-@pytest.mark.timeout(300)
-def test_two_hosts_see_their_topology_and_reduce_like_torch():
-    marker, before = uuid.uuid4().hex, dt_segments()
-    p = _up(["--hosts", "2", "--per-host", "2", "--link", "1Gbit"], ["python", SCRIPT, "2", "2"], marker)
-    out, err = _finish(p)
-    assert p.returncode == 0, out + err
-    ok = sorted(line for line in out.splitlines() if "cluster-ok" in line)
-    assert len(ok) == 4, out + err
-    for r in range(4):
-        assert f"[h{r // 2}] cluster-ok rank {r} hosts [0, 0, 1, 1]" in ok, ok
-    _assert_nothing_left(_job(err), marker, before)
+SLEEPER = ["python", "-u", "-c", "import time; print('up', flush=True); time.sleep(60)"]
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
 
 
-@pytest.mark.timeout(300)
-def test_a_failing_host_ends_the_run_and_everything_goes():
-    # host 1 fails at once, host 0 would sleep a minute: the run ends after the grace, status 1
-    marker, before = uuid.uuid4().hex, dt_segments()
-    cmd = ["python", "-c", "import os, sys, time; g = os.environ['GROUP_RANK']; "
-           "sys.exit(3) if g == '1' else time.sleep(60)"]
-    p = _up(["--hosts", "2", "--per-host", "1"], cmd, marker)
-    out, err = _finish(p)
-    assert p.returncode != 0, out + err
-    _assert_nothing_left(_job(err), marker, before)
+@dataclass
+class Run:
+    """One `dt cluster up` of this file's: its marker, its output, its exit status."""
+
+    marker: str
+    process: subprocess.Popen
+    out: str = ""
+    err: str = ""
+
+    @property
+    def code(self) -> int | None:
+        return self.process.returncode
+
+
+def _killed_runner_is_downed(job: str) -> None:
+    """The runner had no chance to clean up: `dt cluster list` shows the stale job, `down` removes it."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    listed = subprocess.run([sys.executable, "-m", "dt", "cluster", "list"], capture_output=True, text=True,
+                            cwd=ROOT, env=env)
+    assert f"{job}  stale" in listed.stdout, listed.stdout + listed.stderr
+    down = subprocess.run([sys.executable, "-m", "dt", "cluster", "down"], capture_output=True, text=True,
+                          cwd=ROOT, env=env)
+    assert down.returncode == 0 and job in down.stdout, down.stdout + down.stderr
+
+
+@pytest.fixture(scope="module")
+def runs() -> Iterator[tuple[dict[str, Run], set[str]]]:
+    """Every run of this file's, all at once (each mostly waits: on torchrun's start-up, a grace,
+    a signal), each with a marker of its own; the checks of what is left come after all have ended."""
+    before = dt_segments()
+    starts = {
+        "two hosts": (["--hosts", "2", "--per-host", "2", "--link", "1Gbit"], ["python", SCRIPT, "2", "2"]),
+        # host 1 fails at once, host 0 would sleep a minute: the run ends after the grace, status 1
+        "a failing host": (["--hosts", "2", "--per-host", "1"],
+                           ["python", "-c", "import os, sys, time; g = os.environ['GROUP_RANK']; "
+                            "sys.exit(3) if g == '1' else time.sleep(60)"]),
+        **{sig.name: (["--hosts", "2", "--per-host", "1"], SLEEPER) for sig in SIGNALS},
+    }
+    started: dict[str, Run] = {}
+    try:
+        for name, (args, cmd) in starts.items():
+            marker = uuid.uuid4().hex
+            started[name] = Run(marker, _up(args, cmd, marker))
+        for sig in SIGNALS:
+            p = started[sig.name].process
+            line = p.stdout.readline()  # the first host's "up": every namespace exists by then
+            assert "up" in line, f"{sig.name}: {line}"
+            p.send_signal(sig)
+        for run in started.values():
+            run.out, run.err = _finish(run.process)
+        _killed_runner_is_downed(_job(started["SIGKILL"].err))
+        yield started, before
+    finally:
+        for run in started.values():  # only if the fixture failed: each runner tears its hosts down
+            if run.process.poll() is None:
+                run.process.terminate()
+                run.process.communicate(timeout=60)
 
 
 @pytest.mark.timeout(600)
-def test_ctrl_c_sigterm_and_a_killed_runner_leave_nothing():
-    marker, before = uuid.uuid4().hex, dt_segments()
-    cmd = ["python", "-u", "-c", "import time; print('up', flush=True); time.sleep(60)"]
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
-        p = _up(["--hosts", "2", "--per-host", "1"], cmd, marker)
-        line = p.stdout.readline()  # the first host's "up": every namespace exists by then
-        assert "up" in line, line
-        p.send_signal(sig)
-        out, err = _finish(p)
-        job = _job(err)
+def test_two_hosts_see_their_topology_and_reduce_like_torch(runs):
+    done, before = runs
+    run = done["two hosts"]
+    assert run.code == 0, run.out + run.err
+    ok = sorted(line for line in run.out.splitlines() if "cluster-ok" in line)
+    assert len(ok) == 4, run.out + run.err
+    for r in range(4):
+        assert f"[h{r // 2}] cluster-ok rank {r} hosts [0, 0, 1, 1]" in ok, ok
+    _assert_nothing_left(_job(run.err), run.marker, before)
+
+
+@pytest.mark.timeout(600)
+def test_a_failing_host_ends_the_run_and_everything_goes(runs):
+    done, before = runs
+    run = done["a failing host"]
+    assert run.code != 0, run.out + run.err
+    _assert_nothing_left(_job(run.err), run.marker, before)
+
+
+@pytest.mark.timeout(600)
+def test_ctrl_c_sigterm_and_a_killed_runner_leave_nothing(runs):
+    done, before = runs
+    for sig in SIGNALS:
+        run = done[sig.name]
+        job = _job(run.err)
         if sig != signal.SIGKILL:  # Ctrl-C: 130, SIGTERM: 143, after the teardown
-            assert p.returncode == 128 + sig, err
-        else:  # the runner had no chance to clean up: `dt cluster down` finds the stale job
-            listed = subprocess.run([sys.executable, "-m", "dt", "cluster", "list"], capture_output=True,
-                                    text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-            assert f"{job}  stale" in listed.stdout, listed.stdout + listed.stderr
-            down = subprocess.run([sys.executable, "-m", "dt", "cluster", "down"], capture_output=True,
-                                  text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
-            assert down.returncode == 0 and job in down.stdout, down.stdout + down.stderr
-        _assert_nothing_left(job, marker, before)
+            assert run.code == 128 + sig, f"{sig.name}: {run.err}"
+        # the killed runner's stale job was found by `dt cluster list` and removed by `down` (the fixture)
+        _assert_nothing_left(job, run.marker, before)
 
 
 def test_refusals_are_one_line():

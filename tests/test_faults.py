@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -110,12 +112,12 @@ def _park(directory: str) -> None:
     time.sleep(600)
 
 
-def _start_launcher(directory: Path, world: int) -> subprocess.Popen:
+def _start_launcher(directory: Path, world: int, **extra: str) -> subprocess.Popen:
     """A launcher process (its own process group, as a shell job is) running run_workers(_park)."""
     directory.mkdir()
     code = ("import sys; from dt.launcher import run_workers; from tests.test_faults import _park; "
             "run_workers(_park, int(sys.argv[1]), sys.argv[2], timeout=300)")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", **extra)
     return subprocess.Popen([sys.executable, "-c", code, str(world), str(directory)], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             preexec_fn=default_sigint)
@@ -130,26 +132,47 @@ def default_sigint() -> None:
 @pytest.mark.timeout(240)
 def test_workers_die_with_their_launcher(tmp_path):
     """SIGKILL (nothing runs in the launcher), SIGTERM (a scheduler), Ctrl-C (the terminal
-    signals the whole process group): within seconds no worker, fork server or helper is left."""
+    signals the whole process group): within seconds no worker, fork server or helper is left.
+
+    The pool's rendezvous is a file: a launcher killed outright cannot remove it, its workers
+    do as they die with it. The SIGKILLed launcher's temporary directory is its own, to see
+    that; a short one: the fork server's socket lives in TMPDIR, and a socket path is at most
+    107 bytes (pytest's tmp_path under the suite's TMPDIR is longer)."""
     world, signals = 2, ("SIGKILL", "SIGTERM", "SIGINT")
-    launchers = {how: _start_launcher(tmp_path / how, world) for how in signals}  # start together
-    deadline = time.monotonic() + 180
-    for how, launcher in launchers.items():
-        while len(list((tmp_path / how).glob("*.pid"))) < world:
-            assert launcher.poll() is None and time.monotonic() < deadline, f"{how}: no start"
-            time.sleep(0.1)
-    for how, launcher in launchers.items():
-        workers = [int(p.read_text()) for p in (tmp_path / how).glob("*.pid")]
-        helpers = _children(launcher.pid)  # the fork server and the resource tracker
-        if how == "SIGINT":
-            os.killpg(launcher.pid, signal.SIGINT)
-        else:
-            os.kill(launcher.pid, getattr(signal, how))
-        code = launcher.wait(30)
-        assert _wait_gone(workers + helpers, within=15) < 15, how  # "a few seconds", loaded
-        if how == "SIGTERM":
-            assert code == 128 + signal.SIGTERM  # stopped its workers, then exited as asked
-        assert sorted(p.name for p in (tmp_path / how).iterdir()) == [f"{r}.pid" for r in range(world)]
+    own_tmp = Path(tempfile.mkdtemp(prefix="fk-", dir="/tmp"))
+    launchers: dict[str, subprocess.Popen] = {}
+    try:
+        launchers = {how: _start_launcher(tmp_path / how, world, **({"TMPDIR": str(own_tmp)}
+                                                                     if how == "SIGKILL" else {}))
+                     for how in signals}  # start together
+        deadline = time.monotonic() + 180
+        for how, launcher in launchers.items():
+            while len(list((tmp_path / how).glob("*.pid"))) < world:
+                assert launcher.poll() is None and time.monotonic() < deadline, f"{how}: no start"
+                time.sleep(0.1)
+        assert len(list(own_tmp.glob("dt-pool-*"))) == 1  # the store's directory, while it runs
+        for how, launcher in launchers.items():
+            _stop_launcher(how, launcher, tmp_path / how, world)
+        assert list(own_tmp.glob("dt-pool-*")) == []  # removed by the SIGKILLed launcher's workers
+    finally:
+        for launcher in launchers.values():  # only if the test failed
+            if launcher.poll() is None:
+                launcher.kill()
+        shutil.rmtree(own_tmp, ignore_errors=True)
+
+
+def _stop_launcher(how: str, launcher: subprocess.Popen, directory: Path, world: int) -> None:
+    workers = [int(p.read_text()) for p in directory.glob("*.pid")]
+    helpers = _children(launcher.pid)  # the fork server and the resource tracker
+    if how == "SIGINT":
+        os.killpg(launcher.pid, signal.SIGINT)
+    else:
+        os.kill(launcher.pid, getattr(signal, how))
+    code = launcher.wait(30)
+    assert _wait_gone(workers + helpers, within=15) < 15, how  # "a few seconds", loaded
+    if how == "SIGTERM":
+        assert code == 128 + signal.SIGTERM  # stopped its workers, then exited as asked
+    assert sorted(p.name for p in directory.iterdir()) == [f"{r}.pid" for r in range(world)]
 
 
 def test_a_stopped_command_says_so_in_one_line(capsys):

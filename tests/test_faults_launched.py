@@ -7,6 +7,9 @@
    function, a function workers cannot import) are refused or reported in one line;
 4. the pool's start-up never stalls (a stall is a bug, so it is bounded, against the median).
 
+That a SIGKILLed local launcher leaves no store file is checked with the launcher's other
+deaths, started together, in test_faults.py's test_workers_die_with_their_launcher.
+
 Nothing is left behind: every test scans /proc for processes of its own (their command
 lines name the test's directory) and for the ranks' pids, after the run.
 """
@@ -16,7 +19,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import shutil
 import signal
 import statistics
 import subprocess
@@ -71,27 +73,42 @@ def _env(**extra: str) -> dict[str, str]:
 # -- 1. under torchrun ---------------------------------------------------------
 
 
+def _the_hung_rank_was_named(hung: int, code: int, stderr: str, took: float) -> None:
+    case = f"rank {hung} hung: "
+    assert code != 0, case + stderr[-3000:]
+    heads = [line for line in stderr.splitlines() if line.startswith("faults_script: ")]
+    assert len(heads) == 1, case + stderr[-3000:]
+    assert heads[0].startswith(f"faults_script: _job: rank {hung} never arrived: rank "), case + heads[0]
+    assert f"waited on rank {hung}" in heads[0] and "Timed out waiting 5000ms" in heads[0], case + heads[0]
+    assert f"  rank {hung}: stopped: still running _job 5s after rank " in stderr, case + stderr[-3000:]
+    assert took < 300, f"{case}the job took {took:.0f}s: it waited out the run's timeout"  # 600 s hung
+
+
 @needs_torchrun
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("hung", [1, 0])
-def test_a_rank_hung_in_its_compute_ends_the_torchrun_job_and_is_named(tmp_path, hung):
+def test_a_rank_hung_in_its_compute_ends_the_torchrun_job_and_is_named(tmp_path):
     """DT_TIMEOUT=5: the others time out on the hung rank at +5 s; the job then ends (their
     WorkerError, torchrun stops the hung rank) instead of waiting out the run's 300 s or the
-    hung rank's 600 s sleep. The report names the hung rank, printed by the lowest live rank."""
-    directory = tmp_path / "ranks"
-    directory.mkdir()
-    start = time.monotonic()
-    out = subprocess.run(_torchrun_cmd(directory, "hang", str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
-                         capture_output=True, text=True, timeout=330, cwd=tmp_path)
-    took = time.monotonic() - start
-    assert out.returncode != 0, out.stderr[-3000:]
-    heads = [line for line in out.stderr.splitlines() if line.startswith("faults_script: ")]
-    assert len(heads) == 1, out.stderr[-3000:]
-    assert heads[0].startswith(f"faults_script: _job: rank {hung} never arrived: rank "), heads[0]
-    assert f"waited on rank {hung}" in heads[0] and "Timed out waiting 5000ms" in heads[0], heads[0]
-    assert f"  rank {hung}: stopped: still running _job 5s after rank " in out.stderr, out.stderr[-3000:]
-    assert took < 300, f"the job took {took:.0f}s: it waited out the run's timeout"  # 600 s hung
-    assert _wait_gone(_pids(directory), within=15) < 15
+    hung rank's 600 s sleep. The report names the hung rank, printed by the lowest live rank.
+    Rank 1 hung and rank 0 hung (then rank 1 reports) are two jobs, run at once: each mostly
+    waits on its hung rank."""
+    jobs = {}
+    for hung in (1, 0):
+        directory = tmp_path / f"ranks{hung}"
+        directory.mkdir()
+        jobs[hung] = (directory, time.monotonic(), subprocess.Popen(
+            _torchrun_cmd(directory, "hang", str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
+    try:
+        for hung, (directory, start, job) in jobs.items():
+            _, stderr = job.communicate(timeout=330)
+            _the_hung_rank_was_named(hung, job.returncode, stderr, time.monotonic() - start)
+            assert _wait_gone(_pids(directory), within=15) < 15, f"rank {hung} hung"
+    finally:
+        for _, _, job in jobs.values():  # only if the test failed
+            if job.poll() is None:
+                job.kill()
+                job.communicate()
     assert _left_behind(str(tmp_path)) == []
 
 
@@ -181,18 +198,23 @@ def test_a_script_without_a_main_guard_is_refused_in_one_line(tmp_path):
     script = tmp_path / "unguarded.py"
     script.write_text("from dt.launcher import run_workers\n\n\ndef f():\n    return 1\n\n\n"
                       "print(run_workers(f, 2, timeout=60))\n")
-    out = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True,
-                         timeout=200, cwd=tmp_path)
-    assert out.returncode == 1
-    assert out.stderr.strip().splitlines()[-1] == (
+    guarded = tmp_path / "guarded.py"  # the same script with the guard: it runs (at once, beside)
+    guarded.write_text(script.read_text().replace("print(", "if __name__ == '__main__':\n    print("))
+    both = [subprocess.Popen([sys.executable, str(s)], env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, cwd=tmp_path) for s in (script, guarded)]
+    try:
+        (_, err), (out_guarded, err_guarded) = (p.communicate(timeout=200) for p in both)
+    finally:
+        for p in both:  # only if the test failed
+            if p.poll() is None:
+                p.kill()
+                p.communicate()
+    assert both[0].returncode == 1
+    assert err.strip().splitlines()[-1] == (
         "ValueError: unguarded.py, line 8: the script has no `if __name__ == '__main__':` guard, so "
         "spawned workers re-run it; put the code that starts the workers under that guard")
-    assert "exited with code" not in out.stderr and "dt-rank" not in out.stderr  # nothing spawned
-    guarded = script.read_text().replace("print(", "if __name__ == '__main__':\n    print(")
-    script.write_text(guarded)
-    out = subprocess.run([sys.executable, str(script)], env=_env(), capture_output=True, text=True,
-                         timeout=200, cwd=tmp_path)
-    assert out.returncode == 0 and out.stdout.strip() == "[1, 1]", out.stderr[-2000:]
+    assert "exited with code" not in err and "dt-rank" not in err  # nothing spawned
+    assert both[1].returncode == 0 and out_guarded.strip() == "[1, 1]", err_guarded[-2000:]
     assert _left_behind(str(tmp_path)) == []
 
 
@@ -208,37 +230,6 @@ def test_a_function_workers_cannot_import_is_named_in_one_line(tmp_path):
                     r"cannot be loaded in the worker \(Can't get attribute 'f'", heads[0]), heads[0]
     assert "define it in a module they can import (not in `python -c`" in heads[0]
     assert _left_behind(str(tmp_path)) == []
-
-
-@pytest.mark.timeout(240)
-def test_a_sigkilled_launcher_leaves_no_store_file():
-    """The pool's rendezvous is a file: a launcher killed outright cannot remove it, its
-    workers do as they die with it."""
-    # Its own short temporary directory: the fork server's socket lives in TMPDIR, and a
-    # socket path is at most 107 bytes (pytest's tmp_path under the suite's TMPDIR is longer).
-    tmp = Path(tempfile.mkdtemp(prefix="fk-", dir="/tmp"))
-    directory = tmp / "ranks"
-    directory.mkdir()
-    code = ("import sys; from dt.launcher import run_workers; from tests.test_faults import _park; "
-            "run_workers(_park, 2, sys.argv[1], timeout=300)")
-    launcher = subprocess.Popen([sys.executable, "-c", code, str(directory)], cwd=ROOT,
-                                env=_env(TMPDIR=str(tmp)), stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 180
-        while len(list(directory.glob("*.pid"))) < 2:
-            assert launcher.poll() is None and time.monotonic() < deadline, "no start"
-            time.sleep(0.1)
-        assert len(list(tmp.glob("dt-pool-*"))) == 1  # the store's directory, while it runs
-        workers = [int(p.read_text()) for p in directory.glob("*.pid")]
-        os.kill(launcher.pid, signal.SIGKILL)
-        launcher.wait(30)
-        assert _wait_gone(workers, within=15) < 15
-        assert list(tmp.glob("dt-pool-*")) == []
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # -- 4. the pool's start-up time ----------------------------------------------------

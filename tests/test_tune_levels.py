@@ -62,7 +62,8 @@ def _marked(hosts: list[int], fn, *args):
 
 
 def _tune(hosts: list[int]) -> dict:
-    return _marked(hosts, tune._worker, 3, False, 1, 0, ["shm", "torch"], 1)
+    # the model's other terms quick: this test checks the level pairs (test_cost_terms checks the terms)
+    return _marked(hosts, tune._worker, 3, False, 1, 0, ["shm", "torch"], 1, tune.REPEATS, "quick")
 
 
 @pytest.mark.timeout(240)
