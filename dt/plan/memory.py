@@ -9,7 +9,9 @@
                  once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
                  more), per chunk; with recompute only each block's input is kept,
                  plus one block's whole set while it is recomputed
-    buffers      the largest gradient bucket's flat copy (all_reduce_buckets)
+    buffers      the largest gradient bucket's flat copy (all_reduce_buckets); zero 3 has
+                 none, and adds to the activations the units it holds gathered whole
+                 (dt.parallel.zero.memory.fsdp_gathered_formula)
 
 Activation bytes per layer are dt.cost.activations' (what dt's layers save,
 checked there against saved_tensors_hooks): one micro-batch through a chunk's
@@ -28,10 +30,11 @@ from dt.cost.flops import Decoder
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.pipeline.stash import peak_stash_bytes
 from dt.parallel.zero import zero_memory_formula
+from dt.parallel.zero.memory import fsdp_gathered_formula
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.stage import bucket_bytes, stage_tensors
+from dt.plan.stage import bucket_bytes, fsdp_units, stage_tensors
 
 __all__ = ["peak_bytes"]
 
@@ -73,6 +76,9 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
         if lay.recompute:  # one block's whole set, rebuilt for its backward
             acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp)
         buffers = max(bucket_bytes(dense, item), default=0) if lay.dp * lay.cp > 1 else 0
+        if lay.zero == 3 and lay.dp * lay.cp > 1:  # no buckets; units gathered whole as they run
+            buffers = 0
+            acts += fsdp_gathered_formula(*fsdp_units(model, lay.tp, seq), item)
         row = {"state": int(sum(state.values())), "activations": int(acts), "buffers": int(buffers)}
         row["peak"] = row["state"] + max(row["activations"], row["buffers"])
         out.append(row)

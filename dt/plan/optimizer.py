@@ -20,7 +20,10 @@ __all__ = ["adam_step_seconds", "adam_tensors"]
 
 
 def adam_tensors(lay: Layout, w: StageWork, shards: int) -> tuple[int, ...]:
-    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N))."""
+    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N); zero 3:
+    each FSDP unit's shard)."""
+    if w.fsdp:
+        return tuple(-(-n // shards) for n in w.fsdp)
     if lay.zero and shards > 1:
         psi = sum(w.dense) + w.experts
         return (-(-psi // shards),)

@@ -201,7 +201,8 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, s
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)
-    add(g.dp_cp, 2 * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
+    rings = 3 * m if lay.zero == 3 else 2  # FSDP: two all-gathers and a reduce-scatter a micro-batch
+    add(g.dp_cp, rings * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
     if lay.pp > 1:
         add(g.pp[:2], 2 * m * act)
     return out

@@ -10,6 +10,9 @@
                   the shard, an all-gather of the updated parameters
     ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
+    ZeRO 3        FSDP (pp 1): each unit all-gathered before its forward, again before its
+                  backward, its gradient reduce-scattered there, each blocking (no prefetch):
+                  priced in the stage's forward and backward (dt.plan.stage), none here
     experts       TrainStep's own sync (no DDP wraps the chunks): the buckets all-reduced one
                   after another after the last backward, then the experts' over their replicas
 
@@ -43,7 +46,7 @@ def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> floa
 
 def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list[Action]) -> float:
     """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
-    if len(g.dp_cp) < 2 or lay.zero == 1 or w.experts:
+    if len(g.dp_cp) < 2 or lay.zero in (1, 3) or w.experts:
         return 0.0
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
     priced: dict[int, float] = {}  # most buckets are the cap's size: price each size once
@@ -79,7 +82,7 @@ def after_backward(c: Cluster, w: StageWork, g: Groups) -> list[tuple[str, float
 def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
                           g: Groups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds)."""
-    if not lay.zero or len(g.dp_cp) < 2:
+    if lay.zero in (0, 3) or len(g.dp_cp) < 2:  # zero 3's collectives are in forward and backward
         return [], []
     total = sum(w.dense) * c.itemsize
     before = [("ZeRO-1 reduce-scatter", collective_seconds(c, "reduce_scatter", total, g.dp_cp))] \
