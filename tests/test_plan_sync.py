@@ -126,3 +126,33 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     assert gathered == 2 * item * (44 * 32 + 4 * 32 * 32 + 128)  # the table and h_to_4h, with gradients
     zero2 = peak_bytes(c, TINY, Layout(dp=4, zero=2), 16, 32)[0]
     assert mem["activations"] == int(zero2["activations"] + gathered)
+
+
+def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
+    from dt.plan.memory import peak_bytes
+    from dt.plan.sync import after_backward
+
+    c = catalogue_cluster("h100", 1, 4)
+    moe = ModelShape(2, 2, 32, 44, experts=4, top_k=2)
+    z1, z2 = Layout(dp=4, ep=2, zero=1), Layout(dp=4, ep=2, zero=2)
+    g = stage_groups(z1)[0]
+    assert len(g.dp_cp) == 4 and len(g.edp) == 2  # each expert on 2 of the plane's 4 ranks
+    w = stage_work(c, moe, z1, g, 16, 32, 0)
+    dense, experts = sum(w.dense) * c.itemsize, w.experts * c.itemsize
+    assert w.experts == 2 * 2 * (2 * 32 * 128 + 128 + 32)  # 2 blocks x 2 of the 4 experts
+    rs = [collective_seconds(c, "reduce_scatter", dense, g.dp_cp),
+          collective_seconds(c, "reduce_scatter", experts, g.edp)]
+    ag = [collective_seconds(c, "all_gather", dense, g.dp_cp),
+          collective_seconds(c, "all_gather", experts, g.edp)]
+    before, after = optimizer_collectives(c, z1, w, g)
+    assert [d for _, d in before] == pytest.approx(rs) and [d for _, d in after] == pytest.approx(ag)
+    assert after_backward(c, z1, w, g) == [] and after_backward(c, z2, w, g) == []  # not priced twice
+    assert after_backward(c, Layout(dp=4, ep=2), w, g)  # without ZeRO the step's own sync
+    acts = [("B", 0, i, float(i), i + 1e-6) for i in range(4)]  # short backwards: all of it exposed
+    # tiny: one dense bucket, one of the experts' (two blocks' worth), each reduce-scattered per backward
+    assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * sum(rs))
+    assert backward_exposed(c, z1, w, g, acts) == 0.0
+    assert optimizer_collectives(c, z2, w, g)[0] == []
+    mixed = peak_bytes(c, moe, z1, 16, 32)[0]["state"]  # bf16: 2 + 2 weight and gradient, 12 state
+    psi_d, psi_e = sum(w.dense), w.experts
+    assert mixed == int(4 * (psi_d + psi_e) + 12 * (psi_d / 4 + psi_e / 2))

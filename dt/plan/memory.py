@@ -1,7 +1,7 @@
 """One layout's peak bytes per rank: what a stage holds at the worst moment of its step.
 
     state        parameters, gradients and Adam's two moments of this rank's
-                 tensors (dt.parallel.zero.zero_memory_formula: ZeRO-1 shards
+                 tensors (dt.parallel.zero.zero_memory_parts: ZeRO-1 shards
                  the moments over dp); mixed precision (bf16/fp16): 2 + 2 bytes
                  of weight and gradient and 12 of fp32 master and moments
     activations  what autograd keeps per layer and micro-batch (below, the head's
@@ -29,8 +29,7 @@ from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
 from dt.cost.flops import Decoder
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.pipeline.stash import peak_stash_bytes
-from dt.parallel.zero import zero_memory_formula
-from dt.parallel.zero.memory import fsdp_gathered_formula
+from dt.parallel.zero.memory import fsdp_gathered_formula, zero_memory_parts
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
@@ -67,10 +66,12 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
     out = []
     for s in range(lay.pp):
         dense, experts, _, _, _ = stage_tensors(model, lay, seq, s)
-        psi = sum(dense) + experts
-        # ZeRO shards over the whole data plane, dp x cp (dt.train.step's dp group)
-        state = zero_memory_formula(psi, lay.dp * lay.cp, lay.zero, k=12 if mixed else 2 * item,
-                                    param_bytes=2 if mixed else item, grad_bytes=2 if mixed else item)
+        # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
+        # the experts over their replicas (dt.parallel.zero.parts)
+        n = lay.dp * lay.cp
+        state = zero_memory_parts([(sum(dense), n), (experts, n // lay.ep)], lay.zero,
+                                  k=12 if mixed else 2 * item, param_bytes=2 if mixed else item,
+                                  grad_bytes=2 if mixed else item)
         chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp, recompute)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute:  # one block's whole set, rebuilt for its backward
