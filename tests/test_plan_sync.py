@@ -156,3 +156,31 @@ def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
     mixed = peak_bytes(c, moe, z1, 16, 32)[0]["state"]  # bf16: 2 + 2 weight and gradient, 12 state
     psi_d, psi_e = sum(w.dense), w.experts
     assert mixed == int(4 * (psi_d + psi_e) + 12 * (psi_d / 4 + psi_e / 2))
+
+
+def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
+    from dt.parallel.zero.memory import zero_memory_parts
+    from dt.plan.memory import peak_bytes
+
+    c = catalogue_cluster("h100", 1, 4)
+    lay = Layout(dp=2, pp=2, zero=2, micro_batches=2)
+    item, table = c.itemsize, 44 * 32  # TINY's word table: the embedding's on stage 0, the head's on 1
+    mem = peak_bytes(c, TINY, lay, 16, 32)
+    for s, g in enumerate(stage_groups(lay)):
+        w = stage_work(c, TINY, lay, g, 16, 32, s)
+        assert w.tied == table and (w.embed, w.head) == (s == 0, s == 1)
+        rest = (sum(w.dense) - table) * item  # one bucket (tiny) without the table
+        acts = [("B", 0, i, float(i), float(i)) for i in range(2)]  # instant backwards: all exposed
+        rs = collective_seconds(c, "reduce_scatter", rest, g.dp_cp)
+        assert backward_exposed(c, lay, w, g, acts) == pytest.approx(2 * rs)  # every micro-batch's
+        before, after = optimizer_collectives(c, lay, w, g)
+        assert [d for _, d in before] == [pytest.approx(collective_seconds(c, "reduce_scatter", table * item,
+                                                                           g.dp_cp))]
+        assert len(after) == 1  # the all-gather of the whole shard
+        z = zero_memory_parts([(sum(w.dense), 2), (0, 2)], 2, k=12, param_bytes=2, grad_bytes=2, kept=table)
+        assert mem[s]["state"] == int(sum(z.values()))  # 2 + 2 + 12 bytes, the table's gradient whole
+        assert z["grads"] == 2 * (sum(w.dense) / 2 + table)
+    z1 = Layout(dp=2, pp=2, zero=1, micro_batches=2)
+    g1 = stage_groups(z1)[0]
+    before, _ = optimizer_collectives(c, z1, stage_work(c, TINY, z1, g1, 16, 32, 0), g1)
+    assert len(before) == 1  # ZeRO 1 scatters the table with the rest of the flat gradient

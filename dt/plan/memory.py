@@ -65,13 +65,16 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
     recompute = "full" if lay.recompute else "none"
     out = []
     for s in range(lay.pp):
-        dense, experts, _, _, _ = stage_tensors(model, lay, seq, s)
+        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s)
         # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
         # the experts over their replicas (dt.parallel.zero.parts)
         n = lay.dp * lay.cp
+        # ZeRO 2 keeps a word table's full gradient two stages sum (dt.parallel.zero.optimizer)
+        tied = model.tied and lay.pp > 1 and head != embed
+        kept = model.vocab // lay.tp * model.n_embd if tied and lay.zero == 2 else 0
         state = zero_memory_parts([(sum(dense), n), (experts, n // lay.ep)], lay.zero,
                                   k=12 if mixed else 2 * item, param_bytes=2 if mixed else item,
-                                  grad_bytes=2 if mixed else item)
+                                  grad_bytes=2 if mixed else item, kept=kept)
         chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp, recompute)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute:  # one block's whole set, rebuilt for its backward

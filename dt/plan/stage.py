@@ -100,6 +100,7 @@ class StageWork:
     head: bool
     embed: bool
     fsdp: tuple[int, ...] = ()  # zero 3: numbers of each FSDP unit, the root's first (fsdp_units)
+    tied: int = 0  # numbers of a word table this stage shares with another (the embedding's or head's)
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
@@ -225,5 +226,6 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
     bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
+    tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
     return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
-                     _units(model, lay, g, seq))
+                     _units(model, lay, g, seq), tied)

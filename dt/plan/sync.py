@@ -8,6 +8,8 @@
     ZeRO 2        the same buckets reduce-scattered during every micro-batch's backward
                   (ZeRO's hooks have no no_sync), exposed likewise; then, after Adam on
                   the shard, an all-gather of the updated parameters
+                  (a tied word table two stages hold kept out of them: summed across the
+                  stages after backward, then reduce-scattered once before Adam)
     ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
     ZeRO 3        FSDP (pp 1): each unit all-gathered before its forward, again before its
@@ -59,7 +61,7 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: lis
         return priced[nbytes, len(group)]
 
     exposed = 0.0
-    for chunk, dense in enumerate(w.chunks):
+    for chunk, dense in enumerate(_bucketed(lay, w)):
         buckets = [(seconds(nbytes, g.dp_cp), ready) for nbytes, ready in bucket_ready(dense, c.itemsize)]
         buckets += [(seconds(nbytes, g.edp), ready) for nbytes, ready in _expert_buckets(c, w, g)]
         buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
@@ -71,6 +73,19 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: lis
             durations[d] = durations.get(d, 0) + 1
         exposed += sum(k * max(0.0, thread_end(0.0, d, buckets) - d) for d, k in durations.items())
     return exposed
+
+
+def _bucketed(lay: Layout, w: StageWork) -> list[list[int]]:
+    """Each chunk's tensors its buckets carry: ZeRO 2 keeps a tied word table out (it is summed
+    across stages after backward, then reduce-scattered once: optimizer_collectives), the
+    embedding's the first tensor of the stage's first chunk, the head's the last of its last."""
+    chunks = [list(d) for d in w.chunks]
+    if lay.zero == 2 and w.tied:
+        if w.embed:
+            chunks[0] = chunks[0][1:]
+        if w.head:
+            chunks[-1] = chunks[-1][:-1]
+    return chunks
 
 
 def _expert_buckets(c: Cluster, w: StageWork, g: Groups) -> list[tuple[int, float]]:
@@ -106,5 +121,8 @@ def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
         parts.append((" (experts)", w.experts * c.itemsize, g.edp))
     before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", nbytes, group))
               for tag, nbytes, group in parts] if lay.zero == 1 else []
+    if lay.zero == 2 and w.tied:  # the kept word table's summed gradient, scattered once a step
+        before.append(("ZeRO-2 tied reduce-scatter",
+                       collective_seconds(c, "reduce_scatter", w.tied * c.itemsize, g.dp_cp)))
     return before, [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", nbytes, group))
                     for tag, nbytes, group in parts]
