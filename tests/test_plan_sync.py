@@ -124,8 +124,8 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     assert mem["state"] == int(16 * psi / 4) and mem["buffers"] == 0  # bf16: 2 + 2 + 12 bytes
     gathered = fsdp_gathered_formula(44 * 32, block, item)
     assert gathered == 2 * item * (44 * 32 + 4 * 32 * 32 + 128)  # the table and h_to_4h, with gradients
-    zero2 = peak_bytes(c, TINY, Layout(dp=4, zero=2), 16, 32)[0]
-    assert mem["activations"] == int(zero2["activations"] + gathered)
+    zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]  # the same activations, no buckets
+    assert mem["activations"] == int(zero1["activations"] + gathered)
 
 
 def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
@@ -184,3 +184,19 @@ def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
     g1 = stage_groups(z1)[0]
     before, _ = optimizer_collectives(c, z1, stage_work(c, TINY, z1, g1, 16, 32, 0), g1)
     assert len(before) == 1  # ZeRO 1 scatters the table with the rest of the flat gradient
+
+
+def test_zero_memory_holds_the_ring_scratch_and_zero_2_its_buckets_flat_copies():
+    from dt.plan.cluster import local_cluster
+    from dt.plan.memory import peak_bytes
+
+    c = local_cluster(2, "float32")
+    g = stage_groups(Layout(dp=2))[0]
+    psi = sum(stage_work(c, TINY, Layout(dp=2), g, 16, 32, 0).dense)
+    ddp, z1, z2 = (peak_bytes(c, TINY, Layout(dp=2, zero=z), 16, 32)[0] for z in (0, 1, 2))
+    # the ring's reduce-scatter of the flat gradient (one bucket, tiny) keeps its input's size and
+    # one of its two chunks: 1.5 x 4 Psi bytes (what ZeroOptimizer.formula and .memory say)
+    assert z1["scratch"] == z2["scratch"] == 6 * psi and ddp["scratch"] == 0
+    assert z1["buffers"] == z2["buffers"] == 0 and ddp["buffers"] == 4 * psi
+    assert z2["activations"] == z1["activations"] + 4 * psi  # every bucket's copy, held to backward's end
+    assert z1["peak"] == 12 * psi + 6 * psi + z1["activations"]
