@@ -133,3 +133,7 @@ def test_rank_memory_holds_zero_formula_bytes():
         assert mem.params + mem.step_grads + mem.optimizer == pytest.approx(total)
         assert mem.held_grads == (mem.step_grads if stage >= 2 else 0)
         assert mem.peak >= mem.held + mem.activations  # the peak holds the stash on top of what is held
+        # the ring's reduce-scatter of DDP's bucket or ZeRO 1-2's flat gradient (the whole of this
+        # tiny model) keeps its input and two of its four chunks: 1.5 x 4 Psi bytes
+        # (ZeroOptimizer.formula's); FSDP's units are not modelled here
+        assert mem.scratch == (6 * psi if stage < 3 else 0)

@@ -53,3 +53,22 @@ def test_a_small_check_at_world_2(run, tmp_path, monkeypatch):
     assert {e["pid"] for e in events} == {1, 2}
     assert any(e["pid"] == 1 and e["name"] == "data_parallel" for e in events)
     assert any(e["pid"] == 2 and e["name"].startswith("dp") for e in events)
+
+
+def test_the_memory_run_counts_the_scratch_other_threads_keep():
+    import threading
+
+    import torch
+
+    from dt.collectives.scratch import held_bytes, release, release_all, scratch
+
+    release_all()
+    scratch(1000, torch.float32, torch.device("cpu"))  # this thread's: LiveBytes sees it here
+    t = threading.Thread(target=lambda: scratch(250, torch.float32, torch.device("cpu"), slot=1))
+    t.start()
+    t.join()
+    try:
+        assert held_bytes() == 5000 and held_bytes(other_threads_only=True) == 1000
+    finally:
+        release()
+        release_all()

@@ -95,3 +95,108 @@ def test_dt_train_refuses_in_one_line_what_the_step_refuses(capsys):
         assert e.value.code == 2 and why in capsys.readouterr().err, argv
     parse_args(["--pp", "2", "--zero", "2"])  # tied over two stages: its full gradient kept, summed
     parse_args(["--dp", "2", "--zero", "1", "--clip", "1"])  # the norm from ZeRO's shards
+
+
+def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
+    from dt.parallel.zero.memory import fsdp_gathered_formula
+    from dt.plan.memory import peak_bytes
+    from dt.plan.stage import fsdp_units
+
+    c = catalogue_cluster("h100", 1, 4)
+    lay = Layout(dp=4, zero=3)
+    g = stage_groups(lay)[0]
+    w = stage_work(c, TINY, lay, g, 16, 32, 0)
+    # TINY (C 32, V 44, 2 blocks), T 32: the tied table on the root; wpe; per block ln_1,
+    # query_key_value, dense, ln_2, h_to_4h, 4h_to_h (weight + bias each); ln_f
+    block = [64, 3 * 32 * 32 + 96, 32 * 32 + 32, 64, 4 * 32 * 32 + 128, 4 * 32 * 32 + 32]
+    assert fsdp_units(TINY, 1, 32) == (44 * 32, [32 * 32] + block * 2 + [64])
+    assert w.fsdp == (44 * 32, 32 * 32, *block, *block, 64) and sum(w.fsdp) == sum(w.dense)
+    item = c.itemsize
+    ag = sum(collective_seconds(c, "all_gather", n * item, g.dp_cp) for n in w.fsdp)
+    rs = sum(collective_seconds(c, "reduce_scatter", n * item, g.dp_cp) for n in w.fsdp)
+    assert w.fwd["dp"] == pytest.approx(ag) and w.bwd["dp"] == pytest.approx(ag + rs)  # 15 each way
+    acts = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 1.0, 2.0)]
+    assert backward_exposed(c, lay, w, g, acts) == 0.0 and optimizer_collectives(c, lay, w, g) == ([], [])
+    p = predict(c, TINY, lay, 16, 32)
+    assert p.parts["dp"] == pytest.approx(2 * ag + rs)  # on the forward and backward path: exposed
+    psi = sum(w.dense)
+    mem = peak_bytes(c, TINY, lay, 16, 32)[0]
+    assert mem["state"] == int(16 * psi / 4) and mem["buffers"] == 0  # bf16: 2 + 2 + 12 bytes
+    gathered = fsdp_gathered_formula(44 * 32, block, item)
+    assert gathered == 2 * item * (44 * 32 + 4 * 32 * 32 + 128)  # the table and h_to_4h, with gradients
+    zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]  # the same activations, no buckets
+    assert mem["activations"] == int(zero1["activations"] + gathered)
+
+
+def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
+    from dt.plan.memory import peak_bytes
+    from dt.plan.sync import after_backward
+
+    c = catalogue_cluster("h100", 1, 4)
+    moe = ModelShape(2, 2, 32, 44, experts=4, top_k=2)
+    z1, z2 = Layout(dp=4, ep=2, zero=1), Layout(dp=4, ep=2, zero=2)
+    g = stage_groups(z1)[0]
+    assert len(g.dp_cp) == 4 and len(g.edp) == 2  # each expert on 2 of the plane's 4 ranks
+    w = stage_work(c, moe, z1, g, 16, 32, 0)
+    dense, experts = sum(w.dense) * c.itemsize, w.experts * c.itemsize
+    assert w.experts == 2 * 2 * (2 * 32 * 128 + 128 + 32)  # 2 blocks x 2 of the 4 experts
+    rs = [collective_seconds(c, "reduce_scatter", dense, g.dp_cp),
+          collective_seconds(c, "reduce_scatter", experts, g.edp)]
+    ag = [collective_seconds(c, "all_gather", dense, g.dp_cp),
+          collective_seconds(c, "all_gather", experts, g.edp)]
+    before, after = optimizer_collectives(c, z1, w, g)
+    assert [d for _, d in before] == pytest.approx(rs) and [d for _, d in after] == pytest.approx(ag)
+    assert after_backward(c, z1, w, g) == [] and after_backward(c, z2, w, g) == []  # not priced twice
+    assert after_backward(c, Layout(dp=4, ep=2), w, g)  # without ZeRO the step's own sync
+    acts = [("B", 0, i, float(i), i + 1e-6) for i in range(4)]  # short backwards: all of it exposed
+    # tiny: one dense bucket, one of the experts' (two blocks' worth), each reduce-scattered per backward
+    assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * sum(rs))
+    assert backward_exposed(c, z1, w, g, acts) == 0.0
+    assert optimizer_collectives(c, z2, w, g)[0] == []
+    mixed = peak_bytes(c, moe, z1, 16, 32)[0]["state"]  # bf16: 2 + 2 weight and gradient, 12 state
+    psi_d, psi_e = sum(w.dense), w.experts
+    assert mixed == int(4 * (psi_d + psi_e) + 12 * (psi_d / 4 + psi_e / 2))
+
+
+def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
+    from dt.parallel.zero.memory import zero_memory_parts
+    from dt.plan.memory import peak_bytes
+
+    c = catalogue_cluster("h100", 1, 4)
+    lay = Layout(dp=2, pp=2, zero=2, micro_batches=2)
+    item, table = c.itemsize, 44 * 32  # TINY's word table: the embedding's on stage 0, the head's on 1
+    mem = peak_bytes(c, TINY, lay, 16, 32)
+    for s, g in enumerate(stage_groups(lay)):
+        w = stage_work(c, TINY, lay, g, 16, 32, s)
+        assert w.tied == table and (w.embed, w.head) == (s == 0, s == 1)
+        rest = (sum(w.dense) - table) * item  # one bucket (tiny) without the table
+        acts = [("B", 0, i, float(i), float(i)) for i in range(2)]  # instant backwards: all exposed
+        rs = collective_seconds(c, "reduce_scatter", rest, g.dp_cp)
+        assert backward_exposed(c, lay, w, g, acts) == pytest.approx(2 * rs)  # every micro-batch's
+        before, after = optimizer_collectives(c, lay, w, g)
+        assert [d for _, d in before] == [pytest.approx(collective_seconds(c, "reduce_scatter", table * item,
+                                                                           g.dp_cp))]
+        assert len(after) == 1  # the all-gather of the whole shard
+        z = zero_memory_parts([(sum(w.dense), 2), (0, 2)], 2, k=12, param_bytes=2, grad_bytes=2, kept=table)
+        assert mem[s]["state"] == int(sum(z.values()))  # 2 + 2 + 12 bytes, the table's gradient whole
+        assert z["grads"] == 2 * (sum(w.dense) / 2 + table)
+    z1 = Layout(dp=2, pp=2, zero=1, micro_batches=2)
+    g1 = stage_groups(z1)[0]
+    before, _ = optimizer_collectives(c, z1, stage_work(c, TINY, z1, g1, 16, 32, 0), g1)
+    assert len(before) == 1  # ZeRO 1 scatters the table with the rest of the flat gradient
+
+
+def test_zero_memory_holds_the_ring_scratch_and_zero_2_its_buckets_flat_copies():
+    from dt.plan.cluster import local_cluster
+    from dt.plan.memory import peak_bytes
+
+    c = local_cluster(2, "float32")
+    g = stage_groups(Layout(dp=2))[0]
+    psi = sum(stage_work(c, TINY, Layout(dp=2), g, 16, 32, 0).dense)
+    ddp, z1, z2 = (peak_bytes(c, TINY, Layout(dp=2, zero=z), 16, 32)[0] for z in (0, 1, 2))
+    # the ring's reduce-scatter of the flat gradient (one bucket, tiny) keeps its input's size and
+    # one of its two chunks: 1.5 x 4 Psi bytes (what ZeroOptimizer.formula and .memory say)
+    assert z1["scratch"] == z2["scratch"] == 6 * psi and ddp["scratch"] == 0
+    assert z1["buffers"] == z2["buffers"] == 0 and ddp["buffers"] == 4 * psi
+    assert z2["activations"] == z1["activations"] + 4 * psi  # every bucket's copy, held to backward's end
+    assert z1["peak"] == 12 * psi + 6 * psi + z1["activations"]

@@ -59,7 +59,10 @@ def release_all() -> None:
             cache.clear()
 
 
-def held_bytes() -> int:
-    """Bytes the scratch buffers of every thread of this process hold right now."""
+def held_bytes(other_threads_only: bool = False) -> int:
+    """Bytes the scratch buffers of every thread of this process hold right now (or of every
+    thread but this one: what a thread-local memory counter here cannot see)."""
+    me = threading.get_ident()
     with _caches_lock:
-        return sum(b.untyped_storage().nbytes() for cache in _caches.values() for b in cache.values())
+        return sum(b.untyped_storage().nbytes() for t, cache in _caches.items() for b in cache.values()
+                   if not (other_threads_only and t == me))

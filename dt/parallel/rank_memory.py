@@ -8,7 +8,7 @@ the layers of its stage, tp/ep shards), the optimizer state and ZeRO's shards of
 dt.parallel.zero.memory.zero_memory_formula (the one home of 16 Psi, 8 Psi + 8 Psi/N, ...;
 gradients held only under stage >= 2 ZeRO between steps, else made fresh every step: dt's
 trainer sets them to None), and the ring's cached scratch (dt.cost.memory: the largest
-bucket's reduce-scatter, kept between calls).
+bucket's reduce-scatter, kept between calls; ZeRO 1-2's: its reduce-scatters').
 
 A step's peak, from the schedule's own order (dt.parallel.pipeline.stash): a forward adds
 one micro-batch's activations of the chunk (dt.cost.activations, plus the chunk's output the
@@ -35,8 +35,9 @@ from dataclasses import asdict, dataclass
 from dt.cost.activations import stage_activation_bytes
 from dt.cost.flops import Decoder, expert_params, layer_params
 from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
+from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import schedule, stage_layers
-from dt.parallel.zero.memory import zero_memory_parts
+from dt.parallel.zero.memory import comm_scratch_formula, zero_memory_parts
 
 __all__ = ["BUCKET_CAP_BYTES", "OPTIMIZER_TEMPORARIES", "RankMemory", "rank_memory"]
 
@@ -89,6 +90,20 @@ def _largest_tensor(a: Decoder, chunks: list[range], tp: int) -> float:
     return max(sizes)
 
 
+def _zero_scratch(zero: int, parts: list[tuple[float, int]], itemsize: int) -> float:
+    """The ring scratch ZeRO 1-2's reduce-scatters keep between steps (comm_scratch_formula, as
+    ZeroOptimizer.formula states it): ZeRO 1 one flat gradient per part, ZeRO 2 its buckets (of at
+    most the cap). Its flat shares of each part taken even."""
+    if zero not in (1, 2):
+        return 0.0
+    pieces = []
+    for psi, n in parts:
+        whole = int(psi) if zero == 1 else int(min(psi, BUCKET_CAP_BYTES / itemsize))
+        if n > 1 and whole:
+            pieces.append(split_sizes(whole, n))
+    return comm_scratch_formula(pieces, itemsize, 0)
+
+
 def rank_memory(a: Decoder, micro_batch: int, micro_batches: int, itemsize: int, tp: int = 1,
                 pp: int = 1, dp: int = 1, cp: int = 1, ep: int = 1, stage: int = 0,
                 schedule_name: str = "1f1b", virtual: int = 1, zero: int = 0, recompute: str = "none",
@@ -126,7 +141,7 @@ def rank_memory(a: Decoder, micro_batch: int, micro_batches: int, itemsize: int,
     optimizer_step = made + OPTIMIZER_TEMPORARIES * largest
     bucket = min(BUCKET_CAP_BYTES, made) if n > 1 and zero == 0 else 0.0
     scratch = scratch_held([ring_reduce_scatter_scratch([int(bucket / itemsize / n)] * n, itemsize, 0)]) \
-        if bucket else 0.0
+        if bucket else _zero_scratch(zero, [(psi - experts, n), (experts, n // ep)], itemsize)
     step_peak = max(worst, optimizer_step, made + bucket)
     return RankMemory(params=z["params"], optimizer=z["optimizer"], held_grads=held_grads, scratch=scratch,
                       step_grads=step_grads, activations=stash, step_peak=step_peak)

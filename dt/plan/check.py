@@ -112,7 +112,11 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
     out: dict[str, Any] = {"rank": run.rank, "stage": run.coords[2], "steps": rec.step_seconds(),
                            "cpu": cpu, "spans": rec.spans}
     if live is not None:
-        out["peak_bytes"] = live.peak + shared_bytes(run.parameters)
+        # the collectives' scratch other threads keep (dt's gradient thread: ZeRO 2's
+        # reduce-scatters), made outside LiveBytes' thread-local sight, held from the first step on
+        from dt.collectives.scratch import held_bytes
+
+        out["peak_bytes"] = live.peak + shared_bytes(run.parameters) + held_bytes(other_threads_only=True)
         out["shared_bytes"] = shared_bytes(run.parameters)
     return out
 

@@ -1,7 +1,7 @@
 """Every layout of a model on a world that `dt train` accepts.
 
 The sizes dp x cp x tp x pp multiply to the world (ep divides dp x cp), and
-each is crossed with a ZeRO stage (0, 1, 2), a schedule (1f1b, gpipe,
+each is crossed with a ZeRO stage (0-3; 3 on one stage), a schedule (1f1b, gpipe,
 interleaved with 1, 2 or 4 chunks), micro-batch counts (1, pp, 2pp, 4pp and
 the per-rank batch up to 8pp, as the per-rank batch allows), ring or Ulysses
 attention when cp > 1, and tp inside or across hosts when there are hosts.
@@ -104,7 +104,7 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
         per_rank = max(1, batch // dp)
         piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
         schedules = [("1f1b", 1), *piped]
-        for zero in (0, 1, 2) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
+        for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
             for schedule, virtual in schedules:
                 for m in _micro_counts(pp, per_rank) if pp > 1 else [1]:
                     for attention in ("ring", "ulysses") if cp > 1 else ("ring",):

@@ -19,17 +19,20 @@ from dt.plan.stage import StageWork
 __all__ = ["adam_step_seconds", "adam_tensors"]
 
 
-def adam_tensors(lay: Layout, w: StageWork, shards: int) -> tuple[int, ...]:
-    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N))."""
-    if lay.zero and shards > 1:
-        psi = sum(w.dense) + w.experts
-        return (-(-psi // shards),)
+def adam_tensors(lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> tuple[int, ...]:
+    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N); zero 3:
+    each FSDP unit's shard)."""
+    if w.fsdp:
+        return tuple(-(-n // shards) for n in w.fsdp)
+    if lay.zero and shards > 1:  # with experts two parts (ZeroParts): the dense, this rank's experts
+        dense = (-(-sum(w.dense) // shards),)
+        return dense + ((-(-w.experts // expert_shards),) if w.experts else ())
     return tuple(w.dense) + ((w.experts,) if w.experts else ())
 
 
-def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int) -> float:
+def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> float:
     """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
-    sizes = adam_tensors(lay, w, shards)
+    sizes = adam_tensors(lay, w, shards, expert_shards)
     if c.flops > 0:
         numbers = sum(w.dense) + w.experts
         return (3 * numbers + 4 * sum(sizes)) * c.itemsize / c.mem_bw

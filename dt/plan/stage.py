@@ -33,7 +33,7 @@ from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
 __all__ = ["BUCKET_CAP", "FIRST_BUCKET", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "stage_tensors", "stage_work"]
+           "chunk_tensors", "fsdp_units", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -99,6 +99,8 @@ class StageWork:
     blocks: int  # transformer blocks on this stage
     head: bool
     embed: bool
+    fsdp: tuple[int, ...] = ()  # zero 3: numbers of each FSDP unit, the root's first (fsdp_units)
+    tied: int = 0  # numbers of a word table this stage shares with another (the embedding's or head's)
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
@@ -114,6 +116,25 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     if model.experts:  # the router is dense; the experts' MLPs are not split over tp
         return ln + attn + ln + [c * model.experts], model.experts * (mats * c * f + f + c)
     return ln + attn + ln + mlp, 0
+
+
+def fsdp_units(model: ModelShape, tp: int, seq: int) -> tuple[int, list[int]]:
+    """(root, others): numbers of each FSDP unit of a one-stage model (dt.parallel.zero.fsdp: one
+    unit per module's own parameters). The root holds the tied word table (0 when untied), gathered
+    for the whole forward and again for the whole backward; the others in the order they run."""
+    c, word = model.n_embd, model.vocab // tp * model.n_embd
+    dense, _ = _block_tensors(model, tp)
+    if model.family == "llama":  # q, k, v, o, gate, up, down apart; the norms one tensor each
+        norm1, qkv, o, norm2, gate_up, down = dense
+        kv = (qkv - c * c // tp) // 2
+        block = [norm1, qkv - 2 * kv, kv, kv, o, norm2, gate_up // 2, gate_up // 2, down]
+        ends = [c]
+    else:  # every LayerNorm and Linear holds a weight and a bias: one unit of both
+        block = [dense[i] + dense[i + 1] for i in range(0, len(dense), 2)]
+        ends = [seq * c, 2 * c]  # the position table, the final LayerNorm
+    head = [] if model.tied else [word]
+    others = ([] if model.tied else [word]) + ends[:-1] + block * model.n_layer + ends[-1:] + head
+    return (word if model.tied else 0), others
 
 
 def stage_tensors(model: ModelShape, lay: Layout, seq: int,
@@ -170,6 +191,22 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
 
 
+def _units(model: ModelShape, lay: Layout, g: Groups, seq: int) -> tuple[int, ...]:
+    if lay.zero != 3 or len(g.dp_cp) < 2:
+        return ()
+    root, others = fsdp_units(model, lay.tp, seq)
+    return tuple(([root] if root else []) + others)
+
+
+def _fsdp_seconds(c: Cluster, model: ModelShape, lay: Layout, g: Groups, seq: int) -> tuple[float, float]:
+    """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3): a forward gathers
+    every unit, a backward gathers each again and reduce-scatters its gradient, each blocking
+    (dt's FSDP does not prefetch); 0 without zero 3."""
+    units = _units(model, lay, g, seq)
+    return (sum(collective_seconds(c, "all_gather", n * c.itemsize, g.dp_cp) for n in units),
+            sum(collective_seconds(c, "reduce_scatter", n * c.itemsize, g.dp_cp) for n in units))
+
+
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
                stage: int) -> StageWork:
     """One micro-batch through every chunk of `stage`, forward and backward, by kind."""
@@ -183,9 +220,12 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
     routed = b * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
+    gather, scatter = _fsdp_seconds(c, model, lay, g, seq)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
     fwd = {"compute": cf, "tp": tp_fwd,
-           "cp": cpf * blocks, "ep": 2 * ep1 * blocks}
+           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
     bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
-           "cp": cpb * blocks, "ep": 2 * ep1 * blocks}
-    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed)
+           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
+    tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
+    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
+                     _units(model, lay, g, seq), tied)

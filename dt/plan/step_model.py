@@ -89,7 +89,7 @@ def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list, t0
         label = "DDP buckets' all-reduce, exposed" if lay.zero == 0 else "ZeRO-2 reduce-scatter, exposed"
         spans.append(Span("dp", t, t + exposed, label))
         t += exposed
-    for label, d in after_backward(c, w, g):
+    for label, d in after_backward(c, lay, w, g):
         spans.append(Span("dp", t, t + d, label))
         t += d
     return spans
@@ -181,7 +181,7 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[s
         out.append(("norm", collective_seconds(c, "all_reduce", c.itemsize, g.dp_cp), "clip: shards' norm"))
     if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
         out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
-    out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp)), "Adam"))
+    out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp), len(g.edp)), "Adam"))
     return out + [("dp", d, label) for label, d in after]
 
 
@@ -201,7 +201,8 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, s
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)
-    add(g.dp_cp, 2 * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
+    rings = 3 * m if lay.zero == 3 else 2  # FSDP: two all-gathers and a reduce-scatter a micro-batch
+    add(g.dp_cp, rings * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
     if lay.pp > 1:
         add(g.pp[:2], 2 * m * act)
     return out

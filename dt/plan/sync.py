@@ -8,10 +8,17 @@
     ZeRO 2        the same buckets reduce-scattered during every micro-batch's backward
                   (ZeRO's hooks have no no_sync), exposed likewise; then, after Adam on
                   the shard, an all-gather of the updated parameters
+                  (a tied word table two stages hold kept out of them: summed across the
+                  stages after backward, then reduce-scattered once before Adam)
     ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
-    experts       TrainStep's own sync (no DDP wraps the chunks): the buckets all-reduced one
-                  after another after the last backward, then the experts' over their replicas
+    ZeRO 3        FSDP (pp 1): each unit all-gathered before its forward, again before its
+                  backward, its gradient reduce-scattered there, each blocking (no prefetch):
+                  priced in the stage's forward and backward (dt.plan.stage), none here
+    experts       without ZeRO, TrainStep's own sync (no DDP wraps the chunks): the buckets
+                  all-reduced one after another after the last backward, then the experts' over
+                  their replicas; with ZeRO 1-2, ZeroParts: each collective above on the dense
+                  part over dp x cp and on the experts over their replicas (edp)
 
 A backward's gradients are taken to arrive at an even pace per number (the
 head's backward is heavier than its one matrix says; for the small models
@@ -43,17 +50,21 @@ def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> floa
 
 def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list[Action]) -> float:
     """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
-    if len(g.dp_cp) < 2 or lay.zero == 1 or w.experts:
+    if len(g.dp_cp) < 2 or lay.zero in (1, 3) or w.experts and not lay.zero:
         return 0.0
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
-    priced: dict[int, float] = {}  # most buckets are the cap's size: price each size once
+    priced: dict[tuple[int, int], float] = {}  # most buckets are the cap's size: price each size once
+
+    def seconds(nbytes: int, group: tuple[int, ...]) -> float:
+        if (nbytes, len(group)) not in priced:
+            priced[nbytes, len(group)] = collective_seconds(c, op, nbytes, group)
+        return priced[nbytes, len(group)]
+
     exposed = 0.0
-    for chunk, dense in enumerate(w.chunks):
-        buckets = []
-        for nbytes, ready in bucket_ready(dense, c.itemsize):
-            if nbytes not in priced:
-                priced[nbytes] = collective_seconds(c, op, nbytes, g.dp_cp)
-            buckets.append((priced[nbytes], ready))
+    for chunk, dense in enumerate(_bucketed(lay, w)):
+        buckets = [(seconds(nbytes, g.dp_cp), ready) for nbytes, ready in bucket_ready(dense, c.itemsize)]
+        buckets += [(seconds(nbytes, g.edp), ready) for nbytes, ready in _expert_buckets(c, w, g)]
+        buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
         backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
         if lay.zero == 0 and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
@@ -64,9 +75,32 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: lis
     return exposed
 
 
-def after_backward(c: Cluster, w: StageWork, g: Groups) -> list[tuple[str, float]]:
-    """(label, seconds) of the experts' run's sync after the pipeline: nothing overlaps it."""
-    if not w.experts:
+def _bucketed(lay: Layout, w: StageWork) -> list[list[int]]:
+    """Each chunk's tensors its buckets carry: ZeRO 2 keeps a tied word table out (it is summed
+    across stages after backward, then reduce-scattered once: optimizer_collectives), the
+    embedding's the first tensor of the stage's first chunk, the head's the last of its last."""
+    chunks = [list(d) for d in w.chunks]
+    if lay.zero == 2 and w.tied:
+        if w.embed:
+            chunks[0] = chunks[0][1:]
+        if w.head:
+            chunks[-1] = chunks[-1][:-1]
+    return chunks
+
+
+def _expert_buckets(c: Cluster, w: StageWork, g: Groups) -> list[tuple[int, float]]:
+    """ZeRO 2's buckets of one chunk's experts (their own ZeroOptimizer over edp, dt.parallel.zero.parts):
+    the experts taken as alike per block and spread evenly over the stage's chunks."""
+    if not w.experts or len(g.edp) < 2 or not w.blocks:
+        return []
+    per_block = w.experts // w.blocks
+    return bucket_ready([per_block] * (w.blocks // len(w.chunks) or 1), c.itemsize)
+
+
+def after_backward(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[str, float]]:
+    """(label, seconds) of the experts' run's sync after the pipeline without ZeRO (ZeRO's parts do
+    their own: optimizer_collectives): nothing overlaps it."""
+    if not w.experts or lay.zero:
         return []
     item = c.itemsize
     out = [(f"bucket {i} all-reduce", collective_seconds(c, "all_reduce", nbytes, g.dp_cp))
@@ -78,10 +112,17 @@ def after_backward(c: Cluster, w: StageWork, g: Groups) -> list[tuple[str, float
 
 def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
                           g: Groups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-    """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds)."""
-    if not lay.zero or len(g.dp_cp) < 2:
+    """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds).
+    With experts, per part (dt.parallel.zero.parts): the dense over dp x cp, the experts over edp."""
+    if lay.zero in (0, 3) or len(g.dp_cp) < 2:  # zero 3's collectives are in forward and backward
         return [], []
-    total = sum(w.dense) * c.itemsize
-    before = [("ZeRO-1 reduce-scatter", collective_seconds(c, "reduce_scatter", total, g.dp_cp))] \
-        if lay.zero == 1 else []
-    return before, [(f"ZeRO-{lay.zero} all-gather", collective_seconds(c, "all_gather", total, g.dp_cp))]
+    parts = [("", sum(w.dense) * c.itemsize, g.dp_cp)]
+    if w.experts and len(g.edp) > 1:
+        parts.append((" (experts)", w.experts * c.itemsize, g.edp))
+    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", nbytes, group))
+              for tag, nbytes, group in parts] if lay.zero == 1 else []
+    if lay.zero == 2 and w.tied:  # the kept word table's summed gradient, scattered once a step
+        before.append(("ZeRO-2 tied reduce-scatter",
+                       collective_seconds(c, "reduce_scatter", w.tied * c.itemsize, g.dp_cp)))
+    return before, [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", nbytes, group))
+                    for tag, nbytes, group in parts]

@@ -14,8 +14,8 @@ import torch
 from dt.cost import ring_all_gather, ring_reduce_scatter
 from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
 
-__all__ = ["comm_scratch_formula", "memory_held", "zero_memory_formula", "zero_memory_parts",
-           "zero_traffic_formula"]
+__all__ = ["comm_scratch_formula", "fsdp_gathered_formula", "memory_held", "zero_memory_formula",
+           "zero_memory_parts", "zero_traffic_formula"]
 
 
 def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float | None = None,
@@ -34,6 +34,14 @@ def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float |
     g = psi if stage < 2 else s + (kept if stage == 2 else 0)
     o = psi if stage < 1 else s
     return {"params": param_bytes * p, "grads": grad_bytes * g, "optimizer": k * o}
+
+
+def fsdp_gathered_formula(root: float, others: list[float], itemsize: int = 4) -> float:
+    """Bytes stage 3 (dt.parallel.zero.fsdp) holds whole on top of its shards at a step's worst
+    moment: the root unit (a tied weight, gathered for the whole forward and the whole backward)
+    and the largest other unit, each with its full gradient before the reduce-scatter.
+    `root`, `others`: the units' element counts."""
+    return 2 * itemsize * (root + max(others, default=0))
 
 
 def zero_memory_parts(parts: list[tuple[float, int]], stage: int, k: int = 8, param_bytes: int = 4,
