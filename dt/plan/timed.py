@@ -8,7 +8,7 @@ Adam over 52 parameter tensors costs about ten ops per tensor, not its bytes.
 So the planner times what `dt train` runs:
 
     stage   one micro-batch forward and backward through the stage's real
-            layers (dt.models.nanogpt's Embedding, Block, Head and the loss),
+            layers (dt.models.gpt's Embedding, Block, Head and the loss),
             each Linear swapped for dt.parallel.tensor's column / row
             parallel layer at this rank's tp shard (built on a one-rank
             group: the same autograd functions and shapes, the collectives,
@@ -32,8 +32,8 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from dt.models.gpt import Block, Embedding, GPTConfig, Head
 from dt.models.lm import NextTokenLoss
-from dt.models.nanogpt import Block, Embedding, GPTConfig, Head
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from dt.train.optim import Adam
 from dt.transport.group import Group
@@ -62,7 +62,7 @@ def _one_rank() -> Group:
 
 
 def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
-    """dt.models.nanogpt's Block with its four Linears at one rank's tp shard (Megatron's split)."""
+    """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split)."""
     c, g = cfg.n_embd, _one_rank()
     block = Block(cfg, 1)
     block.attn.query_key_value = ColumnParallelLinear(c, 3 * c // tp, group=g)
@@ -113,7 +113,8 @@ def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int,
         stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype)
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
-        x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype), requires_grad=not embed)
+        x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
+                    requires_grad=not embed)
         grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
 
         def run() -> None:
@@ -133,7 +134,8 @@ def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str) -> float:
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype))) for n in sizes]
+        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype)))  # host: this CPU's Adam is timed
+                  for n in sizes]
         for p in params:
             p.grad = torch.full_like(p, 1e-3)
         adam = Adam(params, lr=1e-3)
