@@ -2,8 +2,8 @@
 
 A pool reuses its processes from test to test, so whatever one run leaves in the
 transport (a timeout set, a group connected under DT_HOST's hosts, a thread, a
-failure heard) would reach the next, unless reset. Checked:
-one run leaves all of it behind and the next run, after reset(), starts without any of it; reset
+failure heard) would reach the next; the worker resets before each run. Checked:
+one run leaves all of it behind and the next run starts without any of it; reset
 called by hand disconnects a group connected across marked hosts, stops its
 communication thread and unmaps its segment, and the group connects afresh (one
 host, a board) after it. And the timeout's precedence, rule by rule.
@@ -32,20 +32,17 @@ def test_the_state_gathers_every_part():
 
 
 def _leave_everything_behind() -> bool:
-    """What a careless run leaves: settings, a connected group, a thread, a failure heard."""
+    """What a careless run leaves: settings, a connected group, a thread (a failure heard is
+    kept between runs: a process that heard one is not reused; reset by hand forgets it, below)."""
     dt.set_timeout(7)
     dt.set_validation(False)
     dt.set_transport("torch")
     x = torch.ones(8)
     dt.all_reduce(x, async_op=True).wait()  # connects the world group, starts its thread
-    # heard, as if announced: kept, the next run's first message would refuse to go to rank 1
-    liveness.WATCH.known.append(liveness.Failure(1, "raised", "rank 1 raised (made up)"))
     return transport.resolve_group(None).links.topology is not None
 
 
 def _what_a_run_starts_with() -> dict:
-    transport.reset()
-    settings.set_launcher_timeout(300.0)  # what the worker sets for each run, after a reset
     view = transport.resolve_group(None)
     out = {"source": transport.timeout_for(view).source, "validate": settings.validation_enabled(),
            "wire": settings.get_transport(), "connected": view.links.topology is not None,
@@ -58,7 +55,7 @@ def _what_a_run_starts_with() -> dict:
     return out
 
 
-def test_after_reset_a_run_starts_from_a_fresh_transport(run):
+def test_a_run_starts_from_a_fresh_transport(run):
     assert run(2, _leave_everything_behind) == [True, True]
     for got in run(2, _what_a_run_starts_with):
         assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,
@@ -79,20 +76,23 @@ def _reset_by_hand() -> dict:
             os.environ.pop("DT_HOST", None)
         else:
             os.environ["DT_HOST"] = saved
-    transport.reset()
+    liveness.WATCH.known.append(liveness.Failure(1, "raised", "rank 1 raised (made up)"))
+    transport.reset()  # by hand: the failures heard go too
+    known = len(liveness.failures())
     thread.join(10)
     after = transport.resolve_group(None)
     x = torch.ones(4)
     dt.all_reduce(x, algorithm="one_shot")  # needs one host's board: connected afresh
     return {"before": before, "old view": view.links.topology is None, "new view": after is not view,
-            "thread": thread.is_alive(), "after": after.links.topology.host_count, "value": x[0].item()}
+            "thread": thread.is_alive(), "after": after.links.topology.host_count, "value": x[0].item(),
+            "known": known}
 
 
 @pytest.mark.timeout(120)
 def test_reset_disconnects_groups_and_stops_their_threads(run):
     for got in run(2, _reset_by_hand, timeout=100):
         assert got == {"before": 2, "old view": True, "new view": True, "thread": False, "after": 1,
-                       "value": 2.0}
+                       "value": 2.0, "known": 0}
 
 
 def _mapped_segments() -> int:

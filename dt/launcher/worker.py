@@ -105,10 +105,10 @@ def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        # A run inherits what the last one left in the transport (connected groups, settings):
-        # a run that changes what a group connects to (DT_HOST's hosts) calls transport.reset()
-        # when it ends. Not reset here: a reset before every run left a rank that waits in a
-        # group's first connection deaf to a peer's failure (tests/test_faults.py, open work).
+        # Each run starts where a new process would, whatever the last one set or connected
+        # (its settings, its groups' links, DT_HOST's hosts): dt.transport.state. A failure a
+        # faster peer already announced for this run is kept (between_runs).
+        transport.reset(between_runs=True)
         settings.set_launcher_timeout(wait_timeout)
         try:
             reply = pickle.dumps(("ok", fn(*args, **kwargs)))

@@ -18,8 +18,8 @@ reads its own module's object, with no extra step), and they are gathered here:
 `reset()` puts a process back where a new run starts: nothing set, no group connected,
 no thread, no failure known, no record open, no segment name left. What it keeps is
 marked (kept) above: facts of the process itself (its process groups, its watchdog's
-channel), which outlive a run. A run that changes what its groups connect to (a test that
-marks hosts with DT_HOST in a reused worker: tests/test_tune_levels.py) calls it when it ends.
+channel), which outlive a run. dt's launcher calls it in each worker before each run
+(dt.launcher.worker, between_runs: the failures heard stay); a test may too.
 NCCL's rules recorder (rules.recorder) is not here: DT_NCCL_RULES sets it for the whole
 process, and `rules.recording()` restores it on exit.
 """
@@ -45,12 +45,19 @@ class TransportState:
     traffic: accounting.Recorders
     segments: segment.Names
 
-    def reset(self) -> None:
-        """Back to a new run's state; threads stop before their groups are forgotten."""
+    def reset(self, between_runs: bool = False) -> None:
+        """Back to a new run's state; threads stop before their groups are forgotten.
+
+        between_runs (dt's worker, at a run's start): the failures heard are kept. A peer
+        that starts the run first may already have failed and said so; forgetting it here
+        would leave this rank deaf to it, waiting in the group's first connection. (A
+        process that heard a failure is never given another run: its pool starts anew.)
+        """
         self.threads.reset()
         self.groups.reset()
         self.settings.reset()
-        self.liveness.reset()
+        if not between_runs:
+            self.liveness.reset()
         self.traffic.reset()
         self.segments.reset()
 
@@ -59,6 +66,6 @@ STATE = TransportState(settings.SETTINGS, group.GROUPS, asynchronous.THREADS, li
                        accounting.RECORDERS, segment.NAMES)
 
 
-def reset() -> None:
+def reset(between_runs: bool = False) -> None:
     """Put this process's transport back where a new run starts (TransportState.reset)."""
-    STATE.reset()
+    STATE.reset(between_runs)
