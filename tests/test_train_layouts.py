@@ -110,6 +110,15 @@ EXPERT_ZERO = {2: [("gpt", {"dp": 2, "ep": 2, "zero": 1, **EXPERTS}),
                    ("gpt", {"dp": 2, "tp": 2, "ep": 2, "zero": 2, **EXPERTS})]}
 
 
+def _follows_the_twin(got: dict, want: list[float], norms: list[float], kw: dict, model: str = "") -> None:
+    """A run's losses against the single-process twin's, its clipped norm, its data bytes = formula."""
+    diff = max(abs(a - b) for a, b in zip(got["losses"], want))
+    assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+    if "clip" in kw:
+        assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
+    assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
 def test_zero_with_experts_follows_the_plain_model(run, world):
@@ -122,11 +131,7 @@ def test_zero_with_experts_follows_the_plain_model(run, world):
         assert want[-1] < want[0] - 0.1
         for r in results:
             got = r[k]
-            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
-            assert diff < 1e-9, f"{kw}: max loss difference {diff}"
-            if "clip" in kw:
-                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
-            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            _follows_the_twin(got, want, norms, kw)
             held, formula = got["state"]
             assert held == formula, (kw, held, formula)
 
@@ -145,11 +150,7 @@ def test_zero_2_sums_the_tied_weight_across_stages(run):
         want, norms = _twin(_args(model, **kw))
         for r in results:
             got = r[k]
-            diff = max(abs(a - b) for a, b in zip(got["losses"], want))
-            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
-            if "clip" in kw:
-                assert norms[-1] > kw["clip"] and math.isclose(got["norm"], norms[-1], rel_tol=1e-12), kw
-            assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
+            _follows_the_twin(got, want, norms, kw, model)
             assert got["sent"]["tied embedding"] > 0 and got["sent"]["other"] == 0
 
 

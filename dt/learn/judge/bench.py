@@ -58,6 +58,7 @@ def bench_worker(job: BenchJob) -> dict[str, Any]:
     if fn is None:
         raise RuntimeError(problem)
     transport.set_validation(False)  # dt's algorithm without its argument check, as torch runs
+    transport.set_transport("torch")  # as instrument.install said: the worker's reset made it auto
     spec = SPECS[job.spec]
     p, r = dist.get_world_size(), dist.get_rank()
     g = GroupView(None, tuple(range(p)), r)

@@ -309,14 +309,13 @@ def _guard(name: str) -> Callable[..., Any]:
 
 def install() -> None:
     """Put the twins and guards in place of torch.distributed's functions (once per process)."""
+    if _ORIGINAL:
+        return
     # Every message must pass through torch's point-to-point to be counted and bounded
-    # here: the judge's groups talk over the torch wire, never dt's shared memory. Said on
-    # every job: a pooled worker's transport.reset() puts the wire back to its default.
+    # here: the judge's groups talk over the torch wire, never dt's shared memory.
     from dt import transport
 
     transport.set_transport("torch")
-    if _ORIGINAL:
-        return
     for name in POINT_TO_POINT + COLLECTIVES:
         if not hasattr(c10d, name):
             continue

@@ -174,6 +174,9 @@ def judge_case(job: Job) -> dict[str, Any]:
     events_path, out_path = log_paths(job.logdir, world, rank)
     events, out = _open(events_path), _open(out_path)
     transport.set_validation(False)  # dt's own messages only, where an exercise allows dt's collectives
+    # every message through torch's point-to-point, to be counted (instrument.install says so
+    # once per process; dt's worker resets the wire to auto before each run)
+    transport.set_transport("torch")
     with _captured(out, job.hang_after):
         return _judge(job, world, rank, events)
 
