@@ -194,7 +194,7 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
                 assert norms[-1] > kw["clip"] and math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
             # every forward and backward gathers, every backward scatters: all charged to data
             assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k])
-            assert r[k]["sent"]["other"] == 0 or kw.get("cp"), (kw, r[k])  # ring attention: no label yet
+            assert r[k]["sent"]["other"] == 0, (kw, r[k])  # ring attention: the context label
             assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)
 
 

@@ -35,8 +35,9 @@ What one call does, in order:
 7. the loss averaged over dp x cp on the last stage, broadcast along the pipeline.
 
 Accounting: every byte is charged to the label of the package that moved it
-(dt.parallel.pipeline.LABEL, dt.parallel.tensor.LABEL, ...); bytes under no
-package's label are shown as "other", never folded into one. Times, as
+(dt.parallel.pipeline.LABEL, dt.parallel.tensor.LABELS, dt.parallel.context.LABELS,
+...); bytes under no package's label are shown as "other", never folded into one
+(tests/test_trainer_accounting.py: 0 on every layout family). Times, as
 dt train reports them: compute (forward, backward, optimizer), communication
 (the layers' collectives, the exposed part of the gradient sync, the tied
 sum, the loss) and bubble (waiting on pipeline neighbours).
@@ -56,7 +57,7 @@ from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.models.lm import lm_loss
 from dt.models.moe import set_batch_sequences
-from dt.parallel import data_parallel, pipeline
+from dt.parallel import context, data_parallel, pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.context.style import shard_sequence
@@ -71,7 +72,7 @@ __all__ = ["LABELS", "TrainStep", "make_optimizer"]
 
 # bytes_sent's kinds inside forward and backward, each the labels its package charges dt.traffic() with.
 LABELS = {"pipeline": (pipeline.LABEL,), "tensor": tp.LABELS, "data": (data_parallel.LABEL,),
-          "expert": (expert_router.LABEL,)}
+          "expert": (expert_router.LABEL,), "context": context.LABELS}
 
 
 def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: Any) -> Any:

@@ -21,9 +21,14 @@ dt.cost.ring_attention_traffic.
 
 from dt.parallel.context.blocks import attention
 from dt.parallel.context.layer import ContextParallelSelfAttention
+from dt.parallel.context.ring_attention import LABEL as RING_LABEL
 from dt.parallel.context.ring_attention import ring_attention
 from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions, shard_sequence
+from dt.parallel.context.ulysses import LABEL as ULYSSES_LABEL
 from dt.parallel.context.ulysses import ulysses_attention
 
-__all__ = ["ContextParallel", "ContextParallelSelfAttention", "SharePositions", "ShareLoss", "attention",
-           "ring_attention", "shard_sequence", "ulysses_attention"]
+# The names dt.traffic() charges this package's bytes to: ring attention's hops, Ulysses' all-to-alls.
+LABELS = (RING_LABEL, ULYSSES_LABEL)
+
+__all__ = ["LABELS", "ContextParallel", "ContextParallelSelfAttention", "SharePositions", "ShareLoss",
+           "attention", "ring_attention", "shard_sequence", "ulysses_attention"]

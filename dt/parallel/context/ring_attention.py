@@ -34,7 +34,9 @@ from dt.parallel.context.blocks import block_backward, block_forward, merge, pla
 from dt.transport import RECV, SEND, Comm, Group, Handle, resolve_group
 from dt.transport.accounting import blocking
 
-__all__ = ["ring_attention"]
+__all__ = ["LABEL", "ring_attention"]
+
+LABEL = "ring_attention"  # dt.traffic() charges every hop, forward and backward, to this name
 
 
 def _wait(handles: list[Handle]) -> None:
@@ -59,7 +61,7 @@ class _RingAttention(torch.autograd.Function):
         p, r = g.size, g.rank
         b, heads, _, d = k.shape
         mine = layout.chunks(r)
-        comm = Comm(g, "ring_attention", "ring")
+        comm = Comm(g, LABEL, "ring")
         kv = torch.stack([k, v])
         out = lse = None
         for hop in range(p):
@@ -88,7 +90,7 @@ class _RingAttention(torch.autograd.Function):
         delta = (dout * out).sum(-1)
         mine = layout.chunks(r)
         dq, dk, dv = block_backward(q, k, v, dout, lse, delta, plan(mine, mine, causal, q.device))
-        comm = Comm(g, "ring_attention", "ring")
+        comm = Comm(g, LABEL, "ring")
         kv, dkv = torch.stack([k, v]), None
         for hop in range(p if p > 1 else 0):
             carries_kv, carries_grad = hop <= p - 2, hop >= 1
