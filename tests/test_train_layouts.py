@@ -84,13 +84,15 @@ def test_clip_under_zero_is_the_unsharded_clip(run):
 
 
 RECOMPUTED = [("gpt", {"pp": 2, "schedule": "gpipe"}), ("llama", {"tp": 2}), ("gpt", {"dp": 2, "zero": 2}),
-              ("llama", {"pp": 2, "clip": 0.5})]
+              ("llama", {"pp": 2, "clip": 0.5}), ("gpt", {"dp": 2, "zero": 3, "clip": 0.5}),
+              ("llama", {"dp": 2, "zero": 3})]
 
 
 @pytest.mark.timeout(200)
 def test_recompute_gives_the_same_losses_bit_for_bit(run):
     """--recompute reruns each block's forward in backward: the same operations on the same values,
-    so every loss is exactly the one without it (and the plain model's, to float64 precision)."""
+    so every loss is exactly the one without it (and the plain model's, to float64 precision);
+    under FSDP each unit gathers again in the rerun instead of in backward (the same bytes)."""
     both = [run_ for m, kw in RECOMPUTED for run_ in ((m, kw), (m, {**kw, "recompute": True}))]
     results = run(2, _stepped, both, timeout=180)
     for k, (model, kw) in enumerate(RECOMPUTED):
@@ -100,6 +102,9 @@ def test_recompute_gives_the_same_losses_bit_for_bit(run):
             assert again["losses"] == plain["losses"], f"{model} {kw}: recompute changed the losses"
             assert plain["recomputed"] == 0 and again["recomputed"] > 0  # its stage's blocks recompute
             assert max(abs(a - b) for a, b in zip(again["losses"], want)) < 1e-9, f"{model} {kw}"
+            # FSDP: the rerun's gather replaces backward's (tp's collectives do run again)
+            assert again["sent"]["data"] == plain["sent"]["data"], (model, kw, again["sent"], plain["sent"])
+            assert again["formula"] is None or again["sent"]["data"] == again["formula"], (model, kw)
 
 
 EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
@@ -221,7 +226,6 @@ def test_fsdp_checkpoints_resume_on_other_layouts(run, tmp_path):
 def test_what_stays_refused_is_one_line_naming_it(capsys):
     """FSDP on a pipeline, with experts or with recompute; a Llama with experts (it has no MoE)."""
     cases = [(["--zero", "3", "--dp", "2", "--pp", "2"], "--zero 3 (FSDP) runs on one stage"),
-             (["--zero", "3", "--dp", "2", "--recompute"], "without --experts or --recompute"),
              (["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
              (["--model", "llama", "--experts", "2"], "no mixture of experts")]
     for argv, why in cases:
@@ -231,5 +235,5 @@ def test_what_stays_refused_is_one_line_naming_it(capsys):
         assert e.value.code == 2 and why in err and err.count("\n") == 1, (argv, err)
     for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
                  ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
-                 ["--recompute"]):
+                 ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"]):
         train.parse_args(argv)  # each accepted now

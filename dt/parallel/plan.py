@@ -69,7 +69,7 @@ from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.expert.style import ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import Grid
 from dt.parallel.pipeline.cut import StageCut, cut
-from dt.parallel.recompute import Recompute, recomputed
+from dt.parallel.recompute import Recompute
 from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
@@ -260,9 +260,6 @@ def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], chunk
     if with_experts:
         raise ValueError("FSDP (zero3) shards every parameter over dp x cp, but experts differ across "
                          "the plane's ranks: use ZeRO 1-2 with experts")
-    if any(recomputed(m) for m in model.modules()):
-        raise ValueError("FSDP (zero3) gathers in forward hooks, which a recomputed block would run "
-                         "again in backward: drop recompute, or use ZeRO 1-2")
     places = {id(t): pieces[0][0] for t, pieces in tensor_parallel_places(model)}
     return FullyShardedDataParallel(chunks[0], grid.group(*dp_axes), place_of=lambda p: places[id(p)])
 

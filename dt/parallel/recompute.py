@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -37,10 +38,31 @@ from torch.utils.checkpoint import checkpoint
 
 from dt.parallel.tensor.styles import Style, Ties
 
-__all__ = ["Recompute", "recomputed"]
+__all__ = ["AGAIN", "FIRST", "Recompute", "recompute_phase", "recomputed"]
 
 MARK = "recomputes"  # set on a block whose forward Recompute wrapped
 COUNTERS = "counted"  # a module's dict of per-forward totals (dt.parallel.expert.MoE, dt.models.moe.MoE)
+FIRST, AGAIN = "first", "again"  # a recomputed block's forward: the step's own, or its rerun in backward
+_phase = threading.local()
+
+
+def recompute_phase() -> str | None:
+    """Which forward of a recomputed block is running on this thread: FIRST (the step's, whose
+    activations are dropped), AGAIN (its rerun in backward), or None (outside any such block).
+
+    FSDP reads it (dt.parallel.zero.fsdp): a unit inside a recomputed block gathers again in
+    the rerun, which is what backward then uses, so it does not regather in backward too."""
+    return getattr(_phase, "now", None)
+
+
+@contextlib.contextmanager
+def _in_phase(phase: str) -> Iterator[None]:
+    before = recompute_phase()
+    _phase.now = phase
+    try:
+        yield
+    finally:
+        _phase.now = before
 
 
 @contextlib.contextmanager
@@ -53,6 +75,12 @@ def _keeping_counters(module: nn.Module) -> Iterator[None]:
     finally:
         for m, counts in kept:
             setattr(m, COUNTERS, counts)
+
+
+@contextlib.contextmanager
+def _both(a: Any, b: Any) -> Iterator[None]:
+    with a, b:
+        yield
 
 
 def recomputed(module: nn.Module) -> bool:
@@ -74,7 +102,7 @@ class Recompute(Style):
         forward = type(module).forward  # the class's: children swapped later are what it calls
 
         def contexts() -> tuple[Any, Any]:  # (around the first forward, around each recomputation)
-            return contextlib.nullcontext(), _keeping_counters(module)
+            return _in_phase(FIRST), _both(_keeping_counters(module), _in_phase(AGAIN))
 
         @functools.wraps(forward)
         def recompute(*args: Any, **kwargs: Any) -> Any:

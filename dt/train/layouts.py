@@ -35,10 +35,10 @@ def _mesh_error(a: Any) -> str | None:
         return "--ep > 1 needs --experts (an MoE model)"
     if a.experts and not a.top_k <= a.experts:
         return f"--top-k must be between 1 and --experts {a.experts}"
-    if a.zero == 3 and (a.pp > 1 or a.experts or getattr(a, "recompute", False)):
-        return ("--zero 3 (FSDP) runs on one stage, without --experts or --recompute: a pipeline needs "
+    if a.zero == 3 and (a.pp > 1 or a.experts):
+        return ("--zero 3 (FSDP) runs on one stage, without --experts: a pipeline needs "
                 "each chunk's shards and the tied sum on them, experts differ over the plane FSDP "
-                "shards, a recomputed block reruns its gather hooks; use --zero 1 or 2")
+                "shards; use --zero 1 or 2")
     model, kv = getattr(a, "model", "gpt"), getattr(a, "n_kv_head", None) or a.n_head
     if model == "llama" and a.experts:
         return "--model llama has no mixture of experts (dt.models.llama): --experts are the GPT's"

@@ -20,6 +20,7 @@ from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
 from dt.parallel.checkpoint.place import Place
 from dt.parallel.data_parallel import LABEL as DATA_LABEL
+from dt.parallel.recompute import AGAIN, FIRST, recompute_phase
 from dt.parallel.zero.memory import (
     comm_scratch_formula,
     memory_held,
@@ -105,7 +106,9 @@ class FullyShardedDataParallel(nn.Module):
     yields only this rank's shards: give those to any torch optimizer.
     `place_of(p)`: where parameter p sits in the full model (a tensor-parallel
     slice, its name there), for checkpoints; default: its name in `module`.
-    A recomputed module (activation checkpointing) is not supported.
+    Inside a recomputed block (dt.parallel.recompute) a unit gathers in the forward, frees,
+    and gathers again in the rerun that backward makes, whose copy backward then uses: the
+    same two gathers and one scatter per micro-batch as without recompute.
     """
 
     def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring",
@@ -170,8 +173,13 @@ class FullyShardedDataParallel(nn.Module):
         unit.set_views(unit.full)
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
-        full = unit.full
+        full, phase = unit.full, recompute_phase()
+        if phase == AGAIN:  # the rerun's views are what backward uses: they hold the copy, and free it
+            unit.full = None
+            return
         _free(full)  # the saved views now point at an empty storage until backward
+        if phase == FIRST:  # nothing is saved: backward reruns the forward, which gathers again
+            return
         outs = out if isinstance(out, (tuple, list)) else [out]
         needs = [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
         regathered = [False]  # this forward's: its backward regathers its own copy, once
