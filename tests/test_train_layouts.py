@@ -48,15 +48,18 @@ def _stepped_one(model: str, kw: dict) -> dict:
         x, y = data.batch(i, args.batch_size, args.block_size)
         losses.append(built.step(x[mine], y[mine]))
     sent = {k: v / STEPS for k, v in built.step.bytes_sent.items()}
-    fsdp = built.saved.fsdp
-    opt = fsdp[0] if fsdp else built.optimizer  # FSDP's formulas are its module's
-    sharded = hasattr(opt, "expected_bytes_sent")
-    return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent,
-            # a backward per micro-batch and chunk: ZeRO 2 scatters every bucket in each
-            "formula": opt.expected_bytes_sent(args.micro_batches * args.virtual) if sharded else None,
+    fsdp, opt = built.saved.fsdp, built.optimizer  # FSDP's formulas are its modules', one a chunk
+    if fsdp:  # each chunk gathers for each micro-batch's forward and backward
+        formula = sum(f.expected_bytes_sent(args.micro_batches) for f in fsdp)
+        state = (fsdp[0].memory(opt)["optimizer"], sum(f.formula(k=16)["optimizer"] for f in fsdp))
+    elif hasattr(opt, "expected_bytes_sent"):  # a backward per micro-batch and chunk: ZeRO 2 scatters
+        formula = opt.expected_bytes_sent(args.micro_batches * args.virtual)  # every bucket in each
+        state = (opt.memory()["optimizer"], opt.formula(k=16)["optimizer"])
+    else:
+        formula = state = None
+    return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent, "formula": formula,
             # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
-            "state": (opt.memory(*([built.optimizer] if fsdp else []))["optimizer"],
-                      opt.formula(k=16)["optimizer"]) if sharded else None,
+            "state": state,
             "recomputed": sum(recomputed(m) for c in built.saved.stage.chunks for m in c.modules())}
 
 
@@ -180,14 +183,19 @@ def test_llama_with_context_parallel_follows_the_plain_model(run):
 
 
 FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5})],
-        4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3})]}
+        4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3}),
+            ("gpt", {"dp": 2, "pp": 2, "zero": 3, "clip": 0.5}),
+            ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2,
+                       "recompute": True})]}
 
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("world", [2, 4])
 def test_fsdp_through_the_step_follows_the_plain_model(run, world):
     """--zero 3: FSDP over dp x cp through the same TrainStep and make_optimizer (tied embedding and
-    head one unit; tp slices sharded further; two micro-batches, each gathering its own copy)."""
+    head one unit; tp slices sharded further; two micro-batches, each gathering its own copy); on a
+    pipeline FSDP per chunk over its stage's dp group, the tied weight's shards summed over its two
+    stages (counted once in the clipped norm), with interleaved chunks and recompute."""
     runs = FSDP[world]
     results = run(world, _stepped, runs, timeout=280)
     for k, (model, kw) in enumerate(runs):
@@ -200,6 +208,7 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
             # every forward and backward gathers, every backward scatters: all charged to data
             assert r[k]["sent"]["data"] == r[k]["formula"], (kw, r[k])
             assert r[k]["sent"]["other"] == 0, (kw, r[k])  # ring attention: the context label
+            assert (r[k]["sent"]["tied embedding"] > 0) == ("pp" in kw), (kw, r[k])  # summed on shards
             assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)
 
 
@@ -223,10 +232,34 @@ def test_fsdp_checkpoints_resume_on_other_layouts(run, tmp_path):
         assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
 
 
+def _resume_fsdp_pipeline(a: str, b: str) -> list[list[float]]:
+    """Straight; FSDP on a pipeline saves at 2, FSDP on one stage resumes; a tensor-parallel
+    pipeline saves at 2, FSDP on the pipeline resumes."""
+    straight = train.train_worker(_args("gpt", dp=4, steps=4))["losses"]
+    train.train_worker(_args("gpt", dp=2, pp=2, zero=3, steps=2, checkpoint=a))
+    on_one = train.train_worker(_args("gpt", dp=4, zero=3, steps=4, checkpoint=a))
+    train.train_worker(_args("gpt", tp=2, pp=2, steps=2, checkpoint=b))
+    on_pp = train.train_worker(_args("gpt", dp=2, pp=2, zero=3, steps=4, checkpoint=b))
+    assert on_one["start"] == on_pp["start"] == 2 and on_one["resumed"]["layout"]["zero"] == 3
+    return [straight, on_one["losses"], on_pp["losses"]]
+
+
+@pytest.mark.timeout(240)
+def test_fsdp_on_a_pipeline_checkpoints_resume_on_other_layouts(run, tmp_path):
+    """Each stage's FSDP shards are pieces of the plain model's tensors (the tied weight written by
+    its first stage): one stage resumes from them, and FSDP on a pipeline from a tp x pp run."""
+    straight, on_one, on_pp = run(4, _resume_fsdp_pipeline, str(tmp_path / "a"), str(tmp_path / "b"),
+                                  timeout=220)[0]
+    for resumed in (on_one, on_pp):
+        assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
+
+
 def test_what_stays_refused_is_one_line_naming_it(capsys):
-    """FSDP on a pipeline, with experts or with recompute; a Llama with experts (it has no MoE)."""
-    cases = [(["--zero", "3", "--dp", "2", "--pp", "2"], "--zero 3 (FSDP) runs on one stage"),
-             (["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
+    """FSDP with experts, or with a tied weight in two chunks of one rank; a Llama with experts
+    (it has no MoE)."""
+    cases = [(["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
+             (["--zero", "3", "--dp", "2", "--schedule", "interleaved", "--virtual", "2"],
+              "two chunks of one rank"),
              (["--model", "llama", "--experts", "2"], "no mixture of experts")]
     for argv, why in cases:
         with pytest.raises(SystemExit) as e:
@@ -235,5 +268,6 @@ def test_what_stays_refused_is_one_line_naming_it(capsys):
         assert e.value.code == 2 and why in err and err.count("\n") == 1, (argv, err)
     for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
                  ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
-                 ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"]):
+                 ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"],
+                 ["--zero", "3", "--dp", "2", "--pp", "2"]):
         train.parse_args(argv)  # each accepted now

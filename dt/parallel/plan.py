@@ -246,22 +246,28 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
     if plan.data_parallel == "zero3":
-        chunks = [_fully_sharded(model, grid, dp_axes, chunks, with_experts)]
+        chunks = _fully_sharded(model, grid, dp_axes, stage, with_experts)
     return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device)
 
 
-def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], chunks: list[nn.Module],
-                   with_experts: bool) -> FullyShardedDataParallel:
-    """The one stage's chunk under FSDP over the dp x cp plane; each shard's pieces named as the
-    plain model names its parameters (tensor-parallel slices included), for checkpoints."""
-    if len(chunks) != 1 or grid.sizes.get("pp", 1) > 1:
-        raise ValueError("FSDP (zero3) wraps one stage: a pipeline would need each chunk's shards and "
-                         "the tied weight's sum across stages on them; use pp 1, or ZeRO 1-2")
+def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], stage: StageCut,
+                   with_experts: bool) -> list[FullyShardedDataParallel]:
+    """Each of this stage's chunks under FSDP over the dp x cp plane (per stage, as torchtitan
+    composes FSDP with a pipeline); each shard's pieces named as the plain model names its
+    parameters (tensor-parallel slices included; a shared weight saved by its first stage), for
+    checkpoints. A weight two stages share is a unit of its own, cut alike on both (the step sums
+    its shard gradients over them)."""
+    held = [{id(p) for p in c.parameters()} for c in stage.chunks]
+    if sum(len(h) for h in held) != len(set().union(*held)):
+        raise ValueError("FSDP (zero3) shards each chunk apart, but two chunks of this rank hold the same "
+                         "weight (a tied embedding and head on one stage): use virtual 1, or untie them")
     if with_experts:
         raise ValueError("FSDP (zero3) shards every parameter over dp x cp, but experts differ across "
                          "the plane's ranks: use ZeRO 1-2 with experts")
-    places = {id(t): pieces[0][0] for t, pieces in tensor_parallel_places(model)}
-    return FullyShardedDataParallel(chunks[0], grid.group(*dp_axes), place_of=lambda p: places[id(p)])
+    places = {id(t): pieces[0][0] if stage.saves(t) else replace(pieces[0][0], saved=False)
+              for t, pieces in tensor_parallel_places(model)}
+    return [FullyShardedDataParallel(c, grid.group(*dp_axes), place_of=lambda p: places[id(p)],
+                                     separate=stage.shared) for c in stage.chunks]
 
 
 def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | None) -> nn.Module:

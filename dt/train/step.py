@@ -191,9 +191,7 @@ class TrainStep:
         with transport.traffic() as expert_traffic:
             self._sync_experts()
         with transport.traffic() as tied_traffic:
-            if self.par.stage.shared_group is not None:
-                grads = [p.grad for p in self.par.stage.shared if p.grad is not None]
-                all_reduce_buckets(grads, self.par.stage.shared_group, op=ReduceOp.SUM)
+            self._sum_shared()
         loss_value = self._global_loss(loss)
         comm = clock(self.device) - t0
         t_opt = clock(self.device)
@@ -204,6 +202,17 @@ class TrainStep:
         self.bytes_sent["data"] += expert_traffic.bytes_sent
         self._count_routing()
         return loss_value
+
+    def _sum_shared(self) -> None:
+        """A weight two stages share: its gradient summed over them (under FSDP its shard's: each
+        stage cuts it alike, dt.parallel.zero.fsdp's `separate`)."""
+        stage = self.par.stage
+        if stage.shared_group is None:
+            return
+        fsdp = self.par.fsdp
+        held = [s for f in fsdp for s in f.shards_of(stage.shared)] if fsdp else stage.shared
+        grads = [p.grad for p in held if p.grad is not None]
+        all_reduce_buckets(grads, stage.shared_group, op=ReduceOp.SUM)
 
     def _sync_experts(self) -> None:
         """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp).
@@ -228,7 +237,9 @@ class TrainStep:
         """Under ZeRO or FSDP: the pieces of this rank's shard gradients that it adds to the norm."""
         if self.par.fsdp:
             tp_rank = self.grid.coords().get("tp", 0)
-            return [g for f in self.par.fsdp for mod, name, g in f.shard_pieces()
+            stage = self.par.stage  # a shared weight is counted on its first stage
+            others = {id(p) for p in stage.shared if not stage.saves(p)}
+            return [g for f in self.par.fsdp for mod, name, g in f.shard_pieces(others)
                     if counts(mod, name, tp_rank)]
         mine = {id(p) for p in self.counted}
         return [g for p, g in self.optimizer.shard_pieces() if id(p) in mine]

@@ -8,7 +8,7 @@ the parameters (zero_traffic_formula).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -43,10 +43,11 @@ class _Unit:
 
     def __init__(self, module: nn.Module, names: list[str], shard: nn.Parameter,
                  sizes: list[int], shapes: list[torch.Size],
-                 holders: list[list[tuple[nn.Module, str]]], places: list[Place | None]):
+                 holders: list[list[tuple[nn.Module, str]]], places: list[Place | None], ids: list[int]):
         self.module, self.names, self.shard, self.sizes, self.shapes = (
             module, names, shard, sizes, shapes)
         self.holders, self.places = holders, places
+        self.ids = ids  # id() of the parameters it replaced, in its order (the shared ones found by it)
         self.full: torch.Tensor | None = None  # the gathered parameters while in use
 
     def set_views(self, full: torch.Tensor) -> None:
@@ -106,13 +107,18 @@ class FullyShardedDataParallel(nn.Module):
     yields only this rank's shards: give those to any torch optimizer.
     `place_of(p)`: where parameter p sits in the full model (a tensor-parallel
     slice, its name there), for checkpoints; default: its name in `module`.
+    `separate`: parameters each made a unit of their own, cut the same way on
+    every holder of the same size of group: a weight two pipeline stages share
+    (a tied embedding and head, each stage's FSDP over its dp x cp group), whose
+    shard gradients (shards_of) the stages then sum.
     Inside a recomputed block (dt.parallel.recompute) a unit gathers in the forward, frees,
     and gathers again in the rerun that backward makes, whose copy backward then uses: the
     same two gathers and one scatter per micro-batch as without recompute.
     """
 
     def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring",
-                 place_of: Callable[[nn.Parameter], Place] | None = None):
+                 place_of: Callable[[nn.Parameter], Place] | None = None,
+                 separate: Sequence[nn.Parameter] = ()):
         super().__init__()
         self.module = module
         self.group = resolve_group(group)
@@ -130,8 +136,12 @@ class FullyShardedDataParallel(nn.Module):
         for i, h in holders.items():
             if len(h) == 1:
                 own.setdefault(id(h[0][1]), []).append(i)
+        apart = {id(p) for p in separate}
         for mod_name, mod in list(module.named_modules()):
-            self._make_unit(mod_name, mod, own.get(id(mod), []), holders, params, place_of)
+            mine = own.get(id(mod), [])
+            self._make_unit(mod_name, mod, [i for i in mine if i not in apart], holders, params, place_of)
+            for i in (i for i in mine if i in apart):
+                self._make_unit(mod_name, mod, [i], holders, params, place_of)
         self._make_unit("", module, tied, holders, params, place_of)  # on the root: both uses
         self.psi = sum(sum(u.sizes) for u in self.units)
 
@@ -150,7 +160,7 @@ class FullyShardedDataParallel(nn.Module):
                  for m, _, a in first]
         unit = _Unit(mod, names, shard, sizes, [p.shape for p in own],
                      [[(h, a) for _, h, a in holders[i]] for i in ids],
-                     [place_of(p) if place_of is not None else None for p in own])
+                     [place_of(p) if place_of is not None else None for p in own], ids)
         for i in ids:
             for _, holder, attr in holders[i]:
                 del holder._parameters[attr]
@@ -196,16 +206,22 @@ class FullyShardedDataParallel(nn.Module):
             all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group,
                        algorithm=self.algorithm)
 
-    def shard_pieces(self) -> list[tuple[nn.Module, str, torch.Tensor]]:
+    def shards_of(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
+        """The shards of the units made of each of `params` alone (given in `separate`), those here."""
+        alone = {u.ids[0]: u.shard for u in self.units if len(u.ids) == 1}
+        return [alone[id(p)] for p in params if id(p) in alone]
+
+    def shard_pieces(self, leave_out: Collection[int] = ()) -> list[tuple[nn.Module, str, torch.Tensor]]:
         """(module holding it, its attribute, its part of this rank's shard gradient) for each
-        parameter this rank's shards cover (after backward; views: scaling them scales it)."""
+        parameter this rank's shards cover (after backward; views: scaling them scales it),
+        but those whose id() is in `leave_out` (a shared weight another stage counts)."""
         out = []
         for unit in self.units:
             start = edges(unit.sizes)[self.group.rank]
             end, off = start + unit.shard.numel(), 0
-            for holders, shape in zip(unit.holders, unit.shapes):
+            for holders, shape, i in zip(unit.holders, unit.shapes, unit.ids):
                 lo, hi = max(start, off), min(end, off + shape.numel())
-                if lo < hi and unit.shard.grad is not None:
+                if lo < hi and unit.shard.grad is not None and i not in leave_out:
                     mod, attr = holders[0]
                     out.append((mod, attr, unit.shard.grad[lo - start:hi - start]))
                 off += shape.numel()
