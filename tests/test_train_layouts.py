@@ -182,11 +182,15 @@ def test_llama_with_context_parallel_follows_the_plain_model(run):
                 assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
 
 
-FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5})],
+FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5}),
+            ("gpt", {"dp": 2, "ep": 2, "zero": 3, **EXPERTS}),
+            ("gpt", {"dp": 2, "zero": 3, "clip": 0.05, **EXPERTS})],
         4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3}),
             ("gpt", {"dp": 2, "pp": 2, "zero": 3, "clip": 0.5}),
             ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2,
-                       "recompute": True})]}
+                       "recompute": True}),
+            ("gpt", {"dp": 4, "ep": 2, "zero": 3, "clip": 0.05, **EXPERTS}),
+            ("gpt", {"dp": 2, "pp": 2, "ep": 2, "zero": 3, "recompute": True, **EXPERTS})]}
 
 
 @pytest.mark.timeout(300)
@@ -195,7 +199,8 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
     """--zero 3: FSDP over dp x cp through the same TrainStep and make_optimizer (tied embedding and
     head one unit; tp slices sharded further; two micro-batches, each gathering its own copy); on a
     pipeline FSDP per chunk over its stage's dp group, the tied weight's shards summed over its two
-    stages (counted once in the clipped norm), with interleaved chunks and recompute."""
+    stages (counted once in the clipped norm), with interleaved chunks and recompute; with experts
+    the dense units over dp x cp, each expert's over its replicas (edp: summed, / dp x cp)."""
     runs = FSDP[world]
     results = run(world, _stepped, runs, timeout=280)
     for k, (model, kw) in enumerate(runs):
@@ -254,11 +259,31 @@ def test_fsdp_on_a_pipeline_checkpoints_resume_on_other_layouts(run, tmp_path):
         assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
 
 
+def _resume_fsdp_experts(a: str, b: str) -> list[list[float]]:
+    """Straight (ep 2, no ZeRO); FSDP with ep 2 saves at 2, ZeRO 1 with ep 1 resumes; ZeRO 1 with
+    ep 2 saves at 2, FSDP with ep 1 resumes (experts named by global index: any ep reads them)."""
+    straight = train.train_worker(_args("gpt", dp=2, ep=2, steps=4, **EXPERTS))["losses"]
+    train.train_worker(_args("gpt", dp=2, ep=2, zero=3, steps=2, checkpoint=a, **EXPERTS))
+    on_zero = train.train_worker(_args("gpt", dp=2, zero=1, steps=4, checkpoint=a, **EXPERTS))
+    train.train_worker(_args("gpt", dp=2, ep=2, zero=1, steps=2, checkpoint=b, **EXPERTS))
+    on_fsdp = train.train_worker(_args("gpt", dp=2, zero=3, steps=4, checkpoint=b, **EXPERTS))
+    assert on_zero["start"] == on_fsdp["start"] == 2 and on_zero["resumed"]["layout"]["zero"] == 3
+    return [straight, on_zero["losses"], on_fsdp["losses"]]
+
+
+@pytest.mark.timeout(200)
+def test_fsdp_with_experts_checkpoints_resume_on_other_layouts(run, tmp_path):
+    """FSDP's expert shards are pieces of the plain MoE's experts: ZeRO on another ep resumes from
+    them, and FSDP from ZeRO's."""
+    straight, on_zero, on_fsdp = run(2, _resume_fsdp_experts, str(tmp_path / "a"), str(tmp_path / "b"),
+                                     timeout=180)[0]
+    for resumed in (on_zero, on_fsdp):
+        assert max(abs(x - y) for x, y in zip(resumed, straight[2:])) < 1e-9, (resumed, straight)
+
+
 def test_what_stays_refused_is_one_line_naming_it(capsys):
-    """FSDP with experts, or with a tied weight in two chunks of one rank; a Llama with experts
-    (it has no MoE)."""
-    cases = [(["--zero", "3", "--dp", "2", "--experts", "2"], "experts differ over the plane"),
-             (["--zero", "3", "--dp", "2", "--schedule", "interleaved", "--virtual", "2"],
+    """FSDP with a tied weight in two chunks of one rank; a Llama with experts (it has no MoE)."""
+    cases = [(["--zero", "3", "--dp", "2", "--schedule", "interleaved", "--virtual", "2"],
               "two chunks of one rank"),
              (["--model", "llama", "--experts", "2"], "no mixture of experts")]
     for argv, why in cases:
@@ -269,5 +294,5 @@ def test_what_stays_refused_is_one_line_naming_it(capsys):
     for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
                  ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
                  ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"],
-                 ["--zero", "3", "--dp", "2", "--pp", "2"]):
+                 ["--zero", "3", "--dp", "2", "--pp", "2"], ["--zero", "3", "--dp", "2", "--experts", "2"]):
         train.parse_args(argv)  # each accepted now

@@ -24,7 +24,7 @@ A Plan applies every kind of parallelism, always in ORDER (torchtitan's, for its
     experts    swap MoE MLPs for expert-parallel ones over the grid's "ep" split
     recompute  wrap each block so its activations are recomputed in backward
     pipeline   cut the model's block list (`blocks`) into this rank's stage(s) (grid "pp")
-    data       DDP (overlapped), ZeRO 1-2 or FSDP (ZeRO 3, one stage) over the grid's dp x cp plane
+    data       DDP (overlapped), ZeRO 1-2 or FSDP (ZeRO 3, per chunk) over the grid's dp x cp plane
 
 Why this order: the swaps come first because everything after them holds on
 to parameters and modules, and must hold the final ones (a pipeline cut made
@@ -66,7 +66,7 @@ from torch import nn
 from dt.parallel.checkpoint.state import tensor_parallel_places
 from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.data_parallel import DistributedDataParallel
-from dt.parallel.expert.style import ExpertParallel, ExpertParallelMoE, split_parameters
+from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import Grid
 from dt.parallel.pipeline.cut import StageCut, cut
 from dt.parallel.recompute import Recompute
@@ -261,13 +261,14 @@ def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], stage
     if sum(len(h) for h in held) != len(set().union(*held)):
         raise ValueError("FSDP (zero3) shards each chunk apart, but two chunks of this rank hold the same "
                          "weight (a tied embedding and head on one stage): use virtual 1, or untie them")
-    if with_experts:
-        raise ValueError("FSDP (zero3) shards every parameter over dp x cp, but experts differ across "
-                         "the plane's ranks: use ZeRO 1-2 with experts")
+    # Experts differ across the plane: each is sharded over its replicas (edp), summed there, / dp x cp.
+    edp = grid.group(EXPERT_GROUP) if with_experts else None  # every rank makes it (collective)
+    experts = split_parameters(model)[1] if with_experts else []
     places = {id(t): pieces[0][0] if stage.saves(t) else replace(pieces[0][0], saved=False)
               for t, pieces in tensor_parallel_places(model)}
     return [FullyShardedDataParallel(c, grid.group(*dp_axes), place_of=lambda p: places[id(p)],
-                                     separate=stage.shared) for c in stage.chunks]
+                                     separate=stage.shared, experts=experts, expert_group=edp,
+                                     expert_divisor=grid.size(*dp_axes)) for c in stage.chunks]
 
 
 def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | None) -> nn.Module:

@@ -35,9 +35,6 @@ def _mesh_error(a: Any) -> str | None:
         return "--ep > 1 needs --experts (an MoE model)"
     if a.experts and not a.top_k <= a.experts:
         return f"--top-k must be between 1 and --experts {a.experts}"
-    if a.zero == 3 and a.experts:
-        return ("--zero 3 (FSDP) runs without --experts: experts differ over the plane FSDP shards; "
-                "use --zero 1 or 2")
     if a.zero == 3 and a.pp == 1 and a.virtual > 1 and not a.untied:
         return ("--zero 3 (FSDP) shards each chunk apart, but on one stage the tied embedding and head "
                 "are two chunks of one rank: use --virtual 1, --untied, or --zero 1 or 2")

@@ -216,8 +216,10 @@ class TrainStep:
 
     def _sync_experts(self) -> None:
         """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp).
-        Under ZeRO its reduce-scatters do the same, over the same groups (make_optimizer)."""
-        if not self.with_experts or self.dp == 1 or hasattr(self.optimizer, "reduce_gradients"):
+        Under ZeRO its reduce-scatters do the same, over the same groups (make_optimizer), and
+        under FSDP those of its backward."""
+        if not self.with_experts or self.dp == 1 or hasattr(self.optimizer, "reduce_gradients") or \
+                self.par.fsdp:  # FSDP's reduce-scatters in backward did (dt.parallel.zero.fsdp's experts)
             return
         all_reduce_buckets([p.grad for p in self.dense if p.grad is not None], self.dp_group)
         grads = [p.grad for p in self.experts if p.grad is not None]

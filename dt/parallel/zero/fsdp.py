@@ -8,6 +8,7 @@ the parameters (zero_traffic_formula).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from dt.parallel.zero.memory import (
     zero_traffic_formula,
 )
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state, gather_flat
-from dt.transport import charged_to, resolve_group
+from dt.transport import Group, charged_to, resolve_group
 
 __all__ = ["FullyShardedDataParallel"]
 
@@ -43,10 +44,12 @@ class _Unit:
 
     def __init__(self, module: nn.Module, names: list[str], shard: nn.Parameter,
                  sizes: list[int], shapes: list[torch.Size],
-                 holders: list[list[tuple[nn.Module, str]]], places: list[Place | None], ids: list[int]):
+                 holders: list[list[tuple[nn.Module, str]]], places: list[Place | None], ids: list[int],
+                 group: Group, divisor: int | None):
         self.module, self.names, self.shard, self.sizes, self.shapes = (
             module, names, shard, sizes, shapes)
         self.holders, self.places = holders, places
+        self.group, self.divisor = group, divisor  # its ranks; None: the gradient AVG over them
         self.ids = ids  # id() of the parameters it replaced, in its order (the shared ones found by it)
         self.full: torch.Tensor | None = None  # the gathered parameters while in use
 
@@ -60,23 +63,27 @@ class _Unit:
 
 class _Unshard(torch.autograd.Function):
     """Forward: all-gather the shards into the full flat parameter.
-    Backward: reduce-scatter (AVG) its gradient back to the shard, then free it."""
+    Backward: reduce-scatter (AVG, or SUM / the unit's divisor) its gradient back to the shard,
+    then free it."""
 
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FullyShardedDataParallel) -> Any:
         ctx.unit, ctx.fsdp = unit, fsdp
         with charged_to(DATA_LABEL, fsdp.algorithm):  # data parallel's bytes (dt.train.step's LABELS)
-            full = gather_flat(shard, unit.sizes, fsdp.group, fsdp.algorithm)
+            full = gather_flat(shard, unit.sizes, unit.group, fsdp.algorithm)
         ctx.full = full  # this forward's: each forward (a micro-batch) frees its own in backward
         return full
 
     @staticmethod
     def backward(ctx: Any, grad_full: torch.Tensor) -> tuple[torch.Tensor, None, None]:
-        unit, g = ctx.unit, ctx.fsdp.group
+        unit = ctx.unit
         grad_shard = torch.empty_like(unit.shard)
+        op = ReduceOp.AVG if unit.divisor is None else ReduceOp.SUM
         with charged_to(DATA_LABEL, ctx.fsdp.algorithm):
-            reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), ReduceOp.AVG, g,
+            reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), op, unit.group,
                            algorithm=ctx.fsdp.algorithm)
+        if unit.divisor is not None:
+            grad_shard.div_(unit.divisor)
         _free(ctx.full)
         return grad_shard, None, None
 
@@ -84,6 +91,18 @@ class _Unshard(torch.autograd.Function):
 def _free(full: torch.Tensor | None) -> None:
     if full is not None:
         full.untyped_storage().resize_(0)
+
+
+def _tensors(out: Any) -> list[torch.Tensor]:
+    """Every tensor in a module's output: itself, in tuples, lists, dicts, or a dataclass's fields
+    (a router's Routing), where backward may enter the module first."""
+    if isinstance(out, torch.Tensor):
+        return [out]
+    if isinstance(out, dict):
+        out = list(out.values())
+    elif dataclasses.is_dataclass(out) and not isinstance(out, type):
+        out = [getattr(out, f.name) for f in dataclasses.fields(out)]
+    return [t for o in out for t in _tensors(o)] if isinstance(out, (tuple, list)) else []
 
 
 def _holders(module: nn.Module) -> dict[int, list[tuple[str, nn.Module, str]]]:
@@ -111,6 +130,10 @@ class FullyShardedDataParallel(nn.Module):
     every holder of the same size of group: a weight two pipeline stages share
     (a tied embedding and head, each stage's FSDP over its dp x cp group), whose
     shard gradients (shards_of) the stages then sum.
+    `experts`: parameters replicated only over `expert_group` (a mixture's experts over
+    their replicas, grid.group("edp")): sharded over it, their gradients summed there and
+    divided by `expert_divisor` (dp x cp: every plane rank's tokens reached them), as
+    ZeRO 1-2 does with experts (dt.parallel.zero.parts).
     Inside a recomputed block (dt.parallel.recompute) a unit gathers in the forward, frees,
     and gathers again in the rerun that backward makes, whose copy backward then uses: the
     same two gathers and one scatter per micro-batch as without recompute.
@@ -118,14 +141,18 @@ class FullyShardedDataParallel(nn.Module):
 
     def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring",
                  place_of: Callable[[nn.Parameter], Place] | None = None,
-                 separate: Sequence[nn.Parameter] = ()):
+                 separate: Sequence[nn.Parameter] = (), experts: Sequence[nn.Parameter] = (),
+                 expert_group: Any = None, expert_divisor: int = 1):
         super().__init__()
         self.module = module
         self.group = resolve_group(group)
         self.algorithm = algorithm
+        expert_ids = {id(p) for p in experts}
+        self._expert = (resolve_group(expert_group), expert_divisor, expert_ids) if experts else None
         with torch.no_grad():
             for t in list(module.parameters()) + list(module.buffers()):
-                broadcast(t.data, self.group.ranks[0], group=self.group)
+                g = self._group_of(id(t))[0]
+                broadcast(t.data, g.ranks[0], group=g)
         self.units: list[_Unit] = []
         self.unit_names: list[str] = []
         self.shards = nn.ParameterList()
@@ -139,17 +166,26 @@ class FullyShardedDataParallel(nn.Module):
         apart = {id(p) for p in separate}
         for mod_name, mod in list(module.named_modules()):
             mine = own.get(id(mod), [])
-            self._make_unit(mod_name, mod, [i for i in mine if i not in apart], holders, params, place_of)
+            dense = [i for i in mine if i not in apart and i not in expert_ids]
+            self._make_unit(mod_name, mod, dense, holders, params, place_of)
+            self._make_unit(mod_name, mod, [i for i in mine if i in expert_ids], holders, params, place_of)
             for i in (i for i in mine if i in apart):
                 self._make_unit(mod_name, mod, [i], holders, params, place_of)
         self._make_unit("", module, tied, holders, params, place_of)  # on the root: both uses
         self.psi = sum(sum(u.sizes) for u in self.units)
 
+    def _group_of(self, i: int) -> tuple[Group, int | None]:
+        """The ranks parameter id `i` is replicated over, and its gradient's divisor (None: AVG)."""
+        if self._expert is not None and i in self._expert[2]:
+            return self._expert[0], self._expert[1]
+        return self.group, None
+
     def _make_unit(self, mod_name: str, mod: nn.Module, ids: list[int], holders: dict[int, Any],
                    params: dict[int, nn.Parameter], place_of: Any) -> None:
         if not ids:
             return
-        n, r = self.group.size, self.group.rank
+        group, divisor = self._group_of(ids[0])
+        n, r = group.size, group.rank
         own = [params[i] for i in ids]
         flat = torch.cat([p.detach().reshape(-1) for p in own])
         sizes = split_sizes(flat.numel(), n)
@@ -160,7 +196,7 @@ class FullyShardedDataParallel(nn.Module):
                  for m, _, a in first]
         unit = _Unit(mod, names, shard, sizes, [p.shape for p in own],
                      [[(h, a) for _, h, a in holders[i]] for i in ids],
-                     [place_of(p) if place_of is not None else None for p in own], ids)
+                     [place_of(p) if place_of is not None else None for p in own], ids, group, divisor)
         for i in ids:
             for _, holder, attr in holders[i]:
                 del holder._parameters[attr]
@@ -179,7 +215,7 @@ class FullyShardedDataParallel(nn.Module):
             unit.full = _Unshard.apply(unit.shard, unit, self)
         else:
             with charged_to(DATA_LABEL, self.algorithm):
-                unit.full = gather_flat(unit.shard, unit.sizes, self.group, self.algorithm)
+                unit.full = gather_flat(unit.shard, unit.sizes, unit.group, self.algorithm)
         unit.set_views(unit.full)
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
@@ -190,8 +226,7 @@ class FullyShardedDataParallel(nn.Module):
         _free(full)  # the saved views now point at an empty storage until backward
         if phase == FIRST:  # nothing is saved: backward reruns the forward, which gathers again
             return
-        outs = out if isinstance(out, (tuple, list)) else [out]
-        needs = [t for t in outs if isinstance(t, torch.Tensor) and t.requires_grad]
+        needs = [t for t in _tensors(out) if t.requires_grad]
         regathered = [False]  # this forward's: its backward regathers its own copy, once
         for t in needs:
             t.register_hook(lambda grad, u=unit, f=full, done=regathered: self._before_backward(u, f, done))
@@ -203,7 +238,7 @@ class FullyShardedDataParallel(nn.Module):
         full.untyped_storage().resize_(full.numel() * full.element_size())
         # Into .data: refilling the storage must not bump the version autograd checks.
         with charged_to(DATA_LABEL, self.algorithm):
-            all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=self.group,
+            all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=unit.group,
                        algorithm=self.algorithm)
 
     def shards_of(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
@@ -217,7 +252,7 @@ class FullyShardedDataParallel(nn.Module):
         but those whose id() is in `leave_out` (a shared weight another stage counts)."""
         out = []
         for unit in self.units:
-            start = edges(unit.sizes)[self.group.rank]
+            start = edges(unit.sizes)[unit.group.rank]
             end, off = start + unit.shard.numel(), 0
             for holders, shape, i in zip(unit.holders, unit.shapes, unit.ids):
                 lo, hi = max(start, off), min(end, off + shape.numel())
@@ -238,24 +273,34 @@ class FullyShardedDataParallel(nn.Module):
         return {**memory_held(params, [u.shard.grad for u in self.units], optimizer),
                 "comm_scratch": held_bytes()}
 
+    def _by_group(self) -> list[tuple[Group, list[_Unit]]]:
+        """The units by the group they are sharded over (the plane's first; then the experts')."""
+        out: dict[int, tuple[Group, list[_Unit]]] = {}
+        for u in self.units:
+            out.setdefault(id(u.group), (u.group, []))[1].append(u)
+        return list(out.values())
+
     def formula(self, k: int = 8) -> dict[str, float]:
         out = zero_memory_formula(self.psi, self.group.size, 3, k, shard=self.shard_numel)
         itemsize = self.units[0].shard.element_size() if self.units else 4
-        out["comm_scratch"] = comm_scratch_formula([u.sizes for u in self.units], itemsize,
-                                                   self.group.rank, self.algorithm)
+        out["comm_scratch"] = max((comm_scratch_formula([u.sizes for u in us], itemsize, g.rank,
+                                                        self.algorithm) for g, us in self._by_group()),
+                                  default=0)  # one pool the collectives reuse: the largest
         return out
 
     def expected_bytes_sent(self, micro_batches: int = 1) -> int:
-        """Bytes this rank sends per step with `micro_batches` forwards and backwards."""
-        return zero_traffic_formula([u.sizes for u in self.units], self.group.rank, 3,
-                                    self.units[0].shard.element_size() if self.units else 4, micro_batches)
+        """Bytes this rank sends per step with `micro_batches` forwards and backwards (each group's
+        ring: the plane's for dense units, the experts' replicas' for theirs)."""
+        itemsize = self.units[0].shard.element_size() if self.units else 4
+        return sum(zero_traffic_formula([u.sizes for u in us], g.rank, 3, itemsize, micro_batches)
+                   for g, us in self._by_group())
 
     @torch.no_grad()
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, torch.Tensor]:  # type: ignore[override]
         """The full model state (names as in the unwrapped module), gathered on every rank."""
         out: dict[str, torch.Tensor] = {}
         for mod_name, unit in zip(self.unit_names, self.units):
-            full = gather_flat(unit.shard, unit.sizes, self.group)
+            full = gather_flat(unit.shard, unit.sizes, unit.group)
             o = 0
             for nm, shape in zip(unit.names, unit.shapes):
                 out[f"{mod_name}.{nm}" if mod_name else nm] = full[o:o + shape.numel()].view(shape)
@@ -265,9 +310,11 @@ class FullyShardedDataParallel(nn.Module):
 
     def optim_state_dict(self, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         """`optimizer`'s state (built over self.parameters()), gathered per original parameter."""
-        state = full_optimizer_state(optimizer, [u.shard for u in self.units],
-                                      [u.sizes for u in self.units],
-                                      [u.shapes for u in self.units], self.group)
+        state, index = {}, 0  # unit by unit: each gathers over its own group
+        for u in self.units:
+            part = full_optimizer_state(optimizer, [u.shard], [u.sizes], [u.shapes], u.group)
+            state |= {index + i: v for i, v in part.items()}
+            index += len(u.shapes)
         names = self._names()
         groups = [{k: v for k, v in g.items() if k != "params"} for g in optimizer.param_groups]
         return {"state": {names[i]: v for i, v in state.items()}, "param_groups": groups}
@@ -295,7 +342,7 @@ class FullyShardedDataParallel(nn.Module):
             if any(t is None for t in mine):
                 continue
             flat = torch.cat([t.reshape(-1) for t in mine])
-            start = edges(unit.sizes)[self.group.rank]
+            start = edges(unit.sizes)[unit.group.rank]
             unit.shard.copy_(flat[start:start + unit.shard.numel()])
         for n, b in buffers.items():
             if n in state_dict:
@@ -309,7 +356,7 @@ class FullyShardedDataParallel(nn.Module):
         it = iter(self._names())
         for unit in self.units:
             mine = [saved.get(next(it), {}) for _ in unit.names]
-            start = edges(unit.sizes)[self.group.rank]
+            start = edges(unit.sizes)[unit.group.rank]
             optimizer.state[unit.shard] = cut_optimizer_state(
                 mine, [s.numel() for s in unit.shapes], start, start + unit.shard.numel())
         for mine, theirs in zip(optimizer.param_groups, state.get("param_groups", [])):
@@ -325,7 +372,7 @@ class FullyShardedDataParallel(nn.Module):
         out: list[tuple[torch.Tensor, list[tuple[Place, int]]]] = []
         names = iter(self._names())
         for unit in self.units:
-            start = edges(unit.sizes)[self.group.rank]
+            start = edges(unit.sizes)[unit.group.rank]
             end, off, pieces = start + unit.shard.numel(), 0, []
             for shape, place in zip(unit.shapes, unit.places):
                 name, n = next(names), shape.numel()
