@@ -29,7 +29,6 @@ def _bad_lines(tmp_path) -> list[tuple[list[str], str]]:
         (["train", "--steps", "10", "--warmup", "11"], "--warmup 11 is longer than --steps 10"),
         (["train", "--lr", "1e-3", "--lr-min", "1e-2"], "above --lr"),
         (["train", "--precision", "bfloat16", "--dtype", "float64"], "it needs --dtype float32"),
-        (["train", "--precision", "float16", "--experts", "2"], "runs on the new training step"),
         (["train", "--precision", "int8"], "argument --precision"),
         (["train", "--eval-batches", "0"], "argument --eval-batches"),
         (["train", "--val-fraction", "1.5"], "--val-fraction must be below 1"),

@@ -21,7 +21,8 @@ sequence's k*s assignments routed to e before drops, P_e: e's mean router
 probability). BalanceLoss weights the sum over the forward's sequences by
 aux_loss_coef / (sequences in the batch) and attaches it to y: y's value is
 unchanged and its backward sends gradient 1 into the weighted loss
-(Megatron's aux-loss scaler), so the balance loss reaches the gradients on
+(Megatron's aux-loss scaler; times the loss scale under float16,
+set_loss_scale), so the balance loss reaches the gradients on
 whichever pipeline stage holds the layer, while the model's returned loss
 stays the task's cross-entropy (what dt train reports).
 A step that cuts a batch of B sequences into micro-batches and weights each
@@ -46,7 +47,7 @@ from torch import nn
 
 from dt.layout import expert_capacity
 
-__all__ = ["BalanceLoss", "Expert", "MoE", "Router", "set_batch_sequences"]
+__all__ = ["BalanceLoss", "Expert", "MoE", "Router", "router_probs", "set_batch_sequences", "set_loss_scale"]
 
 
 class Expert(nn.Module):
@@ -59,6 +60,13 @@ class Expert(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc_out(F.gelu(self.fc_in(x)))
+
+
+def router_probs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """softmax(x W^T) in the weight's precision, autocast or not: a router in 16 bits would
+    pick its top-k from rounded logits (the usual rule, Switch Transformer's: the router in float32)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.linear(x.to(weight.dtype), weight).softmax(dim=-1)
 
 
 class Router(nn.Module):
@@ -77,7 +85,7 @@ class Router(nn.Module):
         """experts, gates, keep [b, s, k]; aux_per_sequence [b]; stats."""
         E, k = self.num_experts, self.top_k
         b, s, _ = x.shape
-        probs = F.linear(x, self.weight).softmax(dim=-1)
+        probs = router_probs(x, self.weight)
         top_p, experts = probs.topk(k, dim=-1)
         gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
         onehot = F.one_hot(experts, E)  # [b, s, k, E]
@@ -97,16 +105,17 @@ class Router(nn.Module):
 
 
 class _Attach(torch.autograd.Function):
-    """y unchanged forward; backward also sends gradient 1 into `loss`."""
+    """y unchanged forward; backward also sends gradient `scale` (1, or float16's loss scale)
+    into `loss`."""
 
     @staticmethod
-    def forward(ctx: Any, y: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
-        ctx.shape, ctx.dtype, ctx.device = loss.shape, loss.dtype, loss.device
+    def forward(ctx: Any, y: torch.Tensor, loss: torch.Tensor, scale: float) -> torch.Tensor:
+        ctx.shape, ctx.dtype, ctx.device, ctx.scale = loss.shape, loss.dtype, loss.device, scale
         return y.view_as(y)
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return grad, torch.ones(ctx.shape, dtype=ctx.dtype, device=ctx.device)
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        return grad, torch.full(ctx.shape, ctx.scale, dtype=ctx.dtype, device=ctx.device), None
 
 
 class BalanceLoss(nn.Module):
@@ -116,12 +125,13 @@ class BalanceLoss(nn.Module):
         super().__init__()
         self.aux_loss_coef = aux_loss_coef
         self.batch_sequences: int | None = None  # None: this forward's sequences are the batch
+        self.loss_scale = 1.0  # what the task loss's backward starts from (float16's loss scale)
         self.last: torch.Tensor | None = None  # the last forward's per-sequence losses, for reports
 
     def forward(self, y: torch.Tensor, aux_per_sequence: torch.Tensor) -> torch.Tensor:
         self.last = aux_per_sequence.detach()
         n = self.batch_sequences or aux_per_sequence.shape[0]
-        return _Attach.apply(y, aux_per_sequence.sum() * (self.aux_loss_coef / n))
+        return _Attach.apply(y, aux_per_sequence.sum() * (self.aux_loss_coef / n), self.loss_scale)
 
 
 def set_batch_sequences(model: nn.Module, sequences: int | None) -> None:
@@ -129,6 +139,14 @@ def set_batch_sequences(model: nn.Module, sequences: int | None) -> None:
     for m in model.modules():
         if isinstance(m, BalanceLoss):
             m.batch_sequences = sequences
+
+
+def set_loss_scale(model: nn.Module, scale: float) -> None:
+    """Start every balance loss's backward at `scale`, as the task loss's is (float16's loss scale:
+    the gradients are divided by it after backward, the balance loss's with them)."""
+    for m in model.modules():
+        if isinstance(m, BalanceLoss):
+            m.loss_scale = scale
 
 
 class MoE(nn.Module):
@@ -155,7 +173,8 @@ class MoE(nn.Module):
         parts = x.reshape(b * s, h)[token].split(counts.tolist())
         rows = torch.cat([expert(part) for expert, part in zip(self.experts, parts)])
         gates = r["gates"].reshape(-1)[assignment].unsqueeze(1)
-        y = x.new_zeros(b * s, h).index_add(0, token, rows * gates).view(b, s, h)
+        weighted = rows * gates  # under autocast: 16-bit rows times float32 gates, in float32
+        y = weighted.new_zeros(b * s, h).index_add(0, token, weighted).view(b, s, h)
         for key, n in r["stats"].items():
             self.counted[key] = self.counted.get(key, 0) + n
         return self.balance(y, r["aux_per_sequence"])

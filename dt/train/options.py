@@ -68,9 +68,6 @@ def trainer_options_problem(args: argparse.Namespace) -> str | None:
         return f"--lr-min {args.lr_min} is above --lr {args.lr}: the schedule decays"
     if args.precision != "float32" and args.dtype != "float32":
         return f"--precision {args.precision} autocasts float32 weights: it needs --dtype float32"
-    if args.precision != "float32" and args.experts:
-        return (f"--precision {args.precision} runs on the new training step without --experts: "
-                "the balance loss's gradient (dt.models.moe) is not loss-scaled yet")
     for name, path in (("--metrics", args.metrics), ("--plot", args.plot)):
         folder = os.path.dirname(os.path.abspath(path)) if path else None
         if folder and not os.path.isdir(folder):

@@ -56,7 +56,7 @@ from dt.collectives import all_reduce, broadcast
 from dt.collectives.ops import ReduceOp
 from dt.device import clock
 from dt.models.lm import lm_loss
-from dt.models.moe import set_batch_sequences
+from dt.models.moe import set_batch_sequences, set_loss_scale
 from dt.parallel import context, data_parallel, pipeline
 from dt.parallel import tensor as tp
 from dt.parallel.buckets import all_reduce_buckets
@@ -178,6 +178,8 @@ class TrainStep:
         given = tokens if tokens is not None else targets
         if self.moe and given is not None:  # each micro-batch's balance loss: its share of the batch's
             set_batch_sequences(self.par.model, given.shape[0])
+        if self.moe and self.precision is not None:  # its backward scaled as the task loss's is
+            set_loss_scale(self.par.model, getattr(self.precision, "loss_scale", 1.0))
         self.optimizer.zero_grad()
         with contextlib.ExitStack() as no_sync, transport.traffic() as pipe_traffic:
             for d in self.par.ddp:  # the forward must not decide: backward does (before_backward)

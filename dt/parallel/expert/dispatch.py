@@ -89,4 +89,5 @@ def combine(out: torch.Tensor, plan: Plan, routing: Routing, tokens: int, g: Gro
                                LABEL)
     rows = torch.cat(back)  # in sending order: aligned with plan.assignment
     gates = routing.gates.reshape(-1)[plan.assignment].unsqueeze(1)
-    return out.new_zeros(tokens, h).index_add(0, plan.token, rows * gates)
+    weighted = rows * gates  # under autocast: 16-bit rows times float32 gates, in float32
+    return weighted.new_zeros(tokens, h).index_add(0, plan.token, weighted)

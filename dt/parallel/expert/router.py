@@ -43,7 +43,7 @@ from dt.layout import SequenceLayout, expert_capacity
 from dt.parallel.exchange import all_reduce_sum
 from dt.transport import Group, charged_to, resolve_group
 
-__all__ = ["LABEL", "Router", "Routing"]
+__all__ = ["LABEL", "Router", "Routing", "router_probs"]
 
 LABEL = "moe"  # dt.traffic() charges every byte an MoE layer moves to this name
 
@@ -64,6 +64,13 @@ class Routing:
     def aux_loss(self) -> torch.Tensor:
         """Mean over this rank's sequences of the load-balancing loss."""
         return self.aux_per_sequence.mean()
+
+
+def router_probs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """softmax(x W^T) in the weight's precision, autocast or not: a router in 16 bits would
+    pick its top-k from rounded logits (the usual rule, Switch Transformer's: the router in float32)."""
+    with torch.autocast(x.device.type, enabled=False):
+        return F.linear(x.to(weight.dtype), weight).softmax(dim=-1)
 
 
 class Router(nn.Module):
@@ -101,7 +108,7 @@ class Router(nn.Module):
             raise ValueError(f"rank {me} holds {s} tokens but the layout {layout} gives it "
                              f"{layout.size(me) if me < layout.parts else None} of {layout.parts}")
         E, k, S = self.num_experts, self.top_k, layout.seq_len
-        probs = F.linear(x, self.weight).softmax(dim=-1)
+        probs = router_probs(x, self.weight)
         top_p, experts = probs.topk(k, dim=-1)
         gates = top_p if k == 1 else top_p / top_p.sum(dim=-1, keepdim=True)
 
