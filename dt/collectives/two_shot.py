@@ -41,7 +41,9 @@ from dt.collectives.scratch import scratch
 from dt.cost import loadstore
 from dt.layout import edges, rounds, split_sizes
 from dt.transport import resolve_group
-from dt.transport.shm.board import Round
+from dt.transport.shm.board import Round, memmove
+
+_torch_threads = torch.get_num_threads  # 1: copies by memmove (board.py)
 
 
 def _stage(stage: torch.Tensor, chunk: torch.Tensor, e: list[int], me: int, uniform: bool) -> None:
@@ -106,6 +108,11 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
     spans = [(0, n)] if uniform else [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
     staged = [[(a, b, stage[q][a:b]) for a, b in spans] for q in (0, 1)]
     mine_staged = [stage[q][lo:hi] for q in (0, 1)]
+    # memmove's (board.py, where torch runs one thread): (byte offset in the tensor, bytes,
+    # staging address) of each copy, made once.
+    staged_at = [[(a * isz, (b - a) * isz, to.data_ptr()) for a, b, to in staged[q]] for q in (0, 1)]
+    theirs_at = [[(a * isz, (b - a) * isz, t.data_ptr()) for a, b, t in theirs[q]] for q in (0, 1)]
+    mine_at = [t.data_ptr() for t in mine_staged]
     avg = op == "AVG"
 
     def run(flat: torch.Tensor) -> None:
@@ -113,8 +120,13 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
             two_shot_all_reduce(flat, op, g)  # dt.shm_empty's: peers read it in place
             return
         q = board.publish_staged(n * isz)
-        for a, b, to in staged[q]:
-            to.copy_(flat[a:b])
+        one, base = _torch_threads() == 1, flat.data_ptr()
+        if one:
+            for at, nbytes, to in staged_at[q]:
+                memmove(to, base + at, nbytes)
+        else:
+            for a, b, to in staged[q]:
+                to.copy_(flat[a:b])
         call.syncs, call.zero_copy = 0, False
         call.sync()  # A
         if not board.all_staged(q):  # a peer's tensor is read in place: the general round
@@ -127,10 +139,17 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
             reduce_rows(mine, rows[q] if uniform else [mine, *mine_of[q]], op)
             if avg:
                 finish(mine, op, p)
-            mine_staged[q].copy_(mine)
+            if one:
+                memmove(mine_at[q], base + lo * isz, (hi - lo) * isz)
+            else:
+                mine_staged[q].copy_(mine)
         call.sync()  # B
-        for a, b, theirs_j in theirs[q]:
-            flat[a:b].copy_(theirs_j)
+        if one:
+            for at, nbytes, theirs_j in theirs_at[q]:
+                memmove(base + at, theirs_j, nbytes)
+        else:
+            for a, b, theirs_j in theirs[q]:
+                flat[a:b].copy_(theirs_j)
 
     return run
 
