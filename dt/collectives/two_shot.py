@@ -25,6 +25,17 @@ instead of p-1 pairwise ones.
 
 Cost (dt.cost.two_shot_all_reduce): 2 syncs per round (3 zero-copy);
 2(p-1)/p n bytes read from peers per rank; (p-1)/p n reduced.
+
+Memory traffic, what bounds it on large messages (dt.cost.loadstore, reads + writes per rank in
+units of n): a plain tensor needs at least 4n at p = 2 (all_reduce_memory_floor: read it, stage
+the peer's half, read the peer's half of mine, write my reduced half into the tensor and into
+staging, read and write the peer's reduced half), so busbw can reach at most 0.5x the memcpy
+bandwidth (memcpy moves 2n); this staged round moves 4.5n (two_shot_memory_traffic: the reduced
+half is copied into staging after it is written, n/2 more): 0.44x. Writing the reduced half to
+both places in one pass would need a kernel with two outputs (torch has none; chunking the
+copy to stay in cache measured no faster here: the 105 MiB L3 already holds it). 0.7x is
+above the plain-tensor floor; only a tensor of dt.shm_empty's (zero-copy, floor 2.5n: 0.8x)
+can reach it.
 """
 
 from __future__ import annotations
