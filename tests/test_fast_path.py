@@ -103,6 +103,39 @@ def test_fast_path_matches_torch_call_after_call(run, world, validate):
         assert failures == [], failures[:10]
 
 
+def _copies_by_threads(threads: int) -> list[str]:
+    """The planned one_shot and two_shot against torch with torch on `threads` intra-op threads:
+    1 copies by memmove on the plan's addresses, more by torch's copy_ (dt.transport.shm.board)."""
+    set_validation(False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    resolve_group(None).links.plans.clear()
+    r, bad = dist.get_rank(), []
+    try:
+        for algo in ("one_shot", "two_shot"):
+            for n in (13, 65537):
+                with _CountLaunch() as full:
+                    for case in range(3):
+                        x = data(case + n, r, n, torch.float32)
+                        ref = x.clone()
+                        dist.all_reduce(ref)
+                        dt.all_reduce(x, algorithm=algo)
+                        if not torch.equal(x, ref):
+                            bad.append(f"{algo} n={n} call {case}, {threads} threads")
+                if full.calls != 1:
+                    bad.append(f"{algo} n={n}: {full.calls} of 3 calls took the full path")
+    finally:
+        torch.set_num_threads(before)
+        set_validation(None)
+    return bad
+
+
+@pytest.mark.parametrize("threads", (1, 2))
+def test_fast_path_copies_on_one_thread_and_on_more(run, threads):
+    for failures in run(2, _copies_by_threads, threads):
+        assert failures == [], failures
+
+
 def _steps_aside() -> dict:
     """A traffic() block and a new DT_ALGO send the call the full way (which counts, re-chooses)."""
     set_validation(False)

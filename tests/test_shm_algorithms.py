@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 import dt
 from dt.collectives.registry import names
+from dt.cost import loadstore as ls
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_collectives import DTYPES, OPS, data
 
@@ -203,3 +204,17 @@ def _everything(world_sizes: tuple[int, ...]) -> list[str]:
 def test_load_store_algorithms_match_torch(run, world):
     for failures in run(world, _everything, WORLDS, timeout=300):
         assert failures == [], failures[:10]
+
+
+def test_memory_floor_of_an_all_reduce_on_shared_memory():
+    """The least traffic per rank (units of n) and what it allows busbw against memcpy: a plain
+    tensor at world 2 moves 4n against memcpy's 2n (0.5x), a shared one 2.5n (0.8x); the
+    staged two-shot moves n/2 above the floor at world 2 (its published slice is copied)."""
+    assert ls.all_reduce_memory_floor(2) == 4.0
+    assert ls.all_reduce_memory_floor(2, zero_copy=True) == 2.5
+    assert ls.two_shot_memory_traffic(2) == 4.5
+    assert ls.best_busbw_of_memcpy(2, ls.all_reduce_memory_floor(2)) == 0.5
+    assert ls.best_busbw_of_memcpy(2, ls.all_reduce_memory_floor(2, zero_copy=True)) == 0.8
+    for p in range(2, 9):
+        floor = ls.all_reduce_memory_floor(p)
+        assert ls.all_reduce_memory_floor(p, zero_copy=True) < floor <= ls.two_shot_memory_traffic(p)

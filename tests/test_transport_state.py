@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 import dt
 from dt import transport
-from dt.transport import STATE, liveness, settings
+from dt.transport import STATE, liveness, rules, settings
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 
 
 def test_the_state_gathers_every_part():
     parts = {f.name for f in dataclasses.fields(STATE)}
-    assert parts == {"settings", "groups", "threads", "liveness", "traffic", "segments"}
+    assert parts == {"settings", "groups", "threads", "liveness", "traffic", "segments", "rules"}
     assert STATE.settings is settings.SETTINGS and STATE.liveness is liveness.WATCH
 
 
@@ -39,6 +39,7 @@ def _leave_everything_behind() -> bool:
     dt.set_transport("torch")
     x = torch.ones(8)
     dt.all_reduce(x, async_op=True).wait()  # connects the world group, starts its thread
+    rules.RULES.recorder = rules.Recorder()  # NCCL's rules checked from here on, never undone
     return transport.resolve_group(None).links.topology is not None
 
 
@@ -47,7 +48,7 @@ def _what_a_run_starts_with() -> dict:
     out = {"source": transport.timeout_for(view).source, "validate": settings.validation_enabled(),
            "wire": settings.get_transport(), "connected": view.links.topology is not None,
            "threads": len(STATE.threads.threads), "known": len(liveness.failures()),
-           "records": len(STATE.traffic.open)}
+           "records": len(STATE.traffic.open), "nccl rules": rules.active() is not None}
     x = torch.ones(8)
     dt.all_reduce(x)
     out["board"] = view.links.board is not None  # the wire is auto's again: shared memory
@@ -59,7 +60,8 @@ def test_a_run_starts_from_a_fresh_transport(run):
     assert run(2, _leave_everything_behind) == [True, True]
     for got in run(2, _what_a_run_starts_with):
         assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,
-                       "threads": 0, "known": 0, "records": 0, "board": True, "value": 2.0}
+                       "threads": 0, "known": 0, "records": 0, "nccl rules": False, "board": True,
+                       "value": 2.0}
 
 
 def _reset_by_hand() -> dict:

@@ -12,6 +12,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from dt.cost import loadstore
+
 __all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "print_avg", "print_header",
            "print_size_rows", "plot", "summary"]
 
@@ -123,7 +125,19 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
         if "deepspeed" in here:
             line += f"   deepspeed {ratio('deepspeed', 'torch'):5.2f}x torch, {fastest} " \
                     f"{ratio(fastest, 'deepspeed'):5.2f}x deepspeed"
+        if data["collective"] == "all_reduce" and size >= 1 << 20 and here[fastest].get("memcpy_gbps"):
+            line += _memcpy_share(data, here[fastest], mode)
         print(line, file=out)
+
+
+def _memcpy_share(data: dict[str, Any], row: dict[str, Any], mode: str) -> str:
+    """busbw over the memcpy measured in the same run, beside the most any shared-memory
+    all-reduce can reach at memcpy's bytes per second (dt.cost.loadstore's floor)."""
+    m = data["machine"]
+    p, shared = m["world"], bool(m.get("shared"))
+    best = loadstore.best_busbw_of_memcpy(p, loadstore.all_reduce_memory_floor(p, zero_copy=shared))
+    return (f"   busbw {row[mode]['busbw'] / row['memcpy_gbps']:.2f}x memcpy "
+            f"(the {'zero-copy' if shared else 'plain-tensor'} floor allows {best:.2f}x)")
 
 
 def plot(data: dict[str, Any], path: str) -> None:

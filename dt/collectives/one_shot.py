@@ -38,6 +38,9 @@ from dt.collectives.scratch import scratch
 from dt.cost import loadstore
 from dt.layout import edges, rounds
 from dt.transport import resolve_group
+from dt.transport.shm.board import memmove
+
+_torch_threads = torch.get_num_threads  # 1: copies by memmove (board.py)
 
 
 def _span(t: torch.Tensor) -> tuple[int, int]:
@@ -79,6 +82,7 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
         return None
     call = board.call("all_reduce", "one_shot")  # what a failed sync's error names
     stage = [board.staging(g.rank, q)[:n * isz].view(dtype) for q in (0, 1)]
+    stage_at = [t.data_ptr() for t in stage]  # memmove's (board.py): torch on one thread
     # Two ranks: the pair as two views made now (indexing a (2, n) view per call makes two);
     # more: one strided (p, n) view, one kernel.
     rows = [board.staged_rows(q, dtype, 0, n) for q in (0, 1)]
@@ -87,7 +91,10 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
 
     def run(flat: torch.Tensor) -> None:
         q = board.publish_staged(n * isz)
-        stage[q].copy_(flat)
+        if _torch_threads() == 1:
+            memmove(stage_at[q], flat.data_ptr(), n * isz)
+        else:
+            stage[q].copy_(flat)
         call.syncs = 0
         call.sync()
         reduce_rows(flat, rows[q], op)

@@ -25,6 +25,17 @@ instead of p-1 pairwise ones.
 
 Cost (dt.cost.two_shot_all_reduce): 2 syncs per round (3 zero-copy);
 2(p-1)/p n bytes read from peers per rank; (p-1)/p n reduced.
+
+Memory traffic, what bounds it on large messages (dt.cost.loadstore, reads + writes per rank in
+units of n): a plain tensor needs at least 4n at p = 2 (all_reduce_memory_floor: read it, stage
+the peer's half, read the peer's half of mine, write my reduced half into the tensor and into
+staging, read and write the peer's reduced half), so busbw can reach at most 0.5x the memcpy
+bandwidth (memcpy moves 2n); this staged round moves 4.5n (two_shot_memory_traffic: the reduced
+half is copied into staging after it is written, n/2 more): 0.44x. Writing the reduced half to
+both places in one pass would need a kernel with two outputs (torch has none; chunking the
+copy to stay in cache measured no faster here: the 105 MiB L3 already holds it). 0.7x is
+above the plain-tensor floor; only a tensor of dt.shm_empty's (zero-copy, floor 2.5n: 0.8x)
+can reach it.
 """
 
 from __future__ import annotations
@@ -41,7 +52,9 @@ from dt.collectives.scratch import scratch
 from dt.cost import loadstore
 from dt.layout import edges, rounds, split_sizes
 from dt.transport import resolve_group
-from dt.transport.shm.board import Round
+from dt.transport.shm.board import Round, memmove
+
+_torch_threads = torch.get_num_threads  # 1: copies by memmove (board.py)
 
 
 def _stage(stage: torch.Tensor, chunk: torch.Tensor, e: list[int], me: int, uniform: bool) -> None:
@@ -106,6 +119,11 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
     spans = [(0, n)] if uniform else [(a, b) for a, b in ((0, lo), (hi, n)) if b > a]
     staged = [[(a, b, stage[q][a:b]) for a, b in spans] for q in (0, 1)]
     mine_staged = [stage[q][lo:hi] for q in (0, 1)]
+    # memmove's (board.py, where torch runs one thread): (byte offset in the tensor, bytes,
+    # staging address) of each copy, made once.
+    staged_at = [[(a * isz, (b - a) * isz, to.data_ptr()) for a, b, to in staged[q]] for q in (0, 1)]
+    theirs_at = [[(a * isz, (b - a) * isz, t.data_ptr()) for a, b, t in theirs[q]] for q in (0, 1)]
+    mine_at = [t.data_ptr() for t in mine_staged]
     avg = op == "AVG"
 
     def run(flat: torch.Tensor) -> None:
@@ -113,8 +131,13 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
             two_shot_all_reduce(flat, op, g)  # dt.shm_empty's: peers read it in place
             return
         q = board.publish_staged(n * isz)
-        for a, b, to in staged[q]:
-            to.copy_(flat[a:b])
+        one, base = _torch_threads() == 1, flat.data_ptr()
+        if one:
+            for at, nbytes, to in staged_at[q]:
+                memmove(to, base + at, nbytes)
+        else:
+            for a, b, to in staged[q]:
+                to.copy_(flat[a:b])
         call.syncs, call.zero_copy = 0, False
         call.sync()  # A
         if not board.all_staged(q):  # a peer's tensor is read in place: the general round
@@ -127,10 +150,17 @@ def prepare_all_reduce(g: Any, n: int, dtype: torch.dtype, op: str) -> Callable[
             reduce_rows(mine, rows[q] if uniform else [mine, *mine_of[q]], op)
             if avg:
                 finish(mine, op, p)
-            mine_staged[q].copy_(mine)
+            if one:
+                memmove(mine_at[q], base + lo * isz, (hi - lo) * isz)
+            else:
+                mine_staged[q].copy_(mine)
         call.sync()  # B
-        for a, b, theirs_j in theirs[q]:
-            flat[a:b].copy_(theirs_j)
+        if one:
+            for at, nbytes, theirs_j in theirs_at[q]:
+                memmove(base + at, theirs_j, nbytes)
+        else:
+            for a, b, theirs_j in theirs[q]:
+                flat[a:b].copy_(theirs_j)
 
     return run
 

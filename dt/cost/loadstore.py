@@ -40,7 +40,8 @@ __all__ = ["LOADSTORE", "one_shot_all_gather", "one_shot_all_gather_traffic", "o
            "one_shot_barrier", "one_shot_barrier_traffic", "one_shot_broadcast", "one_shot_broadcast_traffic",
            "one_shot_gather", "one_shot_gather_traffic", "one_shot_reduce", "one_shot_reduce_scatter",
            "one_shot_reduce_scatter_traffic", "one_shot_reduce_traffic", "one_shot_scatter_traffic",
-           "two_shot_all_reduce", "two_shot_all_reduce_traffic"]
+           "two_shot_all_reduce", "two_shot_all_reduce_traffic", "all_reduce_memory_floor",
+           "best_busbw_of_memcpy", "two_shot_memory_traffic"]
 
 
 class _Count:
@@ -220,6 +221,41 @@ def one_shot_all_reduce(n: float, p: int, _segment: int | None = None, stage: in
 def two_shot_all_reduce(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:
     share = (p - 1) / p * n
     return _staged(2, share + n / p + share, share, n, stage)
+
+
+def all_reduce_memory_floor(p: int, zero_copy: bool = False) -> float:
+    """The least memory traffic (bytes read + bytes written, in units of the message n) one rank's
+    all-reduce needs on shared memory, each byte counted once per pass (no cache reuse assumed).
+
+    A plain (private) tensor: read it once (n); write the (p-1)/p that peers reduce into
+    shared memory (a peer cannot load a private page); read the peers' (p-1)/p of its own
+    slice; write its reduced 1/p twice, into its output and into shared memory for the peers;
+    read the peers' reduced (p-1)/p and write it into the output. Reads n (1 + 2(p-1)/p),
+    writes 2n: 4n at p = 2, 4.5n at p = 4. A tensor of dt.shm_empty's (zero_copy): read the p
+    slices of its own part (n), write the reduced slice in place (n/p), read and write the
+    peers' reduced (p-1)/p: 2.5n at p = 2."""
+    share = (p - 1) / p
+    if zero_copy:
+        return 1 + 1 / p + 2 * share
+    return 1 + 2 * share + 2
+
+
+def two_shot_memory_traffic(p: int) -> float:
+    """What the staged two-shot (dt.collectives.two_shot) moves per rank, in units of n:
+    staging (p = 2: the peer's half, read and written; p > 2: all of it, one strided
+    reduction then), the reduction (its inputs read, its slice written), the reduced slice
+    copied into staging (read + write: 2/p, where the floor writes it once), the gather
+    (read + write). 4.5n at p = 2, 5.25n at p = 4."""
+    share = (p - 1) / p
+    staged = 2 * share if p == 2 else 2.0
+    reduced = (2 / p if p == 2 else 1.0) + 1 / p
+    return staged + reduced + 2 / p + 2 * share
+
+
+def best_busbw_of_memcpy(p: int, traffic: float) -> float:
+    """busbw / memcpy bandwidth when an all-reduce moves `traffic` n bytes per rank at memcpy's
+    bytes per second: memcpy moves 2n (read + write) and busbw is n/t * 2(p-1)/p."""
+    return 2 * (2 * (p - 1) / p) / traffic
 
 
 def one_shot_reduce(n: float, p: int, _segment: int | None = None, stage: int | None = None) -> Counts:

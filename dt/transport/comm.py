@@ -83,7 +83,7 @@ class Comm:
         # dt.traffic() block is open: nothing is counted otherwise.
         self._charge_to = (accounting.label(collective, algorithm) if accounting.open_records
                            else (collective, algorithm))
-        self._rules = rules.recorder
+        self._rules = rules.RULES.recorder
         # Receives may go out ahead of their step only where every wire allows it
         # (and not while NCCL's rules are being checked).
         self.ahead = self._rules is None and all(

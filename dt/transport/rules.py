@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 from dt import args
 
-__all__ = ["Batch", "Op", "Recorder", "active", "pairs_first_used", "recording", "simulate"]
+__all__ = ["RULES", "Batch", "Op", "Recorder", "Rules", "active", "pairs_first_used", "recording", "simulate"]
 
 
 @dataclass(frozen=True)
@@ -91,28 +91,37 @@ def _from_environment() -> Recorder | None:
         return None
 
 
-# The recorder in force in this process, if NCCL's rules are being checked. A module
-# attribute, so a Comm reads it without a call (`active()` says the same).
-recorder: Recorder | None = _from_environment()
+@dataclass
+class Rules:
+    """The recorder in force in this process, if NCCL's rules are being checked: DT_NCCL_RULES's
+    (a fresh one at each reset: a run's batches are not the next run's) or `recording()`'s.
+    A Comm reads the attribute once, at its construction."""
+
+    recorder: Recorder | None = field(default_factory=_from_environment)
+
+    def reset(self) -> None:
+        self.recorder = _from_environment()
+
+
+RULES = Rules()
 
 
 def active() -> Recorder | None:
     """The recorder in force in this process, if NCCL's rules are being checked (DT_NCCL_RULES=1)."""
-    return recorder
+    return RULES.recorder
 
 
 @contextlib.contextmanager
 def recording() -> Iterator[Recorder]:
     """Post as on NCCL and record every batch (see the module docstring)."""
-    global recorder
     import torch.distributed as dist
 
-    prev = recorder
-    recorder = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
+    prev = RULES.recorder
+    RULES.recorder = Recorder(rank=dist.get_rank() if dist.is_initialized() else -1)
     try:
-        yield recorder
+        yield RULES.recorder
     finally:
-        recorder = prev
+        RULES.recorder = prev
 
 
 # ---------------------------------------------------------------------------

@@ -14,21 +14,22 @@ reads its own module's object, with no extra step), and they are gathered here:
                                          the channel they come by (kept)
     traffic    accounting.Recorders     the dt.traffic() blocks open, each thread's label
     segments   shm.segment.Names        /dev/shm names created and not yet unlinked
+    rules      rules.Rules              NCCL's rules recorder: DT_NCCL_RULES's, a fresh one
 
 `reset()` puts a process back where a new run starts: nothing set, no group connected,
-no thread, no failure known, no record open, no segment name left. What it keeps is
+no thread, no failure known, no record open, no segment name left, NCCL's rules recorder
+as DT_NCCL_RULES says (a new one, empty). What it keeps is
 marked (kept) above: facts of the process itself (its process groups, its watchdog's
 channel), which outlive a run. dt's launcher calls it in each worker before each run
 (dt.launcher.worker, between_runs: the failures heard stay); a test may too.
-NCCL's rules recorder (rules.recorder) is not here: DT_NCCL_RULES sets it for the whole
-process, and `rules.recording()` restores it on exit.
+`rules.recording()` sets the recorder for its block and restores the one before on exit.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from dt.transport import accounting, asynchronous, group, liveness, settings
+from dt.transport import accounting, asynchronous, group, liveness, rules, settings
 from dt.transport.shm import segment
 
 __all__ = ["STATE", "TransportState", "reset"]
@@ -44,6 +45,7 @@ class TransportState:
     liveness: liveness.Watch
     traffic: accounting.Recorders
     segments: segment.Names
+    rules: rules.Rules
 
     def reset(self, between_runs: bool = False) -> None:
         """Back to a new run's state; threads stop before their groups are forgotten.
@@ -60,10 +62,11 @@ class TransportState:
             self.liveness.reset()
         self.traffic.reset()
         self.segments.reset()
+        self.rules.reset()
 
 
 STATE = TransportState(settings.SETTINGS, group.GROUPS, asynchronous.THREADS, liveness.WATCH,
-                       accounting.RECORDERS, segment.NAMES)
+                       accounting.RECORDERS, segment.NAMES, rules.RULES)
 
 
 def reset(between_runs: bool = False) -> None:

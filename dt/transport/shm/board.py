@@ -23,11 +23,20 @@ rank published in place (`Call.zero_copy`, `Call.finish`).
 Uniform layouts (every rank staged, or every rank in the same allocation at
 the same offset) give `rows()`: one strided (p, n) view of all ranks'
 regions, which a single reduction kernel reads in one pass.
+
+Copies into and out of staging (the planned calls' copy-in, published
+slice and gather: contiguous CPU spans of one dtype) are one `memmove` (glibc's, through ctypes:
+no Python frame, the GIL released) on addresses the plan computed, where torch runs one intra-op
+thread (torch.get_num_threads() == 1): it took 0.6-0.8x the CPU time of torch's own copy loop on
+this machine (16 MiB: 2.5 against 3.1 ms per copy inside a world-2 two-shot all-reduce, both
+ranks copying at once; 1 MiB alone: 63 against 100 us), and skips building a slice per copy.
+With more threads torch splits a large copy across them, which memmove cannot: `copy_` there.
 """
 
 from __future__ import annotations
 
 import bisect
+import ctypes
 from dataclasses import dataclass
 
 import torch
@@ -36,9 +45,10 @@ from dt.transport import accounting, liveness, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
 from dt.transport.shm.sync import DESC, WORDS, PeerFailed, PeerTimeout, Sync
 
-__all__ = ["Allocation", "Board", "Round"]
+__all__ = ["Allocation", "Board", "Round", "memmove"]
 
 _STAGED = 0  # descriptor "where": 0 = staging area, k + 1 = allocation k
+memmove = ctypes.memmove  # the planned copies' (above)
 
 
 @dataclass
