@@ -19,7 +19,9 @@ import dt
 from dt import train
 from dt.parallel.mesh import layout
 
-STEPS = 8
+# 6 steps: the resumed runs start at the step-4 checkpoint, and the reference learns by then
+# (MoE 3.78 -> 3.60, dense 3.79 -> 3.57)
+STEPS = 6
 MOE = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
 
 
