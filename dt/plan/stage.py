@@ -214,7 +214,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     b = batch // lay.dp // lay.micro_batches
     t = seq // lay.cp
     act = b * t * model.n_embd * c.itemsize
-    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute)
+    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute,
+                           lay.cp_attention)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)

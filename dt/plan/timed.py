@@ -35,6 +35,7 @@ from torch import nn
 from dt.models.gpt import Block, Embedding, GPTConfig, Head
 from dt.models.lm import NextTokenLoss
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
@@ -61,10 +62,13 @@ def _one_rank() -> Group:
     return Group(pg=None, rank=0, size=1, ranks=(0,))
 
 
-def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
-    """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split)."""
+def _sharded_block(cfg: GPTConfig, tp: int, cp: int = 1, cp_kind: str = "ring") -> Block:
+    """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split) and,
+    under cp, its attention core one cp rank's (dt.plan.timed_cp: dt's block attention)."""
     c, g = cfg.n_embd, _one_rank()
     block = Block(cfg, 1)
+    if cp > 1:
+        block.attn.attend = LocalContextCore(cp_kind, cfg.block_size, cp)
     block.attn.query_key_value = ColumnParallelLinear(c, 3 * c // tp, group=g)
     block.attn.dense = RowParallelLinear(c // tp, c, group=g)
     block.mlp.dense_h_to_4h = ColumnParallelLinear(c, 4 * c // tp, group=g)
@@ -75,10 +79,11 @@ def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
 class _Stage(nn.Module):
     """One pipeline stage of the GPT at one rank's shapes: [embedding], blocks, [head and loss]."""
 
-    def __init__(self, cfg: GPTConfig, tp: int, blocks: int, head: bool, embed: bool):
+    def __init__(self, cfg: GPTConfig, tp: int, blocks: int, head: bool, embed: bool, cp: int = 1,
+                 cp_kind: str = "ring"):
         super().__init__()
         self.embed = Embedding(cfg, 0) if embed else None
-        self.blocks = nn.ModuleList(_sharded_block(cfg, tp) for _ in range(blocks))
+        self.blocks = nn.ModuleList(_sharded_block(cfg, tp, cp, cp_kind) for _ in range(blocks))
         table = self.embed.wte.weight if self.embed is not None else None
         self.head = Head(cfg, cfg.n_layer + 1, table) if head and table is not None else None
         if head and self.head is None:  # a last stage without the table: the head's own copy
@@ -94,23 +99,25 @@ class _Stage(nn.Module):
 
 
 def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: int, head: bool,
-                 embed: bool, dtype: str = "float32") -> nn.Module:
+                 embed: bool, dtype: str = "float32", cp: int = 1, cp_kind: str = "ring") -> nn.Module:
     """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
-    stage's output (the loss on the last stage)."""
+    stage's output (the loss on the last stage); t is the rank's tokens (seq / cp)."""
     # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
-    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=max(1, blocks),  # 0: a head alone
-                    n_head=n_head, n_embd=n_embd, dtype=dtype)
-    return _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t * cp,
+                    n_layer=max(1, blocks), n_head=n_head, n_embd=n_embd, dtype=dtype)
+    return _Stage(cfg, tp, blocks, head, embed, cp, cp_kind).to(getattr(torch, dtype))
 
 
 @functools.cache
 def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
-                  head: bool, embed: bool, threads: int, dtype: str) -> float:
-    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank."""
+                  head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+                  cp_kind: str = "ring") -> float:
+    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank
+    (t: its tokens, seq / cp)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype)
+        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind)
         g = torch.Generator().manual_seed(0)
         ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
         x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
