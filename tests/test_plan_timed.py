@@ -89,3 +89,68 @@ def test_the_memory_check_adds_the_shared_buffers_the_dispatch_counter_cannot_se
     assert shared_bytes([torch.nn.Parameter(torch.zeros(5))]) == 0
     del flat, a, b
     mm.close()
+
+
+@pytest.mark.parametrize("kind,cp", [("ring", 2), ("ring", 4), ("ulysses", 2), ("ulysses", 4)])
+def test_the_timed_cp_core_runs_a_cp_rank_s_shapes_forward_and_back(kind, cp):
+    """dt.plan.timed_cp: one cp rank's tokens in, the same shape out, a gradient for q, k and v."""
+    import torch
+
+    from dt.plan.timed_cp import LocalContextCore
+
+    core = LocalContextCore(kind, 32, cp)
+    q, k, v = (torch.randn(2, 4, 32 // cp, 16, requires_grad=True) for _ in range(3))
+    out = core(q, k, v)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == q.shape for t in (q, k, v))
+
+
+def test_the_timed_cp_core_refuses_a_wrong_share_and_an_unknown_kind():
+    import torch
+
+    from dt.plan.timed_cp import LocalContextCore
+
+    with pytest.raises(ValueError, match="ring or ulysses, got 'rign'"):
+        LocalContextCore("rign", 32, 2)
+    q = torch.randn(1, 4, 32, 16)
+    with pytest.raises(ValueError, match="rank 0 of cp 2 holds 16 tokens, got 32"):
+        LocalContextCore("ring", 32, 2)(q, q, q)
+
+
+def test_cp_stages_are_timed_on_dt_s_layers_and_split_by_the_rank_s_flops(monkeypatch):
+    """cp's stage: dt.plan.timed.stage_seconds at the rank's tokens, cp and attention kind; the
+    seconds split forward / backward by the rank's FLOPs (cp's share), times the turns on the cores."""
+    import dt.plan.timed as timed
+    from dt.plan import compute
+
+    seen = []
+
+    def fake(*a):
+        seen.append(a)
+        return 0.03
+
+    monkeypatch.setattr(timed, "stage_seconds", fake)
+    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
+    fwd, bwd = stage_compute(local_cluster(4), TINY, 16, 8, 32, 1, 4, 4, True, True, cp_kind="ulysses")
+    assert seen == [(64, 4, 44, 16, 8, 1, 4, True, True, 1, "float32", 4, "ulysses")]
+    assert fwd + bwd == pytest.approx(0.03 * 2)  # 4 ranks on 2 cores: each holds one half the time
+    f = [layer_flops(TINY, 32, i, 16, 1, 4, False) for i in (1, TINY.n_layer + 1)]
+    share = (4 * f[0][0] + f[1][0]) / (4 * sum(f[0]) + sum(f[1]))
+    assert fwd == pytest.approx(0.06 * share)
+    seen.clear()  # an uneven zig-zag split (30 tokens over 2 x 2 chunks) keeps the stand-in
+    stage_compute(local_cluster(2), TINY, 16, 15, 30, 1, 2, 4, True, True)
+    assert seen == []
+
+
+def test_busy_vs_cpu_is_the_rank_s_share_of_the_busy_wall_when_ranks_outnumber_cores(monkeypatch):
+    from types import SimpleNamespace
+
+    from dt.plan import compute
+    from dt.plan.check import busy_seconds
+
+    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
+    p = SimpleNamespace(step=0.010, parts={"bubble": 0.002}, layout=Layout(dp=4))
+    assert busy_seconds(p) == pytest.approx(0.004)  # 8 ms busy, a core half of it
+    p.layout = Layout(dp=2)
+    assert busy_seconds(p) == pytest.approx(0.008)
