@@ -154,3 +154,36 @@ def test_busy_vs_cpu_is_the_rank_s_share_of_the_busy_wall_when_ranks_outnumber_c
     assert busy_seconds(p) == pytest.approx(0.004)  # 8 ms busy, a core half of it
     p.layout = Layout(dp=2)
     assert busy_seconds(p) == pytest.approx(0.008)
+
+
+def test_ddp_hooks_are_a_dp_span_of_the_synchronised_step_only_under_ddp(monkeypatch):
+    """DDP's hooks (dt.plan.timed.ddp_hook_seconds, timed with and without DDP on one rank) enter
+    the timeline as one dp span after the backward, for DDP layouts with dp x cp > 1 only."""
+    import dt.plan.timed as timed
+    from dt.plan.step_model import predict
+
+    monkeypatch.setattr(timed, "ddp_hook_seconds", lambda *a: 0.004)
+    c = local_cluster(2)
+    ddp = predict(c, TINY, Layout(dp=2), 16, 32, timelines=True)
+    span = [s for line in ddp.timelines.values() for s in line if s.label.startswith("DDP hooks")]
+    assert len(span) == 1 and span[0].kind == "dp"
+    assert span[0].end - span[0].start == pytest.approx(0.004 * compute_turns(2))
+    for lay in (Layout(dp=2, zero=1), Layout(pp=2), Layout(tp=2)):
+        w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
+        assert w.hooks == 0.0, lay
+    h100 = catalogue_cluster("h100", 1, 2, precision="fp32")
+    assert stage_work(h100, TINY, Layout(dp=2), stage_groups(Layout(dp=2))[0], 16, 32, 0).hooks == 0.0
+
+
+def compute_turns(world: int) -> float:
+    from dt.plan.compute import oversubscribed
+
+    return oversubscribed(world)
+
+
+def test_ddp_hook_seconds_times_real_ddp_on_one_rank():
+    """The figure is DDP's wrapper timed on this machine: a number, >= 0, cached per shape."""
+    from dt.plan.timed import ddp_hook_seconds
+
+    s = ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32")
+    assert s >= 0.0 and ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32") == s

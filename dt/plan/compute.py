@@ -30,7 +30,8 @@ from dt.cost.flops import step_flops
 from dt.plan.cluster import Cluster
 from dt.plan.model import ModelShape
 
-__all__ = ["Shard", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads", "stage_compute"]
+__all__ = ["Shard", "ddp_hooks", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads",
+           "stage_compute"]
 
 
 @functools.cache
@@ -150,6 +151,20 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
         block_fwd = blocks * layer_flops(model, keys, 1, b, tp, cp, False)[0]
         bwd += fwd * block_fwd / flops[0]
     return fwd, bwd
+
+
+def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
+              blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
+    """Seconds DDP's hooks add to a stage's synchronised backward on the rank's own thread (a hook
+    and a bucket copy per gradient, the launches, the end-of-backward wait: dt.plan.timed), timed
+    where the stage's layers are; 0 on a catalogue device (priced as nothing beside its kernels)."""
+    if not _timed_here(cluster, model, t, keys):
+        return 0.0
+    from dt.plan.timed import ddp_hook_seconds
+
+    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
+    return ddp_hook_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
+                            rank_threads(world), dtype, keys // t, cp_kind) * oversubscribed(world)
 
 
 def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, cp: int, blocks: int,

@@ -14,6 +14,9 @@ So the planner times what `dt train` runs:
             group: the same autograd functions and shapes, the collectives,
             priced apart, skipped); gradients set to None between
             repetitions, as dt train's step does
+    ddp     what dt's DistributedDataParallel adds to a synchronised backward
+            on the rank's thread (a hook per gradient, its bucket copy, the
+            launch and the end-of-backward wait), on a one-rank group
     adam    dt.train.optim.Adam's step over this rank's tensors: every dense
             tensor apart without ZeRO, one flat shard of psi / N numbers with
             it (dt.parallel.zero's ZeroOptimizer runs Adam on its flat shard)
@@ -34,12 +37,13 @@ from torch import nn
 
 from dt.models.gpt import Block, Embedding, GPTConfig, Head
 from dt.models.lm import NextTokenLoss
+from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
 from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
-__all__ = ["adam_seconds", "stage_module", "stage_seconds", "timed"]
+__all__ = ["adam_seconds", "ddp_hook_seconds", "stage_module", "stage_seconds", "timed"]
 
 REPS = 5
 
@@ -108,6 +112,28 @@ def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: 
     return _Stage(cfg, tp, blocks, head, embed, cp, cp_kind).to(getattr(torch, dtype))
 
 
+def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int, head: bool,
+               embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool) -> Callable[[], None]:
+    """One micro-batch's forward and backward through a fresh stage (with `ddp`: wrapped in dt's
+    DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches)."""
+    stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind)
+    if ddp:
+        stage = DistributedDataParallel(stage, group=_one_rank())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
+    x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
+                    requires_grad=not embed)
+    grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+
+    def run() -> None:
+        for p in stage.parameters():
+            p.grad = None  # dt train's step: fresh gradients every step
+        out = stage(x, ids)
+        out.backward(None if out.dim() == 0 else grad)
+
+    return run
+
+
 @functools.cache
 def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
                   head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
@@ -117,20 +143,30 @@ def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int,
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
-        x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
-                    requires_grad=not embed)
-        grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+        return timed(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind,
+                                False), threads)
+    finally:
+        torch.set_num_threads(old)
 
-        def run() -> None:
-            for p in stage.parameters():
-                p.grad = None  # dt train's step: fresh gradients every step
-            out = stage(x, ids)
-            out.backward(None if out.dim() == 0 else grad)
 
-        return timed(run, threads)
+@functools.cache
+def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+                     head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+                     cp_kind: str = "ring") -> float:
+    """Seconds DDP adds to a synchronised backward on the rank's own thread (a hook per gradient,
+    its copy into the bucket, the launch, the end-of-backward wait and publish), the collective
+    itself skipped: the same stage timed with and without it, interleaved, each the least of
+    its rounds."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runs = [_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind, ddp)
+                for ddp in (False, True)]
+        plain, wrapped = float("inf"), float("inf")
+        for _ in range(3):
+            plain = min(plain, timed(runs[0], threads))
+            wrapped = min(wrapped, timed(runs[1], threads))
+        return max(0.0, wrapped - plain)
     finally:
         torch.set_num_threads(old)
 
