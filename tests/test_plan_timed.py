@@ -143,19 +143,6 @@ def test_cp_stages_are_timed_on_dt_s_layers_and_split_by_the_rank_s_flops(monkey
     assert seen == []
 
 
-def test_busy_vs_cpu_is_the_rank_s_share_of_the_busy_wall_when_ranks_outnumber_cores(monkeypatch):
-    from types import SimpleNamespace
-
-    from dt.plan import compute
-    from dt.plan.check import busy_seconds
-
-    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
-    p = SimpleNamespace(step=0.010, parts={"bubble": 0.002}, layout=Layout(dp=4))
-    assert busy_seconds(p) == pytest.approx(0.004)  # 8 ms busy, a core half of it
-    p.layout = Layout(dp=2)
-    assert busy_seconds(p) == pytest.approx(0.008)
-
-
 def test_ddp_hooks_are_a_dp_span_of_the_synchronised_step_only_under_ddp(monkeypatch):
     """DDP's hooks (dt.plan.timed.ddp_hook_seconds, timed with and without DDP on one rank) enter
     the timeline as one dp span after the backward, for DDP layouts with dp x cp > 1 only."""
