@@ -89,3 +89,88 @@ def test_the_memory_check_adds_the_shared_buffers_the_dispatch_counter_cannot_se
     assert shared_bytes([torch.nn.Parameter(torch.zeros(5))]) == 0
     del flat, a, b
     mm.close()
+
+
+@pytest.mark.parametrize("kind,cp", [("ring", 2), ("ring", 4), ("ulysses", 2), ("ulysses", 4)])
+def test_the_timed_cp_core_runs_a_cp_rank_s_shapes_forward_and_back(kind, cp):
+    """dt.plan.timed_cp: one cp rank's tokens in, the same shape out, a gradient for q, k and v."""
+    import torch
+
+    from dt.plan.timed_cp import LocalContextCore
+
+    core = LocalContextCore(kind, 32, cp)
+    q, k, v = (torch.randn(2, 4, 32 // cp, 16, requires_grad=True) for _ in range(3))
+    out = core(q, k, v)
+    assert out.shape == q.shape and torch.isfinite(out).all()
+    out.sum().backward()
+    assert all(t.grad is not None and t.grad.shape == q.shape for t in (q, k, v))
+
+
+def test_the_timed_cp_core_refuses_a_wrong_share_and_an_unknown_kind():
+    import torch
+
+    from dt.plan.timed_cp import LocalContextCore
+
+    with pytest.raises(ValueError, match="ring or ulysses, got 'rign'"):
+        LocalContextCore("rign", 32, 2)
+    q = torch.randn(1, 4, 32, 16)
+    with pytest.raises(ValueError, match="rank 0 of cp 2 holds 16 tokens, got 32"):
+        LocalContextCore("ring", 32, 2)(q, q, q)
+
+
+def test_cp_stages_are_timed_on_dt_s_layers_and_split_by_the_rank_s_flops(monkeypatch):
+    """cp's stage: dt.plan.timed.stage_seconds at the rank's tokens, cp and attention kind; the
+    seconds split forward / backward by the rank's FLOPs (cp's share), times the turns on the cores."""
+    import dt.plan.timed as timed
+    from dt.plan import compute
+
+    seen = []
+
+    def fake(*a):
+        seen.append(a)
+        return 0.03
+
+    monkeypatch.setattr(timed, "stage_seconds", fake)
+    monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
+    fwd, bwd = stage_compute(local_cluster(4), TINY, 16, 8, 32, 1, 4, 4, True, True, cp_kind="ulysses")
+    assert seen == [(64, 4, 44, 16, 8, 1, 4, True, True, 1, "float32", 4, "ulysses")]
+    assert fwd + bwd == pytest.approx(0.03 * 2)  # 4 ranks on 2 cores: each holds one half the time
+    f = [layer_flops(TINY, 32, i, 16, 1, 4, False) for i in (1, TINY.n_layer + 1)]
+    share = (4 * f[0][0] + f[1][0]) / (4 * sum(f[0]) + sum(f[1]))
+    assert fwd == pytest.approx(0.06 * share)
+    seen.clear()  # an uneven zig-zag split (30 tokens over 2 x 2 chunks) keeps the stand-in
+    stage_compute(local_cluster(2), TINY, 16, 15, 30, 1, 2, 4, True, True)
+    assert seen == []
+
+
+def test_ddp_hooks_are_a_dp_span_of_the_synchronised_step_only_under_ddp(monkeypatch):
+    """DDP's hooks (dt.plan.timed.ddp_hook_seconds, timed with and without DDP on one rank) enter
+    the timeline as one dp span after the backward, for DDP layouts with dp x cp > 1 only."""
+    import dt.plan.timed as timed
+    from dt.plan.step_model import predict
+
+    monkeypatch.setattr(timed, "ddp_hook_seconds", lambda *a: 0.004)
+    c = local_cluster(2)
+    ddp = predict(c, TINY, Layout(dp=2), 16, 32, timelines=True)
+    span = [s for line in ddp.timelines.values() for s in line if s.label.startswith("DDP hooks")]
+    assert len(span) == 1 and span[0].kind == "dp"
+    assert span[0].end - span[0].start == pytest.approx(0.004 * compute_turns(2))
+    for lay in (Layout(dp=2, zero=1), Layout(pp=2), Layout(tp=2)):
+        w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
+        assert w.hooks == 0.0, lay
+    h100 = catalogue_cluster("h100", 1, 2, precision="fp32")
+    assert stage_work(h100, TINY, Layout(dp=2), stage_groups(Layout(dp=2))[0], 16, 32, 0).hooks == 0.0
+
+
+def compute_turns(world: int) -> float:
+    from dt.plan.compute import oversubscribed
+
+    return oversubscribed(world)
+
+
+def test_ddp_hook_seconds_times_real_ddp_on_one_rank():
+    """The figure is DDP's wrapper timed on this machine: a number, >= 0, cached per shape."""
+    from dt.plan.timed import ddp_hook_seconds
+
+    s = ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32")
+    assert s >= 0.0 and ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32") == s

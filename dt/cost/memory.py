@@ -26,7 +26,10 @@ def ring_reduce_scatter_scratch(chunk_numels: list[int], itemsize: int, rank: in
     p = len(chunk_numels)
     slots = {2: sum(chunk_numels) * itemsize}
     if p > 1:
-        biggest = max(chunk_numels[ring_received(rank, p, s, -1)] for s in range(p - 1))
+        # a lap of p - 1 steps receives every chunk but the one a p-th step would bring: the
+        # largest of the others (the planner asks this for every layout: no per-step loop)
+        skip = ring_received(rank, p, p - 1, -1)
+        biggest = max(chunk_numels[:skip] + chunk_numels[skip + 1:])
         for slot in range(min(2, p - 1)):
             slots[slot] = biggest * itemsize
     return slots

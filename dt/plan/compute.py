@@ -30,7 +30,8 @@ from dt.cost.flops import step_flops
 from dt.plan.cluster import Cluster
 from dt.plan.model import ModelShape
 
-__all__ = ["Shard", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads", "stage_compute"]
+__all__ = ["Shard", "ddp_hooks", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads",
+           "stage_compute"]
 
 
 @functools.cache
@@ -118,13 +119,18 @@ def oversubscribed(world: int) -> float:
 
 def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
     """Whether dt train's real layers are timed for this stage (dt.plan.timed): dt's GPT on this
-    machine; Llama, experts and context parallel keep the per-layer stand-in."""
-    return cluster.flops == 0 and model.family == "gpt" and not model.experts and keys == t
+    machine, context parallel included when the zig-zag split is even (every rank's blocks of one
+    size: dt.plan.timed_cp); Llama and experts keep the per-layer stand-in."""
+    cp = keys // t
+    even = keys == t or (keys == cp * t and keys % (2 * cp) == 0)
+    return cluster.flops == 0 and model.family == "gpt" and not model.experts and even
 
 
 def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
-                  blocks: int, head: bool, embed: bool, recompute: bool = False) -> tuple[float, float]:
-    """(forward, backward) seconds of one micro-batch through a stage's layers on one rank.
+                  blocks: int, head: bool, embed: bool, recompute: bool = False,
+                  cp_kind: str = "ring") -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch through a stage's layers on one rank
+    (t: its tokens, keys: the sequence; cp = keys / t, its attention `cp_kind`).
 
     On this machine (dt's GPT) the stage's real layers are timed together (dt.plan.timed) and
     split between forward and backward by their FLOPs; else the sum of layer_seconds."""
@@ -135,22 +141,37 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
     from dt.plan.timed import stage_seconds
 
     dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    flops = _stage_flops(model, keys, b, tp, blocks, head)
+    cp = keys // t
+    flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
     total = stage_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
-                          rank_threads(world), dtype) * oversubscribed(world)
+                          rank_threads(world), dtype, cp, cp_kind) * oversubscribed(world)
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
-        block_fwd = blocks * layer_flops(model, keys, 1, b, tp, 1, False)[0]
+        block_fwd = blocks * layer_flops(model, keys, 1, b, tp, cp, False)[0]
         bwd += fwd * block_fwd / flops[0]
     return fwd, bwd
 
 
-def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, blocks: int,
+def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
+              blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
+    """Seconds DDP's hooks add to a stage's synchronised backward on the rank's own thread (a hook
+    and a bucket copy per gradient, the launches, the end-of-backward wait: dt.plan.timed), timed
+    where the stage's layers are; 0 on a catalogue device (priced as nothing beside its kernels)."""
+    if not _timed_here(cluster, model, t, keys):
+        return 0.0
+    from dt.plan.timed import ddp_hook_seconds
+
+    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
+    return ddp_hook_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
+                            rank_threads(world), dtype, keys // t, cp_kind) * oversubscribed(world)
+
+
+def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, cp: int, blocks: int,
                  head: bool) -> tuple[float, float]:
-    """(forward, backward) FLOPs of a stage's blocks and head: how its timed seconds split."""
-    bf, bb = layer_flops(model, seq, 1, b, tp, 1, False)
-    hf, hb = layer_flops(model, seq, model.n_layer + 1, b, tp, 1, False) if head else (0.0, 0.0)
+    """(forward, backward) FLOPs of a stage's blocks and head on one rank: how its timed seconds split."""
+    bf, bb = layer_flops(model, seq, 1, b, tp, cp, False)
+    hf, hb = layer_flops(model, seq, model.n_layer + 1, b, tp, cp, False) if head else (0.0, 0.0)
     return blocks * bf + hf, blocks * bb + hb
 
 

@@ -73,18 +73,26 @@ def _units(model: ModelShape, tp: int, seq: int) -> list[int]:
     return ([root] if root else []) + others
 
 
-def _zero_scratch(zero: int, parts: list[tuple[list[int], int]], kept: int, n: int, item: int) -> float:
+@functools.lru_cache(maxsize=4096)  # thousands of layouts share a few (tensors, ranks): price each once
+def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kept: int, n: int,
+                  item: int) -> float:
     """The ring's scratch ZeRO 1-2's reduce-scatters keep between steps (comm_scratch_formula),
     each part over the ranks that hold it: ZeRO 1 one flat gradient per part, ZeRO 2 each
     bucket and the kept table. Stage 2's run on dt's gradient thread, whose scratch is its own."""
     pieces = []
     for tensors, ranks in parts:
         if ranks > 1 and tensors:
-            sizes = [sum(tensors)] if zero == 1 else [b // item for b in bucket_bytes(tensors, item)]
+            sizes = [sum(tensors)] if zero == 1 else [b // item for b in bucket_bytes(list(tensors), item)]
             pieces += [split_sizes(k, ranks) for k in sizes]
     if zero == 2 and kept:
         pieces.append(split_sizes(kept, n))
     return comm_scratch_formula(pieces, item, 0)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fsdp_scratch(model: ModelShape, tp: int, seq: int, n: int, item: int) -> int:
+    """The ring's scratch FSDP's unit reduce-scatters keep (comm_scratch_formula)."""
+    return comm_scratch_formula([split_sizes(u, n) for u in _units(model, tp, seq)], item, 0)
 
 
 def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
@@ -113,9 +121,9 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
         buffers, scratch = max(bucket_bytes(dense, item), default=0) if n > 1 else 0, 0
         if lay.zero and n > 1:
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
-            parts = [(_without(dense, kept), n), ([experts] if experts else [], n // lay.ep)]
+            parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
             scratch = _zero_scratch(lay.zero, parts, kept, n, item) if lay.zero < 3 else \
-                comm_scratch_formula([split_sizes(u, n) for u in _units(model, lay.tp, seq)], item, 0)
+                _fsdp_scratch(model, lay.tp, seq, n, item)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
             acts += (sum(dense) - kept + experts) * item
         if lay.zero == 3 and n > 1:  # units gathered whole as they run

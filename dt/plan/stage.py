@@ -28,7 +28,7 @@ from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
-from dt.plan.compute import stage_compute
+from dt.plan.compute import ddp_hooks, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
@@ -101,6 +101,7 @@ class StageWork:
     embed: bool
     fsdp: tuple[int, ...] = ()  # zero 3: numbers of each FSDP unit, the root's first (fsdp_units)
     tied: int = 0  # numbers of a word table this stage shares with another (the embedding's or head's)
+    hooks: float = 0.0  # seconds DDP's hooks add to the synchronised backward (compute.ddp_hooks)
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
@@ -214,7 +215,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     b = batch // lay.dp // lay.micro_batches
     t = seq // lay.cp
     act = b * t * model.n_embd * c.itemsize
-    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute)
+    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute,
+                           lay.cp_attention)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
@@ -227,5 +229,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
     tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
+    ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
+    hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
+                      lay.cp_attention) if ddp else 0.0
     return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
-                     _units(model, lay, g, seq), tied)
+                     _units(model, lay, g, seq), tied, hooks)

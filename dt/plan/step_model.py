@@ -84,6 +84,9 @@ def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> l
 def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list, t0: float) -> list[Span]:
     """After the stage's last action: its backwards' exposed sync, or the experts' run's whole sync."""
     spans, t = [], t0
+    if w.hooks > 0:  # on the rank's own thread, inside the synchronised backward
+        spans.append(Span("dp", t, t + w.hooks, "DDP hooks: bucket copies, launches, wait (timed here)"))
+        t += w.hooks
     exposed = backward_exposed(c, lay, w, g, acts)
     if exposed > 0:
         label = "DDP buckets' all-reduce, exposed" if lay.zero == 0 else "ZeRO-2 reduce-scatter, exposed"

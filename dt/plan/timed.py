@@ -14,6 +14,9 @@ So the planner times what `dt train` runs:
             group: the same autograd functions and shapes, the collectives,
             priced apart, skipped); gradients set to None between
             repetitions, as dt train's step does
+    ddp     what dt's DistributedDataParallel adds to a synchronised backward
+            on the rank's thread (a hook per gradient, its bucket copy, the
+            launch and the end-of-backward wait), on a one-rank group
     adam    dt.train.optim.Adam's step over this rank's tensors: every dense
             tensor apart without ZeRO, one flat shard of psi / N numbers with
             it (dt.parallel.zero's ZeroOptimizer runs Adam on its flat shard)
@@ -34,11 +37,13 @@ from torch import nn
 
 from dt.models.gpt import Block, Embedding, GPTConfig, Head
 from dt.models.lm import NextTokenLoss
+from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
-__all__ = ["adam_seconds", "stage_module", "stage_seconds", "timed"]
+__all__ = ["adam_seconds", "ddp_hook_seconds", "stage_module", "stage_seconds", "timed"]
 
 REPS = 5
 
@@ -61,10 +66,13 @@ def _one_rank() -> Group:
     return Group(pg=None, rank=0, size=1, ranks=(0,))
 
 
-def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
-    """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split)."""
+def _sharded_block(cfg: GPTConfig, tp: int, cp: int = 1, cp_kind: str = "ring") -> Block:
+    """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split) and,
+    under cp, its attention core one cp rank's (dt.plan.timed_cp: dt's block attention)."""
     c, g = cfg.n_embd, _one_rank()
     block = Block(cfg, 1)
+    if cp > 1:
+        block.attn.attend = LocalContextCore(cp_kind, cfg.block_size, cp)
     block.attn.query_key_value = ColumnParallelLinear(c, 3 * c // tp, group=g)
     block.attn.dense = RowParallelLinear(c // tp, c, group=g)
     block.mlp.dense_h_to_4h = ColumnParallelLinear(c, 4 * c // tp, group=g)
@@ -75,10 +83,11 @@ def _sharded_block(cfg: GPTConfig, tp: int) -> Block:
 class _Stage(nn.Module):
     """One pipeline stage of the GPT at one rank's shapes: [embedding], blocks, [head and loss]."""
 
-    def __init__(self, cfg: GPTConfig, tp: int, blocks: int, head: bool, embed: bool):
+    def __init__(self, cfg: GPTConfig, tp: int, blocks: int, head: bool, embed: bool, cp: int = 1,
+                 cp_kind: str = "ring"):
         super().__init__()
         self.embed = Embedding(cfg, 0) if embed else None
-        self.blocks = nn.ModuleList(_sharded_block(cfg, tp) for _ in range(blocks))
+        self.blocks = nn.ModuleList(_sharded_block(cfg, tp, cp, cp_kind) for _ in range(blocks))
         table = self.embed.wte.weight if self.embed is not None else None
         self.head = Head(cfg, cfg.n_layer + 1, table) if head and table is not None else None
         if head and self.head is None:  # a last stage without the table: the head's own copy
@@ -94,36 +103,70 @@ class _Stage(nn.Module):
 
 
 def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: int, head: bool,
-                 embed: bool, dtype: str = "float32") -> nn.Module:
+                 embed: bool, dtype: str = "float32", cp: int = 1, cp_kind: str = "ring") -> nn.Module:
     """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
-    stage's output (the loss on the last stage)."""
+    stage's output (the loss on the last stage); t is the rank's tokens (seq / cp)."""
     # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
-    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t, n_layer=max(1, blocks),  # 0: a head alone
-                    n_head=n_head, n_embd=n_embd, dtype=dtype)
-    return _Stage(cfg, tp, blocks, head, embed).to(getattr(torch, dtype))
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t * cp,
+                    n_layer=max(1, blocks), n_head=n_head, n_embd=n_embd, dtype=dtype)
+    return _Stage(cfg, tp, blocks, head, embed, cp, cp_kind).to(getattr(torch, dtype))
+
+
+def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int, head: bool,
+               embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool) -> Callable[[], None]:
+    """One micro-batch's forward and backward through a fresh stage (with `ddp`: wrapped in dt's
+    DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches)."""
+    stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind)
+    if ddp:
+        stage = DistributedDataParallel(stage, group=_one_rank())
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
+    x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
+                    requires_grad=not embed)
+    grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+
+    def run() -> None:
+        for p in stage.parameters():
+            p.grad = None  # dt train's step: fresh gradients every step
+        out = stage(x, ids)
+        out.backward(None if out.dim() == 0 else grad)
+
+    return run
 
 
 @functools.cache
 def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
-                  head: bool, embed: bool, threads: int, dtype: str) -> float:
-    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank."""
+                  head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+                  cp_kind: str = "ring") -> float:
+    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank
+    (t: its tokens, seq / cp)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype)
-        g = torch.Generator().manual_seed(0)
-        ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
-        x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
-                    requires_grad=not embed)
-        grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+        return timed(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind,
+                                False), threads)
+    finally:
+        torch.set_num_threads(old)
 
-        def run() -> None:
-            for p in stage.parameters():
-                p.grad = None  # dt train's step: fresh gradients every step
-            out = stage(x, ids)
-            out.backward(None if out.dim() == 0 else grad)
 
-        return timed(run, threads)
+@functools.cache
+def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+                     head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+                     cp_kind: str = "ring") -> float:
+    """Seconds DDP adds to a synchronised backward on the rank's own thread (a hook per gradient,
+    its copy into the bucket, the launch, the end-of-backward wait and publish), the collective
+    itself skipped: the same stage timed with and without it, interleaved, each the least of
+    its rounds."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        runs = [_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind, ddp)
+                for ddp in (False, True)]
+        plain, wrapped = float("inf"), float("inf")
+        for _ in range(3):
+            plain = min(plain, timed(runs[0], threads))
+            wrapped = min(wrapped, timed(runs[1], threads))
+        return max(0.0, wrapped - plain)
     finally:
         torch.set_num_threads(old)
 
