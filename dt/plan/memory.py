@@ -68,8 +68,8 @@ def _without(dense: list[int], kept: int) -> list[int]:
     return out
 
 
-def _units(model: ModelShape, tp: int, seq: int) -> list[int]:
-    root, others = fsdp_units(model, tp, seq)
+def _units(model: ModelShape, tp: int, seq: int, ep: int = 1) -> list[int]:
+    root, others = fsdp_units(model, tp, seq, ep)
     return ([root] if root else []) + others
 
 
@@ -115,11 +115,12 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
             parts = [(_without(dense, kept), n), ([experts] if experts else [], n // lay.ep)]
             scratch = _zero_scratch(lay.zero, parts, kept, n, item) if lay.zero < 3 else \
-                comm_scratch_formula([split_sizes(u, n) for u in _units(model, lay.tp, seq)], item, 0)
+                comm_scratch_formula([split_sizes(u, n) for u in _units(model, lay.tp, seq, lay.ep)], item, 0)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
             acts += (sum(dense) - kept + experts) * item
         if lay.zero == 3 and n > 1:  # units gathered whole as they run
-            acts += fsdp_gathered_formula(*fsdp_units(model, lay.tp, seq), item)  # with their gradients
+            units = fsdp_units(model, lay.tp, seq, lay.ep)
+            acts += fsdp_gathered_formula(*units, item)  # with their gradients
         row = {"state": int(sum(state.values())), "scratch": int(scratch), "activations": int(acts),
                "buffers": int(buffers)}
         row["peak"] = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
