@@ -68,8 +68,8 @@ def _without(dense: list[int], kept: int) -> list[int]:
     return out
 
 
-def _units(model: ModelShape, tp: int, seq: int) -> list[int]:
-    root, others = fsdp_units(model, tp, seq)
+def _units(model: ModelShape, tp: int, seq: int, ep: int = 1) -> list[int]:
+    root, others = fsdp_units(model, tp, seq, ep)
     return ([root] if root else []) + others
 
 
@@ -90,9 +90,9 @@ def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kep
 
 
 @functools.lru_cache(maxsize=4096)
-def _fsdp_scratch(model: ModelShape, tp: int, seq: int, n: int, item: int) -> int:
+def _fsdp_scratch(model: ModelShape, tp: int, seq: int, n: int, item: int, ep: int = 1) -> int:
     """The ring's scratch FSDP's unit reduce-scatters keep (comm_scratch_formula)."""
-    return comm_scratch_formula([split_sizes(u, n) for u in _units(model, tp, seq)], item, 0)
+    return comm_scratch_formula([split_sizes(u, n) for u in _units(model, tp, seq, ep)], item, 0)
 
 
 def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
@@ -123,11 +123,12 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
             parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
             scratch = _zero_scratch(lay.zero, parts, kept, n, item) if lay.zero < 3 else \
-                _fsdp_scratch(model, lay.tp, seq, n, item)
+                _fsdp_scratch(model, lay.tp, seq, n, item, lay.ep)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
             acts += (sum(dense) - kept + experts) * item
         if lay.zero == 3 and n > 1:  # units gathered whole as they run
-            acts += fsdp_gathered_formula(*fsdp_units(model, lay.tp, seq), item)  # with their gradients
+            units = fsdp_units(model, lay.tp, seq, lay.ep)
+            acts += fsdp_gathered_formula(*units, item)  # with their gradients
         row = {"state": int(sum(state.values())), "scratch": int(scratch), "activations": int(acts),
                "buffers": int(buffers)}
         row["peak"] = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])

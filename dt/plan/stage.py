@@ -119,10 +119,12 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     return ln + attn + ln + mlp, 0
 
 
-def fsdp_units(model: ModelShape, tp: int, seq: int) -> tuple[int, list[int]]:
+def fsdp_units(model: ModelShape, tp: int, seq: int, ep: int = 1) -> tuple[int, list[int]]:
     """(root, others): numbers of each FSDP unit of a one-stage model (dt.parallel.zero.fsdp: one
     unit per module's own parameters). The root holds the tied word table (0 when untied), gathered
-    for the whole forward and again for the whole backward; the others in the order they run."""
+    for the whole forward and again for the whole backward; the others in the order they run.
+    With experts: the router a unit, and each of this rank's experts two (fc_in, fc_out), which
+    dt's FSDP shards over their replicas (edp), not the whole plane."""
     c, word = model.n_embd, model.vocab // tp * model.n_embd
     dense, _ = _block_tensors(model, tp)
     if model.family == "llama":  # q, k, v, o, gate, up, down apart; the norms one tensor each
@@ -131,7 +133,10 @@ def fsdp_units(model: ModelShape, tp: int, seq: int) -> tuple[int, list[int]]:
         block = [norm1, qkv - 2 * kv, kv, kv, o, norm2, gate_up // 2, gate_up // 2, down]
         ends = [c]
     else:  # every LayerNorm and Linear holds a weight and a bias: one unit of both
-        block = [dense[i] + dense[i + 1] for i in range(0, len(dense), 2)]
+        block = [dense[i] + dense[i + 1] for i in range(0, len(dense) - 1, 2)]
+        if model.experts:  # the router's weight alone, then this rank's experts
+            f = model.hidden
+            block += [dense[-1]] + [c * f + f, f * c + c] * -(-model.experts // ep)
         ends = [seq * c, 2 * c]  # the position table, the final LayerNorm
     head = [] if model.tied else [word]
     others = ([] if model.tied else [word]) + ends[:-1] + block * model.n_layer + ends[-1:] + head
@@ -195,7 +200,7 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
 def _units(model: ModelShape, lay: Layout, g: Groups, seq: int) -> tuple[int, ...]:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return ()
-    root, others = fsdp_units(model, lay.tp, seq)
+    root, others = fsdp_units(model, lay.tp, seq, lay.ep)
     return tuple(([root] if root else []) + others)
 
 
