@@ -221,3 +221,19 @@ def test_the_late_reply_comes_just_past_the_spin():
 
     assert late_by(200e-6) == pytest.approx(400e-6)  # a wait a little longer than the spin
     assert late_by(0.0) == LATE  # waits that sleep at once: any lateness sleeps
+
+
+def test_ring_scratch_lands_the_largest_chunk_a_reducing_lap_receives():
+    """dt.cost.memory: a p - 1 step lap receives every chunk but one (rank r - 1's, on rank r);
+    slots 0 and 1 hold the largest received, slot 2 the whole input. Hand-computed, and the
+    same as walking the lap step by step (dt.layout.ring_received)."""
+    from dt.cost.memory import ring_reduce_scatter_scratch
+    from dt.layout import ring_received
+
+    chunks = [5, 9, 3, 7]
+    assert ring_reduce_scatter_scratch(chunks, 4, 0) == {2: 96, 0: 36, 1: 36}  # chunk 3 (7) never lands
+    assert ring_reduce_scatter_scratch(chunks, 4, 2) == {2: 96, 0: 28, 1: 28}  # chunk 1 (9) never lands
+    assert ring_reduce_scatter_scratch([4, 6], 4, 0) == {2: 40, 0: 16}  # one step: its own chunk, one slot
+    for r in range(4):
+        walked = max(chunks[ring_received(r, 4, s, -1)] for s in range(3))
+        assert ring_reduce_scatter_scratch(chunks, 1, r)[0] == walked
