@@ -132,3 +132,35 @@ def test_breakdown_separates_collectives_and_validation(run):
         assert res["all_reduce"]["bytes_sent"] == res["model_ring"] == res["algo"]["bytes_sent"]
         assert res["total_sent"] == (res["validate"]["bytes_sent"] + res["all_reduce"]["bytes_sent"]
                                      + res["broadcast"]["bytes_sent"])
+
+
+def _validation_on_both_wires() -> dict:
+    """The signature exchange's bytes on each wire against its formula: Bruck's all-gather over
+    messages (torch wire), a one-shot all-gather of the p rows through the board (shm)."""
+    from dt.bench.harness import wire_group
+    from dt.collectives.validate import exchange_algorithm
+    from dt.cost.traffic import traffic_for
+    from dt.transport import resolve_group
+
+    p, me = dist.get_world_size(), dist.get_rank()
+    set_validation(True)
+    out = {}
+    for wire in ("torch", "shm"):
+        g = wire_group(wire)
+        x = torch.ones(7)
+        algo = exchange_algorithm(resolve_group(g), x.device)
+        with dt.traffic() as t:
+            dt.all_reduce(x, group=g)
+        row = 8 + 2 * p  # int64 fields of one signature
+        model = traffic_for("all_gather", algo, [row] * p, 8, p, me)
+        got = t.by_collective["validate"]
+        out[wire] = (algo, got.bytes_sent, got.bytes_received, model.bytes_sent, model.bytes_received)
+    return out
+
+
+def test_validation_exchange_is_the_wire_s_all_gather(run):
+    for p in (2, 3):
+        for res in run(p, _validation_on_both_wires):
+            assert res["torch"][0] == "bruck" and res["shm"][0] == "one_shot"
+            for algo, sent, received, model_sent, model_received in res.values():
+                assert (sent, received) == (model_sent, model_received), (algo, res)

@@ -4,8 +4,9 @@ Before a collective moves data, each rank publishes a signature: which
 collective it called (and the how-many-th on this group), the algorithm,
 dtype, op and root, whether its own arguments were valid, and its *logical
 traffic matrix row*: how many elements it will send to and expects to receive
-from each rank. One Bruck all-gather (ceil(lg p) messages of 8(8 + 2p) bytes)
-gives every rank every row, and every rank then runs the same checks:
+from each rank. One all-gather gives every rank every row (on a group of one
+shared-memory segment a load/store one: one synchronisation; elsewhere Bruck's:
+ceil(lg p) messages of 8(8 + 2p) bytes), and every rank then runs the same checks:
 
 - everyone called the same collective, the same number of times (counted
   per group: two groups with the same members count apart);
@@ -25,7 +26,9 @@ skipped call hangs until the timeout.
 
 from __future__ import annotations
 
+import array
 import contextlib
+import ctypes
 import threading
 import zlib
 from collections import defaultdict
@@ -98,22 +101,29 @@ def validate(
                                    recv=recv, local_error=local_error, p=g.size), local_error, device)
 
 
+def exchange_algorithm(g: Group, device: torch.device) -> str:
+    """How the signatures travel: on a group of one shared-memory segment (CPU tensors) one
+    load/store all-gather ("one_shot": a synchronisation, ~20 us on the 2-core box), else
+    Bruck's all-gather over the group's messages ("bruck": ceil(lg p) exchange steps, each
+    ~90-140 us on the shared-memory wire's channels, ~300 us on gloo)."""
+    return "one_shot" if g.links.board is not None and device.type == "cpu" else "bruck"
+
+
 def check(g: Group, collective: str, row: list[int], local_error: str | None,
           device: torch.device) -> None:
     """Exchange this rank's signature `row` (from `signature`) and run the checks on every row."""
     p = g.size
     call = _next_call(g)
-    table = torch.empty((p, len(row)), dtype=torch.int64, device=device)
-    table[0] = torch.tensor(row, dtype=torch.int64, device=device)
-    table[0, CALL] = call
+    row = list(row)
+    row[CALL] = call
+    exchange = exchange_algorithm(g, device)
+    # Named after the call it guards: a rank that never makes that call
+    # leaves its peers waiting here, and the timeout should say on what.
+    name = f"validate({collective} call {call})"
     # Charged only while a dt.traffic() block is open (counted nowhere else): a fast call
     # (dt.collectives.plan) then makes no call into the accounting at all.
-    with transport.charged_to("validate", "bruck") if accounting.open_records else contextlib.nullcontext():
-        # Named after the call it guards: a rank that never makes that call
-        # leaves its peers waiting here, and the timeout should say on what.
-        comm = Comm(g, f"validate({collective} call {call})", "bruck")
-        bruck_rounds(comm, table)
-    rows = torch.roll(table, shifts=g.rank, dims=0).tolist()  # row i = group rank i
+    with transport.charged_to("validate", exchange) if accounting.open_records else contextlib.nullcontext():
+        rows = _on_board(g, name, row) if exchange == "one_shot" else _by_bruck(g, name, row, device)
     who = g.ranks
     me = g.ranks[g.rank]
 
@@ -143,6 +153,33 @@ def check(g: Group, collective: str, row: list[int], local_error: str | None,
                     f"which expects {expects} from it: tensor sizes disagree across ranks"
                 )
     _agree(rows, who, collective, ALGORITHM)
+
+
+def _by_bruck(g: Group, name: str, row: list[int], device: torch.device) -> list[list[int]]:
+    """Every rank's row by Bruck's all-gather over the group's messages; row i = group rank i's."""
+    table = torch.empty((g.size, len(row)), dtype=torch.int64, device=device)
+    table[0] = torch.tensor(row, dtype=torch.int64, device=device)
+    bruck_rounds(Comm(g, name, "bruck"), table)  # this rank's row first: row k is rank (rank + k) % p's
+    return torch.roll(table, shifts=g.rank, dims=0).tolist()
+
+
+def _on_board(g: Group, name: str, row: list[int]) -> list[list[int]]:
+    """Every rank's row through the group's shared-memory board: each writes its row into its
+    staging, one synchronisation, each reads all p rows (a one-shot all-gather of p rows of
+    8 (8 + 2p) bytes, without a tensor op but the read)."""
+    board = g.links.board
+    call = board.call(name, "one_shot")  # what a failed sync's error names
+    nbytes = 8 * len(row)
+    parity = board.publish_staged(nbytes)
+    packed = array.array("q", row)
+    ctypes.memmove(board.staging(g.rank, parity).data_ptr(), packed.buffer_info()[0], nbytes)
+    call.sync()
+    rows = board.staged_rows(parity, torch.int64, 0, len(row)).tolist()
+    if accounting.open_records:  # dt.traffic(): what each peer read from this rank, and it from them
+        for j in range(g.size):
+            if j != g.rank:
+                call.count(j, sent=nbytes, received=nbytes)
+    return rows
 
 
 def _agree(rows: list[list[int]], who: tuple[int, ...], collective: str, field: int,

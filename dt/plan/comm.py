@@ -2,16 +2,27 @@
 
 A group inside one host is priced by dt.cost.time.estimate with the intra
 figures (the cheapest of the algorithms dt's `auto` chooses among, as auto
-picks the model's lowest; on this machine with the terms `dt tune` measured,
-dt.cost.overheads); one spanning hosts by dt.cost.levels.two_level
+picks the model's lowest); one spanning hosts by dt.cost.levels.two_level
 on its hosts. A point-to-point send is one step: alpha + bytes * beta.
+
+On this machine (one host, shared memory) a call is priced as dt runs it:
+the algorithm is the one the caller names (ZeRO's and FSDP's "ring") or the
+one `auto` runs (dt.collectives.auto.choose's rule: what `dt tune` measured
+fastest at the nearest swept size, else the model's lowest, the load/store
+algorithms at the wire's sync and mem figures); its seconds are what the sweep
+measured for that algorithm, interpolated between the swept sizes (log-log),
+where the sweep covers the call, else dt.cost.time.estimate with the terms
+`dt tune` measured (dt.cost.overheads).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
+from dt.collectives.registry import needs_shared_memory
 from dt.cost.levels import LEVELED, Levels, two_level
+from dt.cost.machine import Machine, winners
 from dt.cost.overheads import overheads
 from dt.cost.time import estimate
 from dt.plan.cluster import Cluster
@@ -107,25 +118,60 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     return out
 
 
+SWEPT = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
+         "reduce_scatter": "reduce_scatter_tensor"}  # the planner's names -> dt tune's sweep's
+
+
+def _auto_choice(collective: str, nbytes: int, p: int, m: Machine) -> str:
+    """What dt's auto runs for this call on a one-host shared-memory group of p ranks."""
+    from dt.collectives.auto import best, measured_best
+    from dt.transport.shm.host import DEFAULT_STAGE_BYTES
+
+    measured = measured_best(SWEPT.get(collective, collective), nbytes, p, "shm")
+    return measured or best(collective, nbytes, p, m, True, DEFAULT_STAGE_BYTES)
+
+
+def _swept_seconds(collective: str, algorithm: str, nbytes: int, p: int) -> float | None:
+    """The sweep's median for this algorithm at nbytes (log-log between the swept sizes; inside
+    the swept range only), or None."""
+    table = winners("shm", p).get(SWEPT.get(collective, ""), [])
+    rows = [(size, times[algorithm]) for size, _, times in table if algorithm in times]
+    if not rows or not rows[0][0] <= nbytes <= rows[-1][0]:
+        return None
+    for (s0, t0), (s1, t1) in zip(rows, rows[1:] + rows[-1:]):
+        if s0 <= nbytes <= s1:
+            if s1 == s0:
+                return t0
+            f = math.log(nbytes / s0) / math.log(s1 / s0)
+            return math.exp(math.log(t0) + f * (math.log(t1) - math.log(t0)))
+    return None
+
+
 @functools.lru_cache(maxsize=65536)
-def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: Cluster) -> float:
-    """This machine, one host: dt.cost.time.estimate with the terms `dt tune` measured
-    (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription), the
-    cheapest algorithm; exact per call (the terms are not affine in the bytes)."""
+def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: Cluster,
+                algorithm: str = "auto") -> float:
+    """This machine, one host: the algorithm dt runs, at the sweep's measured time where it
+    covers the call, else dt.cost.time.estimate with the terms `dt tune` measured
+    (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription)."""
     p, m = len(hosts), cluster.levels.intra
-    terms = overheads("shm", p)
-    algos = ONE_HOST[collective] + LOADSTORE[collective]
-    return min(estimate(collective, a, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma,
-                        overheads=terms).total for a in algos)
+    algo = _auto_choice(collective, nbytes, p, m) if algorithm == "auto" else algorithm
+    swept = _swept_seconds(collective, algo, nbytes, p)
+    if swept is not None:
+        return swept
+    loadstore = needs_shared_memory(collective, algo)
+    return estimate(collective, algo, nbytes, p, alpha=m.sync if loadstore else m.alpha,
+                    beta=m.mem if loadstore else m.beta, gamma=m.gamma, overheads=overheads("shm", p)).total
 
 
-def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...]) -> float:
-    """Seconds of one call moving `nbytes` (the buffer; all_gather: the gathered whole) on `ranks`."""
+def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...],
+                       algorithm: str = "auto") -> float:
+    """Seconds of one call moving `nbytes` (the buffer; all_gather: the gathered whole) on `ranks`,
+    by `algorithm` (auto: the one dt's auto runs)."""
     if len(ranks) < 2 or nbytes <= 0:
         return 0.0
     hosts = group_hosts(cluster, ranks)
     if cluster.shared_memory and max(hosts) == 0:
-        return _with_terms(collective, int(nbytes), hosts, cluster)
+        return _with_terms(collective, int(nbytes), hosts, cluster, algorithm)
     lines = _lines(collective, cluster.itemsize, group_hosts(cluster, ranks), cluster.levels,
                    cluster.shared_memory)
     return min(a + b * nbytes for a, b in lines)  # the algorithm the model prices lowest, as auto picks

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import os
+import statistics
 import time
 from collections.abc import Callable
 
@@ -73,21 +74,20 @@ class Shard(nn.Module):
 
 
 def _time(fn: Callable[[], object], reps: int = 7) -> float:
-    """The fastest of `reps` timings: on a shared machine the others carry other programs' turns on
-    the cores, which differ from one shape's timing to the next and would reorder the layouts."""
+    """The median of `reps` timings (dt.plan.timed's rule: the run it predicts is a median too)."""
     fn()  # warm: allocations, kernels chosen
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         samples.append(time.perf_counter() - t0)
-    return min(samples)
+    return statistics.median(samples)
 
 
 @functools.cache
 def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, threads: int,
               dtype: str) -> float:
-    """Seconds of forward + backward of one layer of this shard, timed here (the fastest of 7)."""
+    """Seconds of forward + backward of one layer of this shard, timed here (the median of 7)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

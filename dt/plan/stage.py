@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
+from dt.parallel.zero.memory import SHARD_ALGORITHM
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.compute import ddp_hooks, stage_compute
@@ -209,8 +210,9 @@ def _fsdp_seconds(c: Cluster, model: ModelShape, lay: Layout, g: Groups, seq: in
     every unit, a backward gathers each again and reduce-scatters its gradient, each blocking
     (dt's FSDP does not prefetch); 0 without zero 3."""
     units = _units(model, lay, g, seq)
-    return (sum(collective_seconds(c, "all_gather", n * c.itemsize, g.dp_cp) for n in units),
-            sum(collective_seconds(c, "reduce_scatter", n * c.itemsize, g.dp_cp) for n in units))
+    ring = SHARD_ALGORITHM
+    return (sum(collective_seconds(c, "all_gather", n * c.itemsize, g.dp_cp, ring) for n in units),
+            sum(collective_seconds(c, "reduce_scatter", n * c.itemsize, g.dp_cp, ring) for n in units))
 
 
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,

@@ -29,6 +29,7 @@ compute, which this model does not charge.
 
 from __future__ import annotations
 
+from dt.parallel.zero.memory import SHARD_ALGORITHM
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout
@@ -53,11 +54,12 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: lis
     if len(g.dp_cp) < 2 or lay.zero in (1, 3) or w.experts and not lay.zero:
         return 0.0
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    algorithm = "auto" if lay.zero == 0 else SHARD_ALGORITHM  # DDP's auto, ZeRO 2's ring
     priced: dict[tuple[int, int], float] = {}  # most buckets are the cap's size: price each size once
 
     def seconds(nbytes: int, group: tuple[int, ...]) -> float:
         if (nbytes, len(group)) not in priced:
-            priced[nbytes, len(group)] = collective_seconds(c, op, nbytes, group)
+            priced[nbytes, len(group)] = collective_seconds(c, op, nbytes, group, algorithm)
         return priced[nbytes, len(group)]
 
     exposed = 0.0
@@ -119,10 +121,12 @@ def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
     parts = [("", sum(w.dense) * c.itemsize, g.dp_cp)]
     if w.experts and len(g.edp) > 1:
         parts.append((" (experts)", w.experts * c.itemsize, g.edp))
-    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", nbytes, group))
+    ring = SHARD_ALGORITHM
+    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", nbytes, group, ring))
               for tag, nbytes, group in parts] if lay.zero == 1 else []
     if lay.zero == 2 and w.tied:  # the kept word table's summed gradient, scattered once a step
         before.append(("ZeRO-2 tied reduce-scatter",
-                       collective_seconds(c, "reduce_scatter", w.tied * c.itemsize, g.dp_cp)))
-    return before, [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", nbytes, group))
-                    for tag, nbytes, group in parts]
+                       collective_seconds(c, "reduce_scatter", w.tied * c.itemsize, g.dp_cp, ring)))
+    after = [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", nbytes, group, ring))
+             for tag, nbytes, group in parts]
+    return before, after

@@ -23,12 +23,16 @@ So the planner times what `dt train` runs:
 
 Timed with time.thread_time when a rank has one thread (the CPU time the
 rank's own thread spends: what other programs on the cores do not add to),
-else the wall clock; the least of a few repetitions after a warm one.
+else the wall clock; the median of REPS repetitions after a warm one. The median, not the least:
+`dt plan --check` compares with the median step of a run, and this machine's speed drifts by
+10-20% over seconds (a stage's repetitions within one second: least 12.4 ms, median 17.9 ms,
+in the training processes themselves), so the least predicted every step 15-30% short.
 """
 
 from __future__ import annotations
 
 import functools
+import statistics
 import time
 from collections.abc import Callable
 
@@ -45,20 +49,22 @@ from dt.transport.group import Group
 
 __all__ = ["adam_seconds", "ddp_hook_seconds", "stage_module", "stage_seconds", "timed"]
 
-REPS = 5
+REPS = 9
+MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
 
 
 def timed(fn: Callable[[], object], threads: int, reps: int = REPS) -> float:
-    """Seconds of fn: the least of `reps` after a warm call; CPU time of this thread when one thread
-    runs the ops (robust to other programs' turns on the cores), else wall time."""
+    """Seconds of fn: the median of `reps` (and of MIN_SECONDS at least) after a warm call; CPU
+    time of this thread when one thread runs the ops (robust to other programs' turns on the
+    cores), else wall time."""
     clock = time.thread_time if threads == 1 else time.perf_counter
     fn()
-    best = float("inf")
-    for _ in range(reps):
+    times: list[float] = []
+    while len(times) < reps or sum(times) < MIN_SECONDS:
         t0 = clock()
         fn()
-        best = min(best, clock() - t0)
-    return best
+        times.append(clock() - t0)
+    return statistics.median(times)
 
 
 def _one_rank() -> Group:
@@ -155,18 +161,23 @@ def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: i
                      cp_kind: str = "ring") -> float:
     """Seconds DDP adds to a synchronised backward on the rank's own thread (a hook per gradient,
     its copy into the bucket, the launch, the end-of-backward wait and publish), the collective
-    itself skipped: the same stage timed with and without it, interleaved, each the least of
-    its rounds."""
+    itself skipped: the same stage timed with and without it, one run of each in turn (drift
+    hits both alike), the difference of their medians."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         runs = [_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind, ddp)
                 for ddp in (False, True)]
-        plain, wrapped = float("inf"), float("inf")
-        for _ in range(3):
-            plain = min(plain, timed(runs[0], threads))
-            wrapped = min(wrapped, timed(runs[1], threads))
-        return max(0.0, wrapped - plain)
+        clock = time.thread_time if threads == 1 else time.perf_counter
+        samples: list[list[float]] = [[], []]
+        for run in runs:
+            run()  # warm
+        for _ in range(REPS):
+            for run, out in zip(runs, samples):
+                t0 = clock()
+                run()
+                out.append(clock() - t0)
+        return max(0.0, statistics.median(samples[1]) - statistics.median(samples[0]))
     finally:
         torch.set_num_threads(old)
 

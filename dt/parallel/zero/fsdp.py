@@ -23,6 +23,7 @@ from dt.parallel.checkpoint.place import Place
 from dt.parallel.data_parallel import LABEL as DATA_LABEL
 from dt.parallel.recompute import AGAIN, FIRST, recompute_phase
 from dt.parallel.zero.memory import (
+    SHARD_ALGORITHM,
     comm_scratch_formula,
     memory_held,
     zero_memory_formula,
@@ -139,7 +140,7 @@ class FullyShardedDataParallel(nn.Module):
     same two gathers and one scatter per micro-batch as without recompute.
     """
 
-    def __init__(self, module: nn.Module, group: Any = None, algorithm: str = "ring",
+    def __init__(self, module: nn.Module, group: Any = None, algorithm: str = SHARD_ALGORITHM,
                  place_of: Callable[[nn.Parameter], Place] | None = None,
                  separate: Sequence[nn.Parameter] = (), experts: Sequence[nn.Parameter] = (),
                  expert_group: Any = None, expert_divisor: int = 1):

@@ -14,8 +14,12 @@ import torch
 from dt.cost import ring_all_gather, ring_reduce_scatter
 from dt.cost.memory import ring_reduce_scatter_scratch, scratch_held
 
-__all__ = ["comm_scratch_formula", "fsdp_gathered_formula", "memory_held", "zero_memory_formula",
-           "zero_memory_parts", "zero_traffic_formula"]
+__all__ = ["SHARD_ALGORITHM", "comm_scratch_formula", "fsdp_gathered_formula", "memory_held",
+           "zero_memory_formula", "zero_memory_parts", "zero_traffic_formula"]
+
+# ZeRO's and FSDP's reduce-scatters and all-gathers run the ring: their shards are uneven lists
+# (dt.layout.split_sizes), and the ring's traffic and scratch are what this file prices
+SHARD_ALGORITHM = "ring"
 
 
 def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float | None = None,
@@ -88,7 +92,7 @@ def zero_traffic_formula(shard_lists: list[list[int]], rank: int, stage: int,
 
 
 def comm_scratch_formula(chunk_lists: list[list[int]], itemsize: int, rank: int,
-                         algorithm: str = "ring") -> int:
+                         algorithm: str = SHARD_ALGORITHM) -> int:
     """Bytes the ring reduce-scatters of `chunk_lists` leave in scratch on this rank.
 
     The ring keeps its landing buffers and its reduce-scatter pool (dt.cost.memory):

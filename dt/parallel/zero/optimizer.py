@@ -23,6 +23,7 @@ from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.data_parallel import LABEL as DATA_LABEL
 from dt.parallel.data_parallel import bucket_sender
 from dt.parallel.zero.memory import (
+    SHARD_ALGORITHM,
     comm_scratch_formula,
     memory_held,
     zero_memory_formula,
@@ -55,7 +56,8 @@ class ZeroOptimizer:
 
     def __init__(self, params: Iterable[nn.Parameter], optimizer_cls: type[torch.optim.Optimizer],
                  stage: int = 1, group: Any = None, bucket_cap_mb: float = 25,
-                 first_bucket_mb: float = 1, algorithm: str = "ring", divisor: int | None = None,
+                 first_bucket_mb: float = 1, algorithm: str = SHARD_ALGORITHM,
+                 divisor: int | None = None,
                  keep_full: Iterable[nn.Parameter] = (), **optim_kwargs: Any):
         if stage not in (1, 2):
             raise ValueError(f"ZeroOptimizer does stages 1 and 2; stage 3 is "

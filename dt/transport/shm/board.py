@@ -169,11 +169,15 @@ class Call:
             liveness.announce(liveness.Failure(me, "timeout", f"rank {me} in "
                                                f"{self.collective}[{self.algorithm}]: {exc}",
                                                behind[0] if len(behind) == 1 else liveness.EVERYONE))
-            raise CollectiveTimeout(f"{self.where()}: {exc} (dt.transport timeout); a peer is "
+            raise CollectiveTimeout(f"{self.where()}: {exc}; a peer is "
                                     f"stuck elsewhere or never called {self.collective}") from None
+        late = b.sync.waiting_on()
         self._break(exc)
         failure = exc.failure if isinstance(exc, liveness.PeerFailed) else None
         text = failure.text if failure is not None else str(exc)
+        if failure is not None and failure.is_timeout:  # the run's deadline (or a peer's timeout)
+            who = f"rank {late[0]}" if len(late) == 1 else f"ranks {late}"
+            raise CollectiveTimeout(f"{self.where()}: waiting on {who}: {text}") from None
         liveness.announce(liveness.Failure(
             me, "gave up", f"rank {me} gave up in {self.collective}[{self.algorithm}] because "
             f"{text}", failure.rank if failure is not None else liveness.EVERYONE))

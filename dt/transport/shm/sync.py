@@ -183,6 +183,10 @@ class Sync:
         words = self.words
         return [j for j in range(self.n) if words[j * WORDS + ARRIVE] < v]
 
+    def waiting_on(self) -> list[int]:
+        """Global ranks that have not yet arrived where this rank last arrived."""
+        return [self.names[j] for j in self.behind(self.words[self._arrive_at]) if j != self.me]
+
     def sync(self, what: Callable[[], str], timeout: float | Callable[[], float]) -> None:
         """Arrive, then wait until every local rank has arrived as often.
 
@@ -288,5 +292,7 @@ class Sync:
             self.check(blockers())
             if time.perf_counter() > deadline:
                 waiting = [self.names[j] for j in blockers() if j != me]
-                raise PeerTimeout(f"{timed_out(limit)} on rank(s) {waiting} for {what()}")
+                source = getattr(limit, "source", "dt.transport timeout")  # which rule set it
+                who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {waiting}"
+                raise PeerTimeout(f"{timed_out(limit)} ({source}) on {who} for {what()}")
             chunk = min(chunk * 2, 0.05)
