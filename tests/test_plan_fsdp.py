@@ -24,7 +24,10 @@ from tests.test_train_layouts import EXPERTS, _stepped
 
 VOCAB = 44  # dt train's corpus (CharData)
 RUNS = [("gpt", {"dp": 2, "pp": 2, "zero": 3}), ("gpt", {"dp": 4, "ep": 2, "zero": 3, **EXPERTS}),
-        ("llama", {"dp": 2, "pp": 2, "zero": 3, "untied": True})]
+        ("gpt", {"dp": 2, "pp": 2, "ep": 2, "zero": 3, **EXPERTS}),
+        ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2, "recompute": True}),
+        ("llama", {"dp": 2, "pp": 2, "zero": 3, "untied": True}), ("gpt", {"dp": 2, "tp": 2, "zero": 3}),
+        ("gpt", {"cp": 2, "dp": 2, "zero": 3})]
 
 
 def _shape(model: str, kw: dict) -> tuple[ModelShape, Layout, int]:
@@ -35,7 +38,8 @@ def _shape(model: str, kw: dict) -> tuple[ModelShape, Layout, int]:
     else:
         shape = ModelShape(a.n_layer, a.n_head, a.n_embd, VOCAB, tied=not a.untied, experts=a.experts,
                            top_k=a.top_k)
-    lay = Layout(a.dp, a.tp, a.pp, a.cp, a.ep, a.zero, a.schedule, a.virtual, a.micro_batches)
+    lay = Layout(a.dp, a.tp, a.pp, a.cp, a.ep, a.zero, a.schedule, a.virtual, a.micro_batches, a.cp_attention,
+                 recompute=a.recompute)
     return shape, lay, a.block_size
 
 
