@@ -22,7 +22,11 @@ is freed. What is counted, and why:
 - backward's tensors too: the autograd engine runs each node under the mode that
   was active (thread-local state travels with it), gradients included;
 - storage bytes as torch asks for them, not the allocator's rounding (the GPU's
-  512-byte blocks): within a percent at any shape worth predicting.
+  512-byte blocks): within a percent at any shape worth predicting;
+- a storage resized in place counts its new size from then on: dt's FSDP frees a
+  gathered unit by `untyped_storage().resize_(0)` and refills the same storage for
+  backward. Storage.resize_ reaches no dispatch mode, so while a counter is active
+  torch.UntypedStorage.resize_ is wrapped to tell it (a tensor's aten resize_ it sees).
 
 SavedBytes counts what autograd keeps for backward (saved_tensors_hooks): distinct
 storages packed, the excluded ones (weights, buffers) left out. It is what
@@ -43,18 +47,24 @@ from torch.utils._pytree import tree_flatten
 __all__ = ["LiveBytes", "SavedBytes"]
 
 
+_RESIZES = {torch.ops.aten.resize_.default, torch.ops.aten.resize_as_.default}  # in place, seen here
+
+
 class _Counter(TorchDispatchMode):
-    """Counts the bytes of every storage an op creates, until it is freed."""
+    """Counts the bytes of every storage an op creates, until it is freed or resized."""
 
     def __init__(self) -> None:
         super().__init__()
         self.current = 0
         self.peak = 0
         self._lock = threading.Lock()  # finalizers may run on another thread (autograd's)
-        self._alive: set[int] = set()  # ids of the live storages counted (keys of their finalizers)
+        self._alive: dict[int, int] = {}  # id of each live storage counted (its finalizer's key): bytes
 
     def __torch_dispatch__(self, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         out = func(*args, **(kwargs or {}))
+        if func in _RESIZES:  # its output is its input: not new, but maybe another size
+            self.resized(args[0].untyped_storage())
+            return out
         inputs = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and _key(t) not in inputs:
@@ -66,15 +76,54 @@ class _Counter(TorchDispatchMode):
         with self._lock:
             if key in self._alive:
                 return
-            self._alive.add(key)
-            self.current += nbytes
-            self.peak = max(self.peak, self.current)
-        weakref.finalize(storage, self._freed, key, nbytes)
+            self._alive[key] = nbytes
+            self._add(nbytes)
+        weakref.finalize(storage, self._freed, key)
 
-    def _freed(self, key: int, nbytes: int) -> None:
+    def resized(self, storage: torch.UntypedStorage) -> None:
+        """A storage changed size in place: a counted one counts its new bytes from now on."""
+        key, nbytes = id(storage), storage.nbytes()
         with self._lock:
-            self._alive.discard(key)
-            self.current -= nbytes
+            if key in self._alive:
+                self._add(nbytes - self._alive[key])
+                self._alive[key] = nbytes
+
+    def _add(self, nbytes: int) -> None:
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def _freed(self, key: int) -> None:
+        with self._lock:
+            self.current -= self._alive.pop(key, 0)
+
+
+_active: list[_Counter] = []  # the counters inside a block now (any thread): each hears every resize
+_active_lock = threading.Lock()
+_storage_resize = torch.UntypedStorage.resize_  # torch's own (StorageBase's), back when the last ends
+_own_resize = "resize_" in vars(torch.UntypedStorage)
+
+
+def _resize_told(storage: torch.UntypedStorage, nbytes: int) -> Any:
+    out = _storage_resize(storage, nbytes)
+    for counter in list(_active):
+        counter.resized(storage)
+    return out
+
+
+def _listen(counter: _Counter) -> None:
+    with _active_lock:
+        if not _active:
+            torch.UntypedStorage.resize_ = _resize_told  # type: ignore[method-assign]
+        _active.append(counter)
+
+
+def _stop_listening(counter: _Counter) -> None:
+    with _active_lock:
+        _active.remove(counter)
+        if not _active and _own_resize:
+            torch.UntypedStorage.resize_ = _storage_resize  # type: ignore[method-assign]
+        elif not _active:
+            del torch.UntypedStorage.resize_  # StorageBase's shows through again
 
 
 def _key(t: torch.Tensor) -> int:
@@ -99,6 +148,7 @@ class LiveBytes:
             self._base = torch.cuda.memory_allocated(self.device)
         else:
             self._counter = _Counter()
+            _listen(self._counter)
             self._counter.__enter__()
         return self
 
@@ -109,6 +159,7 @@ class LiveBytes:
             self._cuda_current = torch.cuda.memory_allocated(self.device) - self._base
         elif self._counter is not None:
             self._counter.__exit__(*exc)
+            _stop_listening(self._counter)
 
     @property
     def peak(self) -> int:

@@ -55,6 +55,32 @@ def test_transient_peak_is_seen():
     assert live.current == 4000  # x survives (the sum's result was dropped)
 
 
+def test_a_storage_resized_in_place_counts_its_new_size():
+    """FSDP frees a gathered unit by resizing its storage to 0 and refills it for backward: the
+    storage stays alive throughout, and its bytes are what it holds at each moment."""
+    before = torch.empty(64)  # made outside: its resizes are the baseline's, never counted
+    with LiveBytes() as live:
+        x = torch.ones(1000)  # 4000 B
+        view = x[10:20]  # a view keeps the storage alive while it is empty
+        x.untyped_storage().resize_(0)
+        assert (live.current, live.peak) == (0, 4000)
+        y = torch.empty(250, dtype=torch.float64)  # 2000 B: fits under the freed unit's
+        assert (live.current, live.peak) == (2000, 4000)
+        x.untyped_storage().resize_(4000)
+        assert (live.current, live.peak) == (6000, 6000)
+        x.resize_(1500)  # a tensor's resize_ (the dispatcher's): grows the storage to 6000 B
+        assert (live.current, live.peak) == (8000, 8000)
+        x.resize_(10)  # a tensor shrunk keeps its storage's bytes
+        assert live.current == 8000
+        before.untyped_storage().resize_(0)
+        assert live.current == 8000
+        del view, y
+        gc.collect()
+        assert live.current == 6000
+    x.untyped_storage().resize_(0)  # after the block: nobody counts, torch's own resize_ again
+    assert (live.current, live.peak, x.untyped_storage().nbytes()) == (6000, 8000, 0)
+
+
 def test_model_forward_keeps_the_activation_formula_and_backward_frees_it():
     cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
     model = GPT(cfg)

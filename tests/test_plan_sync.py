@@ -100,7 +100,7 @@ def test_dt_train_refuses_in_one_line_what_the_step_refuses(capsys):
 def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     from dt.parallel.zero.memory import fsdp_gathered_formula
     from dt.plan.memory import peak_bytes
-    from dt.plan.stage import fsdp_units
+    from dt.plan.stage import FsdpUnits, fsdp_units
 
     c = catalogue_cluster("h100", 1, 4)
     lay = Layout(dp=4, zero=3)
@@ -109,11 +109,11 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     # TINY (C 32, V 44, 2 blocks), T 32: the tied table on the root; wpe; per block ln_1,
     # query_key_value, dense, ln_2, h_to_4h, 4h_to_h (weight + bias each); ln_f
     block = [64, 3 * 32 * 32 + 96, 32 * 32 + 32, 64, 4 * 32 * 32 + 128, 4 * 32 * 32 + 32]
-    assert fsdp_units(TINY, 1, 32) == (44 * 32, [32 * 32] + block * 2 + [64])
-    assert w.fsdp == (44 * 32, 32 * 32, *block, *block, 64) and sum(w.fsdp) == sum(w.dense)
+    assert fsdp_units(TINY, lay, 32, 0) == FsdpUnits(44 * 32, (32 * 32, *block, *block, 64))
+    assert w.fsdp.every == (44 * 32, 32 * 32, *block, *block, 64) and sum(w.fsdp.every) == sum(w.dense)
     item = c.itemsize
-    ag = sum(collective_seconds(c, "all_gather", n * item, g.dp_cp) for n in w.fsdp)
-    rs = sum(collective_seconds(c, "reduce_scatter", n * item, g.dp_cp) for n in w.fsdp)
+    ag = sum(collective_seconds(c, "all_gather", n * item, g.dp_cp) for n in w.fsdp.every)
+    rs = sum(collective_seconds(c, "reduce_scatter", n * item, g.dp_cp) for n in w.fsdp.every)
     assert w.fwd["dp"] == pytest.approx(ag) and w.bwd["dp"] == pytest.approx(ag + rs)  # 15 each way
     acts = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 1.0, 2.0)]
     assert backward_exposed(c, lay, w, g, acts) == 0.0 and optimizer_collectives(c, lay, w, g) == ([], [])

@@ -14,7 +14,9 @@
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
                  stage 2 adds its buckets' flat copies (all of them, made in backward,
                  freed at its end) to the activations, stage 3 the units it holds
-                 gathered whole (dt.parallel.zero.memory.fsdp_gathered_formula)
+                 gathered whole (dt.parallel.zero.memory.fsdp_gathered_formula of the
+                 stage's own units, dt.plan.stage.fsdp_units; its state 16 Psi_stage / N,
+                 the experts' part over their N / ep replicas)
 
 Activation bytes per layer are dt.cost.activations' (what dt's layers save,
 checked there against saved_tensors_hooks): one micro-batch through a chunk's
@@ -37,7 +39,7 @@ from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula,
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.stage import bucket_bytes, fsdp_units, stage_tensors
+from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, stage_tensors
 
 __all__ = ["peak_bytes"]
 
@@ -68,11 +70,6 @@ def _without(dense: list[int], kept: int) -> list[int]:
     return out
 
 
-def _units(model: ModelShape, tp: int, seq: int, ep: int = 1) -> list[int]:
-    root, others = fsdp_units(model, tp, seq, ep)
-    return ([root] if root else []) + others
-
-
 @functools.lru_cache(maxsize=4096)  # thousands of layouts share a few (tensors, ranks): price each once
 def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kept: int, n: int,
                   item: int) -> float:
@@ -90,9 +87,12 @@ def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kep
 
 
 @functools.lru_cache(maxsize=4096)
-def _fsdp_scratch(model: ModelShape, tp: int, seq: int, n: int, item: int, ep: int = 1) -> int:
-    """The ring's scratch FSDP's unit reduce-scatters keep (comm_scratch_formula)."""
-    return comm_scratch_formula([split_sizes(u, n) for u in _units(model, tp, seq, ep)], item, 0)
+def _fsdp_scratch(units: FsdpUnits, n: int, replicas: int, item: int) -> int:
+    """The ring's scratch FSDP's unit reduce-scatters keep (comm_scratch_formula): each unit cut
+    over its group, dp x cp's `n` or the experts' `replicas`, one pool for both."""
+    cuts = [split_sizes(u, n) for u in units.plane]
+    cuts += [split_sizes(u, replicas) for u in units.experts] if replicas > 1 else []
+    return comm_scratch_formula(cuts, item, 0)
 
 
 def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
@@ -123,12 +123,12 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
             parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
             scratch = _zero_scratch(lay.zero, parts, kept, n, item) if lay.zero < 3 else \
-                _fsdp_scratch(model, lay.tp, seq, n, item, lay.ep)
+                _fsdp_scratch(fsdp_units(model, lay, seq, s), n, n // lay.ep, item)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
             acts += (sum(dense) - kept + experts) * item
-        if lay.zero == 3 and n > 1:  # units gathered whole as they run
-            units = fsdp_units(model, lay.tp, seq, lay.ep)
-            acts += fsdp_gathered_formula(*units, item)  # with their gradients
+        if lay.zero == 3 and n > 1:  # this stage's units gathered whole as they run
+            units = fsdp_units(model, lay, seq, s)
+            acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), item)  # and grads
         row = {"state": int(sum(state.values())), "scratch": int(scratch), "activations": int(acts),
                "buffers": int(buffers)}
         row["peak"] = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])

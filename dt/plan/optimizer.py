@@ -21,9 +21,10 @@ __all__ = ["adam_step_seconds", "adam_tensors"]
 
 def adam_tensors(lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> tuple[int, ...]:
     """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N); zero 3:
-    each FSDP unit's shard)."""
-    if w.fsdp:
-        return tuple(-(-n // shards) for n in w.fsdp)
+    each FSDP unit's shard, an expert's over its replicas)."""
+    if w.fsdp is not None:
+        return (tuple(-(-n // shards) for n in w.fsdp.plane)
+                + tuple(-(-n // expert_shards) for n in w.fsdp.experts))
     if lay.zero and shards > 1:  # with experts two parts (ZeroParts): the dense, this rank's experts
         dense = (-(-sum(w.dense) // shards),)
         return dense + ((-(-w.experts // expert_shards),) if w.experts else ())

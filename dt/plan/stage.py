@@ -24,17 +24,18 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from dt.layout import split_sizes
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
-from dt.parallel.zero.memory import SHARD_ALGORITHM
+from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.compute import ddp_hooks, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "fsdp_units", "stage_tensors", "stage_work"]
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
+           "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -100,7 +101,7 @@ class StageWork:
     blocks: int  # transformer blocks on this stage
     head: bool
     embed: bool
-    fsdp: tuple[int, ...] = ()  # zero 3: numbers of each FSDP unit, the root's first (fsdp_units)
+    fsdp: FsdpUnits | None = None  # zero 3 over more than one rank: its FSDP units (fsdp_units)
     tied: int = 0  # numbers of a word table this stage shares with another (the embedding's or head's)
     hooks: float = 0.0  # seconds DDP's hooks add to the synchronised backward (compute.ddp_hooks)
 
@@ -120,28 +121,66 @@ def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     return ln + attn + ln + mlp, 0
 
 
-def fsdp_units(model: ModelShape, tp: int, seq: int, ep: int = 1) -> tuple[int, list[int]]:
-    """(root, others): numbers of each FSDP unit of a one-stage model (dt.parallel.zero.fsdp: one
-    unit per module's own parameters). The root holds the tied word table (0 when untied), gathered
-    for the whole forward and again for the whole backward; the others in the order they run.
-    With experts: the router a unit, and each of this rank's experts two (fc_in, fc_out), which
-    dt's FSDP shards over their replicas (edp), not the whole plane."""
-    c, word = model.n_embd, model.vocab // tp * model.n_embd
+@dataclass(frozen=True)
+class FsdpUnits:
+    """Numbers of each FSDP unit one rank of a stage holds (dt.parallel.zero.fsdp over each of its
+    chunks: one unit per module's own parameters, its experts' apart), by the group it is sharded
+    over (dt.parallel.plan._fully_sharded)."""
+
+    root: int = 0  # a one-stage model's tied word table: gathered for the whole forward, and backward
+    dense: tuple[int, ...] = ()  # over the stage's dp x cp, in the order they run
+    experts: tuple[int, ...] = ()  # this rank's experts' fc_in and fc_out, over their replicas (edp)
+
+    @property
+    def plane(self) -> tuple[int, ...]:
+        """The units over dp x cp: the root's first."""
+        return ((self.root,) if self.root else ()) + self.dense
+
+    @property
+    def every(self) -> tuple[int, ...]:
+        return self.plane + self.experts
+
+
+def _block_units(model: ModelShape, tp: int, ep: int) -> tuple[list[int], list[int]]:
+    """(dense units, this rank's expert units) of one block."""
+    c = model.n_embd
     dense, _ = _block_tensors(model, tp)
     if model.family == "llama":  # q, k, v, o, gate, up, down apart; the norms one tensor each
         norm1, qkv, o, norm2, gate_up, down = dense
         kv = (qkv - c * c // tp) // 2
-        block = [norm1, qkv - 2 * kv, kv, kv, o, norm2, gate_up // 2, gate_up // 2, down]
-        ends = [c]
-    else:  # every LayerNorm and Linear holds a weight and a bias: one unit of both
-        block = [dense[i] + dense[i + 1] for i in range(0, len(dense) - 1, 2)]
-        if model.experts:  # the router's weight alone, then this rank's experts
-            f = model.hidden
-            block += [dense[-1]] + [c * f + f, f * c + c] * -(-model.experts // ep)
-        ends = [seq * c, 2 * c]  # the position table, the final LayerNorm
-    head = [] if model.tied else [word]
-    others = ([] if model.tied else [word]) + ends[:-1] + block * model.n_layer + ends[-1:] + head
-    return (word if model.tied else 0), others
+        return [norm1, qkv - 2 * kv, kv, kv, o, norm2, gate_up // 2, gate_up // 2, down], []
+    # every LayerNorm and Linear holds a weight and a bias: one unit of both
+    block = [dense[i] + dense[i + 1] for i in range(0, len(dense) - 1, 2)]
+    if not model.experts:
+        return block, []
+    f = model.hidden  # the router's weight alone, then each of this rank's experts' two Linears
+    return block + [dense[-1]], [c * f + f, f * c + c] * -(-model.experts // ep)
+
+
+def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int) -> FsdpUnits:
+    """The FSDP units of `stage`'s rank: its chunks' layers' (embedding, blocks, head). A tied word
+    table is the root's on one stage; with pp > 1 a unit of its own on both its stages."""
+    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
+                stage: int) -> FsdpUnits:
+    c, n, llama = model.n_embd, model.n_layer + 2, model.family == "llama"
+    root = model.vocab // tp * c if model.tied and pp == 1 else 0
+    word = [] if root else [model.vocab // tp * c]  # the embedding's, and the head's (tied: its copy)
+    block, experts = _block_units(model, tp, ep)
+    dense: list[int] = []
+    moe: list[int] = []
+    for i in (i for r in stage_layers(n, pp, stage, None, virtual) for i in r):
+        if i == 0:
+            dense += word + ([] if llama else [seq * c])  # rotary: no position table
+        elif i == n - 1:
+            dense += [c if llama else 2 * c] + word  # the final norm, then the head
+        else:
+            dense += block
+            moe += experts
+    return FsdpUnits(root, tuple(dense), tuple(moe))
 
 
 def stage_tensors(model: ModelShape, lay: Layout, seq: int,
@@ -198,21 +237,38 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: Groups, seq: int) -> tuple[int, ...]:
+def _units(model: ModelShape, lay: Layout, g: Groups, seq: int, stage: int) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
-        return ()
-    root, others = fsdp_units(model, lay.tp, seq, lay.ep)
-    return tuple(([root] if root else []) + others)
+        return None
+    return fsdp_units(model, lay, seq, stage)
 
 
-def _fsdp_seconds(c: Cluster, model: ModelShape, lay: Layout, g: Groups, seq: int) -> tuple[float, float]:
-    """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3): a forward gathers
-    every unit, a backward gathers each again and reduce-scatters its gradient, each blocking
-    (dt's FSDP does not prefetch); 0 without zero 3."""
-    units = _units(model, lay, g, seq)
-    ring = SHARD_ALGORITHM
-    return (sum(collective_seconds(c, "all_gather", n * c.itemsize, g.dp_cp, ring) for n in units),
-            sum(collective_seconds(c, "reduce_scatter", n * c.itemsize, g.dp_cp, ring) for n in units))
+def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float, float]:
+    """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
+    it is sharded over: a forward gathers every unit, a backward gathers each again and
+    reduce-scatters its gradient, each blocking (dt's FSDP does not prefetch); 0 without zero 3."""
+    if units is None:
+        return 0.0, 0.0
+
+    def each(op: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
+        ring = SHARD_ALGORITHM
+        return (sum(collective_seconds(c, op, n * c.itemsize, g.dp_cp, ring) for n in units.plane)
+                + sum(collective_seconds(c, op, n * c.itemsize, g.edp, ring) for n in units.experts))
+
+    return each("all_gather"), each("reduce_scatter")
+
+
+def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro_batches: int,
+                    dp_cp_rank: int = 0, edp_rank: int = 0) -> tuple[int, int]:
+    """Bytes one rank sends per step in FSDP's collectives, (over dp x cp, over edp): per unit and
+    micro-batch two ring all-gathers and a ring reduce-scatter of its shards over its group
+    (zero_traffic_formula, as dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's
+    place in each group (the shards of a unit its group does not divide differ by one)."""
+    def over(sizes: tuple[int, ...], ranks: int, rank: int) -> int:
+        cuts = [split_sizes(n, ranks) for n in sizes]
+        return zero_traffic_formula(cuts, rank, 3, itemsize, micro_batches) if ranks > 1 else 0
+
+    return over(units.plane, dp_cp, dp_cp_rank), over(units.experts, edp, edp_rank)
 
 
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
@@ -229,7 +285,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
     routed = b * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
-    gather, scatter = _fsdp_seconds(c, model, lay, g, seq)
+    units = _units(model, lay, g, seq, stage)
+    gather, scatter = _fsdp_seconds(c, units, g)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
     fwd = {"compute": cf, "tp": tp_fwd,
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
@@ -240,4 +297,4 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
                       lay.cp_attention) if ddp else 0.0
     return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
-                     _units(model, lay, g, seq), tied, hooks)
+                     units, tied, hooks)

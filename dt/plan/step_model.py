@@ -34,7 +34,7 @@ from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.optimizer import adam_step_seconds
 from dt.plan.pipeline import play
-from dt.plan.stage import Groups, StageWork, stage_work
+from dt.plan.stage import Groups, StageWork, fsdp_bytes_sent, stage_work
 from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
 
 __all__ = ["KINDS", "Prediction", "Span", "predict", "stage_groups"]
@@ -204,8 +204,12 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, s
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)
-    rings = 3 * m if lay.zero == 3 else 2  # FSDP: two all-gathers and a reduce-scatter a micro-batch
-    add(g.dp_cp, rings * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
+    if w.fsdp is not None:  # FSDP: each unit's two all-gathers and reduce-scatter a micro-batch
+        plane, experts = fsdp_bytes_sent(w.fsdp, len(g.dp_cp), len(g.edp), item, m)
+        add(g.dp_cp, plane)
+        add(g.edp, experts)
+    else:
+        add(g.dp_cp, 2 * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
     if lay.pp > 1:
         add(g.pp[:2], 2 * m * act)
     return out

@@ -12,9 +12,10 @@
                   stages after backward, then reduce-scattered once before Adam)
     ZeRO 1        one reduce-scatter of the flat gradient inside the optimizer's step,
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
-    ZeRO 3        FSDP (pp 1): each unit all-gathered before its forward, again before its
-                  backward, its gradient reduce-scattered there, each blocking (no prefetch):
-                  priced in the stage's forward and backward (dt.plan.stage), none here
+    ZeRO 3        FSDP per stage (each chunk's units over the stage's dp x cp, experts' over
+                  edp): each unit all-gathered before its forward, again before its backward,
+                  its gradient reduce-scattered there, each blocking (no prefetch): priced in
+                  the stage's forward and backward (dt.plan.stage.fsdp_units), none here
     experts       without ZeRO, TrainStep's own sync (no DDP wraps the chunks): the buckets
                   all-reduced one after another after the last backward, then the experts' over
                   their replicas; with ZeRO 1-2, ZeroParts: each collective above on the dense
