@@ -118,3 +118,21 @@ def test_dt_plan_ranks_explains_and_refuses_in_one_line(tmp_path, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs --device" in err
+
+
+def test_pipeline_messages_cost_their_ends_and_a_sleeping_receiver_wakes():
+    # p 2, m 1, GPipe: F on stage 0 [0, f + post] (it sends); stage 1's F waited past the spin,
+    # so it starts at f + post + send + wake, then pays its receive and its send back (B)
+    f, b, send, post, wake = 1.0, 2.0, 0.1, 0.01, 0.3
+    (s0, s1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send, post, wake, 0.05)
+    assert s0[0][3:] == (0.0, f + post)
+    start = f + post + send + wake
+    assert s1[0][3:] == pytest.approx((start, start + f + post))  # F: receives; the last stage sends none
+    assert s1[1][3:] == pytest.approx((start + f + post, start + f + post + b + post))  # B: sends back
+    back = start + f + post + b + post + send + wake  # stage 0 slept waiting for it
+    assert s0[1][3:] == pytest.approx((back, back + b + post))
+    # a receiver whose wait stays inside the spin wakes at once; no terms: the plain timeline
+    (_, t1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send, post, wake, 10.0)
+    assert t1[0][3] == pytest.approx(f + post + send)
+    (_, u1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send)
+    assert u1[0][3:] == pytest.approx((f + send, 2 * f + send))

@@ -7,7 +7,9 @@ An action starts when its stage is free and its input has arrived:
     B(c, i) needs B of position + 1, or, on the last position, its own F(c, i)
 
 plus `send` seconds for the activation (or its gradient) to cross between
-stages. What a stage waits is its bubble; how many forwards it holds
+stages, `post` of each end's core per message, and `wake` when the receiver had
+waited past its spin and slept (dt.cost.overheads: what `dt tune` measured).
+What a stage waits is its bubble; how many forwards it holds
 without their backward at once is its peak stash (activation memory).
 """
 
@@ -25,12 +27,13 @@ Played = tuple[list[list[tuple[str, int, int, float, float]]], list[int]]
 
 @functools.lru_cache(maxsize=4096)
 def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-         send: float) -> Played:
+         send: float, post: float = 0.0, wake: float = 0.0, spin: float = float("inf")) -> Played:
     """Per stage: (kind, chunk, micro-batch, start, end) of every action in order; peak stash per stage.
 
-    fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s.
+    fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s; post, wake, spin: a
+    message's cost to each end's core, a sleeping receiver's wake-up and how long it spins first.
     """
-    return timeline.play(name, p, m, v, fwd, bwd, send), stash(name, p, m, v)
+    return timeline.play(name, p, m, v, fwd, bwd, send, post, wake, spin), stash(name, p, m, v)
 
 
 @functools.lru_cache(maxsize=4096)

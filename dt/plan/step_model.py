@@ -27,6 +27,7 @@ import functools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+from dt.cost.overheads import overheads
 from dt.parallel.mesh import layout as mesh_groups
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
@@ -121,10 +122,15 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     send = send_seconds(c, act, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
     bwd = tuple(sum(w.bwd.values()) / lay.virtual for w in works)
-    played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send)
+    played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send,
+                         *_message_terms(c))
     # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
-    # the sends of the steady state overlap other stages' work.
+    # the sends of the steady state overlap other stages' work, but not what each message costs
+    # the cores at its ends or a sleeping receiver's wake-up: the pipeline's end moves by those.
     pp_exposed = 2 * (lay.pp * lay.virtual - 1) * send if lay.pp > 1 else 0.0
+    if lay.pp > 1:
+        bare, _ = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send)
+        pp_exposed += max(0.0, max(a[-1][4] for a in played) - max(a[-1][4] for a in bare))
     syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1][4]) for s in range(lay.pp)]
     t_sync = max(sp[-1].end if sp else acts[-1][4] for sp, acts in zip(syncs, played))
     tail = _tail(c, model, lay, groups)
@@ -154,6 +160,15 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     parts["bubble"] = max(0.0, step - busy - parts["pp"])
     levels = _bytes_per_level(c, lay, works[0], groups[0], b, seq, model)
     return Prediction(lay, step, parts, lines, levels, stash)
+
+
+def _message_terms(c: Cluster) -> tuple[float, float, float]:
+    """(post, wake, spin) of a pipeline message on this machine's shared-memory wire, as `dt tune`
+    measured them (dt.cost.overheads); none on a catalogue cluster (NCCL's sends are the GPU's)."""
+    if not c.shared_memory:
+        return 0.0, 0.0, float("inf")
+    t = overheads("shm", c.per_host)
+    return t.post, t.wake, t.spin
 
 
 def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> list[tuple[str, float, str]]:

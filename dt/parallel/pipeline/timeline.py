@@ -29,10 +29,14 @@ def _orders(name: str, p: int, m: int, v: int) -> tuple[tuple[tuple[str, int, in
 
 @functools.lru_cache(maxsize=4096)
 def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-         send: float = 0.0) -> list[list[Action]]:
+         send: float = 0.0, post: float = 0.0, wake: float = 0.0,
+         spin: float = float("inf")) -> list[list[Action]]:
     """Per stage: (kind, chunk, micro-batch, start, end) of every action, in its order.
 
-    fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s.
+    fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s. A message between
+    stages also costs its two ends' cores `post` each (posting the send, taking the receive:
+    the action's own time), and a receiver that waited longer than `spin` went to sleep and
+    starts `wake` after the message lands (dt.cost.overheads' terms, as `dt tune` measures them).
     """
     orders = _orders(name, p, m, v)
     done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
@@ -49,12 +53,20 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
                 pos = c * p + s
                 if kind == "F":
                     dep, hop = (("F", pos - 1, i), send) if pos else (None, 0.0)
+                    sends = pos < last and (pos + 1) % p != s
                 else:
                     dep, hop = (("B", pos + 1, i), send) if pos < last else (("F", pos, i), 0.0)
+                    sends = pos > 0 and (pos - 1) % p != s
                 if dep is not None and dep not in done:
                     break  # waits on another stage
-                start = max(free[s], done[dep] + hop) if dep is not None else free[s]
-                end = start + (fwd[s] if kind == "F" else bwd[s])
+                start = free[s]
+                received = dep is not None and dep[1] % p != s  # its input crossed from another stage
+                if received:
+                    arrives = done[dep] + hop
+                    start = max(start, arrives + wake if arrives > free[s] + spin else arrives)
+                elif dep is not None:
+                    start = max(start, done[dep])
+                end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received + sends)
                 done[(kind, pos, i)] = free[s] = end
                 out[s].append((kind, c, i, start, end))
                 nxt[s] += 1
