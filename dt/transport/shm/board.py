@@ -176,7 +176,7 @@ class Call:
         failure = exc.failure if isinstance(exc, liveness.PeerFailed) else None
         text = failure.text if failure is not None else str(exc)
         if failure is not None and failure.is_timeout:  # the run's deadline (or a peer's timeout)
-            who = f"rank {late[0]}" if len(late) == 1 else f"ranks {late}"
+            who = ", ".join(f"rank {r}" for r in late)
             raise CollectiveTimeout(f"{self.where()}: waiting on {who}: {text}") from None
         liveness.announce(liveness.Failure(
             me, "gave up", f"rank {me} gave up in {self.collective}[{self.algorithm}] because "

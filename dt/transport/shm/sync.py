@@ -293,6 +293,6 @@ class Sync:
             if time.perf_counter() > deadline:
                 waiting = [self.names[j] for j in blockers() if j != me]
                 source = getattr(limit, "source", "dt.transport timeout")  # which rule set it
-                who = f"rank {waiting[0]}" if len(waiting) == 1 else f"ranks {waiting}"
+                who = ", ".join(f"rank {r}" for r in waiting)
                 raise PeerTimeout(f"{timed_out(limit)} ({source}) on {who} for {what()}")
             chunk = min(chunk * 2, 0.05)
