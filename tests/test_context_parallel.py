@@ -141,17 +141,22 @@ def test_ring_and_ulysses_cost_closed_forms():
 
 
 def _layers_under_nccl_rules() -> dict[str, tuple[bool, dict]]:
+    """On the torch wire: NCCL's all-to-all is point-to-point, not the shared-memory board's
+    loads and stores, and the rules are about its sends and receives."""
+    from dt.bench.harness import wire_group
+
     r, p = dist.get_rank(), dist.get_world_size()
+    g = wire_group("torch")
     out = {}
     layout = SequenceLayout(4 * p + 1, p, zigzag=True)
     pos = torch.tensor(layout.positions(r), dtype=torch.int64)
     q, k, v = (_randn(1, 2 * p, 4 * p + 1, 2, seed=i)[:, :, pos].requires_grad_(True) for i in range(3))
     for name, fn in (("ring", ring_attention), ("ulysses", ulysses_attention)):
         with rules.recording() as rec:
-            fn(q, k, v, layout=layout).sum().backward()
+            fn(q, k, v, group=g, layout=layout).sum().backward()
         out[name] = (bool(torch.isfinite(q.grad).all()), rec.take())
     torch.manual_seed(0)
-    moe = MoE(4, 6, num_experts=p + 1, top_k=2, capacity_factor=1.0, dtype=F64)
+    moe = MoE(4, 6, num_experts=p + 1, top_k=2, capacity_factor=1.0, group=g, dtype=F64)
     x = _randn(2, 5, 4, seed=r).requires_grad_(True)
     with rules.recording() as rec:
         moe(x).sum().backward()
