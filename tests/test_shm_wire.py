@@ -317,7 +317,7 @@ def test_skipped_call_times_out_at_its_sync(run):
         run(2, _two_shot_skipped, timeout=4)
     err = info.value.errors[0]
     assert err.kind == "CollectiveTimeout"
-    assert "all_reduce[two_shot] at sync 1" in err.message and "rank(s) [1]" in err.message
+    assert "all_reduce[two_shot] at sync 1" in err.message and "on rank 1 " in err.message
 
 
 def test_sweep_unlinks_segments_of_dead_creators():
