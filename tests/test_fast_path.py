@@ -5,8 +5,9 @@ the next ones of that shape run the plan's fast path (one_shot, two_shot on the
 board). Checked here: the fast path's results against torch's, call after call,
 at worlds 2, 3 and 4, validation on and off, with a rank whose tensor lives in
 shared memory among plain ones; that it is taken at all (the full path, `launch`,
-is not entered); that it steps aside where the full path is needed (a dt.traffic()
-block, a changed DT_ALGO); and how many of dt's files one call visits (the
+is not entered); that inside a dt.traffic() block it counts what the full path counts,
+field by field; that it steps aside where the full path is needed (a changed DT_ALGO);
+and how many of dt's files one call visits (the
 reading path the issue bounds: at most 10 files validation off, 14 on).
 """
 
@@ -137,7 +138,8 @@ def test_fast_path_copies_on_one_thread_and_on_more(run, threads):
 
 
 def _steps_aside() -> dict:
-    """A traffic() block and a new DT_ALGO send the call the full way (which counts, re-chooses)."""
+    """A traffic() block keeps the fast path (it counts the call at once); a new DT_ALGO sends
+    the call the full way (which re-chooses)."""
     set_validation(False)
     p, n = dist.get_world_size(), 1000
     x = torch.ones(n)
@@ -168,9 +170,9 @@ def _steps_aside() -> dict:
     return out
 
 
-def test_fast_path_steps_aside_for_traffic_and_dt_algo(run):
+def test_fast_path_counts_traffic_and_steps_aside_for_dt_algo(run):
     for res in run(2, _steps_aside):
-        assert res["counted_calls"] == 2  # dt.traffic() open: the full path, which counts
+        assert res["counted_calls"] == 0  # dt.traffic() open: still the fast path, and it counts
         assert res["bytes"] == res["model"]
         assert res["chosen"] == "two_shot" and res["rechosen_calls"] == 1
         assert res["value"] == 2.0 ** 6  # six all-reduces of ones at world 2
@@ -310,3 +312,46 @@ def test_the_algorithm_is_chosen_before_the_job_is_queued(run):
         assert res["connected"]  # the first call connected the group on the caller's thread
         assert res["threads"] and set(res["threads"]) == {res["main"]}, res["threads"]
         assert res["value"] == 8.0  # three all-reduces of ones at world 2
+
+
+FIELDS = ("bytes_sent", "bytes_received", "messages_sent", "messages_received", "calls")
+
+
+def _counted_alike(validate: bool) -> list[str]:
+    """The same call's record, field by field, by the full path (its first call) and the plan's."""
+    from dt.transport import charged_to
+
+    set_validation(validate)
+    resolve_group(None).links.plans.clear()
+    bad = []
+    try:
+        for algo in ("one_shot", "two_shot"):
+            for n in (1, 7, 1000):
+                for label in (None, ("tensor", "mine")):
+                    records = []
+                    for _ in range(2):  # the first makes the plan, the second runs it
+                        x = torch.ones(n)
+                        with dt.traffic() as t:
+                            if label is None:
+                                dt.all_reduce(x, algorithm=algo)
+                            else:
+                                with charged_to(*label):
+                                    dt.all_reduce(x, algorithm=algo)
+                        kinds = ("by_collective", "by_algorithm", "by_wire")
+                        counts = {"total": t, **{f"{kind} {k}": c for kind in kinds
+                                                 for k, c in getattr(t, kind).items()}}
+                        records.append({k: tuple(getattr(c, f) for f in FIELDS) for k, c in counts.items()})
+                    if records[0] != records[1]:
+                        diff = {k: (records[0].get(k), records[1].get(k)) for k in {*records[0], *records[1]}
+                                if records[0].get(k) != records[1].get(k)}
+                        bad.append(f"{algo} n={n} label={label}: full path, plan: {diff}")
+    finally:
+        set_validation(None)
+    return bad
+
+
+@pytest.mark.parametrize("world", (2, 3))
+@pytest.mark.parametrize("validate", (False, True))
+def test_fast_path_counts_what_the_full_path_counts(run, world, validate):
+    for bad in run(world, _counted_alike, validate):
+        assert not bad, bad

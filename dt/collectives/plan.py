@@ -10,9 +10,12 @@ callable holding the staging views, row views, slice edges and sync state made o
 does per call only the copies, the descriptor stores, the syncs and the reduction.
 
 A later call of that shape runs the plan when nothing the full path does could come out
-differently: synchronous, nothing queued on the group's communication thread, no
-dt.traffic() record open (the fast path counts nothing), the same DT_ALGO and tuned
-figures as when it was made, and the wire not broken. With validation on it first
+differently: synchronous, nothing queued on the group's communication thread, the same
+DT_ALGO and tuned figures as when it was made, and the wire not broken. Inside a
+dt.traffic() record (dt train keeps one open for its whole step) it counts the call at
+once: the algorithm's own per-rank traffic (dt.cost.traffic_for, computed when the plan
+was made: the same bytes and messages the full path counts one by one), its wait timed
+by accounting.blocking as the full path's is. With validation on it first
 exchanges the signature made once (dt.collectives.validate.check), as the full path
 would, so a rank on the plan and a rank on the full path still check each other.
 Otherwise it returns False and the caller takes the full path, which runs the same
@@ -32,6 +35,7 @@ from dt import transport
 from dt.collectives.registry import PREPARED
 from dt.collectives.validate import check, signature
 from dt.cost.machine import REVISION
+from dt.cost.traffic import traffic_for
 from dt.transport import accounting
 
 __all__ = ["Plan", "make", "planned"]
@@ -49,12 +53,13 @@ class Plan:
     signature: list[int]  # what validation exchanges (its call number set per call)
     dt_algo: str | None  # DT_ALGO when the choice was made
     revision: int  # dt.cost.machine.REVISION then
+    traffic: Any = None  # this rank's dt.cost RankTraffic of one call (what dt.traffic() counts)
 
     def run(self, tensor: torch.Tensor) -> bool:
         """Run the fast path on `tensor` (contiguous, on the CPU); False where it may not."""
         links = self.links
         if (self.fast is None or not tensor.is_cpu or not tensor.is_contiguous()
-                or accounting.open_records or (links.comm is not None and links.comm.pending)
+                or (links.comm is not None and links.comm.pending)
                 or links.board.broken or REVISION[0] != self.revision
                 or os.environ.get("DT_ALGO") != self.dt_algo):
             return False
@@ -64,7 +69,11 @@ class Plan:
         # (each view is a tensor made per call).
         flat = tensor if tensor.dim() == 1 and not tensor.requires_grad else tensor.detach().view(-1)
         try:
-            self.fast(flat)
+            if accounting.open_records:  # counted at once, its wait timed as the full path's
+                accounting.account_call(self.collective, self.algorithm, self.traffic, "shm")
+                accounting.blocking(lambda: self.fast(flat))
+            else:
+                self.fast(flat)
         except transport.CollectiveError:
             raise  # the transport has told the other ranks already
         except Exception as exc:
@@ -110,6 +119,8 @@ def make(g: transport.Group, key: tuple, collective: str, algorithm: str, *, num
     row = signature(collective, algorithm, dtype=dtype, op=op, root=root, send=send, recv=recv,
                     local_error=None, p=g.size)
     try:
-        links.plans[key] = Plan(collective, algorithm, fast, g, links, row, dt_algo, REVISION[0])
+        counted = traffic_for(collective, algorithm, numel, dtype.itemsize, g.size, g.rank,
+                              stage_bytes=links.board.capacity) if fast is not None else None
+        links.plans[key] = Plan(collective, algorithm, fast, g, links, row, dt_algo, REVISION[0], counted)
     except TypeError:
         pass  # an op that cannot be a key

@@ -22,7 +22,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RECORDERS", "Counts", "Recorders", "TrafficRecord", "account", "blocking", "charge_target",
+__all__ = ["RECORDERS", "Counts", "Recorders", "TrafficRecord", "account", "account_call", "blocking",
+           "charge_target",
            "charged_to", "in_setup", "label", "open_records", "setup", "traffic"]
 
 
@@ -115,6 +116,28 @@ def account(collective: str, algorithm: str, sent: int, received: int, calls: in
                     c.bytes_received += received
                     c.messages_received += 1
                 c.calls += calls
+
+
+def account_call(collective: str, algorithm: str, counted: Any, wire: str) -> None:
+    """One whole call's traffic at once, counted as its messages one by one would be: `counted`
+    (a dt.cost RankTraffic: bytes and messages each way) under the current `charged_to` label
+    (else collective, algorithm), and one call where no label was open (charged_to's rule).
+    The fast path's (dt.collectives.plan): its counts are the algorithm's, known once per shape."""
+    if not open_records:
+        return
+    scope = getattr(_scope, "name", None)
+    name, algo = scope or (collective, algorithm)
+    with _recorders_lock:
+        for rec in open_records:
+            calls = [rec, rec.by_collective[name], rec.by_algorithm[f"{name}:{algo}"]]
+            for c in calls + [rec.by_wire[wire]]:
+                c.bytes_sent += counted.bytes_sent
+                c.messages_sent += counted.messages_sent
+                c.bytes_received += counted.bytes_received
+                c.messages_received += counted.messages_received
+            if scope is None:
+                for c in calls:
+                    c.calls += 1
 
 
 def charge_target() -> tuple[str, str] | None:
