@@ -7,12 +7,14 @@ rank 0 traces one call with a profile hook (sys.setprofile: Python functions and
 called, and which of dt's files they are in), then times `--calls` calls back to back with no
 barrier between them: the median wall time (time.perf_counter) and CPU time of the calling
 thread (time.thread_time). The CPU figure is what the call itself costs; the wall figure adds
-waiting for the peers. Validation is off unless --validate (as `dt bench collectives` times).
+waiting for the peers. Validation is off unless --validate (as `dt bench collectives` times);
+--traffic makes every call inside an open dt.traffic() record (as dt train's step does).
 The load average is printed beside the figures (a shared machine inflates both).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import statistics
 import sys
@@ -54,29 +56,37 @@ def _traced(x: torch.Tensor) -> dict[str, int]:
     return {**counts, "files": len(files)}
 
 
-def per_call(sizes: list[int], calls: int, validate: bool) -> dict[int, dict[str, float]]:
-    """This rank's figures per size (bytes of float32), every rank calling alike."""
+def per_call(sizes: list[int], calls: int, validate: bool,
+             counted: bool = False) -> dict[int, dict[str, float]]:
+    """This rank's figures per size (bytes of float32), every rank calling alike; `counted`:
+    inside a dt.traffic() record."""
     set_validation(validate)
     out: dict[int, dict[str, float]] = {}
     try:
-        for nbytes in sizes:
-            x = torch.ones(max(1, nbytes // 4))
-            for _ in range(WARM):
-                dt.all_reduce(x)
-            dist.barrier()
-            traced = _traced(x)
-            dist.barrier()
-            wall, cpu = [], []
-            for _ in range(calls):
-                t0, c0 = time.perf_counter(), time.thread_time()
-                dt.all_reduce(x)
-                cpu.append(time.thread_time() - c0)
-                wall.append(time.perf_counter() - t0)
-            out[nbytes] = {**traced, "wall_us": statistics.median(wall) * 1e6,
-                           "cpu_us": statistics.median(cpu) * 1e6}
+        with dt.traffic() if counted else contextlib.nullcontext():
+            _sizes_timed(sizes, calls, out)
     finally:
         set_validation(None)
     return out
+
+
+def _sizes_timed(sizes: list[int], calls: int, out: dict[int, dict[str, float]]) -> None:
+    """Each size: warm calls (its plan made), one traced call, then `calls` timed back to back."""
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4))
+        for _ in range(WARM):
+            dt.all_reduce(x)
+        dist.barrier()
+        traced = _traced(x)
+        dist.barrier()
+        wall, cpu = [], []
+        for _ in range(calls):
+            t0, c0 = time.perf_counter(), time.thread_time()
+            dt.all_reduce(x)
+            cpu.append(time.thread_time() - c0)
+            wall.append(time.perf_counter() - t0)
+        out[nbytes] = {**traced, "wall_us": statistics.median(wall) * 1e6,
+                       "cpu_us": statistics.median(cpu) * 1e6}
 
 
 def _sizes(text: str) -> list[int]:
@@ -91,12 +101,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="message sizes, comma-separated (default 4KiB,64KiB,256KiB)")
     parser.add_argument("--calls", type=args_.at_least(1), default=3000, help="timed calls per size")
     parser.add_argument("--validate", action="store_true", help="cross-rank validation on")
+    parser.add_argument("--traffic", action="store_true", help="every call inside a dt.traffic() record")
     a = parser.parse_args(argv)
     world = resolve_world(a.world, 2)
     before = os.getloadavg()[0]
-    figures = launch(per_call, world, a.sizes, a.calls, a.validate)[0]
+    figures = launch(per_call, world, a.sizes, a.calls, a.validate, a.traffic)[0]
+    counted = ", inside dt.traffic()" if a.traffic else ""
     print(f"# dt.all_reduce per call, rank 0, world {world}, float32 sum, auto, validation "
-          f"{'on' if a.validate else 'off'}; medians of {a.calls} calls; load average "
+          f"{'on' if a.validate else 'off'}{counted}; medians of {a.calls} calls; load average "
           f"{before:.2f} -> {os.getloadavg()[0]:.2f}")
     print(f"# {'size (B)':>10} {'python calls':>12} {'C calls':>8} {'dt files':>8} {'cpu (us)':>9} "
           f"{'wall (us)':>9}")
