@@ -242,10 +242,11 @@ def test_per_call_figures_of_a_planned_all_reduce(run, capsys):
     the same at every rank), times are positive; a bad size is refused in one line (exit 2)."""
     from dt.bench import collectives_percall as pc
 
-    for figures in run(2, pc.per_call, [4096, 65536], 5, False):
-        for f in figures.values():
-            assert 0 < f["files"] <= 10 and f["python"] > 0 and f["c"] > 0
-            assert f["cpu_us"] > 0 and f["wall_us"] > 0
+    for counted in (False, True):  # inside a dt.traffic() record too: still the planned call
+        for figures in run(2, pc.per_call, [4096, 65536], 5, False, counted):
+            for f in figures.values():
+                assert 0 < f["files"] <= 10 and f["python"] > 0 and f["c"] > 0
+                assert f["cpu_us"] > 0 and f["wall_us"] > 0
     with pytest.raises(SystemExit) as stop:
         pc.main(["--sizes", "4Q"])
     assert stop.value.code == 2
