@@ -68,7 +68,7 @@ from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import Grid
-from dt.parallel.pipeline.cut import StageCut, cut
+from dt.parallel.pipeline.cut import StageCut, cut, drop_other_stages
 from dt.parallel.recompute import Recompute
 from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
 from dt.parallel.tensor.styles import (
@@ -116,13 +116,14 @@ class Plan:
 class Parallel:
     """A model parallelized on this rank: its stage's chunks, as the pipeline runs them."""
 
-    model: nn.Module  # the whole model (tensor-parallel); only the stage's layers are used here
+    model: nn.Module  # the model (tensor-parallel); under pp > 1 only this stage's layers (cut.Elsewhere)
     grid: Grid
     stage: StageCut
     chunks: list[nn.Module]  # stage.chunks, each wrapped in DDP when data_parallel is "ddp"
     data_parallel: str
     dp_axes: tuple[str, ...]
     device: torch.device
+    with_experts: bool = False  # the whole model has experts (this stage may hold none): every rank alike
 
     @property
     def ddp(self) -> list[DistributedDataParallel]:
@@ -243,11 +244,13 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     # Experts differ across the plane's ranks, so DDP (which averages, and first broadcasts,
     # everything it wraps) would be wrong: with experts dt.train.step syncs after backward.
     with_experts = any(isinstance(m, ExpertParallelMoE) for m in model.modules())  # every rank alike
+    if stage.stages > 1:  # the other stages' layers freed here: a pipeline splits the model's memory
+        drop_other_stages(model, layers, stage)
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
     if plan.data_parallel == "zero3":
         chunks = _fully_sharded(model, grid, dp_axes, stage, with_experts)
-    return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device)
+    return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device, with_experts)
 
 
 def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], stage: StageCut,

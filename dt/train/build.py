@@ -5,7 +5,8 @@
 
 The model is plain (dt.models.gpt.GPT or dt.models.llama.Llama, `--model`),
 built from the seed on every rank; dt.parallelize applies the grid's
-parallelism to it in its fixed order (dt.parallel.plan). With --experts
+parallelism to it in its fixed order (dt.parallel.plan), and under pp > 1 a
+rank then keeps only its stage's layers (dt.parallel.pipeline.cut). With --experts
 every block's MLP is a mixture of experts (dt.models.moe), expert parallel
 over the grid's ep split of the dp x cp plane (dt.parallel.expert.style).
 """

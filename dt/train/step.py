@@ -90,7 +90,7 @@ def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: 
     plane = par.grid.group(*par.dp_axes)
     # A weight two stages share keeps its full gradient under ZeRO 2 too, for the step's tied sum.
     kept = {"keep_full": par.stage.shared} if zero == 2 else {}
-    if not any(isinstance(m, ExpertParallelMoE) for m in par.model.modules()):
+    if not par.with_experts:
         return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=plane, **kept, **kwargs)
     held = {id(p) for p in par.parameters()}
     dense, experts = ([p for p in part if id(p) in held] for part in split_parameters(par.model))
@@ -144,7 +144,7 @@ class TrainStep:
         self.moe = [m for c in par.stage.chunks for m in c.modules() if isinstance(m, ExpertParallelMoE)]
         # The whole model's (every rank alike, so all make the edp group): a stage holding no
         # expert still syncs its dense gradients here, not in DDP.
-        self.with_experts = any(isinstance(m, ExpertParallelMoE) for m in par.model.modules())
+        self.with_experts = par.with_experts
         self.edp_group = self.grid.group(EXPERT_GROUP) if self.with_experts else None
         self.ep_group = self.grid.group("ep") if self.with_experts else None  # the experts' norm sums here
         if self.with_experts and par.ddp:

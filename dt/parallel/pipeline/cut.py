@@ -10,6 +10,14 @@ by the head) is one parameter in the model but two copies once the first and
 the last stage run on different ranks. Their gradients are summed over the
 group of the stages that hold it, so both copies take the same step; the
 first of them is the one a checkpoint saves (`saves`).
+
+Once cut, a rank keeps only its own stage (drop_other_stages): every module of
+the other stages' layers is replaced in the model by an Elsewhere, so their
+weights are freed (pipeline parallelism exists to split the model's memory;
+torchtitan's split deletes them likewise). A module that holds a tensor this
+stage uses (the tied word table, in the other end's embedding or head) stays,
+so every tensor this rank holds keeps all of its names in the plain model:
+checkpoints name it as before, on any mesh.
 """
 
 from __future__ import annotations
@@ -24,7 +32,7 @@ from dt.parallel.grid import Grid
 from dt.parallel.pipeline.schedules import partition, stage_layers
 from dt.transport import resolve_group, shared_group
 
-__all__ = ["StageCut", "cut"]
+__all__ = ["Elsewhere", "StageCut", "cut", "drop_other_stages"]
 
 
 @dataclass
@@ -81,3 +89,41 @@ def cut(layers: Sequence[nn.Module], grid: Grid, virtual: int = 1,
         if grid.rank in ranks:
             out.shared_group = resolve_group(pg)
     return out
+
+
+class Elsewhere(nn.Module):
+    """Where a module of another pipeline stage was: its weights live on that stage's ranks only."""
+
+    def __init__(self, name: str, stage: int):
+        super().__init__()
+        self.where, self.stage = name, stage
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError(f"{self.where} belongs to another pipeline stage: this rank (stage {self.stage}) "
+                           "holds only its own layers; run it through the pipeline (dt.train.TrainStep), "
+                           "or load a checkpoint into a plain model (dt sample)")
+
+    def extra_repr(self) -> str:
+        return f"{self.where!r}, not on stage {self.stage}"
+
+
+def drop_other_stages(model: nn.Module, layers: Sequence[nn.Module], stage: StageCut) -> None:
+    """Replace in `model` each outermost module of the other stages' `layers` that holds none of this
+    stage's tensors by an Elsewhere: once nothing else refers to them, their weights are freed.
+
+    Modules outside every layer (a loss, Llama's rotary tables, which each layer looks up) stay.
+    """
+    mine = {id(t) for c in stage.chunks for t in (*c.parameters(), *c.buffers())}
+    own = {id(m) for c in stage.chunks for m in c.modules()}
+    held = {i for r in stage.ranges for i in r}
+    others = {id(m) for i, layer in enumerate(layers) if i not in held for m in layer.modules()} - own
+
+    def walk(parent: nn.Module, prefix: str) -> None:
+        for name, child in list(parent.named_children()):
+            tensors = [*child.parameters(), *child.buffers()]
+            if id(child) in others and not any(id(t) in mine for t in tensors):
+                setattr(parent, name, Elsewhere(prefix + name, stage.stage))
+            elif any(id(m) in others for m in child.modules()):
+                walk(child, f"{prefix}{name}.")
+
+    walk(model, "")
