@@ -69,9 +69,8 @@ class Plan:
         # (each view is a tensor made per call).
         flat = tensor if tensor.dim() == 1 and not tensor.requires_grad else tensor.detach().view(-1)
         try:
-            if accounting.open_records:  # counted at once, its wait timed as the full path's
-                accounting.account_call(self.collective, self.algorithm, self.traffic, "shm")
-                accounting.blocking(lambda: self.fast(flat))
+            if accounting.open_records:  # its wait timed as the full path's, the call counted in it
+                accounting.blocking(lambda: self._counted(flat))
             else:
                 self.fast(flat)
         except transport.CollectiveError:
@@ -81,6 +80,13 @@ class Plan:
             failed(g.ranks[g.rank], self.collective, self.algorithm, exc)
             raise
         return True
+
+
+    def _counted(self, flat: torch.Tensor) -> None:
+        """The fast path, then its whole traffic at once (inside the wait, as the full path counts
+        each message while it waits: a timeline names the wait by what it moved)."""
+        self.fast(flat)
+        accounting.account_call(self.collective, self.algorithm, self.traffic, "shm")
 
 
 _CPU = torch.device("cpu")  # where a board's signatures travel (a board is CPU only)
