@@ -185,7 +185,12 @@ class Engine:
         if taken == start:
             return False
         words[ch.taken_i] = ch.mine = taken
-        self.sync.ring(j)
+        # Only a sender that found the channel full waits for these slots: ring it then, and
+        # not otherwise (a barrier's token would wake a peer already asleep in its next call,
+        # for nothing). `sent` is read again after `taken` is written: a sender that filled the
+        # channel after the first read is seen here, or sees this `taken` when it checks.
+        if words[ch.sent_i] - start >= ch.k:
+            self.sync.ring(j)
         return True
 
     # -- waiting --------------------------------------------------------------
