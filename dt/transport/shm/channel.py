@@ -20,7 +20,8 @@ waits drives every pending transfer, its own and the ones its peers wait on.
 
 Cost: each byte is copied twice (into the slot, out of it), against a
 socket's two copies through the kernel but without a system call per
-message; the sender rings the receiver's bell only when it sleeps.
+message; the sender rings the receiver's bell only when it sleeps, the receiver rings the
+sender's only when it sleeps having filled the channel (it waits for slots).
 """
 
 from __future__ import annotations
