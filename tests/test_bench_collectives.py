@@ -239,14 +239,18 @@ def test_compare_deepspeed_skips_in_one_line_when_it_cannot_run(monkeypatch, cap
 
 def test_per_call_figures_of_a_planned_all_reduce(run, capsys):
     """python -m dt.bench.collectives_percall: the traced call is the planned one (few dt files,
-    the same at every rank), times are positive; a bad size is refused in one line (exit 2)."""
+    the same at every rank), times are positive, the slowest rank's median no less than rank 0's;
+    a bad size is refused in one line (exit 2)."""
     from dt.bench import collectives_percall as pc
 
     for counted in (False, True):  # inside a dt.traffic() record too: still the planned call
-        for figures in run(2, pc.per_call, [4096, 65536], 5, False, counted):
+        per_rank = run(2, pc.per_call, [4096, 65536], 5, False, counted)
+        for figures in per_rank:
             for f in figures.values():
                 assert 0 < f["files"] <= 10 and f["python"] > 0 and f["c"] > 0
-                assert f["cpu_us"] > 0 and f["wall_us"] > 0
+                assert f["cpu_us"] > 0 and f["wall_us"] > 0 and len(f["walls"]) == 5
+        for n in (4096, 65536):  # each call's slowest rank is no faster than rank 0 in it
+            assert pc.slowest_us(per_rank, n) >= per_rank[0][n]["wall_us"]
     with pytest.raises(SystemExit) as stop:
         pc.main(["--sizes", "4Q"])
     assert stop.value.code == 2

@@ -238,6 +238,49 @@ def test_channels_move_big_small_empty_and_strided_messages_posted_ahead(run):
         assert bad == []
 
 
+def _rings_on_take() -> dict:
+    """Rank 1 takes two messages of rank 0's: a token (one slot of four) and, once it has
+    filled the channel, a message of ten slots. Rank 1 counts the bells its takes ring."""
+    r = dist.get_rank()
+    dt.set_validation(False)
+    g = _group_marked([0, 0], DT_SHM_CHANNEL_BYTES="1")  # 4 slots of 64 KiB per channel
+    engine = transport.resolve_group(g).links.host.engine
+    big = torch.arange(160_000, dtype=torch.float32)  # 640 KB: ten slots
+    if r == 0:
+        transport.send(torch.ones(1), 1, group=g)  # fits: done at once
+        transport.recv(torch.empty(1), 1, group=g)
+        transport.send(big, 1, group=g)  # waits for slots after the first four
+        return {}
+    rang = []
+    ring = type(engine.sync).ring
+
+    def taken(tensor: torch.Tensor, sent: int) -> int:
+        ch, deadline = engine.inn[0], time.monotonic() + 60
+        while engine.words[ch.sent_i] - ch.mine < sent:  # rank 0 has sent this many slots
+            assert time.monotonic() < deadline, f"rank 0 never sent {sent} slots"
+            time.sleep(0.001)
+        rang.clear()
+        type(engine.sync).ring = lambda self, rank: (rang.append(rank), ring(self, rank))
+        try:
+            transport.recv(tensor, 0, group=g)
+        finally:
+            type(engine.sync).ring = ring
+        return len(rang)
+
+    token = taken(torch.empty(1), 1)
+    transport.send(torch.ones(1), 0, group=g)
+    got = torch.empty_like(big)
+    full = taken(got, engine.inn[0].k)
+    return {"token": token, "full": full > 0, "big": torch.equal(got, big)}
+
+
+@pytest.mark.timeout(120)
+def test_a_take_rings_only_a_sender_that_waits_for_slots(run):
+    """A sender needs a bell when slots free up only if it found the channel full; the
+    token of a barrier it sent would otherwise wake it from its next wait for nothing."""
+    assert run(2, _rings_on_take, timeout=100)[1] == {"token": 0, "full": True, "big": True}
+
+
 def _size_mismatch():
     dt.set_validation(False)
     dt.barrier()

@@ -6,14 +6,20 @@ failure heard) would reach the next; the worker resets before each run. Checked:
 one run leaves all of it behind and the next run starts without any of it; reset
 called by hand disconnects a group connected across marked hosts, stops its
 communication thread and unmaps its segment, and the group connects afresh (one
-host, a board) after it. And the timeout's precedence, rule by rule.
+host, a board) after it. And the timeout's precedence, rule by rule. Under torchrun
+(tests/launched_state_script.py) the second run of one job starts as fresh as a worker's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import importlib.util
+import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,7 +28,10 @@ import torch.distributed as dist
 import dt
 from dt import transport
 from dt.transport import STATE, liveness, rules, settings
+from dt.transport.shm.segment import DIR
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_the_state_gathers_every_part():
@@ -147,3 +156,28 @@ def _precedence() -> list:
 def test_the_timeout_precedence(run):
     got = run(1, _precedence)[0]
     assert got == list(zip((1.0, 2.0, 3.0, 4.0, 5.0, settings.DEFAULT_TIMEOUT), settings.TIMEOUT_SOURCES))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch.distributed.run") is None,
+                    reason="torchrun (torch.distributed.run) is not installed")
+@pytest.mark.timeout(240)
+def test_a_second_run_under_torchrun_starts_fresh(tmp_path):
+    """Under torchrun the process and its process group outlive a run (LaunchedWorld.run):
+    one job, two runs; the second starts as the pool's worker starts one (the careless run
+    above, a traffic record left open), keeps the process groups, and leaves no segment."""
+    out = tmp_path / "reports.json"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("DT_HOST", "DT_TIMEOUT", "DT_VALIDATE", "DT_TRANSPORT", "DT_NCCL_RULES")}
+    env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+                           "2", str(ROOT / "tests" / "launched_state_script.py"), str(out)],
+                          env=env, capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reports = json.loads(out.read_text())
+    for got in reports:
+        pid = got.pop("pid")
+        assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,
+                       "threads": 0, "known": 0, "records": 0, "nccl rules": False, "board": True,
+                       "value": 2.0, "new view": True, "made kept": True, "left open grew": False,
+                       "counted": {"all_reduce": 1, "validate": 1}, "pending names": 0, "my names": []}
+        assert not [n for n in os.listdir(DIR) if n.startswith(f"dt-{pid}-")]  # nor after it exited

@@ -7,8 +7,12 @@ rank 0 traces one call with a profile hook (sys.setprofile: Python functions and
 called, and which of dt's files they are in), then times `--calls` calls back to back with no
 barrier between them: the median wall time (time.perf_counter) and CPU time of the calling
 thread (time.thread_time). The CPU figure is what the call itself costs; the wall figure adds
-waiting for the peers. Validation is off unless --validate (as `dt bench collectives` times);
---traffic makes every call inside an open dt.traffic() record (as dt train's step does).
+waiting for the peers. "slowest" is the median over calls of the slowest rank's wall time for
+that call (every rank's i-th call is the same collective), the measure `dt bench collectives`
+takes between barriers: rank 0's own median misses the wake-ups of calls where only the peer
+slept (at world 2 on a busy machine one rank sleeps in nearly every call, each about half of
+them). Validation is off unless --validate (as `dt bench collectives` times); --traffic
+makes every call inside an open dt.traffic() record (as dt train's step does).
 The load average is printed beside the figures (a shared machine inflates both).
 """
 
@@ -29,7 +33,7 @@ from dt import args as args_
 from dt.launcher import launch, resolve_world
 from dt.transport import set_validation
 
-__all__ = ["main", "per_call"]
+__all__ = ["main", "per_call", "slowest_us"]
 
 WARM = 20  # calls before tracing: connect, choose, plan
 
@@ -57,11 +61,11 @@ def _traced(x: torch.Tensor) -> dict[str, int]:
 
 
 def per_call(sizes: list[int], calls: int, validate: bool,
-             counted: bool = False) -> dict[int, dict[str, float]]:
+             counted: bool = False) -> dict[int, dict[str, Any]]:
     """This rank's figures per size (bytes of float32), every rank calling alike; `counted`:
     inside a dt.traffic() record."""
     set_validation(validate)
-    out: dict[int, dict[str, float]] = {}
+    out: dict[int, dict[str, Any]] = {}
     try:
         with dt.traffic() if counted else contextlib.nullcontext():
             _sizes_timed(sizes, calls, out)
@@ -70,7 +74,7 @@ def per_call(sizes: list[int], calls: int, validate: bool,
     return out
 
 
-def _sizes_timed(sizes: list[int], calls: int, out: dict[int, dict[str, float]]) -> None:
+def _sizes_timed(sizes: list[int], calls: int, out: dict[int, dict[str, Any]]) -> None:
     """Each size: warm calls (its plan made), one traced call, then `calls` timed back to back."""
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))
@@ -86,7 +90,12 @@ def _sizes_timed(sizes: list[int], calls: int, out: dict[int, dict[str, float]])
             cpu.append(time.thread_time() - c0)
             wall.append(time.perf_counter() - t0)
         out[nbytes] = {**traced, "wall_us": statistics.median(wall) * 1e6,
-                       "cpu_us": statistics.median(cpu) * 1e6}
+                       "cpu_us": statistics.median(cpu) * 1e6, "walls": wall}
+
+
+def slowest_us(per_rank: list[dict[int, dict[str, Any]]], nbytes: int) -> float:
+    """Median over calls of the slowest rank's wall time for that call, in microseconds."""
+    return statistics.median(max(walls) for walls in zip(*(r[nbytes]["walls"] for r in per_rank))) * 1e6
 
 
 def _sizes(text: str) -> list[int]:
@@ -105,16 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     a = parser.parse_args(argv)
     world = resolve_world(a.world, 2)
     before = os.getloadavg()[0]
-    figures = launch(per_call, world, a.sizes, a.calls, a.validate, a.traffic)[0]
+    per_rank = launch(per_call, world, a.sizes, a.calls, a.validate, a.traffic)
+    figures = per_rank[0]
     counted = ", inside dt.traffic()" if a.traffic else ""
     print(f"# dt.all_reduce per call, rank 0, world {world}, float32 sum, auto, validation "
           f"{'on' if a.validate else 'off'}{counted}; medians of {a.calls} calls; load average "
           f"{before:.2f} -> {os.getloadavg()[0]:.2f}")
     print(f"# {'size (B)':>10} {'python calls':>12} {'C calls':>8} {'dt files':>8} {'cpu (us)':>9} "
-          f"{'wall (us)':>9}")
+          f"{'wall (us)':>9} {'slowest (us)':>12}")
     for nbytes, f in figures.items():
         print(f"  {nbytes:>10} {f['python']:>12} {f['c']:>8} {f['files']:>8} {f['cpu_us']:>9.1f} "
-              f"{f['wall_us']:>9.1f}")
+              f"{f['wall_us']:>9.1f} {slowest_us(per_rank, nbytes):>12.1f}")
     return 0
 
 

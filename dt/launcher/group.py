@@ -1,4 +1,5 @@
-"""The process group a launcher makes: which backend, and NCCL's device bound at init."""
+"""The process group a launcher makes (which backend, NCCL's device bound at init), and where
+each run on it starts (`start_run`: the pool's workers and torchrun's ranks alike)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dt import transport
 from dt.device import backend_for, local_device
 from dt.transport import settings
 
-__all__ = ["init_process_group", "resolve_backend"]
+__all__ = ["init_process_group", "resolve_backend", "launcher_wait", "start_run"]
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -41,3 +43,27 @@ def init_process_group(backend: str, timeout: float, **kwargs: Any) -> None:
     # torch's default, so it does not count as a timeout the user gave the group.
     dist.init_process_group(backend, **kwargs, **extra)
     settings.launcher_owns(dist.group.WORLD)
+
+
+def launcher_wait(run_timeout: float) -> float:
+    """dt's per-wait timeout (the launcher's, rule 5) for a run given `run_timeout` seconds.
+
+    It fires inside the run's, so a deadlock is reported by the stuck ranks themselves,
+    with their collective and step, before the launcher gives up on them.
+    """
+    return max(0.5, 0.8 * run_timeout)
+
+
+def start_run(wait: float) -> None:
+    """Start a run where a new process would, whatever the last run in this process left.
+
+    The transport's state goes (dt.transport.state: settings, groups' links and segments,
+    threads, traffic records, NCCL's rules recorder); what outlives a run stays: the
+    process groups (the default one, shared_group's), the watchdog's channel, and the
+    failures heard (between_runs: a faster peer may already have announced one for this
+    run). Then `wait`, the launcher's wait for this run (launcher_wait). A pool's worker
+    calls it before each job; under torchrun, where the process and its process group
+    outlive the runs, LaunchedWorld.run does.
+    """
+    transport.reset(between_runs=True)
+    settings.set_launcher_timeout(wait)

@@ -22,7 +22,7 @@ from typing import Any
 
 from dt.args import ENVIRONMENT, check_local_world
 from dt.launcher import preflight, worker
-from dt.launcher.group import resolve_backend
+from dt.launcher.group import launcher_wait, resolve_backend
 from dt.launcher.worker import worker_main
 from dt.transport import liveness, settings
 
@@ -199,10 +199,7 @@ class WorkerPool:
             **kwargs: Any) -> list[Any]:
         """fn(*args, **kwargs) on every rank; the list of results in rank order."""
         timeout = settings.parse_timeout(timeout, "run_workers timeout")
-        # dt's per-wait timeout (the launcher's: DT_TIMEOUT and set_timeout come
-        # first) fires inside the run's, so a deadlock is reported by the stuck
-        # ranks themselves, with their collective and step.
-        wait_timeout = max(0.5, 0.8 * timeout)
+        wait_timeout = launcher_wait(timeout)  # DT_TIMEOUT and set_timeout come first
         # The caller's DT_TIMEOUT / DT_VALIDATE as they are now (checked here: every rank
         # would refuse them alike): a worker forked from a fork server started earlier
         # would otherwise see the server's.

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from dt import transport
-from dt.launcher.group import init_process_group
+from dt.launcher.group import init_process_group, start_run
 from dt.transport import liveness, settings
 
 __all__ = ["threads_per_worker", "worker_main"]
@@ -105,11 +105,7 @@ def worker_main(rank: int, world_size: int, store_path: str, backend: str, conn:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-        # Each run starts where a new process would, whatever the last one set or connected
-        # (its settings, its groups' links, DT_HOST's hosts): dt.transport.state. A failure a
-        # faster peer already announced for this run is kept (between_runs).
-        transport.reset(between_runs=True)
-        settings.set_launcher_timeout(wait_timeout)
+        start_run(wait_timeout)  # as a new process would (LaunchedWorld.run's too)
         try:
             reply = pickle.dumps(("ok", fn(*args, **kwargs)))
         except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent

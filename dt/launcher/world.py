@@ -32,7 +32,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dt import transport
-from dt.launcher.group import resolve_backend
+from dt.launcher.group import launcher_wait, resolve_backend, start_run
 from dt.launcher.pool import (
     COLLECTIVE_ERRORS,
     DEADLINE_GRACE_S,
@@ -122,8 +122,10 @@ class LaunchedWorld:
         timeout = settings.parse_timeout(timeout, "run timeout")
         started = time.monotonic()
         init(self.backend, self._timeout)
-        # the transport's own waits end first, so a stuck rank says where (as in the local pool)
-        settings.set_launcher_timeout(max(0.5, 0.8 * timeout))
+        # Each run starts as the pool's worker starts one: the process (and its group) outlive
+        # the last run here, its settings, links, threads and records must not. The transport's
+        # own waits end first, so a stuck rank says where.
+        start_run(launcher_wait(timeout))
         try:
             reply = ("ok", fn(*args, **kwargs))
         except Exception as exc:  # every rank's error is gathered, like its result

@@ -20,8 +20,9 @@ reads its own module's object, with no extra step), and they are gathered here:
 no thread, no failure known, no record open, no segment name left, NCCL's rules recorder
 as DT_NCCL_RULES says (a new one, empty). What it keeps is
 marked (kept) above: facts of the process itself (its process groups, its watchdog's
-channel), which outlive a run. dt's launcher calls it in each worker before each run
-(dt.launcher.worker, between_runs: the failures heard stay); a test may too.
+channel), which outlive a run. dt's launcher calls it before each run, in a pool's worker
+and under torchrun alike (dt.launcher.group.start_run, between_runs: the failures heard
+stay); a test may too.
 `rules.recording()` sets the recorder for its block and restores the one before on exit.
 """
 
@@ -50,10 +51,12 @@ class TransportState:
     def reset(self, between_runs: bool = False) -> None:
         """Back to a new run's state; threads stop before their groups are forgotten.
 
-        between_runs (dt's worker, at a run's start): the failures heard are kept. A peer
+        between_runs (dt's launcher, at a run's start): the failures heard are kept. A peer
         that starts the run first may already have failed and said so; forgetting it here
         would leave this rank deaf to it, waiting in the group's first connection. (A
-        process that heard a failure is never given another run: its pool starts anew.)
+        process that heard a failure is never given another run: its pool starts anew;
+        under torchrun the run's WorkerError ends the tool, and a run after it anyway
+        refuses at its first wait on the failed rank, PeerFailed, instead of hanging.)
         """
         self.threads.reset()
         self.groups.reset()

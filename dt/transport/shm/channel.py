@@ -20,7 +20,8 @@ waits drives every pending transfer, its own and the ones its peers wait on.
 
 Cost: each byte is copied twice (into the slot, out of it), against a
 socket's two copies through the kernel but without a system call per
-message; the sender rings the receiver's bell only when it sleeps.
+message; the sender rings the receiver's bell only when it sleeps, the receiver rings the
+sender's only when it sleeps having filled the channel (it waits for slots).
 """
 
 from __future__ import annotations
@@ -185,7 +186,12 @@ class Engine:
         if taken == start:
             return False
         words[ch.taken_i] = ch.mine = taken
-        self.sync.ring(j)
+        # Only a sender that found the channel full waits for these slots: ring it then, and
+        # not otherwise (a barrier's token would wake a peer already asleep in its next call,
+        # for nothing). `sent` is read again after `taken` is written: a sender that filled the
+        # channel after the first read is seen here, or sees this `taken` when it checks.
+        if words[ch.sent_i] - start >= ch.k:
+            self.sync.ring(j)
         return True
 
     # -- waiting --------------------------------------------------------------
