@@ -136,3 +136,35 @@ def test_pipeline_messages_cost_their_ends_and_a_sleeping_receiver_wakes():
     assert t1[0][3] == pytest.approx(f + post + send)
     (_, u1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send)
     assert u1[0][3:] == pytest.approx((f + send, 2 * f + send))
+
+
+def test_this_machine_prices_what_dt_runs_at_the_swept_time(monkeypatch):
+    """On this machine a call is priced at the sweep's time for the algorithm dt runs (auto's
+    measured winner, or the one named), log-log between swept sizes; a pair inside a host with
+    more ranks than cores by the crowded host's figures instead (its sync, its terms)."""
+    from dt.cost.overheads import Overheads
+    from dt.plan import comm
+    from dt.plan.cluster import Cluster
+
+    sizes = [1024 * 4 ** k for k in range(5)]
+    table = {"all_reduce": [[s, "one_shot", {"one_shot": 1e-5 * (k + 1), "ring": 1e-3}]
+                            for k, s in enumerate(sizes)]}
+    monkeypatch.setattr(comm, "winners", lambda wire, p: table if p == 2 else {})
+    monkeypatch.setattr(comm, "overheads", lambda wire, p: Overheads(post=1e-4) if p == 4 else Overheads())
+    monkeypatch.setattr(comm.os, "cpu_count", lambda: 2)
+    m = Machine(1e-4, 1e-9, 1e-10, sync=2e-5, mem=2e-10)
+
+    def cluster(per_host: int) -> Cluster:
+        return Cluster("here", 1, per_host, 0.0, Levels(m, m), 1 << 30, 1e9, "float32",
+                       shared_memory=True)
+
+    comm._with_terms.cache_clear()
+    two = cluster(2)
+    assert collective_seconds(two, "all_reduce", 4096, (0, 1)) == pytest.approx(2e-5)  # auto: one_shot
+    assert collective_seconds(two, "all_reduce", 4096, (0, 1), "ring") == pytest.approx(1e-3)
+    assert collective_seconds(two, "all_reduce", 2048, (0, 1)) == pytest.approx(2 ** 0.5 * 1e-5)  # log-log
+    crowded = collective_seconds(cluster(4), "all_reduce", 4096, (0, 1))  # 4 ranks on 2 cores
+    plain = estimate("all_reduce", "one_shot", 4096, 2, alpha=m.sync, beta=m.mem, gamma=m.gamma,
+                     overheads=Overheads(post=1e-4)).total
+    assert crowded == pytest.approx(plain) and crowded != pytest.approx(2e-5)
+    comm._with_terms.cache_clear()

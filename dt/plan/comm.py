@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 from dt.collectives.registry import needs_shared_memory
 from dt.cost.levels import LEVELED, Levels, two_level
@@ -155,12 +156,17 @@ def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: C
     (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription)."""
     p, m = len(hosts), cluster.levels.intra
     algo = _auto_choice(collective, nbytes, p, m) if algorithm == "auto" else algorithm
-    swept = _swept_seconds(collective, algo, nbytes, p)
+    # More ranks on the host than cores: a group of p waits on cores the others hold too, so it
+    # is priced by the figures `dt tune` measured with the host's ranks all running (a pair's
+    # sync at world 4 on 2 cores: 265 us, against 30 us at world 2), not by the p-rank sweep.
+    crowded = cluster.per_host > p and cluster.per_host > (os.cpu_count() or 1)
+    swept = None if crowded else _swept_seconds(collective, algo, nbytes, p)
     if swept is not None:
         return swept
     loadstore = needs_shared_memory(collective, algo)
+    terms = overheads("shm", cluster.per_host if crowded else p)
     return estimate(collective, algo, nbytes, p, alpha=m.sync if loadstore else m.alpha,
-                    beta=m.mem if loadstore else m.beta, gamma=m.gamma, overheads=overheads("shm", p)).total
+                    beta=m.mem if loadstore else m.beta, gamma=m.gamma, overheads=terms).total
 
 
 def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...],
