@@ -37,13 +37,17 @@ import torch.distributed as dist
 
 from dt.transport import shared_group
 
-__all__ = ["EXPERT_PLANE", "ORDERS", "Grid"]
+__all__ = ["EXPERT_PLANE", "GRADIENT_SYNC", "ORDERS", "Grid"]
 
 # The layouts known by name: axes outermost first (names not in the grid are skipped).
 ORDERS: dict[str, tuple[str, ...]] = {
     "tp-inside": ("pp", "dp", "cp", "tp"),
     "tp-across": ("tp", "pp", "dp", "cp"),
 }
+# The groups the gradient thread syncs on (DDP's buckets, ZeRO 2's reduce-scatters): process groups
+# of their own even where another axis has the same ranks (dp 1 x cp 2: the cp pair), so that thread's
+# messages never share a stream with the main thread's (ring attention's, in the same backward).
+GRADIENT_SYNC = "gradients"
 EXPERT_PLANE = ("dp", "cp")  # the axes experts split, dp major
 SPLITS = ("ep", "edp")  # the groups carved out of the plane
 
@@ -138,15 +142,16 @@ class Grid:
         arranged = self.numbering.permute([self.names.index(a) for a in (*rest, *axes)])
         return [tuple(row) for row in arranged.reshape(-1, self.size(*axes)).tolist()]
 
-    def group(self, *axes: str) -> Any:
+    def group(self, *axes: str, purpose: str = "mesh") -> Any:
         """This rank's process group along `axes`, made once per grid and cached.
 
         Collective over the world, as torch.distributed.new_group is: the first
         call for some axes makes all their groups, in the same order on every rank,
         so every rank must make it. Identical rank lists (dt.mesh's included) share
-        one process group (dt.transport.shared_group).
+        one process group (dt.transport.shared_group) unless their `purpose`
+        differs: GRADIENT_SYNC's groups are the gradient thread's alone.
         """
-        key = tuple(axes)
+        key = (*axes, purpose)
         if key not in self._groups:
             if not dist.is_initialized() or dist.get_world_size() != self.world:
                 have = dist.get_world_size() if dist.is_initialized() else "no process group"
@@ -155,7 +160,7 @@ class Grid:
             mine = self.ranks(*axes)
             made = None
             for ranks in self.groups(*axes):  # every rank, every group, the same order
-                pg = shared_group(ranks, "mesh")
+                pg = shared_group(ranks, purpose)
                 made = pg if ranks == mine else made
             self._groups[key] = made
         return self._groups[key]

@@ -67,7 +67,7 @@ from dt.parallel.checkpoint.state import tensor_parallel_places
 from dt.parallel.context.style import ContextParallel, ShareLoss, SharePositions
 from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallel, ExpertParallelMoE, split_parameters
-from dt.parallel.grid import Grid
+from dt.parallel.grid import GRADIENT_SYNC, Grid
 from dt.parallel.pipeline.cut import StageCut, cut, drop_other_stages
 from dt.parallel.recompute import Recompute
 from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
@@ -247,7 +247,7 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     if stage.stages > 1:  # the other stages' layers freed here: a pipeline splits the model's memory
         drop_other_stages(model, layers, stage)
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
-        chunks = [DistributedDataParallel(c, grid.group(*dp_axes)) for c in chunks]
+        chunks = [DistributedDataParallel(c, grid.group(*dp_axes, purpose=GRADIENT_SYNC)) for c in chunks]
     if plan.data_parallel == "zero3":
         chunks = _fully_sharded(model, grid, dp_axes, stage, with_experts)
     return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device, with_experts)

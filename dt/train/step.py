@@ -63,6 +63,7 @@ from dt.parallel.buckets import all_reduce_buckets
 from dt.parallel.context.style import shard_sequence
 from dt.parallel.expert import router as expert_router
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
+from dt.parallel.grid import GRADIENT_SYNC
 from dt.parallel.plan import Parallel
 from dt.parallel.zero import ZeroOptimizer, ZeroParts
 from dt.train.clip import clip_global_norm, clip_sharded_norm, counted_parameters, counts
@@ -87,14 +88,14 @@ def make_optimizer(par: Parallel, optimizer_cls: type, zero: int = 0, **kwargs: 
         raise ValueError(f"zero {zero} with a plan whose data_parallel is {par.data_parallel!r}")
     if zero in (0, 3):  # DDP's replicas, or FSDP's shards (its reduce-scatters run in backward)
         return optimizer_cls(par.parameters(), **kwargs)
-    plane = par.grid.group(*par.dp_axes)
+    plane = par.grid.group(*par.dp_axes, purpose=GRADIENT_SYNC)  # ZeRO 2 scatters on the gradient thread
     # A weight two stages share keeps its full gradient under ZeRO 2 too, for the step's tied sum.
     kept = {"keep_full": par.stage.shared} if zero == 2 else {}
     if not par.with_experts:
         return ZeroOptimizer(par.parameters(), optimizer_cls, stage=zero, group=plane, **kept, **kwargs)
     held = {id(p) for p in par.parameters()}
     dense, experts = ([p for p in part if id(p) in held] for part in split_parameters(par.model))
-    edp = par.grid.group(EXPERT_GROUP)  # every rank makes it (collective), holding experts or not
+    edp = par.grid.group(EXPERT_GROUP, purpose=GRADIENT_SYNC)  # every rank makes it (collective)
     parts = [ZeroOptimizer(dense, optimizer_cls, stage=zero, group=plane, **kept, **kwargs)]
     if experts:  # an edp group's ranks hold the same experts: all of them have some, or none
         parts.append(ZeroOptimizer(experts, optimizer_cls, stage=zero, group=edp,
