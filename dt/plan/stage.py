@@ -22,6 +22,7 @@ vocabulary-parallel cross-entropy's three small all-reduces on tp.
 from __future__ import annotations
 
 import functools
+from collections import Counter
 from dataclasses import dataclass
 
 from dt.layout import split_sizes
@@ -251,9 +252,11 @@ def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float
         return 0.0, 0.0
 
     def each(op: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
-        ring = SHARD_ALGORITHM
-        return (sum(collective_seconds(c, op, n * c.itemsize, g.dp_cp, ring) for n in units.plane)
-                + sum(collective_seconds(c, op, n * c.itemsize, g.edp, ring) for n in units.experts))
+        ring = SHARD_ALGORITHM  # a model's units repeat (every block alike): each size priced once
+        return (sum(k * collective_seconds(c, op, n * c.itemsize, g.dp_cp, ring)
+                    for n, k in Counter(units.plane).items())
+                + sum(k * collective_seconds(c, op, n * c.itemsize, g.edp, ring)
+                      for n, k in Counter(units.experts).items()))
 
     return each("all_gather"), each("reduce_scatter")
 
@@ -265,10 +268,18 @@ def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro
     (zero_traffic_formula, as dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's
     place in each group (the shards of a unit its group does not divide differ by one)."""
     def over(sizes: tuple[int, ...], ranks: int, rank: int) -> int:
-        cuts = [split_sizes(n, ranks) for n in sizes]
-        return zero_traffic_formula(cuts, rank, 3, itemsize, micro_batches) if ranks > 1 else 0
+        if ranks < 2:
+            return 0  # the formula sums over the units: each distinct size once, times its count
+        return sum(k * _unit_bytes(n, ranks, rank, itemsize, micro_batches)
+                   for n, k in Counter(sizes).items())
 
     return over(units.plane, dp_cp, dp_cp_rank), over(units.experts, edp, edp_rank)
+
+
+@functools.lru_cache(maxsize=65536)
+def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, micro_batches: int) -> int:
+    """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards)."""
+    return zero_traffic_formula([split_sizes(numel, ranks)], rank, 3, itemsize, micro_batches)
 
 
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,

@@ -122,13 +122,13 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     send = send_seconds(c, act, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
     bwd = tuple(sum(w.bwd.values()) / lay.virtual for w in works)
-    played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send,
-                         *_message_terms(c))
+    terms = _message_terms(c)
+    played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send, *terms)
     # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
     # the sends of the steady state overlap other stages' work, but not what each message costs
     # the cores at its ends or a sleeping receiver's wake-up: the pipeline's end moves by those.
     pp_exposed = 2 * (lay.pp * lay.virtual - 1) * send if lay.pp > 1 else 0.0
-    if lay.pp > 1:
+    if lay.pp > 1 and terms[:2] != (0.0, 0.0):  # no terms (a catalogue cluster): the same play
         bare, _ = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send)
         pp_exposed += max(0.0, max(a[-1][4] for a in played) - max(a[-1][4] for a in bare))
     syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1][4]) for s in range(lay.pp)]
