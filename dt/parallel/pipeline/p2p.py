@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dt.device import clock
-from dt.transport import RECV, SEND, Comm, Group, default_device, resolve_group, shared_group
+from dt.transport import RECV, SEND, Comm, Group, connect, default_device, resolve_group, shared_group
 
 __all__ = ["LABEL", "StageLink", "header_groups"]
 
@@ -87,6 +87,10 @@ class StageLink:
 
     def __init__(self, group: Group, headers: dict[int, Group] | None):
         self.group = group
+        # Every stage builds its link at the same point: connect the pipeline group here (a
+        # collective over it), so the first step's messages already take the shared-memory
+        # wire between ranks of one host, not the torch wire a group has until it connects.
+        connect(group, "building the pipeline's stage link")
         self.me = group.global_rank(group.rank)
         self.device = default_device(group)
         s, p = group.rank, group.size
@@ -96,6 +100,13 @@ class StageLink:
         headers = headers or {}
         self._hdr_out = headers.get(s)  # headers this stage sends to stage s+1
         self._hdr_in = headers.get((s - 1) % p) if p > 1 else None  # from stage s-1
+        # To a peer on this host's shared-memory wire a header goes with its data, on the
+        # pipeline group: that wire's sends move only while its own engine is driven, and a
+        # rank blocked on a header on another group's wire would leave its data send
+        # unmoved and its peer waiting (both ends agree: a pair shares a host or does not).
+        # Not where receives may not go ahead (NCCL's rules, replayed in the tests): there a
+        # data send waits for the next receive, and a header sent at once would pass it.
+        self._inline = {q for q in range(p) if q != s and group.wire_for(q).name == "shm"}
         self._headers: deque[tuple[Any, torch.Tensor]] = deque()  # header receives posted ahead
         self._sends: list[tuple[Any, torch.Tensor]] = []  # posted, kept alive until drain
         self._pending: list[tuple[torch.Tensor, int]] = []  # a data send waiting for a receive
@@ -113,7 +124,8 @@ class StageLink:
             raise ValueError("on NCCL a pipeline needs its header groups: build the pipeline on the "
                              "world group, or pass header_groups=dt.parallel.pipeline.header_groups("
                              "every pipeline's ranks) (dt.mesh makes them as mesh.pp_headers)")
-        if headers_in and self._hdr_in is not None:
+        inline = (self.group.rank - 1) % self.group.size in self._inline and self._comm().ahead
+        if headers_in and self._hdr_in is not None and not inline:
             comm = self._comm(self._hdr_in)
             peer = 1 - self._hdr_in.rank  # the other member of a two-rank group
             for _ in range(headers_in):
@@ -132,7 +144,7 @@ class StageLink:
         if activation:
             h = _header(t)
             self.bytes_sent += h.numel() * h.element_size()
-            if self._shared:
+            if self._shared or (comm.ahead and peer in self._inline):
                 self._sends.append((comm.isend(h, peer), h))
             else:
                 self._sends.append((self._comm(self._hdr_out).isend(h, 1 - self._hdr_out.rank), h))
@@ -149,7 +161,7 @@ class StageLink:
         t0 = clock(self.device)
         comm = self._comm()
         if like is None:
-            if self._shared:
+            if self._shared or (comm.ahead and self.group.group_rank(src) in self._inline):
                 h = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
                 comm.irecv(h, self.group.group_rank(src)).wait()
             else:
