@@ -174,3 +174,37 @@ def test_ddp_hook_seconds_times_real_ddp_on_one_rank():
 
     s = ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32")
     assert s >= 0.0 and ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32") == s
+
+
+def test_slowest_of_is_the_expected_largest_of_n_draws_from_the_timings():
+    """Sorted x_1..x_k: the largest of n draws is x_i with probability (i/k)^n - ((i-1)/k)^n."""
+    from dt.plan.timed import slowest_of
+
+    xs = [4.0, 1.0, 3.0, 2.0]
+    assert slowest_of(xs, 1) == pytest.approx(2.5)  # one draw: the mean
+    assert slowest_of(xs, 2) == pytest.approx((1 * 1 + 2 * 3 + 3 * 5 + 4 * 7) / 16)
+    assert slowest_of(xs, 200) == pytest.approx(4.0)  # many ranks: the slowest repetition
+    assert slowest_of([5.0] * 7, 8) == pytest.approx(5.0)  # no spread, no wait
+
+
+def test_the_step_waits_for_the_slowest_rank_s_compute_as_its_timings_spread(monkeypatch):
+    """skew = m x (forward + backward compute) x (slowest of the world's ranks / median - 1), a
+    span of the tail before the loss's all-reduce; none at world 1 or without a spread."""
+    import dt.plan.timed as timed
+    from dt.plan.step_model import predict
+
+    spread = (0.010, 0.010, 0.012, 0.014)
+    monkeypatch.setattr(timed, "stage_timing", lambda *a, **k: spread)
+    monkeypatch.setattr(timed, "stage_seconds", lambda *a, **k: 0.011)
+    c = local_cluster(2)
+    lay = Layout(dp=2, micro_batches=2)
+    p = predict(c, TINY, lay, 16, 32, timelines=True)
+    w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
+    factor = timed.slowest_of(spread, 2) / 0.011
+    assert w.slowest == pytest.approx(factor)
+    assert p.parts["skew"] == pytest.approx(2 * (w.fwd["compute"] + w.bwd["compute"]) * (factor - 1))
+    skew = [s for s in next(iter(p.timelines.values())) if s.kind == "skew"]
+    assert len(skew) == 1 and skew[0].end - skew[0].start == pytest.approx(p.parts["skew"])
+    assert predict(local_cluster(1), TINY, Layout(), 16, 32).parts["skew"] == 0.0
+    monkeypatch.setattr(timed, "stage_timing", lambda *a, **k: (0.011,) * 5)
+    assert predict(c, TINY, lay, 16, 32).parts["skew"] == pytest.approx(0.0)

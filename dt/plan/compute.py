@@ -153,6 +153,25 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
     return fwd, bwd
 
 
+def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
+                 blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
+    """How much longer the slowest of the step's `world` ranks takes over its compute than the
+    median rank: the expected largest of `world` draws from the stage's own timed repetitions
+    over their median (dt.plan.timed.slowest_of). The ranks line up after the pipeline (the loss's
+    all-reduce, the optimizer's collectives), so the step waits for the slowest; on this machine
+    a stage's repetitions spread 10-40% (its speed drifts), and that spread is the wait. 1 where
+    the stage is not timed here (a catalogue device: priced without noise, stated so)."""
+    if world < 2 or not _timed_here(cluster, model, t, keys):
+        return 1.0
+    from dt.plan.timed import slowest_of, stage_timing
+
+    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
+    times = stage_timing(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
+                         rank_threads(world), dtype, keys // t, cp_kind)
+    middle = statistics.median(times)
+    return slowest_of(times, world) / middle if middle > 0 else 1.0
+
+
 def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
               blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
     """Seconds DDP's hooks add to a stage's synchronised backward on the rank's own thread (a hook

@@ -13,7 +13,8 @@ __all__ = ["as_json", "explain_plot", "scatter_plot", "table"]
 
 COMM = ("tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm")
 COLOURS = {"compute": "#4c72b0", "tp": "#dd8452", "cp": "#55a868", "ep": "#c44e52", "pp": "#8172b3",
-           "dp": "#937860", "tied": "#da8bc3", "loss": "#8c8c8c", "norm": "#bcbd22", "bubble": "#eeeeee"}
+           "dp": "#937860", "tied": "#da8bc3", "loss": "#8c8c8c", "norm": "#bcbd22", "skew": "#c7c7c7",
+           "bubble": "#eeeeee"}
 
 
 def _ms(x: float) -> str:
@@ -24,12 +25,12 @@ def table(rows: list[Row], top: int) -> str:
     """The first `top` rows: step and its parts (ms), tokens/s, MFU, peak memory per rank, bytes per level."""
     head = (f"{'#':>3} {'layout':<42} {'step ms':>9} {'compute':>9} {'comm':>9} {'bubble':>9} "
             f"{'tokens/s':>10} {'MFU':>6} {'peak/rank':>10} {'intra/step':>10} {'inter/step':>10}"
-            "  exposed comm")
+            "  exposed comm, skew")
     out = [head]
     for i, r in enumerate(rows[:top], 1):
         p = r.prediction.parts
         comm = sum(p[k] for k in COMM)
-        kinds = ", ".join(f"{k} {p[k] * 1e3:.2f}" for k in COMM if p[k] > 0) or "-"
+        kinds = ", ".join(f"{k} {p[k] * 1e3:.2f}" for k in (*COMM, "skew") if p[k] > 0) or "-"
         mfu = f"{100 * r.mfu:5.1f}%" if r.mfu is not None else "     -"
         lv = r.prediction.bytes_per_level
         out.append(f"{i:>3} {r.layout.name():<42} {_ms(r.prediction.step)} {_ms(p['compute'])} {_ms(comm)} "

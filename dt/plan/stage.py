@@ -31,7 +31,7 @@ from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
-from dt.plan.compute import ddp_hooks, stage_compute
+from dt.plan.compute import ddp_hooks, slowest_rank, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
@@ -105,6 +105,7 @@ class StageWork:
     fsdp: FsdpUnits | None = None  # zero 3 over more than one rank: its FSDP units (fsdp_units)
     tied: int = 0  # numbers of a word table this stage shares with another (the embedding's or head's)
     hooks: float = 0.0  # seconds DDP's hooks add to the synchronised backward (compute.ddp_hooks)
+    slowest: float = 1.0  # the slowest rank's compute over the median's (compute.slowest_rank)
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
@@ -307,5 +308,6 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
     hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
                       lay.cp_attention) if ddp else 0.0
+    slowest = slowest_rank(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.cp_attention)
     return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
-                     units, tied, hooks)
+                     units, tied, hooks, slowest)

@@ -12,13 +12,14 @@ on every rank of pipeline stage s:
 2. the tied embedding's gradient sum between the first and last stage, the
    loss's all-reduce and broadcast, clipping's norm all-reduce over pp x tp
    (these line the stages up: what a stage waits for the slowest is idle,
-   counted as bubble);
+   counted as bubble), first the wait for the slowest rank's compute (skew:
+   the ranks' compute times spread, dt.plan.compute.slowest_rank);
 3. the optimizer's step: ZeRO 1's reduce-scatter, clipping's pass over the
    gradients and Adam's over this rank's (ZeRO: its shard's) numbers, ZeRO's
    all-gather of the parameters.
 
 Parts: compute, exposed communication by kind (tp, cp, ep, pp, dp, tied,
-loss, norm), bubble (idle). The spans of each rank tile [0, step] exactly.
+loss, norm), skew and bubble (idle). The spans of each rank tile [0, step] exactly.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
 
 __all__ = ["KINDS", "Prediction", "Span", "predict", "stage_groups"]
 
-KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm", "bubble")
+KINDS = ("compute", "tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm", "skew", "bubble")
 
 
 @dataclass(frozen=True)
@@ -133,7 +134,7 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
         pp_exposed += max(0.0, max(a[-1][4] for a in played) - max(a[-1][4] for a in bare))
     syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1][4]) for s in range(lay.pp)]
     t_sync = max(sp[-1].end if sp else acts[-1][4] for sp, acts in zip(syncs, played))
-    tail = _tail(c, model, lay, groups)
+    tail = [_skew(lay, works)] + _tail(c, model, lay, groups)
     opt = [_optimizer(c, lay, w, g) for w, g in zip(works, groups)]
     step = t_sync + sum(d for _, d, _ in tail) + max(sum(d for _, d, _ in o) for o in opt)
     parts = {k: 0.0 for k in KINDS}
@@ -169,6 +170,13 @@ def _message_terms(c: Cluster) -> tuple[float, float, float]:
         return 0.0, 0.0, float("inf")
     t = overheads("shm", c.per_host)
     return t.post, t.wake, t.spin
+
+
+def _skew(lay: Layout, works: list[StageWork]) -> tuple[str, float, str]:
+    """The wait at the first line-up for the slowest rank's compute: the spread of a rank's compute
+    (StageWork.slowest) over a step's micro-batches, on the stage where it is largest."""
+    wait = max(lay.micro_batches * (w.fwd["compute"] + w.bwd["compute"]) * (w.slowest - 1) for w in works)
+    return "skew", wait, "waiting for the slowest rank's compute (its spread)"
 
 
 def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> list[tuple[str, float, str]]:

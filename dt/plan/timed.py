@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -47,7 +47,8 @@ from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
-__all__ = ["adam_seconds", "ddp_hook_seconds", "stage_module", "stage_seconds", "timed"]
+__all__ = ["adam_seconds", "ddp_hook_seconds", "samples", "slowest_of", "stage_module", "stage_seconds",
+           "stage_timing", "timed"]
 
 REPS = 9
 MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
@@ -57,6 +58,11 @@ def timed(fn: Callable[[], object], threads: int, reps: int = REPS) -> float:
     """Seconds of fn: the median of `reps` (and of MIN_SECONDS at least) after a warm call; CPU
     time of this thread when one thread runs the ops (robust to other programs' turns on the
     cores), else wall time."""
+    return statistics.median(samples(fn, threads, reps))
+
+
+def samples(fn: Callable[[], object], threads: int, reps: int = REPS) -> list[float]:
+    """The repetitions `timed` takes the median of (the clock and counts as it says)."""
     clock = time.thread_time if threads == 1 else time.perf_counter
     fn()
     times: list[float] = []
@@ -64,7 +70,17 @@ def timed(fn: Callable[[], object], threads: int, reps: int = REPS) -> float:
         t0 = clock()
         fn()
         times.append(clock() - t0)
-    return statistics.median(times)
+    return times
+
+
+def slowest_of(times: Sequence[float], n: int) -> float:
+    """The expected largest of n draws from these timings (their empirical distribution): what a
+    step whose n ranks each run this work and then line up waits for.
+
+    Sorted x_1 <= ... <= x_k, the largest of n draws is x_i with probability (i/k)^n - ((i-1)/k)^n.
+    """
+    xs, k = sorted(times), len(times)
+    return sum(x * (((i + 1) / k) ** n - (i / k) ** n) for i, x in enumerate(xs))
 
 
 def _one_rank() -> Group:
@@ -141,18 +157,23 @@ def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
 
 
 @functools.cache
-def stage_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
-                  head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
-                  cp_kind: str = "ring") -> float:
-    """Seconds of one micro-batch's forward and backward through a stage's real layers, one rank
-    (t: its tokens, seq / cp)."""
+def stage_timing(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+                 head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+                 cp_kind: str = "ring") -> tuple[float, ...]:
+    """One micro-batch's forward and backward through a stage's real layers, one rank (t: its
+    tokens, seq / cp): every repetition's seconds (stage_seconds is their median)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return timed(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind,
-                                False), threads)
+        return tuple(samples(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp,
+                                        cp_kind, False), threads))
     finally:
         torch.set_num_threads(old)
+
+
+def stage_seconds(*shape: object, **kw: object) -> float:
+    """Seconds of one micro-batch's forward and backward through a stage (stage_timing's median)."""
+    return statistics.median(stage_timing(*shape, **kw))  # type: ignore[arg-type]
 
 
 @functools.cache
