@@ -7,7 +7,7 @@ import json
 import pytest
 
 from dt.launcher import launch
-from dt.plan.check import chosen, comparison, measure_worker, train_argv
+from dt.plan.check import chosen, comparison, measure_worker, stage_shapes, train_argv
 from dt.plan.cluster import local_cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
@@ -29,18 +29,24 @@ def test_a_small_check_at_world_2(run, tmp_path, monkeypatch):
     measured = {}
     for row in picked:
         args = parse_args(train_argv(row.layout, TINY, 8, 16, steps=3))
-        timed = run(2, measure_worker, args, 3, False)
+        shapes = stage_shapes(cluster, TINY, row.layout, 8, 16)
+        assert len(shapes) == row.layout.pp and all(shapes)  # dt's GPT: every stage timed here
+        timed = run(2, measure_worker, args, 3, False, shapes)
+        # the planner's own stage module, timed again inside the run's processes at its shape
+        assert all(r["stage_s"] > 0 for r in timed)
         # fresh processes for memory, as --check runs it: a reused worker keeps the collectives'
         # scratch buffers from earlier tests, which this run then never allocates (nor counts)
         mem = launch(measure_worker, 2, args, 2, True, backend="gloo")
         measured[row.layout.name()] = {"step_s": max(r["steps"][-1] for r in timed), "ranks": timed,
-                                       "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem)}
+                                       "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem),
+                                       "stage_ratio": 1.1}
         assert all(len(r["steps"]) == 3 for r in timed)
         # the planner's peak per rank beside the live-tensor peak dt counted (measured: within 10%)
         got = measured[row.layout.name()]["peak_bytes_per_rank"]
         assert row.peak == pytest.approx(got, rel=0.25), (row.layout.name(), row.peak, got)
     text = comparison(picked, measured)
     assert "median |pred - meas| / meas" in text and picked[0].layout.name() in text
+    assert "1.10x" in text and "stage run/plan: " in text
     dp = Layout(dp=2)
     args = parse_args(train_argv(dp, TINY, 8, 16, steps=2))
     ranks = run(2, measure_worker, args, 2, False)

@@ -66,8 +66,10 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int)
     return argv + (["--untied"] if not model.tied else [])
 
 
-def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
-    """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run).
+def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None = None) -> dict[str, Any]:
+    """On each rank: per-step seconds and spans (timing run), or the peak live bytes (memory run);
+    after the timing run's steps, the planner's own stage module timed in this process at this
+    rank's stage's shape (`shapes[stage]`, dt.plan.compute.timed_shape; None: not timed here).
 
     The run is dt train's own: dt.train.build's model, optimizer and step (TrainStep, experts
     included), called as dt.train.loop calls it, on the same data.
@@ -111,6 +113,11 @@ def measure_worker(args: Any, steps: int, memory: bool) -> dict[str, Any]:
         torch.set_num_threads(threads)
     out: dict[str, Any] = {"rank": run.rank, "stage": run.coords[2], "steps": rec.step_seconds(),
                            "cpu": cpu, "spans": rec.spans}
+    shape = shapes[run.coords[2]] if shapes else None
+    if shape is not None and not memory:
+        from dt.plan.timed import time_stage
+
+        out["stage_s"] = statistics.median(time_stage(*shape))
     if live is not None:
         # the collectives' scratch other threads keep (dt's gradient thread: ZeRO 2's
         # reduce-scatters), made outside LiveBytes' thread-local sight, held from the first step on
@@ -146,17 +153,34 @@ def _mark_optimizer(optimizer: Any, rec: Any) -> None:
     optimizer.step = step
 
 
-def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int) -> dict[str, Any]:
+def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int, cluster: Cluster) -> dict[str, Any]:
     from dt.launcher import launch
     from dt.train.cli import parse_args
 
     args = parse_args(train_argv(row.layout, model, batch, seq, steps))
-    timed = launch(measure_worker, row.layout.world, args, steps, False, backend="gloo")
+    shapes = stage_shapes(cluster, model, row.layout, batch, seq)
+    timed = launch(measure_worker, row.layout.world, args, steps, False, shapes, backend="gloo")
     mem = launch(measure_worker, row.layout.world, args, 2, True, backend="gloo")
     per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's
     cpu = [max(r["cpu"][i] for r in timed) for i in range(1, steps)]  # the busiest rank's CPU
-    return {"step_s": statistics.median(per_step), "steps_s": per_step, "cpu_s": statistics.median(cpu),
-            "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem), "ranks": timed}
+    out = {"step_s": statistics.median(per_step), "steps_s": per_step, "cpu_s": statistics.median(cpu),
+           "peak_bytes_per_rank": max(r["peak_bytes"] for r in mem), "ranks": timed}
+    if all(shape is not None for shape in shapes):
+        from dt.plan.timed import stage_seconds
+
+        # the run's slowest rank's stage against the planner's timing of the same module
+        out["stage_ratio"] = max(r["stage_s"] / stage_seconds(*shapes[r["stage"]]) for r in timed)
+    return out
+
+
+def stage_shapes(cluster: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[Any]:
+    """Per pipeline stage, the shape its compute was timed at (dt.plan.compute.timed_shape)."""
+    from dt.plan.compute import timed_shape
+    from dt.plan.stage import stage_tensors
+
+    b, t = batch // lay.dp // lay.micro_batches, seq // lay.cp
+    return [timed_shape(cluster, model, b, t, seq, lay.tp, lay.world, *stage_tensors(model, lay, seq, s)[2:],
+                        lay.cp_attention) for s in range(lay.pp)]
 
 
 def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int, seq: int,
@@ -169,7 +193,7 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
     picked = chosen(rows, runs)
     measured: dict[str, dict[str, Any]] = {}
     for row in picked:
-        measured[row.layout.name()] = _run(row, model, batch, seq, steps)
+        measured[row.layout.name()] = _run(row, model, batch, seq, steps, cluster)
     if trace and picked:
         from dt.plan.step_model import predict
 
@@ -178,6 +202,10 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
         write_trace(trace, measured[first.layout.name()]["ranks"], p)
     text = comparison(picked, measured) + (f"\ntrace: {trace} (Perfetto, chrome://tracing)" if trace else "")
     return {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in measured.items()}, text
+
+
+def _ratio(x: float | None) -> str:
+    return f"{x:12.2f}x" if x else f"{'-':>13}"
 
 
 def busy_seconds(p: Any) -> float:
@@ -194,8 +222,8 @@ def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
     by_meas = sorted(picked, key=lambda r: measured[r.layout.name()]["step_s"])
     meas_rank = {r.layout.name(): i + 1 for i, r in enumerate(by_meas)}
     lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'busy ms':>8} {'cpu ms':>8} "
-             f"{'err':>7} {'pred peak':>10} {'meas peak':>10} {'err':>7}  rank pred/meas"]
-    t_err, c_err, m_err = [], [], []
+             f"{'err':>7} {'pred peak':>10} {'meas peak':>10} {'err':>7}  rank pred/meas  stage run/plan"]
+    t_err, c_err, m_err, ratios = [], [], [], []
     for i, r in enumerate(picked, 1):
         me = measured[r.layout.name()]
         te = (r.prediction.step - me["step_s"]) / me["step_s"]
@@ -209,13 +237,21 @@ def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
                      f"{100 * te:+6.1f}% {busy * 1e3:8.2f} {me.get('cpu_s', 0.0) * 1e3:8.2f} "
                      f"{100 * ce:+6.1f}% "
                      f"{r.peak / 1e6:9.2f}M {me['peak_bytes_per_rank'] / 1e6:9.2f}M "
-                     f"{100 * pe:+6.1f}%  {i}/{meas_rank[r.layout.name()]}")
+                     f"{100 * pe:+6.1f}%  {i}/{meas_rank[r.layout.name()]:<13}"
+                     f"{_ratio(me.get('stage_ratio'))}")
+        if me.get("stage_ratio"):
+            ratios.append(me["stage_ratio"])
     fastest = measured[by_meas[0].layout.name()]["step_s"]
     first = measured[picked[0].layout.name()]["step_s"]
     lines.append(f"step: median |pred - meas| / meas {100 * statistics.median(t_err):.1f}%, worst "
                  f"{100 * max(t_err):.1f}%; busy vs CPU: median {100 * statistics.median(c_err):.1f}%, worst "
                  f"{100 * max(c_err):.1f}%; memory: median {100 * statistics.median(m_err):.1f}%, worst "
                  f"{100 * max(m_err):.1f}%")
+    if ratios:
+        lines.append(f"stage run/plan: the planner's own stage module timed again in the run's processes "
+                     f"after its steps (the slowest rank) over its time in the planner: median "
+                     f"{statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x (this "
+                     "machine's per-process speed, part of every step error above)")
     behind = 100 * (first / fastest - 1)
     lines.append(f"first ranked {picked[0].layout.name()}: measured {first * 1e3:.2f} ms, the measured "
                  f"fastest {by_meas[0].layout.name()} {fastest * 1e3:.2f} ms ({behind:+.1f}%)")

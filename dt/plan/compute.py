@@ -126,6 +126,17 @@ def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
     return cluster.flops == 0 and model.family == "gpt" and not model.experts and even
 
 
+def timed_shape(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
+                blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> tuple | None:
+    """The arguments dt.plan.timed.stage_timing times this stage at (one rank's shapes, its
+    threads and dtype); None where the stage is not timed here (_timed_here)."""
+    if not _timed_here(cluster, model, t, keys):
+        return None
+    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
+    return (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world),
+            dtype, keys // t, cp_kind)
+
+
 def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
                   blocks: int, head: bool, embed: bool, recompute: bool = False,
                   cp_kind: str = "ring") -> tuple[float, float]:
@@ -140,11 +151,10 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
         return blocks * bf + hf, blocks * bb + hb
     from dt.plan.timed import stage_seconds
 
-    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
     cp = keys // t
     flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
-    total = stage_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
-                          rank_threads(world), dtype, cp, cp_kind) * oversubscribed(world)
+    shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
+    total = stage_seconds(*shape) * oversubscribed(world)
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
@@ -165,9 +175,7 @@ def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int,
         return 1.0
     from dt.plan.timed import slowest_of, stage_timing
 
-    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    times = stage_timing(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
-                         rank_threads(world), dtype, keys // t, cp_kind)
+    times = stage_timing(*timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind))
     middle = statistics.median(times)
     return slowest_of(times, world) / middle if middle > 0 else 1.0
 

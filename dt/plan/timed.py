@@ -48,7 +48,7 @@ from dt.train.optim import Adam
 from dt.transport.group import Group
 
 __all__ = ["adam_seconds", "ddp_hook_seconds", "samples", "slowest_of", "stage_module", "stage_seconds",
-           "stage_timing", "timed"]
+           "stage_timing", "time_stage", "timed"]
 
 REPS = 9
 MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
@@ -156,12 +156,12 @@ def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
     return run
 
 
-@functools.cache
-def stage_timing(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
-                 head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
-                 cp_kind: str = "ring") -> tuple[float, ...]:
+def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+               head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
+               cp_kind: str = "ring") -> tuple[float, ...]:
     """One micro-batch's forward and backward through a stage's real layers, one rank (t: its
-    tokens, seq / cp): every repetition's seconds (stage_seconds is their median)."""
+    tokens, seq / cp): every repetition's seconds, timed now (`dt plan --check` times it again
+    inside the run's own processes)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -169,6 +169,9 @@ def stage_timing(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, 
                                         cp_kind, False), threads))
     finally:
         torch.set_num_threads(old)
+
+
+stage_timing = functools.cache(time_stage)  # the planner's: each shape timed once a process
 
 
 def stage_seconds(*shape: object, **kw: object) -> float:
