@@ -171,11 +171,12 @@ def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int,
     all-reduce, the optimizer's collectives), so the step waits for the slowest; on this machine
     a stage's repetitions spread 10-40% (its speed drifts), and that spread is the wait. 1 where
     the stage is not timed here (a catalogue device: priced without noise, stated so)."""
-    if world < 2 or not _timed_here(cluster, model, t, keys):
+    shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
+    if world < 2 or shape is None:
         return 1.0
     from dt.plan.timed import slowest_of, stage_timing
 
-    times = stage_timing(*timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind))
+    times = stage_timing(*shape)
     middle = statistics.median(times)
     return slowest_of(times, world) / middle if middle > 0 else 1.0
 
