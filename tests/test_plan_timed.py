@@ -133,7 +133,7 @@ def test_cp_stages_are_timed_on_dt_s_layers_and_split_by_the_rank_s_flops(monkey
     monkeypatch.setattr(timed, "stage_seconds", fake)
     monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
     fwd, bwd = stage_compute(local_cluster(4), TINY, 16, 8, 32, 1, 4, 4, True, True, cp_kind="ulysses")
-    assert seen == [(64, 4, 44, 16, 8, 1, 4, True, True, 1, "float32", 4, "ulysses")]
+    assert seen == [(64, 4, 44, 16, 8, 1, 4, True, True, 1, "float32", 4, "ulysses", "cpu", "")]
     assert fwd + bwd == pytest.approx(0.03 * 2)  # 4 ranks on 2 cores: each holds one half the time
     f = [layer_flops(TINY, 32, i, 16, 1, 4, False) for i in (1, TINY.n_layer + 1)]
     share = (4 * f[0][0] + f[1][0]) / (4 * sum(f[0]) + sum(f[1]))

@@ -114,10 +114,13 @@ def test_show_and_reset(cache, capsys):
     assert tune.main(["--reset"]) == 0
     assert f"removed {cache} (1 figure set(s))" in capsys.readouterr().out
     assert not cache.exists() and machine.machine("shm", 2) == cost.DEFAULT_SHM_MACHINE  # defaults again
-    for bad in (["--show", "--reset"], ["--world", "1"]):  # one or the other; a group of one sends nothing
-        with pytest.raises(SystemExit) as stop:
-            tune.main(bad)
-        assert stop.value.code == 2
+    with pytest.raises(SystemExit) as stop:  # one or the other
+        tune.main(["--show", "--reset"])
+    assert stop.value.code == 2
+    # a group of one sends nothing: its figures are the matmul rates alone (one GPU's dt tune)
+    assert tune.main(["--world", "1", "--quick", "--no-save"]) == 0
+    out = capsys.readouterr().out
+    assert "measuring the matmul rates only" in out and "matmul rate (cpu" in out and not cache.exists()
 
 
 def test_the_help_says_where_the_figures_are(cache, capsys):

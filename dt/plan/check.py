@@ -1,5 +1,9 @@
 """`dt plan --check`: run the top layouts and a spread of the rest with dt train; predicted beside measured.
 
+On a catalogue cluster (`--device h200`) the runs go on this host's GPUs
+(dt train --device cuda over NCCL, the cluster's precision as autocast) and
+the peak is the caching allocator's (torch.cuda.max_memory_allocated).
+
 Each chosen layout becomes dt train's own options (dt.train.cli.parse_args:
 the run is one dt train accepts) and runs in a fresh world on this machine:
 dt train's model, optimizer and step (dt.train.loop.make_model: build.py's
@@ -48,15 +52,31 @@ def chosen(rows: list[Row], runs: int) -> list[Row]:
     return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
 
 
-def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int) -> list[str]:
-    """dt train's options for this layout (and nothing else: the rest are its defaults)."""
+# A catalogue cluster's precision as dt train's --precision (autocast; weights and Adam stay float32)
+TRAIN_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
+
+
+def on_gpu(cluster: Cluster) -> bool:
+    """A catalogue cluster is checked on this host's GPUs (dt train --device cuda, NCCL); this
+    machine's own cluster on its CPU (gloo)."""
+    return cluster.flops > 0
+
+
+def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
+               precision: str | None = None) -> list[str]:
+    """dt train's options for this layout (and nothing else: the rest are its defaults).
+
+    precision: a catalogue precision (bf16, ...): the run goes on this host's GPUs with that
+    autocast; None: on the CPU, as dt train runs by default here."""
+    device = ["--device", "cuda", "--precision", TRAIN_PRECISION[precision]] if precision else [
+        "--device", "cpu"]
     argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
             "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
             "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),
             "--cp-attention", lay.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
             "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
             "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
-            "--no-progress", "--device", "cpu", "--model", model.family]
+            "--no-progress", *device, "--model", model.family]
     if lay.clip:
         argv += ["--clip", str(CLIP)]
     if lay.recompute:
@@ -77,6 +97,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     import torch
 
     from dt import transport
+    from dt.device import backend_for, local_device, synchronize
     from dt.device_memory import LiveBytes
     from dt.plan.trace import Recorder
     from dt.train.dataset import open_data
@@ -88,7 +109,9 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
         torch.set_num_threads(args.threads)
     transport.set_validation(args.validate)  # as dt train's worker does
     data = open_data(args)
-    live = LiveBytes("cpu") if memory else None
+    device = local_device(backend_for(args.device))
+    # on a GPU the caching allocator's peak (max_memory_allocated), on the CPU dt's own count
+    live = LiveBytes(device) if memory else None
     rec = Recorder()
     try:
         if live is not None:
@@ -105,6 +128,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
                 rec.begin(step)
                 c0 = time.process_time()
                 run.step(x[sl], y[sl])  # forward, backward, sync, clip, optimizer: the whole step
+                synchronize(device)  # a GPU step ends when its kernels do, not when they are queued
                 cpu.append(time.process_time() - c0)
                 rec.end()
     finally:
@@ -118,7 +142,9 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
         from dt.plan.timed import time_stage
 
         out["stage_s"] = statistics.median(time_stage(*shape))
-    if live is not None:
+    if live is not None and device.type == "cuda":
+        out["peak_bytes"] = live.peak  # the allocator saw every thread's and buffer's bytes
+    elif live is not None:
         # the collectives' scratch other threads keep (dt's gradient thread: ZeRO 2's
         # reduce-scatters), made outside LiveBytes' thread-local sight, held from the first step on
         from dt.collectives.scratch import held_bytes
@@ -157,10 +183,12 @@ def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int, cluster:
     from dt.launcher import launch
     from dt.train.cli import parse_args
 
-    args = parse_args(train_argv(row.layout, model, batch, seq, steps))
+    gpu = on_gpu(cluster)
+    args = parse_args(train_argv(row.layout, model, batch, seq, steps, cluster.precision if gpu else None))
     shapes = stage_shapes(cluster, model, row.layout, batch, seq)
-    timed = launch(measure_worker, row.layout.world, args, steps, False, shapes, backend="gloo")
-    mem = launch(measure_worker, row.layout.world, args, 2, True, backend="gloo")
+    backend = "nccl" if gpu else "gloo"
+    timed = launch(measure_worker, row.layout.world, args, steps, False, shapes, backend=backend)
+    mem = launch(measure_worker, row.layout.world, args, 2, True, backend=backend)
     per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's
     cpu = [max(r["cpu"][i] for r in timed) for i in range(1, steps)]  # the busiest rank's CPU
     out = {"step_s": statistics.median(per_step), "steps_s": per_step, "cpu_s": statistics.median(cpu),
@@ -201,6 +229,12 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
         p = predict(cluster, model, first.layout, batch, seq, timelines=True)
         write_trace(trace, measured[first.layout.name()]["ranks"], p)
     text = comparison(picked, measured) + (f"\ntrace: {trace} (Perfetto, chrome://tracing)" if trace else "")
+    if on_gpu(cluster):
+        import torch
+
+        text = (f"measured on {torch.cuda.get_device_name(0)} (torch {torch.__version__}), dt train --device "
+                f"cuda --precision {TRAIN_PRECISION[cluster.precision]}; predicted on {cluster.source}; "
+                "peak: torch.cuda.max_memory_allocated\n" + text)
     return {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in measured.items()}, text
 
 

@@ -55,6 +55,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="a catalogue GPU (dt.cost.devices)")
     p.add_argument("--efficiency", type=args_.positive, default=None,
                    help="sustained fraction of the device's peak (default: the catalogue's stated one)")
+    p.add_argument("--timed", action="store_true",
+                   help="with --device: time dt train's layers and Adam on this host's GPU (its autocast) "
+                        "instead of pricing their FLOPs and bytes; the links stay the catalogue's")
     p.add_argument("--recompute", action="store_true", help="also consider full activation recompute "
                    "(dt train --recompute)")
     p.add_argument("--top", type=one, default=15, help="rows of the table")
@@ -75,8 +78,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.device is not None and a.precision in ("float32", "float64"):
         p.error(f"--precision {a.precision} is this machine's; a catalogue device takes "
                 f"{', '.join(PRECISIONS)}")
-    if a.check and (a.device or a.hosts > 1):
-        p.error("--check runs dt train on this machine: drop --device and --hosts")
+    if a.check and a.hosts > 1:
+        p.error("--check runs dt train on this machine: drop --hosts")
+    if a.check and a.device:
+        _check_on_gpus(p, a)
+    a.timed_gpu = _timed_gpu(p, a) if a.timed else ""
     if a.n_kv_head and a.model != "llama":
         p.error("--n-kv-head is --model llama's")
     if a.per_host is None:
@@ -85,6 +91,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--hosts x --per-host = {a.hosts * a.per_host} ranks; this machine runs at most "
                 f"{args_.MAX_WORLD}")
     return a
+
+
+def _check_on_gpus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+    """`--check --device D` runs dt train on this host's GPUs: there must be --per-host of them.
+
+    The catalogue's figures are the prediction and this host's GPUs the measurement, so a
+    check of --device h100 on an H200 says how far the two differ, not how wrong the model is:
+    the device's name is printed beside the table (not refused)."""
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if a.per_host is None:
+        a.per_host = have or 1
+    if a.per_host > have:
+        p.error(f"--check --device {a.device} runs dt train on this host's GPUs (one per rank): "
+                f"--per-host {a.per_host}, torch sees {have} GPU(s)")
+    if a.preset and PRESETS[a.preset].vocab != TRAIN_VOCAB:
+        p.error(f"--check trains on dt train's generated text ({TRAIN_VOCAB} symbols), not "
+                f"--preset {a.preset}'s vocabulary: give its shape as --n-layer, --n-head, --n-embd")
+
+
+def _timed_gpu(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
+    """--timed: the name of this host's GPU the layers are timed on (refused without one)."""
+    import torch
+
+    if not a.device:
+        p.error("--timed times the layers on this host's GPU for a catalogue --device: name one")
+    if not torch.cuda.is_available():
+        p.error("--timed times the layers on this host's GPU, and torch sees none here")
+    return torch.cuda.get_device_name(0)
 
 
 def _model(a: argparse.Namespace) -> ModelShape:
@@ -98,7 +134,8 @@ def _model(a: argparse.Namespace) -> ModelShape:
 
 def _cluster(a: argparse.Namespace) -> Cluster:
     if a.device:
-        return catalogue_cluster(a.device, a.hosts, a.per_host, a.precision or "bf16", a.efficiency)
+        return catalogue_cluster(a.device, a.hosts, a.per_host, a.precision or "bf16", a.efficiency,
+                                 a.timed_gpu)
     world = a.hosts * a.per_host if a.hosts > 1 else a.world
     return local_cluster(world, a.precision or "float32", a.hosts)
 

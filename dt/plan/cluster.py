@@ -38,6 +38,9 @@ class Cluster:
     peak: float = 0.0  # peak FLOP/s per rank, for MFU
     source: str = ""
     shared_memory: bool = False  # CPU: every rank's bytes come out of one machine's memory
+    # where dt train's own layers are timed for the stage's compute (dt.plan.timed): "cpu" this
+    # machine, "cuda" this host's GPU (a catalogue device with --timed), "" nowhere (FLOPs priced)
+    timed: str = ""
 
     @property
     def world(self) -> int:
@@ -52,19 +55,23 @@ class Cluster:
 
 
 def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
-                      efficiency: float | None = None) -> Cluster:
+                      efficiency: float | None = None, timed_gpu: str = "") -> Cluster:
     """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
 
-    efficiency: the sustained fraction of peak (default: the catalogue's stated one)."""
+    efficiency: the sustained fraction of peak (default: the catalogue's stated one).
+    timed_gpu: this host's GPU's name, where dt train's layers and Adam are to be timed on it
+    (`dt plan --timed`) instead of priced from FLOPs and bytes; the links stay the catalogue's."""
     d = catalogue_device(name)
     peak = d.peak_flops[precision]
     eff = d.matmul_efficiency[precision] if efficiency is None else efficiency
     intra = Machine(d.nvlink_latency, 1 / d.nvlink_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NVLink")
     inter = Machine(d.nic_latency, 1 / d.nic_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NIC")
+    compute = (f"dt train's layers and Adam timed on this host's {timed_gpu} ({precision} autocast)"
+               if timed_gpu else f"sustained {eff:.0%} of {peak / 1e12:.0f} TFLOP/s {precision} peak "
+               "(stated, not measured)")
     return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * eff, Levels(intra, inter),
                    int(d.hbm_bytes), d.hbm_bandwidth, precision, eff, peak,
-                   f"catalogue ({d.name}, dt.cost.devices), sustained {eff:.0%} of "
-                   f"{peak / 1e12:.0f} TFLOP/s {precision} peak (stated, not measured)")
+                   f"catalogue ({d.name}, dt.cost.devices), {compute}", timed="cuda" if timed_gpu else "")
 
 
 def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:
@@ -83,4 +90,4 @@ def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Clu
     return Cluster(f"this machine ({os.cpu_count()} cores, {world} ranks)", hosts, per_host, 0.0,
                    Levels(intra, inter), total, 1 / mem, precision, 1.0, 0.0,
                    f"measured here: collectives {intra.source}; compute timed per layer shape",
-                   shared_memory=True)
+                   shared_memory=True, timed="cpu")

@@ -4,7 +4,9 @@ FLOPs are dt.cost.flops' (step_flops of the layers, one rank's tp x cp
 share: Megatron's count; backward twice the forward, recompute one more
 forward of every block).
 
-On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency).
+On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency),
+unless it is timed on this host's GPU (`dt plan --device h200 --timed`): then
+dt's GPT stages are timed there as below, under the precision's autocast.
 On this machine, for dt's GPT, a stage's real layers are timed together
 (dt.plan.timed: dt train's modules at this rank's tp shard) with the threads
 each rank gets (cores / world), split between forward and backward by their
@@ -123,7 +125,24 @@ def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
     size: dt.plan.timed_cp); Llama and experts keep the per-layer stand-in."""
     cp = keys // t
     even = keys == t or (keys == cp * t and keys % (2 * cp) == 0)
-    return cluster.flops == 0 and model.family == "gpt" and not model.experts and even
+    return bool(cluster.timed) and model.family == "gpt" and not model.experts and even
+
+
+# A catalogue precision as the autocast dt train runs it under (weights and Adam stay float32)
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16", "fp32": "", "tf32": ""}
+
+
+def timed_dtype(cluster: Cluster) -> tuple[str, str]:
+    """(the weights' dtype, the autocast dtype or "") dt train runs the cluster's precision in."""
+    if cluster.timed == "cuda":
+        return "float32", AUTOCAST[cluster.precision]
+    return {4: "float32", 8: "float64"}[cluster.itemsize], ""
+
+
+def turns(cluster: Cluster, world: int) -> float:
+    """How many ranks take turns on each processor: on this machine's cores (oversubscribed); on
+    GPUs none (one per rank)."""
+    return oversubscribed(world) if cluster.timed == "cpu" else 1.0
 
 
 def timed_shape(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -132,9 +151,10 @@ def timed_shape(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, 
     threads and dtype); None where the stage is not timed here (_timed_here)."""
     if not _timed_here(cluster, model, t, keys):
         return None
-    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    return (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world),
-            dtype, keys // t, cp_kind)
+    dtype, autocast = timed_dtype(cluster)
+    threads = rank_threads(world) if cluster.timed == "cpu" else torch.get_num_threads()
+    return (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, threads,
+            dtype, keys // t, cp_kind, cluster.timed, autocast)
 
 
 def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -154,7 +174,7 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
     cp = keys // t
     flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    total = stage_seconds(*shape) * oversubscribed(world)
+    total = stage_seconds(*shape) * turns(cluster, world)
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
@@ -185,8 +205,9 @@ def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp
               blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
     """Seconds DDP's hooks add to a stage's synchronised backward on the rank's own thread (a hook
     and a bucket copy per gradient, the launches, the end-of-backward wait: dt.plan.timed), timed
-    where the stage's layers are; 0 on a catalogue device (priced as nothing beside its kernels)."""
-    if not _timed_here(cluster, model, t, keys):
+    where the stage's layers are on this machine; 0 on a GPU (priced as nothing beside its kernels:
+    not timed there yet)."""
+    if cluster.timed != "cpu" or not _timed_here(cluster, model, t, keys):
         return 0.0
     from dt.plan.timed import ddp_hook_seconds
 

@@ -2,9 +2,10 @@
 
 On a catalogue device Adam is memory-bound: it reads weight, gradient and both
 moments and writes weight and moments, (3 numbers + 4 moments) x itemsize
-bytes at the device's bandwidth. On this machine it is bound by its ops (about
-ten per tensor: a 0.2M-parameter GPT's 52 tensors cost 3-6 ms of CPU where
-their bytes say 1.2 ms), so Adam's own step is timed (dt.plan.timed) over the
+bytes at the device's bandwidth (`dt plan --timed`: timed on this host's GPU,
+as below). On this machine it is bound by its ops (about ten per tensor: a
+0.2M-parameter GPT's 52 tensors cost 3-6 ms of CPU where their bytes say
+1.2 ms), so Adam's own step is timed (dt.plan.timed) over the
 tensors it steps: every dense tensor apart without ZeRO, one flat shard of
 psi / N numbers with it (ZeroOptimizer's), the experts' weights as one more.
 """
@@ -34,10 +35,12 @@ def adam_tensors(lay: Layout, w: StageWork, shards: int, expert_shards: int = 1)
 def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> float:
     """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
     sizes = adam_tensors(lay, w, shards, expert_shards)
-    if c.flops > 0:
+    if not c.timed:
         numbers = sum(w.dense) + w.experts
         return (3 * numbers + 4 * sum(sizes)) * c.itemsize / c.mem_bw
     from dt.plan.timed import adam_seconds
 
+    if c.timed == "cuda":  # dt train's Adam on the GPU: its float32 state, one kernel launch per op
+        return adam_seconds(sizes, 1, "float32", "cuda")
     threads = rank_threads(lay.world)
     return adam_seconds(sizes, threads, {4: "float32", 8: "float64"}[c.itemsize]) * oversubscribed(lay.world)

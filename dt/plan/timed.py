@@ -23,7 +23,12 @@ So the planner times what `dt train` runs:
 
 Timed with time.thread_time when a rank has one thread (the CPU time the
 rank's own thread spends: what other programs on the cores do not add to),
-else the wall clock; the median of REPS repetitions after a warm one. The median, not the least:
+else the wall clock; the median of REPS repetitions after a warm one. On a GPU
+(`dt plan --device h200 --timed` on an H200) the same modules run there, under
+dt train's autocast, each repetition timed on the wall clock to the end of its
+kernels: a small model's step is bound by launching its kernels as much as by
+their arithmetic, which a FLOP count cannot see (GPT-2 small's shape on an H200:
+a 51-62 ms step, 39 ms of it in kernels, 12 ms of those matmuls). The median, not the least:
 `dt plan --check` compares with the median step of a run, and this machine's speed drifts by
 10-20% over seconds (a stage's repetitions within one second: least 12.4 ms, median 17.9 ms,
 in the training processes themselves), so the least predicted every step 15-30% short.
@@ -31,6 +36,7 @@ in the training processes themselves), so the least predicted every step 15-30% 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import statistics
 import time
@@ -54,16 +60,16 @@ REPS = 9
 MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
 
 
-def timed(fn: Callable[[], object], threads: int, reps: int = REPS) -> float:
+def timed(fn: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> float:
     """Seconds of fn: the median of `reps` (and of MIN_SECONDS at least) after a warm call; CPU
-    time of this thread when one thread runs the ops (robust to other programs' turns on the
-    cores), else wall time."""
-    return statistics.median(samples(fn, threads, reps))
+    time of this thread when one thread runs the ops on the CPU (robust to other programs' turns
+    on the cores), else wall time (on a GPU fn ends by waiting for its kernels)."""
+    return statistics.median(samples(fn, threads, reps, device))
 
 
-def samples(fn: Callable[[], object], threads: int, reps: int = REPS) -> list[float]:
+def samples(fn: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> list[float]:
     """The repetitions `timed` takes the median of (the clock and counts as it says)."""
-    clock = time.thread_time if threads == 1 else time.perf_counter
+    clock = time.thread_time if threads == 1 and device == "cpu" else time.perf_counter
     fn()
     times: list[float] = []
     while len(times) < reps or sum(times) < MIN_SECONDS:
@@ -135,30 +141,39 @@ def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: 
 
 
 def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int, head: bool,
-               embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool) -> Callable[[], None]:
+               embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool, device: str = "cpu",
+               autocast: str = "") -> Callable[[], None]:
     """One micro-batch's forward and backward through a fresh stage (with `ddp`: wrapped in dt's
-    DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches)."""
-    stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind)
+    DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches), on
+    `device`, under dt train's autocast of that dtype where one is named."""
+    stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind).to(device)
     if ddp:
         stage = DistributedDataParallel(stage, group=_one_rank())
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g)  # host: this machine's CPU is timed
-    x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype),  # host: as ids
-                    requires_grad=not embed)
-    grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype)  # host: as x
+    g = torch.Generator().manual_seed(0)  # drawn on the host (one seed on any device), then moved
+    ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g).to(device)  # host: drawn, moved
+    x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype))  # host: drawn, moved
+    x = x.to(device).requires_grad_(not embed)
+    grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype).to(device)  # host: drawn, moved
+    gpu = device != "cpu"
+
+    def cast() -> contextlib.AbstractContextManager:
+        return torch.autocast(device, getattr(torch, autocast)) if autocast else contextlib.nullcontext()
 
     def run() -> None:
         for p in stage.parameters():
             p.grad = None  # dt train's step: fresh gradients every step
-        out = stage(x, ids)
-        out.backward(None if out.dim() == 0 else grad)
+        with cast():
+            out = stage(x, ids)
+        out.backward(None if out.dim() == 0 else grad.to(out.dtype))
+        if gpu:
+            torch.cuda.synchronize(device)  # the step's kernels done, not queued
 
     return run
 
 
 def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
                head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
-               cp_kind: str = "ring") -> tuple[float, ...]:
+               cp_kind: str = "ring", device: str = "cpu", autocast: str = "") -> tuple[float, ...]:
     """One micro-batch's forward and backward through a stage's real layers, one rank (t: its
     tokens, seq / cp): every repetition's seconds, timed now (`dt plan --check` times it again
     inside the run's own processes)."""
@@ -166,7 +181,7 @@ def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
     torch.set_num_threads(threads)
     try:
         return tuple(samples(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp,
-                                        cp_kind, False), threads))
+                                        cp_kind, False, device, autocast), threads, device=device))
     finally:
         torch.set_num_threads(old)
 
@@ -207,16 +222,21 @@ def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: i
 
 
 @functools.cache
-def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str) -> float:
+def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str, device: str = "cpu") -> float:
     """Seconds of dt.train.optim.Adam's step over tensors of these numbers (the moments made)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype)))  # host: this CPU's Adam is timed
-                  for n in sizes]
+        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype), device=device)) for n in sizes]
         for p in params:
             p.grad = torch.full_like(p, 1e-3)
         adam = Adam(params, lr=1e-3)
-        return timed(adam.step, threads)
+
+        def step() -> None:
+            adam.step()
+            if device != "cpu":
+                torch.cuda.synchronize(device)
+
+        return timed(step, threads, device=device)
     finally:
         torch.set_num_threads(old)

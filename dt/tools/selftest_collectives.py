@@ -8,8 +8,10 @@ scatter) and barrier. A registry collective without a case here is reported
 as a failure, so a new one cannot go unchecked.
 
 torch's reference calls are its current names (all_gather_single,
-reduce_scatter_single): the older all_gather_into_tensor and
-reduce_scatter_tensor warn that they are deprecated.
+reduce_scatter_single) where the installed torch has them: from 2.13 the older
+all_gather_into_tensor and reduce_scatter_tensor warn that they are
+deprecated, and before it (2.11, which the first GPU machine had) the new
+names do not exist.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ __all__ = ["CASES", "DTYPES", "Case", "check_collectives", "rank_device"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
 LATE_S = 0.2  # how late the last rank comes to a checked barrier
+TORCH_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+TORCH_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def rank_device() -> torch.device:
@@ -101,7 +105,7 @@ def _all_gather_into_tensor(algo, n, dtype, p, r, device):
     a = torch.empty(n * p, dtype=dtype, device=device)
     b = torch.empty_like(a)
     dt.all_gather_into_tensor(a, x, algorithm=algo)
-    dist.all_gather_single(b, x)
+    TORCH_ALL_GATHER(b, x)
     return a, b
 
 
@@ -123,7 +127,7 @@ def _reduce_scatter_tensor(algo, n, dtype, p, r, device):
     a = torch.empty(n, dtype=dtype, device=device)
     b = torch.empty_like(a)
     dt.reduce_scatter_tensor(a, x, algorithm=algo)
-    dist.reduce_scatter_single(b, x)
+    TORCH_REDUCE_SCATTER(b, x)
     return a, b
 
 

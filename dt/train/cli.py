@@ -164,7 +164,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
              *[f"validation loss {v:.4f} at step {n}" for n, v in r0.get("val_losses", [])[-1:]],
              *_trainer_lines(args, r0),
-             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)" + _mfu(args, r0),
+             f"throughput {r0['tokens_per_s']:.0f} tokens/s ({r0['wall_s']:.2f} s)" + _mfu(args, r0)
+             + _steady(args, r0),
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
@@ -204,13 +205,23 @@ def _trainer_lines(args: argparse.Namespace, r0: dict[str, Any]) -> list[str]:
     return out
 
 
-def _mfu(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+def _mfu(args: argparse.Namespace, r0: dict[str, Any], key: str = "tokens_per_s") -> str:
     """MFU beside the throughput, with what it divides by."""
     fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
     if not fpt or not peak:
         return ""
+    if key != "tokens_per_s":
+        return f", MFU {100 * mfu(fpt, r0[key], peak):.2f}%"
     return (f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}% ({fpt / 1e6:.2f} MFLOP per token; "
             f"peak: {args.peak_source})")
+
+
+def _steady(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+    """The rate after the first step, on its own line: what a longer run trains at."""
+    if not r0.get("steady_tokens_per_s"):
+        return ""
+    return (f"\nafter the first step (warm-up: allocations, kernels chosen): "
+            f"{r0['steady_tokens_per_s']:.0f} tokens/s" + _mfu(args, r0, "steady_tokens_per_s"))
 
 
 def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[dict[str, Any]]) -> list[str]:

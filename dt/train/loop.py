@@ -100,6 +100,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                       peak_flops=getattr(args, "peak_total", None))
     losses: list[float] = []
     t_start = clock(run.device)
+    t_warm = eval_warm = None  # after the run's first step: its allocations and kernel choices done
     for step in range(start, args.steps):
         x, y = data.batch(step, args.batch_size, args.block_size)
         sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
@@ -107,9 +108,13 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         loss = step_fn(x[sl], y[sl])  # forward, backward, sync, optimizer step
         losses.append(loss)
         hooks.end(step, loss, step_fn.times, step_fn.stats.get("grad_norm"))  # validation, metrics
+        if step == start:
+            t_warm, eval_warm = clock(run.device), hooks.eval_s
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
             save_checkpoint(args.checkpoint, run.saved, optimizer, step + 1, run.cfg, args.keep, saved_with)
-    wall = clock(run.device) - t_start - hooks.eval_s  # training's time: validation apart
+    t_end = clock(run.device)
+    wall = t_end - t_start - hooks.eval_s  # training's time: validation apart
+    steady = t_end - t_warm - (hooks.eval_s - eval_warm) if t_warm is not None else 0.0
     hooks.close()
     if args.checkpoint and start < args.steps:
         save_checkpoint(args.checkpoint, run.saved, optimizer, args.steps, run.cfg, args.keep, saved_with)
@@ -117,6 +122,9 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     placement = _placement(args, run)  # after the loop: the world group is connected only now
     return {"rank": run.rank, "coords": run.coords, "losses": losses, "start": start, "wall_s": wall,
             "tokens_per_s": steps * args.batch_size * args.block_size / wall if wall > 0 else 0.0,
+            # the steady rate: without the first step (a GPU's first step alone can take a second)
+            "steady_tokens_per_s": ((steps - 1) * args.batch_size * args.block_size / steady
+                                    if steps > 1 and steady > 0 else None),
             "times": dict(step_fn.times), "bytes_sent": dict(step_fn.bytes_sent), "steps": steps,
             "peak_stash": step_fn.stats["peak_stash"], "moe": step_fn.stats.get("moe", {}),
             "grad_norm": step_fn.stats.get("grad_norm"), "skipped": step_fn.stats.get("skipped", 0),
