@@ -112,13 +112,19 @@ def _check_on_gpus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
                 f"--preset {a.preset}'s vocabulary: give its shape as --n-layer, --n-head, --n-embd")
 
 
+def _gpu_here() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _timed_gpu(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
     """--timed: the name of this host's GPU the layers are timed on (refused without one)."""
     import torch
 
     if not a.device:
         p.error("--timed times the layers on this host's GPU for a catalogue --device: name one")
-    if not torch.cuda.is_available():
+    if not _gpu_here():
         p.error("--timed times the layers on this host's GPU, and torch sees none here")
     return torch.cuda.get_device_name(0)
 
@@ -164,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(title)
     print(f"cluster: {cluster.source}")
+    if a.device and not a.timed and _gpu_here():
+        print("note: this host has a GPU: --timed times dt train's own layers on it instead of pricing "
+              "FLOPs (on an H200, FLOPs at 70% of peak put GPT-2 small's step 75% short: README, GPUs)")
     gone = "; ".join(f"{n} dropped: {why}" for why, n in dropped.items())
     print(f"{enumerated} layouts dt train accepts, {len(rows)} fit{'; ' + gone if gone else ''} "
           f"({took:.2f} s to plan, {cpu:.2f} s of CPU)")
