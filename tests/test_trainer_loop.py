@@ -55,6 +55,9 @@ def test_metrics_lines_carry_the_schedule_the_losses_and_the_split(run, tmp_path
     assert [r["loss"] for r in lines] == out["losses"]
     assert [("val_loss" in r) for r in lines] == [False, False, True, False, False, True]
     assert [(r["step"], r["val_loss"]) for r in lines if "val_loss" in r] == out["val_losses"]
+    # the steady rate leaves the first step (and validation) out: its tokens over the rest's time
+    tokens = out["steps"] * 8 * 8
+    assert out["steady_tokens_per_s"] > 0 and out["tokens_per_s"] == pytest.approx(tokens / out["wall_s"])
     for r in lines:
         assert r["tokens_per_s"] > 0 and set(r["time"]) == {"compute", "communication", "bubble"}
         assert r["time"]["compute"] > 0
