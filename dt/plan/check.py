@@ -33,7 +33,7 @@ import statistics
 import time
 from typing import Any
 
-from dt.plan.cluster import Cluster
+from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
@@ -50,10 +50,6 @@ def chosen(rows: list[Row], runs: int) -> list[Row]:
     k = runs - len(top)
     picks = [rest[round(i * (len(rest) - 1) / max(1, k - 1))] for i in range(k)] if k else []
     return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
-
-
-# A catalogue cluster's precision as dt train's --precision (autocast; weights and Adam stay float32)
-TRAIN_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
 
 
 def on_gpu(cluster: Cluster) -> bool:

@@ -18,10 +18,13 @@ from dt.cost.devices import device as catalogue_device
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine, machine
 
-__all__ = ["Cluster", "catalogue_cluster", "local_cluster"]
+__all__ = ["TRAIN_PRECISION", "Cluster", "catalogue_cluster", "local_cluster"]
 
 
 ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "float32": 4, "float64": 8}
+# A catalogue precision as dt train runs it on a GPU (--precision: the autocast dtype; the
+# weights and Adam's state stay float32)
+TRAIN_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.cost.flops import step_flops
-from dt.plan.cluster import Cluster
+from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.model import ModelShape
 
 __all__ = ["Shard", "ddp_hooks", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads",
@@ -128,14 +128,11 @@ def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
     return bool(cluster.timed) and model.family == "gpt" and not model.experts and even
 
 
-# A catalogue precision as the autocast dt train runs it under (weights and Adam stay float32)
-AUTOCAST = {"bf16": "bfloat16", "fp16": "float16", "fp32": "", "tf32": ""}
-
-
 def timed_dtype(cluster: Cluster) -> tuple[str, str]:
     """(the weights' dtype, the autocast dtype or "") dt train runs the cluster's precision in."""
     if cluster.timed == "cuda":
-        return "float32", AUTOCAST[cluster.precision]
+        autocast = TRAIN_PRECISION[cluster.precision]
+        return "float32", "" if autocast == "float32" else autocast
     return {4: "float32", 8: "float64"}[cluster.itemsize], ""
 
 
