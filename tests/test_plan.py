@@ -168,3 +168,20 @@ def test_this_machine_prices_what_dt_runs_at_the_swept_time(monkeypatch):
                      overheads=Overheads(post=1e-4)).total
     assert crowded == pytest.approx(plain) and crowded != pytest.approx(2e-5)
     comm._with_terms.cache_clear()
+
+
+def test_clipping_under_zero_reads_the_experts_shard_over_their_replicas():
+    """dp4 ep2 ZeRO 1 with --clip: the clip pass reads the dense numbers over dp x cp = 4 and the
+    experts' over their replicas (edp = 2), as ZeroParts holds them, at the catalogue's bandwidth."""
+    from dt.plan.cluster import catalogue_cluster
+    from dt.plan.stage import stage_work
+    from dt.plan.step_model import predict, stage_groups
+
+    c = catalogue_cluster("h100", 1, 4)
+    model = ModelShape(2, 2, 32, 44, experts=4, top_k=1)
+    lay = Layout(dp=4, ep=2, zero=1, clip=True)
+    w = stage_work(c, model, lay, stage_groups(lay)[0], 16, 32, 0)
+    assert w.experts > 0
+    clip = [s for s in predict(c, model, lay, 16, 32, timelines=True).timelines[0] if s.label == "clip"]
+    want = 3 * (sum(w.dense) / 4 + w.experts / 2) * c.itemsize / c.mem_bw
+    assert len(clip) == 1 and clip[0].end - clip[0].start == pytest.approx(want)

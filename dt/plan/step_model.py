@@ -201,7 +201,9 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[s
     clipping reads this rank's shard and sums its norm over dp x cp first (dt.train.clip)."""
     before, after = optimizer_collectives(c, lay, w, g)
     shards = len(g.dp_cp) if lay.zero else 1
-    numbers = (sum(w.dense) + w.experts) / shards
+    # ZeRO shards the dense numbers over dp x cp and the experts' over their replicas (edp), as
+    # ZeroParts holds them: the numbers clipping reads on this rank
+    numbers = sum(w.dense) / shards + w.experts / (len(g.edp) if lay.zero else 1)
     out = [("dp", d, label) for label, d in before]
     if lay.clip and shards > 1:
         out.append(("norm", collective_seconds(c, "all_reduce", c.itemsize, g.dp_cp), "clip: shards' norm"))
