@@ -7,12 +7,14 @@ with the reason; the option checks and the layout's placement need none of them.
 from __future__ import annotations
 
 import glob
+import operator
 import os
 import tempfile
 
 import pytest
 
 from dt.launcher.cluster import ClusterError, check_tools, jobs
+from dt.launcher.cluster.launch import cluster_launch
 from dt.plan import check as check_module
 from dt.plan.check import chosen, train_argv
 from dt.plan.cli import parse_args as plan_args
@@ -30,6 +32,7 @@ except ClusterError as exc:
     MISSING = str(exc)
 
 TINY = ModelShape(2, 2, 32, 44)
+JOB_DIRS = f"{tempfile.gettempdir()}/dt-cluster-launch-*"  # cluster_launch's temporary directories
 
 
 def test_the_run_places_tp_where_the_plan_priced_it():
@@ -51,8 +54,7 @@ def test_check_refuses_a_catalogue_device_and_takes_a_link(capsys):
 def test_a_small_check_across_two_simulated_hosts(tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no shared tune figures read or written
     assert plan_args(["--hosts", "2", "--per-host", "1", "--check"]).check  # root: accepted
-    job_dirs = f"{tempfile.gettempdir()}/dt-cluster-launch-*"
-    shm, left, dirs = dt_segments(), set(jobs()), set(glob.glob(job_dirs))
+    shm, left, dirs = dt_segments(), set(jobs()), set(glob.glob(JOB_DIRS))
     cluster = local_cluster(2, hosts=2)
     rows, _, _ = rank_layouts(cluster, TINY, 8, 16)
     runs: list[list[dict]] = []  # every rank's result of every run, as the cluster brought them back
@@ -77,9 +79,22 @@ def test_a_small_check_across_two_simulated_hosts(tmp_path, monkeypatch):
     assert all(r["peak_bytes"] > 0 for r in mem)
     assert measured[name]["step_s"] > 0 and measured[name]["peak_bytes_per_rank"] > 0
     assert name in text and "median |pred - meas| / meas" in text and trace.exists()
-    # nothing left: no namespace, link, state file or job directory of the runs, no shared memory
+    _nothing_left(shm, left, dirs)
+
+
+@pytest.mark.skipif(bool(MISSING), reason=MISSING)
+@pytest.mark.timeout(180)
+def test_a_failing_rank_on_the_cluster_is_named_and_nothing_is_left():
+    shm, left, dirs = dt_segments(), set(jobs()), set(glob.glob(JOB_DIRS))
+    with pytest.raises(RuntimeError, match=r"rank [01] raised ZeroDivisionError"):
+        cluster_launch(operator.truediv, 2, 1, 1, 0)  # 1 / 0 on every rank
+    _nothing_left(shm, left, dirs)
+
+
+def _nothing_left(shm: set[str], left: set[str], dirs: set[str]) -> None:
+    """No namespace, link, state file or job directory of the runs, no shared-memory segment."""
     assert [j for j in set(jobs()) - left if _ours_or_stale(j)] == []
-    assert set(glob.glob(job_dirs)) - dirs == set()
+    assert set(glob.glob(JOB_DIRS)) - dirs == set()
     assert dt_segments() - shm == set()
 
 
