@@ -30,9 +30,9 @@ from dt.units import parse_rate, parse_size, parse_time
 
 __all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "TRANSPORTS", "InputError", "Parser", "Variable",
            "at_least", "available_memory", "boolean", "check_environment", "check_local_world", "cores",
-           "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "listed",
-           "max_local_world", "non_negative", "positive", "ranks", "rate", "register", "seconds", "size",
-           "text_value", "transport", "world"]
+           "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "link",
+           "listed", "max_local_world", "non_negative", "positive", "ranks", "rate", "register", "seconds",
+           "size", "text_value", "transport", "world"]
 
 MAX_WORLD = 4096  # ranks in one world, across hosts: beyond this it is a typo, not a plan
 
@@ -115,6 +115,11 @@ def rate(text: str) -> float:
     if not (value > 0 and math.isfinite(value)):
         raise InputError(f"must be a rate above 0, got {text!r}")
     return value
+
+
+def link(text: str) -> float:
+    """A link rate as people say it ('1Gbit', '10Gbit/s', '125MB/s'): bits per second."""
+    return rate(text if text.endswith("/s") else text + "/s") * 8
 
 
 def duration(text: str) -> float:

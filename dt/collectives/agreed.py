@@ -34,7 +34,7 @@ from dt.cost.machine import DEFAULT_MACHINE, Machine, figures, machine
 from dt.transport import RECV, SEND, Group, default_device, topology_of
 from dt.transport.discover import post_and_wait
 
-__all__ = ["Agreed", "agree", "local_figures"]
+__all__ = ["Agreed", "agree", "figures_on", "levels_of", "local_figures"]
 
 
 @dataclass(frozen=True)
@@ -53,35 +53,41 @@ def _machine(row: list[float], source: str) -> Machine:
 
 
 def local_figures(g: Group) -> dict[str, Any]:
-    """This rank's figures for the group, as rank 0 sends them (a JSON-able dict).
+    """This rank's figures for the group, as rank 0 sends them (a JSON-able dict)."""
+    topo = topology_of(g)
+    shm = g.links.wires is not None and any(w.name == "shm" for w in g.links.wires)
+    return figures_on(g.backend, g.size, topo.shape(), max(topo.per_host), shm, g.ranks[0])
+
+
+def figures_on(backend: str, size: int, shape: str, per_host: int, shm: bool,
+               first: int = 0) -> dict[str, Any]:
+    """The figures a group of `size` ranks on `shape` (hosts x ranks, "2x2") prices with, from this
+    process's tune file: what rank `first` sends (local_figures), what `dt plan` prices a simulated
+    cluster with (dt.plan.cluster), one rule for both.
 
     Where `dt tune` timed each level on its own pair on this topology ("levels":
-    dt/tools/tune_levels.py, under the wire the group talks on inside a host), those
-    alpha and beta price the levels; else the whole group's exchange prices the link
-    between hosts and a one-host figure the link inside one.
+    dt/tools/tune_levels.py, under the wire the group talks on inside a host: shared
+    memory where `shm`), those alpha and beta price the levels; else the whole group's
+    exchange prices the link between hosts and a one-host figure the link inside one.
     """
-    topo = topology_of(g)
-    shape = topo.shape()
-    inter = figures(g.backend, g.size, shape)
+    inter = figures(backend, size, shape)
     note = "" if inter is not None else (
-        f"no `dt tune` figures for {g.backend} on {shape} hosts x ranks: defaults price the link "
+        f"no `dt tune` figures for {backend} on {shape} hosts x ranks: defaults price the link "
         "between hosts (a one-host figure is not used across hosts)")
-    per_host = max(topo.per_host)
-    shm = g.links.wires is not None and any(w.name == "shm" for w in g.links.wires)
-    intra = machine("shm" if shm else g.backend, per_host)
+    intra = machine("shm" if shm else backend, per_host)
     row = ([inter["alpha"], inter["beta"], inter["gamma"], 0.0, 0.0] if inter is not None else
            [DEFAULT_MACHINE.alpha, DEFAULT_MACHINE.beta, DEFAULT_MACHINE.gamma, 0.0, 0.0])
     intra_row = [intra.alpha, intra.beta, intra.gamma, intra.sync, intra.mem]
-    source = ((f"rank {g.ranks[0]}'s dt tune ({g.backend}, {shape})" if inter else "defaults")
+    source = ((f"rank {first}'s dt tune ({backend}, {shape})" if inter else "defaults")
               + f"; inside a host: {intra.source}")
-    paired = figures("shm" if shm else g.backend, g.size, shape) or inter or {}
+    paired = figures("shm" if shm else backend, size, shape) or inter or {}
     pairs = paired.get("levels", {})
     if "inter" in pairs:
         row = [pairs["inter"]["alpha"], pairs["inter"]["beta"], paired["gamma"], 0.0, 0.0]
     if "intra" in pairs:
         intra_row = [pairs["intra"]["alpha"], pairs["intra"]["beta"], paired["gamma"], intra.sync, intra.mem]
     if pairs:
-        source = (f"rank {g.ranks[0]}'s dt tune ({paired['backend']}, {shape}), "
+        source = (f"rank {first}'s dt tune ({paired['backend']}, {shape}), "
                   f"{' and '.join(sorted(pairs))} timed on their own pairs")
     return {"inter": row, "intra": intra_row,
             "nics": int(paired.get("nics", 0)),
@@ -111,6 +117,10 @@ def agree(g: Group) -> Agreed | None:
         payload = torch.empty(int(length.item()), dtype=torch.uint8, device=device)
         post_and_wait(g, [(RECV, payload, 0)], what)
     fig = json.loads(bytes(payload.cpu().tolist()).decode())
-    links.agreed = Agreed(Levels(_machine(fig["intra"], fig["source"]), _machine(fig["inter"], fig["source"]),
-                                 fig["nics"]), fig["source"], fig["note"], fig["winners"])
+    links.agreed = Agreed(levels_of(fig), fig["source"], fig["note"], fig["winners"])
     return links.agreed
+
+
+def levels_of(fig: dict[str, Any]) -> Levels:
+    """Both levels' Machines from figures as local_figures / figures_on give them."""
+    return Levels(_machine(fig["intra"], fig["source"]), _machine(fig["inter"], fig["source"]), fig["nics"])

@@ -25,12 +25,22 @@ where dt charges a step's unhidden communication), the optimizer's span,
 and the gaps between collectives inside train_step as compute (pipeline
 sends and receives included there: they are waited on inside the pipeline's
 own wire, not through `blocking`).
+
+Across hosts (a `dt cluster` topology: the plan's Cluster has hosts > 1) each
+run, timing and memory alike, goes to a fresh simulated cluster of the planned
+shape instead (dt.launcher.cluster.launch: the same worker under torchrun on
+every host, each rank's result back through a temporary directory), its links
+capped at dt plan's --link (the rate the cluster's `dt tune` figures were
+measured at, 1Gbit by default); tp inside or across hosts as the layout was
+priced (dt train's --layout).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
@@ -38,7 +48,9 @@ from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
-__all__ = ["busy_seconds", "check", "chosen", "comparison", "measure_worker", "train_argv"]
+__all__ = ["busy_seconds", "check", "chosen", "comparison", "launcher", "measure_worker", "train_argv"]
+
+Launch = Callable[..., list[Any]]  # launch(fn, world, *args): every rank's result, in rank order
 
 
 def chosen(rows: list[Row], runs: int) -> list[Row]:
@@ -72,7 +84,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
             "--cp-attention", lay.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
             "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
             "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
-            "--no-progress", *device, "--model", model.family]
+            "--no-progress", *device, "--model", model.family,
+            "--layout", "tp-across" if lay.tp_across else "tp-inside"]  # where the planner put tp
     if lay.clip:
         argv += ["--clip", str(CLIP)]
     if lay.recompute:
@@ -175,16 +188,34 @@ def _mark_optimizer(optimizer: Any, rec: Any) -> None:
     optimizer.step = step
 
 
-def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int, cluster: Cluster) -> dict[str, Any]:
-    from dt.launcher import launch
+def launcher(cluster: Cluster, link_bits: float | None = None) -> Launch:
+    """Where a run goes: fresh local processes on one host (on its GPUs, over NCCL, for a catalogue
+    cluster); across hosts, a fresh simulated cluster of the planned shape (each run its own: the
+    memory run must not inherit the timing run's scratch), its links capped at link_bits per
+    second (None: uncapped)."""
+    if cluster.hosts == 1:
+        from dt.launcher import launch
+
+        return functools.partial(launch, backend="nccl" if on_gpu(cluster) else "gloo")
+    from dt.launcher.cluster.launch import cluster_launch
+
+    def on_cluster(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+        if world != cluster.world:
+            raise ValueError(f"a layout of {world} ranks on a cluster of {cluster.world}")
+        return cluster_launch(fn, cluster.hosts, cluster.per_host, *args, link_bits=link_bits)
+
+    return on_cluster
+
+
+def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int, cluster: Cluster,
+         launch: Launch) -> dict[str, Any]:
     from dt.train.cli import parse_args
 
     gpu = on_gpu(cluster)
     args = parse_args(train_argv(row.layout, model, batch, seq, steps, cluster.precision if gpu else None))
     shapes = stage_shapes(cluster, model, row.layout, batch, seq)
-    backend = "nccl" if gpu else "gloo"
-    timed = launch(measure_worker, row.layout.world, args, steps, False, shapes, backend=backend)
-    mem = launch(measure_worker, row.layout.world, args, 2, True, backend=backend)
+    timed = launch(measure_worker, row.layout.world, args, steps, False, shapes)
+    mem = launch(measure_worker, row.layout.world, args, 2, True)
     per_step = [max(r["steps"][i] for r in timed) for i in range(1, steps)]  # the slowest rank's
     cpu = [max(r["cpu"][i] for r in timed) for i in range(1, steps)]  # the busiest rank's CPU
     out = {"step_s": statistics.median(per_step), "steps_s": per_step, "cpu_s": statistics.median(cpu),
@@ -208,16 +239,19 @@ def stage_shapes(cluster: Cluster, model: ModelShape, lay: Layout, batch: int, s
 
 
 def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int, seq: int,
-          model: ModelShape, cluster: Cluster) -> tuple[dict[str, dict[str, Any]], str]:
-    """Measure the chosen layouts; (measured figures by layout name, the comparison table)."""
+          model: ModelShape, cluster: Cluster, link_bits: float | None = None
+          ) -> tuple[dict[str, dict[str, Any]], str]:
+    """Measure the chosen layouts; (measured figures by layout name, the comparison table).
+    link_bits: across hosts, each simulated host's link rate (bits/s; None: uncapped)."""
     from dt.plan.trace import write_trace
 
     if steps < 2:
         raise ValueError("--check needs --steps >= 2: the first is warm-up")
     picked = chosen(rows, runs)
+    launch = launcher(cluster, link_bits)
     measured: dict[str, dict[str, Any]] = {}
     for row in picked:
-        measured[row.layout.name()] = _run(row, model, batch, seq, steps, cluster)
+        measured[row.layout.name()] = _run(row, model, batch, seq, steps, cluster, launch)
     if trace and picked:
         from dt.plan.step_model import predict
 

@@ -4,6 +4,7 @@
     dt plan --world 4 --explain dp2.tp1.pp2.z0.1f1b.m4
     dt plan --preset llama-7b --hosts 8 --per-host 8 --device h100 --global-batch 512 --seq 4096
     dt plan --world 2 --check --steps 10 --trace plan-trace.json
+    dt plan --hosts 2 --per-host 2 --check            # each run on a fresh `dt cluster` (root)
 """
 
 from __future__ import annotations
@@ -70,6 +71,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=one, default=8,
                    help="dt train steps per --check run (the first is warm-up)")
     p.add_argument("--trace", metavar="JSON", default=None, help="--check: Chrome trace of the first run")
+    p.add_argument("--link", type=args_.link, default=args_.link("1Gbit"),
+                   help="--check across hosts: each simulated host's link, as `dt cluster up --link` "
+                        "(default 1Gbit, the rate the README's cluster figures were tuned at)")
     a = p.parse_args(argv)
     if a.efficiency is not None and not 0 < a.efficiency <= 1:
         p.error(f"--efficiency must be in (0, 1], got {a.efficiency}")
@@ -78,8 +82,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.device is not None and a.precision in ("float32", "float64"):
         p.error(f"--precision {a.precision} is this machine's; a catalogue device takes "
                 f"{', '.join(PRECISIONS)}")
-    if a.check and a.hosts > 1:
-        p.error("--check runs dt train on this machine: drop --hosts")
+    if a.check and a.device and a.hosts > 1:
+        p.error("--check --device runs dt train on this host's GPUs: drop --hosts")
     if a.check and a.device:
         _check_on_gpus(p, a)
     a.timed_gpu = _timed_gpu(p, a) if a.timed else ""
@@ -90,6 +94,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.device is None and a.hosts * a.per_host > args_.MAX_WORLD:
         p.error(f"--hosts x --per-host = {a.hosts * a.per_host} ranks; this machine runs at most "
                 f"{args_.MAX_WORLD}")
+    if a.check and a.hosts > 1:
+        _can_simulate(p, a.hosts * a.per_host)
     return a
 
 
@@ -129,6 +135,18 @@ def _timed_gpu(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
     return torch.cuda.get_device_name(0)
 
 
+def _can_simulate(p: argparse.ArgumentParser, world: int) -> None:
+    """--check across hosts runs `dt cluster`s here: its ranks on this machine's cores and memory,
+    and root, ip, tc and unshare; else one line now, not a failure after the planning."""
+    from dt.launcher.cluster import ClusterError, check_tools
+
+    try:
+        args_.check_local_world(world, "ranks (--hosts x --per-host) of --check's simulated cluster")
+        check_tools()
+    except (args_.InputError, ClusterError) as exc:
+        p.error(f"--check with --hosts runs under dt cluster: {exc}")
+
+
 def _model(a: argparse.Namespace) -> ModelShape:
     if a.preset:
         return PRESETS[a.preset]
@@ -164,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.check:
         from dt.plan.check import check
 
-        measured, text = check(rows, a.runs, a.steps, a.trace, a.global_batch, a.seq, model, cluster)
+        measured, text = check(rows, a.runs, a.steps, a.trace, a.global_batch, a.seq, model, cluster, a.link)
     if a.json:
         print(as_json(meta, rows, measured))
         return 0

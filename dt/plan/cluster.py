@@ -78,7 +78,10 @@ def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf
 
 
 def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:
-    """This machine: `dt tune`'s figures for the shared-memory wire (the defaults when untuned).
+    """This machine: `dt tune`'s figures for the shared-memory wire (the defaults when untuned);
+    with hosts > 1 a simulated cluster (`dt cluster`) of hosts x world / hosts ranks, priced with
+    the figures dt's own `auto` agrees on there (dt.collectives.agreed.figures_on: those `dt tune`
+    measured under `dt cluster` on that topology; never a loopback figure across hosts).
 
     Compute is measured per layer shape (flops 0: dt.plan.compute times the
     layers); the optimizer's pass runs at the memcpy rate `dt tune` saved.
@@ -86,11 +89,18 @@ def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Clu
     from dt.args import available_memory
 
     intra = machine("shm", world)
-    inter = machine("gloo", world) if hosts > 1 else intra
-    mem = intra.mem or 0.21e-9
     per_host = world // hosts
+    levels, source = Levels(intra, intra), f"collectives {intra.source}"
+    if hosts > 1:
+        from dt.collectives.agreed import figures_on, levels_of
+
+        fig = figures_on("gloo", world, f"{hosts}x{per_host}", per_host, True)
+        note = f"; {fig['note']}" if fig["note"] else ""
+        levels, source = levels_of(fig), f"collectives {fig['source']}{note}"
+    mem = intra.mem or 0.21e-9
     total = available_memory() or 0
-    return Cluster(f"this machine ({os.cpu_count()} cores, {world} ranks)", hosts, per_host, 0.0,
-                   Levels(intra, inter), total, 1 / mem, precision, 1.0, 0.0,
-                   f"measured here: collectives {intra.source}; compute timed per layer shape",
-                   shared_memory=True, timed="cpu")
+    where = f"{hosts} simulated hosts x {per_host}" if hosts > 1 else f"{world}"
+    return Cluster(f"this machine ({os.cpu_count()} cores, {where} ranks)", hosts, per_host, 0.0,
+                   levels, total, 1 / mem, precision, 1.0, 0.0,
+                   f"measured here: {source}; compute timed per layer shape", shared_memory=True,
+                   timed="cpu")

@@ -15,15 +15,10 @@ from __future__ import annotations
 
 import sys
 
-from dt.args import InputError, Parser, at_least, check_local_world, duration, rate, seconds
+from dt.args import InputError, Parser, at_least, check_local_world, duration, link, seconds
 from dt.launcher.cluster import ClusterError, check_tools, cluster, destroy, jobs, stale
 
 __all__ = ["main"]
-
-
-def _link(text: str) -> float:
-    """A link rate as people say it ('1Gbit', '10Gbit/s', '125MB/s'): bits per second."""
-    return rate(text if text.endswith("/s") else text + "/s") * 8
 
 
 def _parser() -> Parser:
@@ -32,7 +27,7 @@ def _parser() -> Parser:
     up = sub.add_parser("up", help="make the hosts, run CMD on each under torchrun, tear down")
     up.add_argument("--hosts", type=at_least(1), default=2)
     up.add_argument("--per-host", type=at_least(1), default=2, help="ranks per host (torchrun's nproc)")
-    up.add_argument("--link", type=_link, default=None,
+    up.add_argument("--link", type=link, default=None,
                     help="each host's link rate, both ways (1Gbit, 10Gbit/s); default: uncapped")
     up.add_argument("--delay", type=duration, default=0.0, help="one-way added delay per link (netem)")
     up.add_argument("--timeout", type=seconds, default=None, help="stop the run after this many seconds")

@@ -5,8 +5,11 @@
 
 netns.py makes the hosts (a namespace each, a bridge, veth pairs, tbf on both
 ends), run.py runs a command on every host under torchrun and tears it all
-down however the run ends. Root, `ip`, `tc` and `unshare` are needed; without
-them `netns.check_tools` says which is missing.
+down however the run ends, launch.py runs a function on every rank of a fresh
+cluster and brings each rank's result back (`cluster_launch`, for `dt plan
+--check` across hosts; imported from its own module, which every host runs as
+__main__). Root, `ip`, `tc` and `unshare` are needed; without them
+`netns.check_tools` says which is missing.
 """
 
 from dt.launcher.cluster.netns import ClusterError, Network, check_tools, destroy, jobs, stale
