@@ -41,10 +41,10 @@ def test_the_run_places_tp_where_the_plan_priced_it():
         assert train_args(train_argv(lay, TINY, 8, 16, steps=2)).layout == order
 
 
-def test_check_refuses_a_catalogue_device_and_takes_a_link(capsys):
-    with pytest.raises(SystemExit):
+def test_check_refuses_a_catalogue_device_across_hosts_and_takes_a_link(capsys):
+    with pytest.raises(SystemExit):  # a catalogue device is checked on this host's GPUs alone
         plan_args(["--hosts", "2", "--per-host", "2", "--device", "h100", "--check"])
-    assert "drop --device" in capsys.readouterr().err
+    assert "drop --hosts" in capsys.readouterr().err
     assert plan_args(["--link", "10Gbit"]).link == 10e9
     assert plan_args([]).link == 1e9  # the rate the README's cluster figures were tuned at
 
