@@ -74,8 +74,7 @@ def ddp_sync(world: int, hidden: int, layers: int, algorithm: str = "auto",
     """The reference model's gradient sync at this world as dt.plan prices dt's DDP on this
     machine (buckets of 25 MB, first 1 MB, on the shared-memory wire; algorithm auto: what dt's
     auto runs, at the sweep's measured time where it covers a bucket, else the model with
-    its terms), or None
-    when this world was not tuned on that wire.
+    its terms), or None when this world was not tuned on that wire.
 
     comm: the buckets' seconds one after another (the DDP's comm timer); with `backward`
     (the measured backward compute of the overlap-on step), exposed_on: what runs past it
