@@ -16,7 +16,6 @@ import pytest
 from dt import cost
 from dt.bench import report as R
 from dt.bench import scaling as S
-from dt.bench.scaling.tables import t7_cost_model
 
 # --------------------------------------------------------------------------
 # breakdown: parts of a step that sum to 100%
@@ -184,9 +183,12 @@ def test_end_to_end_table_2(tmp_path, capsys):
     assert "### Table 2." in out and "validation is off" in out
     data = json.loads((tmp_path / "scaling.json").read_text())
     assert data["machine"]["cores"] >= 1 and data["machine"]["backend"] == "gloo"
-    (row,) = data["tables"]["2"]["data"]
-    assert row["world"] == 2 and row["ring_steps"] == 2 and row["naive_steps"] == 2
-    assert row["ring_time"]["n"] == 4 * 2 and row["ring_time"]["median"] > 0  # 4x reps up to 1 MB
+    rows = data["tables"]["2"]["data"]
+    assert [r["wire"] for r in rows] == ["torch", "shm"]  # both wires, each beside its prediction
+    for row in rows:
+        assert row["world"] == 2 and row["ring_steps"] == 2 and row["naive_steps"] == 2
+        assert row["ring_time"]["n"] == 4 * 2 and row["ring_time"]["median"] > 0  # 4x reps up to 1 MB
+        assert "ring_predicted" in row and "naive_predicted" in row
     assert data["tables"]["2"]["machine"] == data["machine"]
     md = (tmp_path / "scaling.md").read_text()
     assert "### Table 2." in md and "Produced by `python -m dt.bench.scaling" in md
@@ -196,6 +198,19 @@ def test_end_to_end_table_2(tmp_path, capsys):
 # --------------------------------------------------------------------------
 # tables built from synthetic measurements (no workers): every builder, files, plots
 # --------------------------------------------------------------------------
+
+
+def save_tuned(tmp_path, monkeypatch, world: int | None, alpha: float, beta: float, gamma: float) -> None:
+    """A tune.json of the test's own: the torch and shm wires' figures at `world` (None: empty)."""
+    from dt.cost import machine
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    machine.forget()
+    if world is not None:
+        machine.save({"backend": "gloo", "world": world, "alpha": alpha, "beta": beta, "gamma": gamma,
+                      "measured_at": "now"})
+        machine.save({"backend": "shm", "world": world, "alpha": alpha / 2, "beta": beta / 2, "gamma": gamma,
+                      "sync": alpha / 4, "mem": beta / 4, "measured_at": "now"})
 
 
 def _fake_study(tmp_path, tuned: bool, monkeypatch) -> S.Study:
@@ -233,10 +248,9 @@ def _fake_study(tmp_path, tuned: bool, monkeypatch) -> S.Study:
         per_rank = [[{"step": 1.0, "idle": 0.5, "compute": 0.5, "peak_stash": mb, "bytes_sent": 10}]
                     for _ in range(s.pp_stages)]
         st.pp[(kind, sched, mb)] = S.aggregate_pipeline(per_rank)
-    # dt tune figures for the first world only (tuned), or none at all, whatever this machine saved
-    monkeypatch.setattr(t7_cost_model, "load_tuned", lambda world, backend="gloo": {
-        "world": world, "alpha": alpha, "beta": beta, "gamma": gamma,
-        "measured_at": "now"} if tuned and world == s.coll_worlds[0] else None)
+    # dt tune figures for the first world only, both wires (tuned), or none at all, in a cache of
+    # the test's own: never what this machine saved
+    save_tuned(tmp_path, monkeypatch, s.coll_worlds[0] if tuned else None, alpha, beta, gamma)
     return st
 
 
@@ -248,11 +262,10 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
         md = st.tables[i].markdown()
         widths = {line.count("|") for line in md.splitlines() if line.startswith("|")}
         assert len(widths) == 1, f"table {i} has ragged rows"
-    # the model reproduces its own synthetic data: pred/meas 1.00x everywhere
+    # the fit reproduces the synthetic data it was fitted to (torch wire: one alpha, one beta)
     t7 = st.tables[7]
-    assert all(r["ratio"] == pytest.approx(1.0, rel=1e-6) for r in t7.data)
-    assert all(r["ratio_fit"] == pytest.approx(1.0, rel=1e-3) for r in t7.data)
-    assert ("pred/meas (fit)" in t7.headers) == tuned
+    assert all(r["ratio_fit"] == pytest.approx(1.0, rel=1e-3) for r in t7.data if r["wire"] == "torch")
+    check_predictions(st, tuned)
     # table 5: every row sums to 100%
     for row in st.tables[5].data:
         assert sum(row[k] for k in S.BREAKDOWN_PARTS) == pytest.approx(1.0)
@@ -276,6 +289,74 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     assert data["tables"]["7"]["fits"]
 
 
+def check_predictions(st: S.Study, tuned: bool) -> None:
+    """Every prediction the tables print is the cost model's figure for the tuned values: the
+    all-reduces dt.collectives.auto.tuned_predictions' (what `dt model --measured` prints), the
+    gradient sync dt.plan's; where the world was not tuned there is none."""
+    from dt.bench.ddp import reference_model
+    from dt.collectives.auto import tuned_predictions
+    from dt.cost import machine
+    from dt.plan.cluster import local_cluster
+    from dt.plan.comm import collective_seconds
+    from dt.plan.stage import bucket_bytes
+
+    first = st.s.coll_worlds[0]
+
+    def expected(impl: str, nbytes: int, world: int) -> float | None:
+        saved = machine.figures("shm" if impl.endswith("@shm") else "gloo", world)
+        if not tuned or world != first:
+            return None
+        return tuned_predictions("all_reduce", nbytes, world, saved)[impl.partition("@")[0]].total
+
+    for r in st.tables[7].data:
+        assert r["predicted"] == expected(r["algorithm"], r["nbytes"], r["world"]), r
+        if r["predicted"] is None:
+            assert math.isnan(r["ratio"])
+    for i in (1, 2):
+        rows = st.tables[i].data
+        assert {r["wire"] for r in rows} == {"torch", "shm"}
+        for r in rows:
+            at = "@shm" if r["wire"] == "shm" else ""
+            for algo in ("ring", "naive"):
+                assert r[f"{algo}_predicted"] == expected(algo + at, r["nbytes"], r["world"]), (i, r)
+    for r in st.tables[3].data:
+        if not r["impl"].startswith("dt"):
+            assert r["comm_predicted"] is None and r["step_predicted"] is None
+            continue
+        if not tuned or r["world"] != first:
+            assert r["comm_predicted"] is None and r["step_predicted"] is None, r
+            continue
+        grads = [p.numel() for p in reference_model(st.s.hidden, st.s.layers).parameters()]
+        cluster = local_cluster(r["world"])
+        want = sum(collective_seconds(cluster, "all_reduce", n, tuple(range(r["world"])))
+                   for n in bucket_bytes(grads, 4))
+        assert r["comm_predicted"] == pytest.approx(want, rel=1e-12) and want > 0
+        compute = st.dp[(r["world"], r["global_batch"])]["compute"]["step"].median
+        if r["impl"] == "dt_off":
+            assert r["step_predicted"] == pytest.approx(compute + want)
+        else:
+            assert compute <= r["step_predicted"] <= compute + want
+    dp_rows = [r for r in st.tables[5].data if "impl" in r]
+    assert any(r["exposed_comm_predicted"] is not None for r in dp_rows) == tuned
+
+
+def test_the_study_and_dt_model_measured_price_alike(tmp_path, monkeypatch):
+    """Table 7's pricing is `dt model all_reduce --measured`'s: one function, the same figures."""
+    from dt.collectives.auto import tuned_predictions
+    from dt.cost import machine
+    from dt.tools import whatif
+
+    save_tuned(tmp_path, monkeypatch, 2, 100e-6, 1e-9, 0.1e-9)
+    for wire in ("gloo", "shm"):
+        saved = machine.figures(wire, 2)
+        for n in (4096, 262144, 33554432):
+            got = dict(whatif.tuned_table("all_reduce", n, 2, saved))
+            same = dict(whatif.table("all_reduce", n, 2, saved["alpha"], saved["beta"], saved["gamma"],
+                                     saved.get("sync"), saved.get("mem")))
+            assert got == same == tuned_predictions("all_reduce", n, 2, saved)
+            assert ("one_shot" in got) == (wire == "shm")
+
+
 def test_table_3s_world_1_row_keeps_its_own_definition(tmp_path, monkeypatch):
     """speedup = T1 / s/step on the world-1 row too, when rank 0 alone beat the world-1 run."""
     st = _fake_study(tmp_path, False, monkeypatch)
@@ -286,7 +367,7 @@ def test_table_3s_world_1_row_keeps_its_own_definition(tmp_path, monkeypatch):
     first = t3.data[0]
     assert first["world"] == 1 and first["t1"] == 0.89
     assert first["speedup"] == pytest.approx(0.89) and first["efficiency"] == pytest.approx(0.89)
-    assert t3.rows[0][5] == "0.89x", t3.rows[0]
+    assert t3.rows[0][6] == "0.89x", t3.rows[0]
 
 
 def test_a_failed_measurement_leaves_a_gap_not_a_crash(tmp_path, monkeypatch):

@@ -48,6 +48,7 @@ from dt.cost.levels import Levels, two_level
 from dt.cost.machine import Machine
 from dt.cost.machine import machine as saved_machine
 from dt.cost.machine import winners as saved_winners
+from dt.cost.overheads import Overheads
 from dt.cost.records import LEVELED, family, record_for
 from dt.transport import Group
 
@@ -72,19 +73,38 @@ def candidates(collective: str, shared_memory: bool | None = None) -> list[str]:
 
 
 def predictions(collective: str, nbytes: int, group_size: int, fig: Machine,
-                shared_memory: bool = False,
-                stage_bytes: int | None = None) -> dict[str, cost.Estimate]:
-    """Every candidate's estimate for one call (load/store ones at fig.sync and fig.mem)."""
+                shared_memory: bool = False, stage_bytes: int | None = None,
+                overheads: Overheads | None = None) -> dict[str, cost.Estimate]:
+    """Every candidate's estimate for one call (load/store ones at fig.sync and fig.mem);
+    with `overheads` (dt tune's terms, dt.cost.overheads) each carries the terms too."""
     out = {}
     for name in candidates(collective, shared_memory):
         if needs_shared_memory(collective, name):
             out[name] = cost.estimate(collective, name, nbytes, group_size, alpha=fig.sync,
-                                      beta=fig.mem, gamma=fig.gamma, stage_bytes=stage_bytes)
+                                      beta=fig.mem, gamma=fig.gamma, stage_bytes=stage_bytes,
+                                      overheads=overheads)
         else:
             out[name] = cost.estimate(collective, name, nbytes, group_size, alpha=fig.alpha,
                                       beta=fig.beta, gamma=fig.gamma,
-                                      segment_bytes=DEFAULT_SEGMENT_BYTES)
+                                      segment_bytes=DEFAULT_SEGMENT_BYTES, overheads=overheads)
     return out
+
+
+def tuned_predictions(collective: str, nbytes: int, group_size: int,
+                      saved: dict[str, Any]) -> dict[str, cost.Estimate]:
+    """Every candidate priced with one wire's `dt tune` entry (dt.cost.machine.figures), its terms
+    included: what `dt model --measured` prints and the scaling study sets beside its timings.
+
+    An entry with `sync` and `mem` is the shared-memory wire's (the load/store algorithms
+    too, staged as the host segment stages them); one without is the torch wire's.
+    """
+    from dt.transport.shm.host import DEFAULT_STAGE_BYTES
+
+    shared = isinstance(saved.get("sync"), (int, float)) and isinstance(saved.get("mem"), (int, float))
+    fig = Machine(saved["alpha"], saved["beta"], saved["gamma"], sync=saved.get("sync") or 0.0,
+                  mem=saved.get("mem") or 0.0)
+    return predictions(collective, nbytes, group_size, fig, shared, DEFAULT_STAGE_BYTES if shared else None,
+                       Overheads.from_saved(saved))
 
 
 @functools.lru_cache(maxsize=4096)  # called on every collective: price each size once

@@ -69,22 +69,23 @@ def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
     wire) the load/store algorithms too, as dt.collectives.auto prices them; with
     `overheads` (dt tune's terms) each estimate carries the terms beside the three."""
     from dt.collectives import auto
-    from dt.collectives.registry import needs_shared_memory
-    from dt.collectives.ring_engine import DEFAULT_SEGMENT_BYTES
 
     fig = cost.Machine(alpha, beta, gamma, sync=sync or 0.0, mem=mem or 0.0)
     shared = sync is not None and mem is not None
     stage = (32 << 20) if shared else None
-    if overheads is None:
-        rows = list(auto.predictions(collective, nbytes, world, fig, shared, stage).items())
-    else:  # auto's pricing (the same figures per family of algorithm), with the terms
-        rows = [(name, cost.estimate(collective, name, nbytes, world, alpha=fig.sync, beta=fig.mem,
-                                     gamma=gamma, stage_bytes=stage, overheads=overheads)
-                 if needs_shared_memory(collective, name) else
-                 cost.estimate(collective, name, nbytes, world, alpha=alpha, beta=beta, gamma=gamma,
-                               segment_bytes=DEFAULT_SEGMENT_BYTES, overheads=overheads))
-                for name in auto.candidates(collective, shared)]
-    return sorted(rows, key=lambda row: row[1].total)
+    return _cheapest(auto.predictions(collective, nbytes, world, fig, shared, stage, overheads))
+
+
+def tuned_table(collective: str, nbytes: int, world: int, saved: dict) -> list[tuple[str, cost.Estimate]]:
+    """--measured: every algorithm priced with one wire's `dt tune` entry, cheapest first
+    (dt.collectives.auto.tuned_predictions, which the scaling study's tables price with too)."""
+    from dt.collectives import auto
+
+    return _cheapest(auto.tuned_predictions(collective, nbytes, world, saved))
+
+
+def _cheapest(pred: dict[str, cost.Estimate]) -> list[tuple[str, cost.Estimate]]:
+    return sorted(pred.items(), key=lambda row: row[1].total)
 
 
 TERM_COLUMNS = (("software", "software"), ("wake", "wake"), ("sharing", "sharing"),
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         if any(per_rank[0].values()):  # the launched world spans hosts: price it on two levels
             whatif_hosts.print_measured(args.collective, sizes, per_rank)
             return 0
-    figures: dict[str, tuple] = {}
+    figures: dict[str, Any] = {}  # per wire: dt tune's saved entry (--measured), else the figures
     if args.measured:
         from dt.cost import machine
 
@@ -215,8 +216,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"dt model --measured: no figures saved for the {wire} wire; run `dt tune "
                       f"--world {args.world}` first", file=sys.stderr)
                 return 2
-            figures[wire] = (saved["alpha"], saved["beta"], saved["gamma"], saved.get("sync"),
-                             saved.get("mem"), Overheads.from_saved(saved))
+            figures[wire] = saved
             extra = (f", sync {fmt_time(saved['sync'], 3)}, memcpy {saved['mem'] * 1e9:.3f} ns/B"
                      if "sync" in saved else "")
             load = f", load {saved['load']:.1f}" if isinstance(saved.get("load"), (int, float)) else ""
@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
               + (f", 1/gamma {fmt_bytes(1 / gamma, 3)}/s{whose}" if gamma else ", reduction free")
               + (f"; shared memory: sync {fmt_time(sync, 3)}, memcpy {fmt_bytes(1 / mem, 3)}/s"
                  if sync and mem else ""))
-    tables = {w: {n: table(args.collective, n, args.world, *fig) for n in sizes}
+    tables = {w: {n: tuned_table(args.collective, n, args.world, fig) if isinstance(fig, dict)
+                  else table(args.collective, n, args.world, *fig) for n in sizes}
               for w, fig in figures.items()}
     if args.algorithms:
         known = {name for t in tables.values() for rows in t.values() for name, _ in rows}

@@ -43,6 +43,7 @@ Where things are (one idea per file):
 
     reference.py  the original design's sizes       settings.py  Settings, quick_settings
     model.py      the arithmetic (cost model terms, fit, breakdown, bubble)
+    predicted.py  the cost model's predictions beside the timings, from `dt tune`'s figures
     workers.py    what every rank runs               study.py     Study: plan, measure, aggregate
     tables/       one file per table + the registry  report.py    markdown, JSON, README
     plots.py      the figures                        cli.py       parse_args, main
@@ -62,15 +63,15 @@ from dt.bench.scaling.model import (
     scaling_row,
     simulate_bubble,
 )
+from dt.bench.scaling.predicted import tuned
 from dt.bench.scaling.reference import T1_BYTES, T2_BYTES
 from dt.bench.scaling.report import command_line, report_markdown, write_outputs
 from dt.bench.scaling.settings import Settings, quick_settings
 from dt.bench.scaling.study import Study, aggregate_dp, aggregate_pipeline
 from dt.bench.scaling.tables import ALL_TABLES, BUILDERS, TABLES, TITLES, Table, TableSpec
-from dt.bench.scaling.tables.t7_cost_model import load_tuned
 
 __all__ = ["ALL_TABLES", "BREAKDOWN_LABELS", "BREAKDOWN_PARTS", "BUILDERS", "MODELED_ALL_REDUCE",
            "T1_BYTES", "T2_BYTES", "TABLES", "TITLES", "Settings", "Study", "Table", "TableSpec",
            "aggregate_dp", "aggregate_pipeline", "breakdown", "command_line", "fit_alpha_beta",
-           "load_tuned", "main", "model_terms", "parse_args", "predict", "quick_settings",
-           "report_markdown", "scaling_row", "simulate_bubble", "write_outputs"]
+           "main", "model_terms", "parse_args", "predict", "quick_settings",
+           "report_markdown", "scaling_row", "simulate_bubble", "tuned", "write_outputs"]

@@ -2,7 +2,9 @@
 
 The ring takes 2(p-1) sequential steps, the naive all-reduce 2 (reduce to a
 root, broadcast back): at a small size the steps cost more than the bytes and
-naive wins. The notes say, per world, up to which measured size it still does.
+naive wins. Each time sits beside the cost model's prediction from `dt tune`'s
+figures for that world and wire (predicted.py), on both wires. The notes say,
+per world, up to which measured size naive still wins on the torch wire.
 """
 
 from __future__ import annotations
@@ -10,16 +12,18 @@ from __future__ import annotations
 from typing import Any
 
 from dt.bench import report as R
+from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import model_terms
 from dt.bench.scaling.reference import T2_BYTES
 from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
+from dt.bench.scaling.tables.t1_allreduce_big import WIRES
 
 TITLE = "Ring vs naive all-reduce, 0.26 MB float32 (latency-bound: naive's 2 steps win)"
 
 
 def needs(s: Any) -> Needs:
     return Needs(allreduce={w: {s.small_bytes} for w in s.coll_worlds},
-                 algorithms={"ring", "naive", "gloo"})
+                 algorithms={"ring", "naive", "gloo", "ring@shm", "naive@shm"})
 
 
 def crossover_notes(st: Results) -> list[str]:
@@ -48,33 +52,43 @@ def build(st: Results) -> Table:
     for world in s.coll_worlds:
         m = st.coll.get((world, nbytes))
         if m is None:
-            rows.append([world] + ["not measured"] + ["-"] * 8)
+            rows.append([world, "-", "not measured"] + ["-"] * 10)
             continue
-        ring, naive, gloo = m["ring"], m["naive"], m["gloo"]
         tr, tn = model_terms("ring", nbytes, world), model_terms("naive", nbytes, world)
-        naive_speedup = ring["time"].median / naive["time"].median
-        rows.append([world, tr["steps"], tn["steps"], ring["messages_sent_max"],
-                     naive["messages_sent_max"], R.fmt_stat_time(ring["time"]),
-                     R.fmt_stat_time(naive["time"]), R.fmt_stat_time(gloo["time"]),
-                     R.fmt_ratio(naive_speedup), "naive" if naive_speedup > 1 else "ring"])
-        data.append({"world": world, "nbytes": nbytes, "ring_steps": tr["steps"],
-                     "naive_steps": tn["steps"], "ring_messages_max": ring["messages_sent_max"],
-                     "naive_messages_max": naive["messages_sent_max"], "ring_time": ring["time"],
-                     "naive_time": naive["time"], "gloo_time": gloo["time"],
-                     "naive_speedup": naive_speedup})
+        for wire, at in WIRES:
+            if f"ring{at}" not in m or f"naive{at}" not in m:
+                continue
+            ring, naive, gloo = m[f"ring{at}"], m[f"naive{at}"], m.get("gloo")
+            pred_ring, pred_naive = (P.seconds(a + at, nbytes, world, s.backend) for a in ("ring", "naive"))
+            naive_speedup = ring["time"].median / naive["time"].median
+            rows.append([world, wire, tr["steps"], tn["steps"], ring["messages_sent_max"],
+                         naive["messages_sent_max"], R.fmt_stat_time(ring["time"]), P.fmt(pred_ring),
+                         R.fmt_stat_time(naive["time"]), P.fmt(pred_naive),
+                         R.fmt_stat_time(gloo["time"]) if gloo and wire == "torch" else "-",
+                         R.fmt_ratio(naive_speedup), "naive" if naive_speedup > 1 else "ring"])
+            data.append({"world": world, "wire": wire, "nbytes": nbytes, "ring_steps": tr["steps"],
+                         "naive_steps": tn["steps"], "ring_messages_max": ring["messages_sent_max"],
+                         "naive_messages_max": naive["messages_sent_max"], "ring_time": ring["time"],
+                         "ring_predicted": pred_ring, "naive_time": naive["time"],
+                         "naive_predicted": pred_naive, "gloo_time": gloo["time"] if gloo else None,
+                         "naive_speedup": naive_speedup})
     notes = [f"{R.fmt_bytes(nbytes)} = {nbytes:,} B. Steps: sequential message rounds (latency "
              "terms) from dt.cost: the ring pays 2(p-1), naive 2 (reduce, then broadcast). "
              "Messages: the most any rank sent (the root's p-1 sends per phase in naive, which "
              "go out at once).",
-             "naive speedup = ring time / naive time; above 1x the naive all-reduce wins."]
+             "Time: median of the slowest rank; (model): the cost model's time from that world's and "
+             "wire's `dt tune` figures, as in table 1 ('-': not tuned). naive speedup = ring time / "
+             "naive time; above 1x the naive all-reduce wins. wire: torch = gloo's sockets, shm = "
+             "dt's shared-memory wire."]
     cross = crossover_notes(st)
     if cross:
-        notes.append("Where the ring takes over (every measured size, all-reduce sweep): " + "; ".join(cross))
+        notes.append("Where the ring takes over on the torch wire (every measured size, all-reduce "
+                     "sweep): " + "; ".join(cross))
     notes += contention_notes(s.coll_worlds, st.cores)
     title = TITLE if nbytes == T2_BYTES else f"Ring vs naive all-reduce, {nbytes / 1e6:.2f} MB float32"
-    return Table(2, title, ["world", "ring steps", "naive steps", "ring msgs", "naive msgs (root)",
-                            "ring time", "naive time", "gloo time", "naive speedup", "faster"],
-                 rows, notes, data)
+    return Table(2, title, ["world", "wire", "ring steps", "naive steps", "ring msgs", "naive msgs (root)",
+                            "ring time", "(model)", "naive time", "(model)", "gloo time", "naive speedup",
+                            "faster"], rows, notes, data, align=["r", "l"] + ["r"] * 11)
 
 
 SPEC = TableSpec(2, TITLE, needs, build)

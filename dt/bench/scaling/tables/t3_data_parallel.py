@@ -3,6 +3,8 @@
 s/step, speedup over one process, efficiency and the communication fraction,
 for dt's DDP with overlap off and on, torch's DDP beside it, and the same ranks
 computing with no communication at all (the bound any data parallel could reach).
+dt's rows carry the cost model's gradient sync beside the measured one, and the
+step it predicts from the no-communication step (predicted.py: dt.plan's pricing).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 from dt.bench import report as R
 from dt.bench.ddp import reference_model
+from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import scaling_row
 from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
 from dt.bench.scaling.tables.baseline import dp_t1, superlinear_note, t1_notes
@@ -48,10 +51,15 @@ def build(st: Results) -> Table:
             step = t1 if one_thread_t1 else a["step"].median
             label = LABELS[impl] if world == 1 or impl != "compute" else "no communication (bound)"
             sc = scaling_row(t1, step, world)
+            pred_comm = pred_step = None
             if impl.startswith("dt"):
                 exposed = a["exposed"].median
                 comm = a["comm"].median
                 hidden = a["hidden"].median
+                sync = P.ddp_sync(world, s.hidden, s.layers, s.dp_algorithm, a["backward_compute"].median)
+                pred_comm = sync["comm"] if sync else None
+                if "compute" in m:
+                    pred_step = P.ddp_step(sync, m["compute"]["step"].median, impl == "dt_on")
             elif impl == "torch":
                 # torch's DDP exposes no timers: exposed = its step minus the same ranks' step
                 # with no communication (measured in the same run); hidden is not observable.
@@ -62,13 +70,14 @@ def build(st: Results) -> Table:
             frac = exposed / step if step else math.nan
             mb = a["bytes_sent"].median if "bytes_sent" in a else 0.0
             shown = R.fmt_time(t1) if one_thread_t1 else R.fmt_stat_time(a["step"])
-            rows.append([world, label, batch // world, shown, R.fmt_time(t1),
+            rows.append([world, label, batch // world, shown, P.fmt(pred_step), R.fmt_time(t1),
                          R.fmt_ratio(sc["speedup"]), R.fmt_pct(sc["efficiency"]), R.fmt_pct(frac),
-                         R.fmt_time(comm), R.fmt_time(hidden), R.fmt_bytes(mb) if mb else "-"])
+                         R.fmt_time(comm), P.fmt(pred_comm), R.fmt_time(hidden),
+                         R.fmt_bytes(mb) if mb else "-"])
             data.append({"world": world, "impl": impl, "global_batch": batch,
-                         "per_worker": batch // world, "step": a["step"], **sc,
-                         "comm_fraction": frac, "exposed": exposed, "comm": comm, "hidden": hidden,
-                         "bytes_sent_max": mb, "t1": t1})
+                         "per_worker": batch // world, "step": a["step"], "step_predicted": pred_step,
+                         **sc, "comm_fraction": frac, "exposed": exposed, "comm": comm,
+                         "comm_predicted": pred_comm, "hidden": hidden, "bytes_sent_max": mb, "t1": t1})
     params = sum(p.numel() for p in reference_model(s.hidden, s.layers).parameters())
     notes = [f"Model: {s.layers} Linear({s.hidden}, {s.hidden}) layers, GELU between: {params:,} "
              f"parameters, {R.fmt_bytes(4 * params)} of float32 gradients all-reduced per step "
@@ -82,6 +91,14 @@ def build(st: Results) -> Table:
              "exchange left out, all computing at once: the best any data parallel could do here. "
              "comm fraction = exposed communication / step (what the step waited "
              "for); comm = time the all-reduces ran; hidden = comm - exposed (ran under backward).",
+             "(model) beside comm: the gradient's buckets all-reduced one after another, each priced "
+             "as `dt plan` prices dt's DDP on this machine (dt.plan.stage.bucket_ready, "
+             "dt.plan.comm.collective_seconds: the algorithm dt's auto runs on the shared-memory "
+             "wire, at `dt tune --world N`'s swept time for it where the sweep covers the bucket, "
+             "else the cost model with its terms); '-': that world was not tuned. (model) beside "
+             "s/step: the no-communication step measured in the same run plus that comm (overlap "
+             "off), or plus what of it runs past the measured backward (overlap on, "
+             "dt.plan.sync.thread_end): only the communication is predicted.",
              f"Each world size runs {os.cpu_count()} cores' worth of threads in all "
              "(torch.set_num_threads(cores // world), at least 1), so compute cannot scale past "
              "the core count: efficiency at world > cores is bounded by cores/world."]
@@ -89,9 +106,9 @@ def build(st: Results) -> Table:
     notes += superlinear_note([d["efficiency"] for d in data], st.cores)
     notes += contention_notes(s.dp_worlds, st.cores)
     return Table(3, f"{TITLE} (global batch {batch})",
-                 ["world", "implementation", "per worker", "s/step", "T1", "speedup", "efficiency",
-                  "comm fraction", "comm", "hidden", "bytes sent/rank"],
-                 rows, notes, data, align=["r", "l"] + ["r"] * 9)
+                 ["world", "implementation", "per worker", "s/step", "(model)", "T1", "speedup",
+                  "efficiency", "comm fraction", "comm", "(model)", "hidden", "bytes sent/rank"],
+                 rows, notes, data, align=["r", "l"] + ["r"] * 11)
 
 
 SPEC = TableSpec(3, TITLE, needs, build)

@@ -2,7 +2,8 @@
 
 compute, hidden communication (under backward), exposed communication, the
 pipeline bubble and the rest (Python, contention, idle), for the data-parallel
-configurations of tables 3 and 4 and the pipeline schedules of table 6.
+configurations of tables 3 and 4 and the pipeline schedules of table 6; beside
+the exposed communication, the cost model's (predicted.py, as table 3).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import math
 from typing import Any
 
 from dt.bench import report as R
+from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import BREAKDOWN_LABELS, BREAKDOWN_PARTS, breakdown, schedules_offered
 from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
 from dt.bench.scaling.tables.baseline import dp_t1
@@ -30,11 +32,16 @@ def build(st: Results) -> Table:
     s, rows, data = st.s, [], []
 
     def add(label: str, step: float, compute: float, exposed: float, hidden: float,
-            bubble: float, efficiency: float, extra: dict[str, Any]) -> None:
+            bubble: float, efficiency: float, extra: dict[str, Any],
+            predicted: float | None = None) -> None:
         parts = breakdown(step, compute, exposed, hidden, bubble)
-        rows.append([label, R.fmt_time(step)] + [R.fmt_pct(parts[k]) for k in BREAKDOWN_PARTS]
-                    + [R.fmt_pct(sum(parts.values())), R.fmt_pct(efficiency)])
-        data.append({"configuration": label, "step": step, **parts, "efficiency": efficiency, **extra})
+        # the predicted exposed seconds as a share of the measured step, beside the measured share
+        share = None if predicted is None else predicted / step
+        cells = [R.fmt_pct(parts[k]) for k in BREAKDOWN_PARTS]
+        cells.insert(BREAKDOWN_PARTS.index("exposed_comm") + 1, "-" if share is None else R.fmt_pct(share))
+        rows.append([label, R.fmt_time(step), *cells, R.fmt_pct(sum(parts.values())), R.fmt_pct(efficiency)])
+        data.append({"configuration": label, "step": step, **parts, "exposed_comm_predicted": share,
+                     "efficiency": efficiency, **extra})
 
     # table 3's configurations, then table 4's where they were measured (the sweep's world)
     configs = [(w, s.dp_batch) for w in s.dp_worlds]
@@ -54,8 +61,11 @@ def build(st: Results) -> Table:
             a = m[impl]
             step = a["step"].median
             compute = a["forward"].median + a["backward_compute"].median + a["optimizer"].median
+            on = impl == "dt_on"
+            sync = P.ddp_sync(world, s.hidden, s.layers, s.dp_algorithm, a["backward_compute"].median)
             add(f"DP world {world}, batch {batch}, {name}", step, compute, a["exposed"].median,
-                a["hidden"].median, 0.0, t1 / step / world, {"world": world, "impl": impl})
+                a["hidden"].median, 0.0, t1 / step / world, {"world": world, "impl": impl},
+                None if sync is None else sync["exposed_on"] if on else sync["comm"])
     for (kind, sched, mb), a in sorted(st.pp.items()):
         if kind != "linear":
             continue
@@ -69,14 +79,19 @@ def build(st: Results) -> Table:
              "comm = backward time during which an all-reduce ran underneath (the overlap); exposed "
              "comm = time waiting for the all-reduces after backward; pipeline bubble = a stage "
              "waiting on its neighbours (includes the time its activations spent on the wire); "
-             "rest = the remainder (Python, contention between ranks sharing cores, idle).",
+             "rest = the remainder (Python, contention between ranks sharing cores, idle). "
+             "(model) beside exposed comm: the cost model's, over the measured step: every "
+             "bucket's all-reduce with overlap off, what runs past the measured backward with it "
+             "on (as table 3; '-': not a data-parallel row, or a world not tuned); it is not part "
+             "of the sum.",
              "efficiency (not part of the sum) = T1 / (world x step). Compute at world N includes "
              "the slowdown of ranks that share cores, so on this machine part of the lost "
              "efficiency hides inside 'compute' (compare its seconds with T1/N in table 3)."]
     notes += contention_notes(sorted({w for w, _ in configs} | {s.pp_stages}), st.cores)
-    return Table(5, TITLE, ["configuration", "step"] + [BREAKDOWN_LABELS[k] for k in BREAKDOWN_PARTS]
-                 + ["sum", "efficiency"], rows, notes, data,
-                 align=["l"] + ["r"] * (len(BREAKDOWN_PARTS) + 3))
+    labels = [BREAKDOWN_LABELS[k] for k in BREAKDOWN_PARTS]
+    labels.insert(BREAKDOWN_PARTS.index("exposed_comm") + 1, "(model)")
+    return Table(5, TITLE, ["configuration", "step", *labels, "sum", "efficiency"], rows, notes, data,
+                 align=["l"] + ["r"] * (len(labels) + 3))
 
 
 SPEC = TableSpec(5, TITLE, needs, build)

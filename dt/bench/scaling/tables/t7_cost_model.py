@@ -4,9 +4,12 @@ Every all-reduce algorithm dt.cost can price, on both wires (plain names:
 the torch wire; "@shm": the shared-memory wire), at every measured size:
 the model's time term by term (steps x alpha, critical-path bytes x beta,
 reduced bytes x gamma, and the terms beyond them: dt.cost.overheads) next
-to the measured median. The figures are `dt tune`'s for that wire and world
-where it saved them (with its terms), else alpha and beta fitted to this
-run's own timings of that wire (no terms then: a fit has none).
+to the measured median. The figures are those `dt tune --world N` saved for
+that world and wire, priced as `dt model all_reduce --measured` prices them
+(dt.collectives.auto.tuned_predictions, through predicted.py); a world not
+tuned has no prediction. Beside it, alpha and beta fitted to this run's own
+timings of the wire: circular (fitted to what it is compared with), so it is
+labelled a fit, kept to show how far one latency and one bandwidth can go.
 """
 
 from __future__ import annotations
@@ -17,11 +20,11 @@ from typing import Any
 
 from dt import cost
 from dt.bench import report as R
+from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import MODELED_ALL_REDUCE, fit_alpha_beta, model_terms
+from dt.bench.scaling.predicted import wire_of
 from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
 from dt.collectives.registry import ALGORITHMS, needs_shared_memory
-from dt.cost.loadstore import LOADSTORE
-from dt.cost.overheads import Overheads
 
 TITLE = "Predicted vs measured: the alpha-beta-gamma cost model against the all-reduce timings"
 WITHIN = 0.20  # the issue's bar: |predicted - measured| / measured
@@ -39,32 +42,6 @@ def needs(s: Any) -> Needs:
                  gamma=True)
 
 
-def load_tuned(world: int, backend: str = "gloo") -> dict[str, Any] | None:
-    """alpha, beta, gamma that `dt tune --world N` saved for exactly this backend and world."""
-    from dt.cost import machine
-
-    try:
-        got = machine.figures(backend, world)
-    except Exception:  # noqa: BLE001 - an unreadable cache is the same as none
-        return None
-    if not got or got.get("world") != world or not all(
-            isinstance(got.get(k), (int, float)) for k in ("alpha", "beta", "gamma")):
-        return None
-    return got
-
-
-def _wire(impl: str) -> str:
-    return "shm" if impl.endswith("@shm") else "torch"
-
-
-def _figures(tuned: dict[str, Any] | None, fit: dict[str, Any], algo: str) -> tuple[float, float, float]:
-    """(alpha, beta, gamma) an algorithm is priced with: load/store ones at sync and mem (dt tune's)."""
-    f = tuned or fit
-    if ("all_reduce", algo) in LOADSTORE and tuned is not None:
-        return tuned.get("sync", f["alpha"]), tuned.get("mem", f["beta"]), f["gamma"]
-    return f["alpha"], f["beta"], f["gamma"]
-
-
 def _note(world: int, wire: str, name: str, f: dict[str, Any]) -> str:
     bw = 1 / f["beta"] / 1e9 if f["beta"] else math.inf
     gbw = 1 / f["gamma"] / 1e9 if f["gamma"] else math.inf
@@ -74,6 +51,14 @@ def _note(world: int, wire: str, name: str, f: dict[str, Any]) -> str:
     return (f"world {world} {wire} wire, {name}: alpha = {f['alpha'] * 1e6:.0f} us per step, beta = "
             f"{f['beta'] * 1e9:.3f} ns/B ({bw:.2f} GB/s), gamma = {f['gamma'] * 1e9:.3f} ns/B ({gbw:.2f} "
             f"GB/s){extra}; {f['source']}{load}")
+
+
+def _cells(e: cost.Estimate | None) -> list[Any]:
+    """The estimate term by term (steps .. predicted); '-' where the world was not tuned."""
+    if e is None:
+        return ["-"] * (5 + len(TERMS))
+    return [e.steps, R.fmt_time(e.latency), R.fmt_time(e.bandwidth), R.fmt_time(e.reduction),
+            *(R.fmt_time(getattr(e.terms, f)) for _, f in TERMS), R.fmt_time(e.total)]
 
 
 def _fit(st: Results, world: int, algos: list[str], sizes: list[int]) -> dict[str, Any]:
@@ -88,8 +73,8 @@ def _fit(st: Results, world: int, algos: list[str], sizes: list[int]) -> dict[st
 def build(st: Results) -> Table:
     s, rows, data, notes = st.s, [], [], []
     fits: dict[int, dict[str, Any]] = {}
-    any_tuned = False
     counts: list[str] = []
+    fit_counts: list[str] = []
     for world in s.coll_worlds:
         impls = [a for a in st.coll_impls() if a.partition("@")[0] in MODELED_ALL_REDUCE]
         sizes = [n for n in st.coll_sizes() if (world, n) in st.coll]
@@ -98,52 +83,45 @@ def build(st: Results) -> Table:
             continue
         fits[world] = {}
         for wire in ("torch", "shm"):
-            algos = [a for a in impls if _wire(a) == wire]
+            algos = [a for a in impls if wire_of(a) == wire]
             if not algos:
                 continue
             fit = _fit(st, world, algos, sizes)
-            tuned = load_tuned(world, "shm" if wire == "shm" else "gloo")
-            fits[world][wire] = {"fit": fit, "tune": tuned}
-            if tuned is not None:
-                any_tuned = True
-                tuned = dict(tuned, source=f"`dt tune --world {world}` ({tuned.get('measured_at', 'saved')})")
-                notes.append(_note(world, wire, "dt tune", tuned))
+            saved = P.tuned(world, wire, s.backend)
+            fits[world][wire] = {"fit": fit, "tune": saved}
+            if saved is not None:
+                notes.append(_note(world, wire, "dt tune", dict(
+                    saved, source=f"`dt tune --world {world}` ({saved.get('measured_at', 'saved')})")))
             else:
-                notes.append(f"world {world} {wire} wire: no `dt tune --world {world}` figures saved on this "
-                             "machine; the prediction uses the fit")
+                notes.append(f"world {world} {wire} wire: no `dt tune --world {world}` figures saved: no "
+                             "prediction (only the fit, which is not one)")
             notes.append(_note(world, wire, "fit", fit))
-            overheads = Overheads.from_saved(tuned)
-            good = 0
+            good = good_fit = 0
             for algo in algos:
                 name = algo.partition("@")[0]
                 for nbytes in sizes:
                     t = st.coll[(world, nbytes)][algo]["time"]
-                    a, b, g = _figures(tuned, fit, name)
-                    e = cost.estimate("all_reduce", name, nbytes, world, alpha=a, beta=b, gamma=g,
-                                      overheads=overheads)
+                    e = P.all_reduce(saved, algo, nbytes, world)
                     pred_fit = cost.estimate("all_reduce", name, nbytes, world, alpha=fit["alpha"],
                                              beta=fit["beta"], gamma=fit["gamma"]).total
-                    ratio = e.total / t.median if t.median else math.nan
+                    ratio = e.total / t.median if e is not None and t.median else math.nan
                     ratio_fit = pred_fit / t.median if t.median else math.nan
                     good += abs(ratio - 1) <= WITHIN
+                    good_fit += abs(ratio_fit - 1) <= WITHIN
                     algbw, busbw = cost.bus_bandwidth("all_reduce", nbytes, t.median, world)
-                    row = [world, algo, R.fmt_bytes(nbytes), e.steps, R.fmt_time(e.latency),
-                           R.fmt_time(e.bandwidth), R.fmt_time(e.reduction),
-                           *(R.fmt_time(getattr(e.terms, f)) for _, f in TERMS),
-                           R.fmt_time(e.total), R.fmt_stat_time(t), R.fmt_ratio(ratio)]
-                    if tuned is not None or any_tuned:
-                        row += [R.fmt_ratio(ratio_fit) if tuned is not None else "(same)"]
-                    rows.append(row + [f"{busbw / 1e9:.2f}"])
+                    rows.append([world, algo, R.fmt_bytes(nbytes), *_cells(e), R.fmt_stat_time(t),
+                                 R.fmt_ratio(ratio), R.fmt_ratio(ratio_fit), f"{busbw / 1e9:.2f}"])
                     data.append({"world": world, "algorithm": algo, "wire": wire, "nbytes": nbytes,
                                  **model_terms(name, nbytes, world),
-                                 **{f: getattr(e.terms, f) for _, f in TERMS},
-                                 "predicted": e.total, "predicted_by": "dt tune" if tuned else "fit",
+                                 **({f: getattr(e.terms, f) for _, f in TERMS} if e is not None else {}),
+                                 "predicted": e.total if e is not None else None,
+                                 "predicted_by": "dt tune" if e is not None else None,
                                  "predicted_fit": pred_fit, "measured": t, "ratio": ratio,
                                  "ratio_fit": ratio_fit, "algbw": algbw, "busbw": busbw})
-            counts.append(f"world {world} {wire} wire: {good} of {len(algos) * len(sizes)}")
-    if any_tuned:  # rows of untuned worlds were built before a later world was found tuned
-        width = max(len(r) for r in rows)
-        rows = [r if len(r) == width else r[:-1] + ["(same)", r[-1]] for r in rows]
+            total = len(algos) * len(sizes)
+            counts.append(f"world {world} {wire} wire: " + (f"{good} of {total}" if saved is not None
+                                                            else "not tuned"))
+            fit_counts.append(f"world {world} {wire}: {good_fit} of {total}")
     notes.insert(0, "time = steps x alpha + bytes on the critical path x beta + bytes reduced x "
                     "gamma (ring: 2(p-1) steps, 2(p-1)/p n sent by each rank at once, (p-1)/p n "
                     "reduced; naive: 2 steps, the root receives (p-1) n then sends (p-1) n and "
@@ -153,18 +131,20 @@ def build(st: Results) -> Table:
                     "tune` measured on their own micro-benchmarks (dt/cost/overheads.py: software per "
                     "message posted, wake-up of a sleeping wait, bandwidth shared by the ranks copying "
                     "at once, oversubscription, which is moved out of the latency column, not added). "
-                    "The terms use "
-                    + ("`dt tune`'s figures where saved, else the fit (alpha and beta only). " if any_tuned
-                       else "alpha and beta fitted to each wire's own timings in this table (least squares "
-                            "in relative error), so pred/meas shows how well one latency and one "
-                            "bandwidth explain every algorithm and size. ")
-                    + "pred/meas: 1.00x is a perfect model. busbw = n/t x 2(p-1)/p (nccl-tests).")
-    notes.append(f"within {WITHIN:.0%} of the measurement: " + "; ".join(counts)
-                 + f" (load average at the end of the run: {os.getloadavg()[0]:.1f})")
+                    "The figures are those `dt tune --world N` saved for that world and wire, priced as "
+                    "`dt model all_reduce --measured` prices them (dt.collectives.auto.tuned_predictions: "
+                    "the same segments and staging dt runs); a world not tuned has no prediction. "
+                    "pred/meas: 1.00x is a perfect model. pred/meas (fit): alpha and beta fitted to this "
+                    "table's own timings of the wire (least squares in relative error, gamma measured): "
+                    "circular, not a prediction; it shows how well one latency and one bandwidth could "
+                    "explain every algorithm and size. busbw = n/t x 2(p-1)/p (nccl-tests).")
+    notes.append(f"within {WITHIN:.0%} of the measurement, predicted from `dt tune`'s figures: "
+                 + "; ".join(counts) + f" (load average at the end of the run: {os.getloadavg()[0]:.1f}); "
+                 "the fit's (circular, for comparison only): " + "; ".join(fit_counts))
     notes += contention_notes(s.coll_worlds, st.cores)
     headers = ["world", "algorithm", "size", "steps", "alpha term", "beta term", "gamma term",
-               *(h for h, _ in TERMS), "predicted", "measured", "pred/meas"] \
-        + (["pred/meas (fit)"] if any_tuned else []) + ["busbw GB/s"]
+               *(h for h, _ in TERMS), "predicted", "measured", "pred/meas", "pred/meas (fit)",
+               "busbw GB/s"]
     return Table(7, TITLE, headers, rows, notes, data, align=["r", "l"] + ["r"] * (len(headers) - 2),
                  extra={"fits": fits})
 
