@@ -135,8 +135,10 @@ def test_tune_saves_once_and_the_measured_model_times_the_launched_ranks(launch)
 def test_the_study_measures_only_the_launched_world(launch, tmp_path):
     out = launch[0]["study"]
     assert not out.failure(), out.failure()
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| 2 ")]
-    assert len(rows) == 1 and "collectives at world sizes 2 " in out.stdout, out.stdout
+    rows = [line.split("|")[2].strip() for line in out.stdout.splitlines()
+            if line.startswith("|") and line.split("|")[1].strip() == "2"]
+    assert rows == ["torch", "shm"], out.stdout  # world 2 alone, a row per wire
+    assert "collectives at world sizes 2 " in out.stdout, out.stdout
     assert (launch[2] / "out" / "scaling.json").exists()
     out = _torchrun(["-m", "dt", "bench", "scaling", "--tables", "3"], tmp_path)  # needs world 1 too: refused
     assert out.returncode != 0
