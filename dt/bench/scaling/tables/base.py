@@ -15,7 +15,8 @@ from typing import Any, Protocol
 
 from dt.bench import report as R
 
-__all__ = ["Needs", "Results", "Run", "Table", "TableSpec", "contention_notes"]
+__all__ = ["WIRES", "Needs", "Results", "RingNaive", "Run", "Table", "TableSpec", "contention_notes",
+           "ring_and_naive"]
 
 
 @dataclass(frozen=True)
@@ -133,3 +134,38 @@ def contention_notes(worlds: Sequence[int], cores: int) -> list[str]:
     return [f"world {', '.join(map(str, over))} > {cores} cores: those ranks share {cores} cores "
             f"(oversubscribed, whatever the wire); the run competes with itself, so those rows measure "
             f"contention as much as the algorithm"]
+
+
+WIRES = (("torch", ""), ("shm", "@shm"))  # (wire, the suffix its timings are filed under)
+
+
+@dataclass
+class RingNaive:
+    """One (world, wire) row of tables 1 and 2: the ring's and naive's timings, gloo's (torch wire
+    only), and the cost model's time of each from `dt tune`'s figures (predicted.py)."""
+
+    world: int
+    wire: str
+    ring: dict[str, Any]
+    naive: dict[str, Any]
+    gloo: dict[str, Any] | None
+    pred_ring: float | None
+    pred_naive: float | None
+
+
+def ring_and_naive(st: Results, nbytes: int) -> list[tuple[int, list[RingNaive] | None]]:
+    """Per world size, its rows on each wire that timed both algorithms (None: the world was not
+    measured at this size)."""
+    from dt.bench.scaling import predicted
+
+    out = []
+    for world in st.s.coll_worlds:
+        m = st.coll.get((world, nbytes))
+        rows = []
+        for wire, at in WIRES if m is not None else ():
+            if f"ring{at}" in m and f"naive{at}" in m:
+                pred = [predicted.seconds(a + at, nbytes, world, st.s.backend) for a in ("ring", "naive")]
+                rows.append(RingNaive(world, wire, m[f"ring{at}"], m[f"naive{at}"],
+                                      m.get("gloo") if wire == "torch" else None, *pred))
+        out.append((world, rows if m is not None else None))
+    return out

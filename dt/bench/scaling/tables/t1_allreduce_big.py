@@ -15,10 +15,9 @@ from dt.bench import report as R
 from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import model_terms
 from dt.bench.scaling.reference import T1_BYTES
-from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
+from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes, ring_and_naive
 
 TITLE = "Ring vs naive all-reduce, 33.55 MB float32"
-WIRES = (("torch", ""), ("shm", "@shm"))  # (wire, the suffix its timings are filed under)
 
 
 def needs(s: Any) -> Needs:
@@ -29,24 +28,21 @@ def needs(s: Any) -> Needs:
 def build(st: Results) -> Table:
     s, rows, data = st.s, [], []
     nbytes = s.big_bytes
-    for world in s.coll_worlds:
-        m = st.coll.get((world, nbytes))
-        if m is None:
+    for world, found in ring_and_naive(st, nbytes):
+        if found is None:
             rows.append([world, "-", "not measured"] + ["-"] * 9)
             continue
         model_ring = model_terms("ring", nbytes, world)["bytes_sent_max"]
         model_naive = model_terms("naive", nbytes, world)["bytes_sent_max"]
-        for wire, at in WIRES:
-            if f"ring{at}" not in m or f"naive{at}" not in m:
-                continue
-            ring, naive, gloo = m[f"ring{at}"], m[f"naive{at}"], m.get("gloo")
-            pred_ring, pred_naive = (P.seconds(a + at, nbytes, world, s.backend) for a in ("ring", "naive"))
+        for f in found:
+            wire, ring, naive, gloo, pred_ring, pred_naive = (f.wire, f.ring, f.naive, f.gloo, f.pred_ring,
+                                                              f.pred_naive)
             speedup = naive["time"].median / ring["time"].median
             rows.append([world, wire, R.fmt_bytes(ring["bytes_sent_max"]), R.fmt_bytes(model_ring),
                          R.fmt_bytes(naive["bytes_sent_max"]), R.fmt_bytes(model_naive),
                          R.fmt_stat_time(ring["time"]), P.fmt(pred_ring),
                          R.fmt_stat_time(naive["time"]), P.fmt(pred_naive),
-                         R.fmt_stat_time(gloo["time"]) if gloo and wire == "torch" else "-",
+                         R.fmt_stat_time(gloo["time"]) if gloo else "-",
                          R.fmt_ratio(speedup)])
             data.append({"world": world, "wire": wire, "nbytes": nbytes,
                          "ring_bytes_sent_max": ring["bytes_sent_max"], "ring_bytes_model": model_ring,

@@ -15,8 +15,7 @@ from dt.bench import report as R
 from dt.bench.scaling import predicted as P
 from dt.bench.scaling.model import model_terms
 from dt.bench.scaling.reference import T2_BYTES
-from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes
-from dt.bench.scaling.tables.t1_allreduce_big import WIRES
+from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, contention_notes, ring_and_naive
 
 TITLE = "Ring vs naive all-reduce, 0.26 MB float32 (latency-bound: naive's 2 steps win)"
 
@@ -49,22 +48,19 @@ def crossover_notes(st: Results) -> list[str]:
 def build(st: Results) -> Table:
     s, rows, data = st.s, [], []
     nbytes = s.small_bytes
-    for world in s.coll_worlds:
-        m = st.coll.get((world, nbytes))
-        if m is None:
+    for world, found in ring_and_naive(st, nbytes):
+        if found is None:
             rows.append([world, "-", "not measured"] + ["-"] * 10)
             continue
         tr, tn = model_terms("ring", nbytes, world), model_terms("naive", nbytes, world)
-        for wire, at in WIRES:
-            if f"ring{at}" not in m or f"naive{at}" not in m:
-                continue
-            ring, naive, gloo = m[f"ring{at}"], m[f"naive{at}"], m.get("gloo")
-            pred_ring, pred_naive = (P.seconds(a + at, nbytes, world, s.backend) for a in ("ring", "naive"))
+        for f in found:
+            wire, ring, naive, gloo, pred_ring, pred_naive = (f.wire, f.ring, f.naive, f.gloo, f.pred_ring,
+                                                              f.pred_naive)
             naive_speedup = ring["time"].median / naive["time"].median
             rows.append([world, wire, tr["steps"], tn["steps"], ring["messages_sent_max"],
                          naive["messages_sent_max"], R.fmt_stat_time(ring["time"]), P.fmt(pred_ring),
                          R.fmt_stat_time(naive["time"]), P.fmt(pred_naive),
-                         R.fmt_stat_time(gloo["time"]) if gloo and wire == "torch" else "-",
+                         R.fmt_stat_time(gloo["time"]) if gloo else "-",
                          R.fmt_ratio(naive_speedup), "naive" if naive_speedup > 1 else "ring"])
             data.append({"world": world, "wire": wire, "nbytes": nbytes, "ring_steps": tr["steps"],
                          "naive_steps": tn["steps"], "ring_messages_max": ring["messages_sent_max"],
