@@ -167,6 +167,14 @@ def test_this_machine_prices_what_dt_runs_at_the_swept_time(monkeypatch):
     plain = estimate("all_reduce", "one_shot", 4096, 2, alpha=m.sync, beta=m.mem, gamma=m.gamma,
                      overheads=Overheads(post=1e-4)).total
     assert crowded == pytest.approx(plain) and crowded != pytest.approx(2e-5)
+    # a simulated cluster of 2 hosts x 2 on the same 2 cores: a pair inside a host is crowded too,
+    # priced by the figures of all 4 ranks running (dt tune --world 4), not by its host's pair
+    busy = Machine(1e-4, 1e-9, 1e-10, sync=3e-4, mem=2e-10)
+    monkeypatch.setattr(comm, "machine", lambda wire, p: busy if (wire, p) == ("shm", 4) else m)
+    simulated = Cluster("here", 2, 2, 0.0, Levels(m, m), 1 << 30, 1e9, "float32", shared_memory=True)
+    want = estimate("all_reduce", "one_shot", 4096, 2, alpha=busy.sync, beta=busy.mem, gamma=busy.gamma,
+                    overheads=Overheads(post=1e-4)).total
+    assert collective_seconds(simulated, "all_reduce", 4096, (0, 1)) == pytest.approx(want)
     comm._with_terms.cache_clear()
 
 

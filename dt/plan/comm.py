@@ -23,7 +23,7 @@ import os
 
 from dt.collectives.registry import needs_shared_memory
 from dt.cost.levels import LEVELED, Levels, two_level
-from dt.cost.machine import Machine, winners
+from dt.cost.machine import Machine, machine, winners
 from dt.cost.overheads import overheads
 from dt.cost.time import estimate
 from dt.plan.cluster import Cluster
@@ -155,16 +155,20 @@ def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: C
     covers the call, else dt.cost.time.estimate with the terms `dt tune` measured
     (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription)."""
     p, m = len(hosts), cluster.levels.intra
-    algo = _auto_choice(collective, nbytes, p, m) if algorithm == "auto" else algorithm
-    # More ranks on the host than cores: a group of p waits on cores the others hold too, so it
-    # is priced by the figures `dt tune` measured with the host's ranks all running (a pair's
-    # sync at world 4 on 2 cores: 265 us, against 30 us at world 2), not by the p-rank sweep.
-    crowded = cluster.per_host > p and cluster.per_host > (os.cpu_count() or 1)
+    # More ranks on this machine than cores: a group of p waits on cores the others hold too, so
+    # it is priced by the figures `dt tune` measured with all of them running (a pair's sync at
+    # world 4 on 2 cores: 265 us, against 30 us at world 2), not by the p-rank sweep. Every rank
+    # of this machine's cluster counts, a simulated cluster's other hosts too: they share its cores.
+    here = cluster.world
+    crowded = here > p and here > (os.cpu_count() or 1)
+    algo = _auto_choice(collective, nbytes, p, m) if algorithm == "auto" else algorithm  # as the run's
+    if crowded and cluster.hosts > 1:  # a simulated host's figures are its pair's; the crowd's are
+        m = machine("shm", here)       # what dt tune measured with all of this machine's ranks
     swept = None if crowded else _swept_seconds(collective, algo, nbytes, p)
     if swept is not None:
         return swept
     loadstore = needs_shared_memory(collective, algo)
-    terms = overheads("shm", cluster.per_host if crowded else p)
+    terms = overheads("shm", here if crowded else p)
     return estimate(collective, algo, nbytes, p, alpha=m.sync if loadstore else m.alpha,
                     beta=m.mem if loadstore else m.beta, gamma=m.gamma, overheads=terms).total
 
