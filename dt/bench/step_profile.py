@@ -70,18 +70,19 @@ def profile_worker(args: Any, warmup: int, steps: int) -> dict[str, Any]:
         walls = [step(warmup + i) for i in range(steps)]
     kinds: dict[str, float] = {}
     top: dict[str, float] = {}
-    for e in prof.events():
-        us = e.device_time if device.type == "cuda" else 0.0
-        if device.type == "cuda" and e.device_type.name != "CUDA":
-            continue
-        if device.type != "cuda":
-            if e.cpu_parent is not None:  # top-level operators only: children are inside them
-                continue
-            us = e.cpu_time
-        kinds[kernel_kind(e.name)] = kinds.get(kernel_kind(e.name), 0.0) + us / 1e6 / steps
-        top[e.name] = top.get(e.name, 0.0) + us / 1e6 / steps
+    for name, us in _timed_events(prof.events(), device.type == "cuda"):
+        kinds[kernel_kind(name)] = kinds.get(kernel_kind(name), 0.0) + us / 1e6 / steps
+        top[name] = top.get(name, 0.0) + us / 1e6 / steps
     return {"wall": statistics.median(walls), "kinds": kinds,
             "top": sorted(top.items(), key=lambda kv: -kv[1])[:12], "device": str(device)}
+
+
+def _timed_events(events: Any, gpu: bool) -> list[tuple[str, float]]:
+    """(name, microseconds) of what the step spent: on a GPU every kernel's device time; on the
+    CPU every top-level operator's CPU time (its children run inside it)."""
+    if gpu:
+        return [(e.name, e.device_time) for e in events if e.device_type.name == "CUDA"]
+    return [(e.name, e.cpu_time) for e in events if e.cpu_parent is None]
 
 
 def main(argv: list[str] | None = None) -> int:

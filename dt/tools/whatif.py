@@ -69,10 +69,11 @@ def table(collective: str, nbytes: int, world: int, alpha: float, beta: float,
     wire) the load/store algorithms too, as dt.collectives.auto prices them; with
     `overheads` (dt tune's terms) each estimate carries the terms beside the three."""
     from dt.collectives import auto
+    from dt.transport.shm.host import DEFAULT_STAGE_BYTES
 
     fig = cost.Machine(alpha, beta, gamma, sync=sync or 0.0, mem=mem or 0.0)
     shared = sync is not None and mem is not None
-    stage = (32 << 20) if shared else None
+    stage = DEFAULT_STAGE_BYTES if shared else None  # the host segment's staging, as it stages
     return _cheapest(auto.predictions(collective, nbytes, world, fig, shared, stage, overheads))
 
 
