@@ -18,7 +18,7 @@ import torch.distributed as dist
 
 from dt.bench import collectives as bc
 from dt.bench.collectives_sweep import collective_worker, sweep_sizes
-from dt.bench.collectives_table import busbw_figure, fastest_dt, format_row, print_header, summary
+from dt.bench.collectives_table import busbw_figure, fastest_dt, format_row, headline, print_header, summary
 from dt.collectives import auto
 from dt.units import parse_size
 
@@ -142,6 +142,8 @@ def test_the_fastest_dt_row_counts_auto():
     out = io.StringIO()
     summary(_data(rows), out)
     assert "fastest auto (naive)" in out.getvalue() and "0.50x torch" in out.getvalue(), out.getvalue()
+    assert headline(_data(rows)) == ("all_reduce 4,096 B world 2 (shm): fastest auto 1.00 ms, busbw 1 GB/s, "
+                                     "0.50x torch's time")  # the record's headline: the same row
 
 
 def test_the_plot_is_log_log():

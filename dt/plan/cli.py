@@ -15,6 +15,7 @@ import time
 from dataclasses import replace
 
 from dt import args as args_
+from dt import record
 from dt.cost.devices import DEVICES
 from dt.plan.cluster import Cluster, catalogue_cluster, local_cluster
 from dt.plan.model import PRESETS, ModelShape, llama_shape
@@ -74,6 +75,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--link", type=args_.link, default=args_.link("1Gbit"),
                    help="--check across hosts: each simulated host's link, as `dt cluster up --link` "
                         "(default 1Gbit, the rate the README's cluster figures were tuned at)")
+    record.add_option(p)
     a = p.parse_args(argv)
     if a.efficiency is not None and not 0 < a.efficiency <= 1:
         p.error(f"--efficiency must be in (0, 1], got {a.efficiency}")
@@ -165,7 +167,10 @@ def _cluster(a: argparse.Namespace) -> Cluster:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    if (status := record.rerun("dt plan", argv, a.record, "plan-check" if a.check else "plan")) is not None:
+        return status
     model, cluster = _model(a), _cluster(a)
     t0, cpu0 = time.perf_counter(), time.process_time()
     rows, enumerated, dropped = rank_layouts(cluster, model, a.global_batch, a.seq,
@@ -183,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         from dt.plan.check import check
 
         measured, text = check(rows, a.runs, a.steps, a.trace, a.global_batch, a.seq, model, cluster, a.link)
+    record.headline(_headline(model, cluster, rows, measured))
     if a.json:
         print(as_json(meta, rows, measured))
         return 0
@@ -204,6 +210,20 @@ def main(argv: list[str] | None = None) -> int:
     if measured is not None:
         print(text)
     return 0
+
+
+def _headline(model: ModelShape, cluster: Cluster, rows: list, measured: dict | None) -> str:
+    """The plan in one line (its record's headline): the first ranked layout, and with --check the
+    measured fastest beside it."""
+    if not rows:
+        return f"{model.name} on {cluster.name}: no layout fits"
+    first, predicted = rows[0].layout.name(), rows[0].prediction.step
+    said = f"{model.name} on {cluster.name}: first ranked {first} {predicted * 1e3:.2f} ms predicted"
+    if measured and first in measured:
+        ms = {name: m["step_s"] * 1e3 for name, m in measured.items()}
+        fastest = min(ms, key=ms.__getitem__)
+        said += f", {ms[first]:.2f} ms measured; measured fastest {fastest} {ms[fastest]:.2f} ms"
+    return said
 
 
 def _explain(a: argparse.Namespace, rows: list, cluster: Cluster, model: ModelShape, title: str) -> int:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dt import args as args_
+from dt import record
 from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
@@ -27,7 +28,7 @@ from dt.train.loop import train_worker
 from dt.train.metrics import curve_records, job_peak_flops, mfu, plot_loss, read_metrics
 from dt.train.options import add_trainer_options, trainer_options_problem
 
-__all__ = ["main", "parse_args", "report"]
+__all__ = ["headline", "main", "parse_args", "report"]
 
 _USAGE = """examples:
     dt train --dp 2 --tp 2 --pp 2 --steps 100
@@ -111,6 +112,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "on a busy machine 1 avoids OpenMP threads spinning against each other)")
     p.add_argument("--no-progress", action="store_true")
     add_trainer_options(p)
+    record.add_option(p)
     args = p.parse_args(argv)
     defaults = LONG_CONTEXT if args.long_context else {"block_size": 32, "batch_size": 16}
     for key, value in defaults.items():
@@ -205,6 +207,18 @@ def _trainer_lines(args: argparse.Namespace, r0: dict[str, Any]) -> list[str]:
     return out
 
 
+def headline(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+    """The run in one line (its record's headline): the mesh, the loss, the throughput."""
+    mesh = " ".join(f"{k}={getattr(args, k)}" for k in ("dp", "cp", "ep", "tp", "pp") if getattr(args, k) > 1)
+    if not r0["losses"]:
+        return f"{mesh or 'one process'}: nothing trained (the checkpoint is at step {r0['start']})"
+    fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
+    at_peak = f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}%" if fpt and peak else ""
+    return (f"{mesh or 'one process'} ({world(args)} processes), {args.n_layer} layers x {args.n_embd}: "
+            f"loss {r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f} in {len(r0['losses'])} steps, "
+            f"{r0['tokens_per_s']:.0f} tokens/s{at_peak}")
+
+
 def _mfu(args: argparse.Namespace, r0: dict[str, Any], key: str = "tokens_per_s") -> str:
     """MFU beside the throughput, with what it divides by."""
     fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
@@ -241,7 +255,10 @@ def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    if (status := record.rerun("dt train", argv, args.record, "train")) is not None:
+        return status
     on_gpu = backend_for(args.device) == "nccl"
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
         args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
@@ -268,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if results and results[0]["rank"] == 0:
         print(report(args, results))
+        record.headline(headline(args, results[0]))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
             records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
             plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])

@@ -1,0 +1,251 @@
+"""Records of runs (dt.record) and the README's results table built from them (dt.tools.records).
+
+A record is written by running a command under the recorder: its header is checked field by
+field against this machine and checkout, its output against what the command printed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dt import record
+from dt.args import cores
+from dt.tools import records
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV = dict(os.environ, PYTHONPATH=str(ROOT))
+
+# Prints on stdout and stderr in turn (the record keeps the order), declares a headline the way
+# a dt command does (dt.record.headline, through the file the recorder names), exits 3.
+CHILD = textwrap.dedent("""
+    import os, sys
+    print("to stdout", flush=True)
+    print("to stderr", file=sys.stderr, flush=True)
+    print("progress 10%\\rprogress 100%")
+    print("a fence inside: ```")
+    from dt import record
+    record.rerun("dt child", [], None, "child")  # as every command's hook: takes the variable
+    assert record.HEADLINE_VARIABLE not in os.environ  # what this child starts cannot write there
+    record.headline("one figure:\\n 12.3 ms")
+    sys.exit(3)
+""")
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """CHILD run once under `python -m dt.record`: (what the recorder printed, the record)."""
+    directory = tmp_path_factory.mktemp("records")
+    out = subprocess.run([sys.executable, "-m", "dt.record", "child-test", str(directory), "--",
+                          sys.executable, "-c", CHILD], env=ENV, cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    written = sorted(directory.glob("*.md"))
+    assert len(written) == 1, (out.stdout, out.stderr)
+    return out, written[0]
+
+
+def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(recorded):
+    out, path = recorded
+    assert out.returncode == 3  # the command's own status
+    assert out.stderr.strip() == f"record: {path}"
+    assert "to stdout\nto stderr\n" in out.stdout  # the terminal saw it as it ran
+    h = record.read_header(path)
+    assert list(h) == list(record.FIELDS)
+    assert h["topic"] == "child-test" and h["hardware"] == f"cpu{cores()}"
+    assert h["command"] == shlex.join([sys.executable, "-c", CHILD]).replace("\n", "\\n")  # one line
+    assert h["headline"] == "one figure: 12.3 ms"  # one line, whitespace collapsed
+    here = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+    assert re.fullmatch(rf"{here}(\+dirty)?", h["commit"]) if here else h["commit"] == "not a git checkout"
+    assert re.fullmatch(r".+, \d+ cores, \d+\.\d GiB memory, (no GPU|\d+x .+)", h["machine"])
+    import torch
+
+    import dt
+    assert h["versions"].startswith(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
+                                    f"dt {dt.__version__}")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", h["date"])
+    assert re.fullmatch(r"\d+\.\d\d at the start, \d+\.\d\d at the end \(1-minute average\)", h["load"])
+    assert re.fullmatch(r"3 after \d+\.\d s", h["exit"])
+    text = path.read_text()
+    # the output verbatim, in order, a progress bar as last drawn, in a fence longer than any inside
+    assert "````text\nto stdout\nto stderr\nprogress 100%\na fence inside: ```\n````\n" in text
+
+
+def test_a_record_is_named_for_its_topic_hardware_day_and_entity(recorded):
+    _, path = recorded
+    h = record.read_header(path)
+    assert path.name == f"child-test_{h['hardware']}_{h['date'][:10].replace('-', '')}_dt.md"
+    assert record.record_name("train", "h200", "20261205", 3) == "train_h200_20261205_dt_3.md"
+
+
+@pytest.mark.quick
+@pytest.mark.parametrize("gpus, n_cores, tag", [
+    ([], 2, "cpu2"), (["NVIDIA H200"], 16, "h200"), (["NVIDIA H100 80GB HBM3"] * 8, 96, "h100x8"),
+    (["NVIDIA A100-SXM4-80GB"], 8, "a100"), (["NVIDIA GeForce RTX 4090"], 8, "rtx4090"),
+    (["NVIDIA GH200 480GB"], 72, "gh200"), (["AMD Instinct MI300X"] * 2, 8, "mi300xx2")])
+def test_hardware_names_the_gpu_model_and_count_or_the_cores(gpus, n_cores, tag):
+    assert record.hardware(gpus, n_cores) == tag
+
+
+def _fields(topic: str, hardware: str, date: str, headline: str) -> dict[str, str]:
+    return {"topic": topic, "hardware": hardware, "command": f"`dt {topic} --record`", "headline": headline,
+            "commit": "abc1234", "machine": "CPU, 2 cores, 8.0 GiB memory, no GPU",
+            "versions": "python 3.11.7, torch 2.13.0, dt 0.2.0", "date": date,
+            "load": "0.10 at the start, 0.20 at the end (1-minute average)", "exit": "0 after 1.0 s"}
+
+
+@pytest.mark.quick
+def test_a_record_is_never_overwritten(tmp_path):
+    fields = _fields("train", "cpu2", "2026-12-05T10:00:00Z", "first")
+    first = record.write_record(tmp_path, fields, "one")
+    second = record.write_record(tmp_path, {**fields, "headline": "second"}, "two")
+    third = record.write_record(tmp_path, {**fields, "headline": "third"}, "three")
+    assert [first.name, second.name, third.name] == [
+        "train_cpu2_20261205_dt.md", "train_cpu2_20261205_dt_2.md", "train_cpu2_20261205_dt_3.md"]
+    assert record.read_header(first)["headline"] == "first" and "\none\n" in first.read_text()
+
+
+def _fixture_records(directory: Path) -> None:
+    for topic, hardware, date, headline in [
+            ("train", "cpu2", "2026-12-01T10:00:00Z", "older"),
+            ("train", "cpu2", "2026-12-05T09:00:00Z", "loss 3.1 -> 2.0 | 900 tokens/s"),
+            ("train", "h200", "2026-11-30T10:00:00Z", "on the GPU"),
+            ("collectives-all-reduce", "cpu2", "2026-12-02T10:00:00Z", "ring 1.2 ms"),
+            ("collectives-all-reduce", "cpu2", "2026-12-02T08:00:00Z", "earlier that day")]:
+        record.write_record(directory, _fields(topic, hardware, date, headline), "output")
+
+
+@pytest.mark.quick
+def test_the_table_has_the_newest_record_of_each_topic_and_hardware_linked(tmp_path):
+    bench = tmp_path / "benchmarks"
+    _fixture_records(bench)
+    (bench / "README.md").write_text("what the folder holds\n")  # not a record: skipped
+    lines = records.results_table(bench, tmp_path).splitlines()
+    cells = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines]
+    assert cells[0] == ["topic", "hardware", "headline", "record"] and set(lines[1]) == {"|", "-"}
+    assert cells[2:] == [
+        ["collectives-all-reduce", "cpu2", "ring 1.2 ms",
+         "[2026-12-02](benchmarks/collectives-all-reduce_cpu2_20261202_dt.md)"],
+        ["train", "cpu2", "loss 3.1 -> 2.0 \\| 900 tokens/s",
+         "[2026-12-05](benchmarks/train_cpu2_20261205_dt.md)"],
+        ["train", "h200", "on the GPU", "[2026-11-30](benchmarks/train_h200_20261130_dt.md)"]]
+    assert records.results_table(tmp_path / "none", tmp_path) == records.NO_RECORDS
+
+
+@pytest.mark.quick
+def test_a_file_without_the_header_fields_is_named(tmp_path):
+    fields = _fields("train", "cpu2", "2026-12-05T10:00:00Z", "x")
+    path = record.write_record(tmp_path, fields, "out")
+    path.write_text(path.read_text().replace("- load:", "- lode:"))
+    with pytest.raises(ValueError, match=rf"{path.name}: not a record: its header lacks load"):
+        records.read_records(tmp_path)
+
+
+@pytest.mark.quick
+def test_check_holds_the_readme_block_to_the_generated_table(tmp_path):
+    bench = tmp_path / "benchmarks"
+    _fixture_records(bench)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# dt\n\n{records.RESULTS_BEGIN}\nstale\n{records.RESULTS_END}\n\nmore\n")
+    assert "is not the one the records" in records.check(readme, bench)
+    assert records.write(readme, bench)
+    assert records.check(readme, bench) is None
+    assert readme.read_text().endswith(f"{records.RESULTS_END}\n\nmore\n")
+    record.write_record(bench, _fields("train", "cpu2", "2026-12-06T09:00:00Z", "newer"), "output")
+    assert "is not the one the records" in records.check(readme, bench)  # a new record: regenerate
+    readme.write_text("# dt\n")
+    assert "has no <!-- results:begin -->" in records.check(readme, bench)
+
+
+@pytest.mark.quick
+def test_dt_records_check_exit_status(tmp_path):
+    bench = tmp_path / "benchmarks"
+    _fixture_records(bench)
+    readme = tmp_path / "README.md"
+    readme.write_text(f"{records.RESULTS_BEGIN}\n{records.RESULTS_END}\n")
+    assert records.main([str(bench), "--check", str(readme)]) == 1
+    assert records.main([str(bench), "--write", str(readme)]) == 0
+    assert records.main([str(bench), "--check", str(readme)]) == 0
+
+
+# -- the commands' --record ---------------------------------------------------------------------------
+
+
+@pytest.mark.quick
+def test_every_recording_command_takes_record_dir():
+    from dt.bench import collectives
+    from dt.bench.scaling import cli as scaling
+    from dt.plan import cli as plan
+    from dt.train import cli as train
+
+    assert train.parse_args(["--record"]).record == "benchmarks"
+    assert plan.parse_args(["--record", "runs"]).record == "runs"
+    assert collectives.parse_args(["--record=runs"]).record == "runs"
+    assert scaling.parse_args(["--quick", "--record"])[1].record == "benchmarks"
+    assert train.parse_args([]).record is None
+
+
+@pytest.mark.quick
+def test_tune_refuses_record_without_a_measurement(capsys):
+    from dt.tools import tune
+
+    with pytest.raises(SystemExit) as exc:
+        tune.main(["--show", "--record"])
+    assert exc.value.code == 2
+    assert "dt tune: error: --record keeps a run that measures" in capsys.readouterr().err
+
+
+@pytest.mark.quick
+def test_bad_options_are_refused_before_anything_is_recorded(tmp_path, capsys):
+    from dt.train import cli as train
+
+    with pytest.raises(SystemExit) as exc:
+        train.main(["--record", str(tmp_path / "r"), "--dp", "0"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--dp" in err
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.timeout(240)
+def test_dt_bench_collectives_record_end_to_end(tmp_path):
+    argv = ["bench", "collectives", "--world", "1", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
+            "--algorithms", "ring", "--quiet", "--record", str(tmp_path)]
+    out = subprocess.run([sys.executable, "-m", "dt", *argv], env=ENV, cwd=ROOT, capture_output=True,
+                         text=True, timeout=200)
+    assert out.returncode == 0, out.stderr
+    path, = tmp_path.glob("collectives-all-reduce_*.md")
+    h = record.read_header(path)
+    assert h["command"] == "dt " + " ".join(argv)
+    assert re.fullmatch(r"all_reduce 1,024 B world 1 \(shm\): fastest ring \S+ \S+, busbw \S+ GB/s, "
+                        r"\d+\.\d\dx torch's time", h["headline"]), h["headline"]
+    assert "# Avg bus bandwidth" in path.read_text() and "# Avg bus bandwidth" in out.stdout
+
+
+@pytest.mark.quick
+def test_dt_train_headline_is_the_mesh_the_loss_and_the_rate():
+    from dt.train import cli as train
+
+    args = train.parse_args(["--dp", "2", "--tp", "2", "--steps", "3"])
+    r0 = {"losses": [3.5, 3.0, 2.5], "tokens_per_s": 1234.4, "start": 0, "flops_per_token": 2e6}
+    assert train.headline(args, r0) == ("dp=2 tp=2 (4 processes), 4 layers x 64: loss 3.5000 -> 2.5000 in "
+                                        "3 steps, 1234 tokens/s")
+    args.peak_total = 1e12
+    assert train.headline(args, r0).endswith(", MFU 0.25%")  # 2e6 FLOP x 1234.4 / 1e12
+
+
+def test_dt_plan_declares_its_first_ranked_layout(tmp_path, monkeypatch, capsys):
+    from dt.plan import cli as plan
+
+    declared = tmp_path / "headline"
+    monkeypatch.setattr(record, "_headline_file", str(declared))  # as in a recorded run
+    assert plan.main(["--json"]) == 0
+    first = __import__("json").loads(capsys.readouterr().out)["layouts"][0]
+    assert declared.read_text() == (f"gpt on this machine ({os.cpu_count()} cores, 2 ranks): first ranked "
+                                    f"{first['layout']} {first['step_s'] * 1e3:.2f} ms predicted\n")
