@@ -6,6 +6,7 @@ field against this machine and checkout, its output against what the command pri
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -240,12 +241,15 @@ def test_dt_train_headline_is_the_mesh_the_loss_and_the_rate():
     assert train.headline(args, r0).endswith(", MFU 0.25%")  # 2e6 FLOP x 1234.4 / 1e12
 
 
+@pytest.mark.quick
 def test_dt_plan_declares_its_first_ranked_layout(tmp_path, monkeypatch, capsys):
     from dt.plan import cli as plan
 
     declared = tmp_path / "headline"
     monkeypatch.setattr(record, "_headline_file", str(declared))  # as in a recorded run
-    assert plan.main(["--json"]) == 0
-    first = __import__("json").loads(capsys.readouterr().out)["layouts"][0]
-    assert declared.read_text() == (f"gpt on this machine ({os.cpu_count()} cores, 2 ranks): first ranked "
-                                    f"{first['layout']} {first['step_s'] * 1e3:.2f} ms predicted\n")
+    assert plan.main(["--preset", "gpt2", "--per-host", "8", "--device", "h100", "--global-batch", "64",
+                      "--seq", "1024", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    first = data["layouts"][0]
+    assert declared.read_text() == (f"gpt2 on {data['cluster']}: first ranked {first['layout']} "
+                                    f"{first['step_s'] * 1e3:.2f} ms predicted\n")
