@@ -58,7 +58,7 @@ is the vocabulary-parallel loss instead (dt.parallel.tensor.vocab_parallel_cross
 the softmax of the rank's slice in the activation dtype, the targets and their
 outside-the-slice mask.
 
-Mixture of experts (dt.parallel.expert.MoE, which dt.parallelize's ExpertParallel swaps in
+Mixture of experts (dt.parallel.expert.ShardedMoE, which dt.parallelize's ExpertParallel swaps in
 for the plain model's; replicated over tp, so never divided by it), T = b s / cp tokens,
 R = T top_k rows this rank routes, R' the rows its experts receive (R' = R with uniform
 routing; pass received_rows for a measured routing), in place of the MLP:

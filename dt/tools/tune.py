@@ -71,7 +71,7 @@ from typing import Any
 from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
-    Case,
+    BenchCase,
     reduction_seconds_per_byte,
     slope,
     time_calls,
@@ -268,7 +268,7 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
         for collective in collectives:
             algos = auto.candidates(collective, shared_memory)
             for nbytes in sizes:
-                case = Case(collective, max(1, nbytes // 4))
+                case = BenchCase(collective, max(1, nbytes // 4))
                 calls = {a: case.call(a, group=group) for a in algos}
                 # the first call of each warms up; every rank then takes each call's slowest rank
                 mine = time_calls(calls, reps, warmup=1, reset=case.reset)
