@@ -251,8 +251,8 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
     slowest rank's time for each algorithm, the algorithms taking turns in a
     rotating order so drifting load hits them alike, the whole sweep run
     SWEEP_ROUNDS times, each algorithm keeping its lowest median (noise only adds time: one
-    round's burst made one_shot's 256 KiB all-reduce 2.3 ms against its 0.11-0.18 ms,
-    and auto then ran the ring, 3.8x slower, in every tensor-parallel layer).
+    burst of load can make a sub-millisecond call ten times slower, and auto would then run
+    the wrong algorithm in every layer that makes that call).
     Every rank returns the same table (the times are maxed over ranks before
     anyone compares them).
     """

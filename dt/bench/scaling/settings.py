@@ -77,7 +77,8 @@ class StudySettings:
         return 4 * self.coll_reps if nbytes <= 1 << 20 else self.coll_reps
 
     def dp_steps_for(self, batch: int) -> int:
-        """Timed steps at this batch (one number for all today; the hook to shrink big batches)."""
+        """Timed steps at this batch: one number for every batch, asked per batch so a big one could
+        take fewer."""
         return self.dp_steps
 
     @property
