@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from dt.cost.overheads import overheads
-from dt.parallel.mesh import layout as mesh_groups
+from dt.parallel.mesh import mesh_groups
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
