@@ -21,6 +21,7 @@ from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.dataset import prepare_data
+from dt.train.diverged import Diverged
 from dt.train.fits import why_it_cannot_fit
 from dt.train.layouts import layout_error, world
 from dt.train.loop import train_worker
@@ -39,6 +40,9 @@ _USAGE = """examples:
 """
 
 LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
+# A worker's error said in one line, and the exit status: 2 for what the input got wrong,
+# 1 for a run that diverged (a loss or weights NaN or infinite: dt.train.diverged).
+_ONE_LINE_ERRORS = {"CheckpointError": 2, Diverged.__name__: 1}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -260,12 +264,13 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
             print(f"dt train: error: {e}", file=sys.stderr)
         return 2
-    except WorkerError as e:  # a worker's: one line if it was the checkpoint's
-        if e.errors[e.rank].kind != "CheckpointError":
+    except WorkerError as e:  # a worker's: one line if it was the checkpoint's or a diverged loss
+        kind = e.errors[e.rank].kind
+        if kind not in _ONE_LINE_ERRORS:
             raise
         if launched_rank() == 0:  # under torchrun every rank gathered the same error
             print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
-        return 2
+        return _ONE_LINE_ERRORS[kind]
     if results and results[0]["rank"] == 0:
         print(report(args, results))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
