@@ -175,12 +175,15 @@ def test_quick_settings_and_notes():
 
 
 @pytest.mark.timeout(120)
-def test_end_to_end_table_2(tmp_path, capsys):
+def test_end_to_end_table_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))  # a fresh clone's: nothing tuned
     rc = S.main(["--tables", "2", "--worlds", "2", "--small", "4096", "--reps", "2",
                  "--out", str(tmp_path), "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
     assert "### Table 2." in out and "validation is off" in out
+    # the predictions are '-' until dt tune has run, and one line says how to get them
+    assert len([line for line in out.splitlines() if "`dt tune --world 2`" in line]) == 1, out
     data = json.loads((tmp_path / "scaling.json").read_text())
     assert data["machine"]["cores"] >= 1 and data["machine"]["backend"] == "gloo"
     rows = data["tables"]["2"]["data"]
@@ -287,6 +290,17 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     data = json.loads((tmp_path / "scaling.json").read_text())
     assert set(data["tables"]) == {str(i) for i in S.ALL_TABLES}
     assert data["tables"]["7"]["fits"]
+
+
+def test_one_line_says_which_worlds_to_tune(tmp_path, monkeypatch):
+    from dt.bench.scaling.predicted import how_to_tune
+
+    save_tuned(tmp_path, monkeypatch, None, 1e-4, 1e-9, 1e-10)  # a fresh clone: nothing saved
+    line = how_to_tune([1, 2, 4])
+    assert "world 2, 4" in line and "`dt tune --world 2 && dt tune --world 4`" in line, line
+    save_tuned(tmp_path, monkeypatch, 2, 1e-4, 1e-9, 1e-10)  # world 2 tuned on both wires
+    assert "`dt tune --world 4`" in how_to_tune([1, 2, 4]) and "world 2" not in how_to_tune([1, 2, 4])
+    assert how_to_tune([1, 2]) is None  # every world priced: nothing to say
 
 
 def check_predictions(st: S.Study, tuned: bool) -> None:
