@@ -83,7 +83,7 @@ def _placement(args: argparse.Namespace, run: Built) -> dict[str, Any] | None:
 def _save(args: argparse.Namespace, run: Built, step: int, loss: float, saved_with: dict[str, Any]) -> None:
     """Collective: checkpoint after `step`, once every rank's weights are finite (dt.train.diverged)."""
     check_weights(step, loss, run.parameters, run.world, run.device)
-    save_checkpoint(args.checkpoint, run.saved, run.optimizer, step, run.cfg, args.keep, saved_with)
+    save_checkpoint(args.checkpoint, run.parallel_model, run.optimizer, step, run.cfg, args.keep, saved_with)
 
 
 def _train(args: argparse.Namespace) -> dict[str, Any]:
@@ -92,7 +92,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     step_fn, optimizer = run.step, run.optimizer
     start, loaded = 0, None
     if args.checkpoint:
-        loaded = load_checkpoint(args.checkpoint, run.saved, optimizer, run.cfg)
+        loaded = load_checkpoint(args.checkpoint, run.parallel_model, optimizer, run.cfg)
         if loaded is not None:
             start = loaded.step
             if run.rank == 0:
