@@ -32,7 +32,7 @@ below it. `tests/test_architecture.py` holds that rule (and no import cycle, no 
 taken from another module, no file over 500 lines); its `LAYERS`, bottom up:
 """
 
-_SENTENCE = re.compile(r"^(.*?[.!?])(?:\s|$)")
+_SENTENCE = re.compile(r"^(.*?\.)(?:\s|$)")  # a question keeps its answer: "Is it? If not, ..."
 # A module's docstring is its first statement: comments and blank lines may come before it.
 _DOCSTRING = re.compile(r'\A(?:[ \t]*(?:#[^\n]*)?\n)*[ \t]*[rRuU]?("""|\'\'\')(.*?)\1', re.S)
 
