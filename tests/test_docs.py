@@ -169,23 +169,29 @@ class _Parsed(Exception):
 
 @contextlib.contextmanager
 def _stop_after_parsing() -> Iterator[None]:
-    original, depth = argparse.ArgumentParser.parse_known_args, [0]
+    """Every parse runs whole (parse_args' check for unknown options included), then stops the command."""
+    parse_args, parse_known_args, depth = (argparse.ArgumentParser.parse_args,
+                                           argparse.ArgumentParser.parse_known_args, [0])
 
-    def parse_known_args(self, args=None, namespace=None):  # noqa: ANN001, ANN202 - argparse's own
-        depth[0] += 1
-        try:
-            parsed = original(self, args, namespace)
-        finally:
-            depth[0] -= 1
-        if depth[0] == 0:  # a subcommand's parser returns inside its parent's
-            raise _Parsed
-        return parsed
+    def stopping(original):  # noqa: ANN001, ANN202 - wraps argparse's own methods
+        def parse(self, args=None, namespace=None):  # noqa: ANN001, ANN202
+            depth[0] += 1
+            try:
+                parsed = original(self, args, namespace)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:  # the outermost parse: a subcommand's returns inside its parent's
+                raise _Parsed
+            return parsed
+        return parse
 
-    argparse.ArgumentParser.parse_known_args = parse_known_args
+    argparse.ArgumentParser.parse_args = stopping(parse_args)
+    argparse.ArgumentParser.parse_known_args = stopping(parse_known_args)
     try:
         yield
     finally:
-        argparse.ArgumentParser.parse_known_args = original
+        argparse.ArgumentParser.parse_args, argparse.ArgumentParser.parse_known_args = (parse_args,
+                                                                                      parse_known_args)
 
 
 def _parse(words: list[str]) -> str | None:
@@ -220,9 +226,16 @@ def _dt_commands(lang: str, lines: list[str]) -> Iterator[list[str]]:
             if not line.startswith("$ "):
                 continue
             line = line[2:]
-        words = shlex.split(line, comments=True)
+        words = shlex.split(re.sub(r"\$\([^)]*\)", "SUBST", line), comments=True)  # VAR=$(...) is one word
         segment: list[str] = []
+        redirected = False  # `> file`: the shell's, not the command's
         for word in [*words, "&&"]:
+            if re.match(r"^\d?[<>]", word):
+                redirected = not re.match(r"^\d?[<>]+&?\S", word)  # `>file` and `2>&1` take no next word
+                continue
+            if redirected:
+                redirected = False
+                continue
             if word not in ("&&", "||", ";", "|"):
                 segment.append(word)
                 continue
