@@ -1,26 +1,28 @@
 """A command's run kept as a dated record: what it printed, under a header saying where and when.
 
-    dt bench collectives --world 2 --record     # benchmarks/collectives-all-reduce_cpu2_YYYYMMDD_dt.md
-    dt train --dp 2 --tp 2 --record runs/       # the same, in runs/
-    python -m dt.record gpu-ci gpu-out -- bash .ci/gpu   # any command (how .ci/gpu records itself)
+    dt bench collectives --world 2 --record     # benchmarks/collectives_cpu2_YYYYMMDD_all-reduce-w2.md
+    dt train --dp 2 --tp 2 --record runs/       # runs/train_cpu2_YYYYMMDD_dp2-tp2.md
+    python -m dt.record gpu ci gpu-out -- bash .ci/gpu   # any command (how .ci/gpu records itself)
 
 A figure is true of one run: one commit, one machine, one load. So with
 --record the command runs again as a child process, unchanged, and what it
 prints (stdout and stderr, in the order a terminal shows them) goes to the
-terminal and, verbatim, into the record below a header of FIELDS:
+terminal and, verbatim, into the record below a header table of FIELDS:
 
-    topic, hardware  what the record's name says: <topic>_<hardware>_<YYYYMMDD>_<entity>.md
-                     (hardware: cpu2 for 2 cores, h200 for one H200, h100x8 for eight H100s)
-    command          the command line as typed
-    headline         the run's one figure, declared by the command (`headline`): the README's table
-    commit           `git rev-parse --short HEAD` of dt's checkout, +dirty when tracked files changed
-    machine          CPU model, cores, memory, GPUs
-    versions         python, torch, dt; CUDA and NCCL when torch has them
-    date             when it started, UTC
-    load             the 1-minute load average at the start and at the end
-    exit             the command's exit status, and how long it ran
+    command   the command line as typed
+    headline  the run's one figure, declared by the command (`headline`): the README's results table
+    commit    `git rev-parse --short HEAD` of dt's checkout, +dirty when a tracked file changed
+    machine   CPU model, cores, memory, GPUs
+    versions  python, torch, dt; CUDA and NCCL when torch has them
+    date      when it started, UTC
+    load      the 1-minute load average at the start and at the end
+    exit      the command's exit status, and how long it ran
 
-A record is never overwritten: another one of the same name gets _2, _3, ...
+Its name says the rest: <topic>_<hardware>_<YYYYMMDD>_<entity>.md (RECORD_NAME), the
+hardware cpu2 for 2 cores, h200 for one H200, h100x8 for eight H100s, the entity what
+was run (all-reduce-w2, dp2-tp2-pp2). A record is never overwritten: a later one of the
+same name gets -2, -3, ... Records written by hand have the same header, REQUIRED at least.
+
 The child learns where its headline goes from DT_RECORD_HEADLINE (a file the
 parent made). It takes the variable out of its own environment, so processes
 it starts in turn (dt plan --check's dt train runs) cannot write there.
@@ -46,17 +48,18 @@ from pathlib import Path
 from dt import args as args_
 from dt.launcher import launched_rank
 
-__all__ = ["DEFAULT_DIRECTORY", "FIELDS", "add_option", "commit", "cpu_model", "gpu_names", "hardware",
-           "headline", "machine", "read_header", "record_name", "rerun", "run_recorded", "versions",
-           "write_record"]
+__all__ = ["DEFAULT_DIRECTORY", "FIELDS", "RECORD_NAME", "REQUIRED", "add_option", "commit", "cpu_model",
+           "gpu_names", "hardware", "headline", "machine", "read_header", "record_name", "rerun",
+           "run_recorded", "versions", "write_record"]
 
 DEFAULT_DIRECTORY = "benchmarks"
-FIELDS = ("topic", "hardware", "command", "headline", "commit", "machine", "versions", "date", "load",
-          "exit")
+FIELDS = ("command", "headline", "commit", "machine", "versions", "date", "load", "exit")
+REQUIRED = ("command", "commit", "machine", "versions", "date", "load")  # of every record, by hand too
+RECORD_NAME = re.compile(r"(?P<topic>[a-z0-9]+)_(?P<hardware>[a-z0-9]+)_(?P<day>\d{8})"
+                         r"_(?P<entity>[a-z0-9.-]+)\.md")
 HEADLINE_VARIABLE = "DT_RECORD_HEADLINE"
-ENTITY = "dt"  # who ran it, in torchtitan's naming: dt's own commands
-TOPIC = re.compile(r"[a-z0-9]+(-[a-z0-9]+)*")  # no "_": it separates the name's parts
-_FIELD_LINE = re.compile(r"- (\w+): (.*)")
+_WORD = re.compile(r"[a-z0-9]+")
+_FIELD_ROW = re.compile(r"\| ([a-z]+) \| (.*) \|")
 
 _headline_file: str | None = None  # this process's, taken from HEADLINE_VARIABLE (see `rerun`)
 
@@ -72,12 +75,12 @@ def add_option(parser: argparse.ArgumentParser) -> None:
                              "load above it")
 
 
-def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str) -> int | None:
+def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str, entity: str) -> int | None:
     """With --record DIR: this command run again as a child, recorded; its exit status.
 
     None means run here: no --record, or this process is the run being recorded
     (or a rank of torchrun's other than 0, which runs as it would unrecorded).
-    `prog` is the command as `dt` routes it ("dt bench scaling").
+    `prog` is the command as `dt` routes it ("dt bench scaling"); `topic` and `entity` name the record.
     """
     global _headline_file
     if HEADLINE_VARIABLE in os.environ:
@@ -87,7 +90,7 @@ def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str) -> 
         return None
     words = prog.split()
     child = [sys.executable, "-m", "dt", *words[1:], *argv]
-    status, path = run_recorded(child, shlex.join([*words, *argv]), topic, Path(directory))
+    status, path = run_recorded(child, shlex.join([*words, *argv]), topic, entity, Path(directory))
     print(f"record: {path}", file=sys.stderr)
     return status
 
@@ -101,14 +104,16 @@ def headline(text: str) -> None:
 # -- running and keeping -----------------------------------------------------------------------------
 
 
-def run_recorded(command: Sequence[str], shown: str, topic: str, directory: Path) -> tuple[int, Path]:
+def run_recorded(command: Sequence[str], shown: str, topic: str, entity: str,
+                 directory: Path) -> tuple[int, Path]:
     """Run `command`, its output to the terminal and into a record in `directory`: (exit status, path).
 
     SIGTERM and SIGHUP are passed on to the child, and Ctrl-C reaches it from the
     terminal, so a stopped run is recorded too, with the status it ended with.
     """
-    if not TOPIC.fullmatch(topic):
-        raise ValueError(f"record topic {topic!r}: lowercase letters, digits and '-'")
+    entity = "-".join(_WORD.findall(entity.lower())) or "run"
+    if not _WORD.fullmatch(topic):
+        raise ValueError(f"record topic {topic!r}: lowercase letters and digits")
     fd, headline_path = tempfile.mkstemp(prefix="dt-record-", suffix=".txt")
     os.close(fd)
     try:
@@ -121,10 +126,8 @@ def run_recorded(command: Sequence[str], shown: str, topic: str, directory: Path
         os.unlink(headline_path)
     gpus = gpu_names()
     fields = {
-        "topic": topic,
-        "hardware": hardware(gpus, args_.cores()),
         "command": f"`{shown}`",
-        "headline": declared or f"no headline: the command ended with exit status {status}",
+        "headline": declared,  # none when the run ended before its command declared one
         "commit": commit(),
         "machine": machine(gpus),
         "versions": versions(),
@@ -132,7 +135,9 @@ def run_recorded(command: Sequence[str], shown: str, topic: str, directory: Path
         "load": f"{load_start:.2f} at the start, {load_end:.2f} at the end (1-minute average)",
         "exit": f"{status} after {took:.1f} s",
     }
-    return status, write_record(directory, fields, output)
+    name = record_name(topic, hardware(gpus, args_.cores()), time.strftime("%Y%m%d", time.gmtime(started)),
+                       entity)
+    return status, write_record(directory / name, fields, output)
 
 
 def _tee(command: Sequence[str], env: dict[str, str]) -> tuple[int, str]:
@@ -168,44 +173,47 @@ def as_shown(text: str) -> str:
     return "\n".join(line.rstrip() for line in lines).strip("\n")
 
 
-def record_name(topic: str, hardware_tag: str, date: str, copy: int = 1) -> str:
-    """<topic>_<hardware>_<YYYYMMDD>_<entity>.md, then _2, _3 ... for later ones of the same name."""
-    return f"{topic}_{hardware_tag}_{date}_{ENTITY}" + (f"_{copy}" if copy > 1 else "") + ".md"
+def record_name(topic: str, hardware_tag: str, day: str, entity: str) -> str:
+    """<topic>_<hardware>_<YYYYMMDD>_<entity>.md (torchtitan's benchmarks/ naming)."""
+    return f"{topic}_{hardware_tag}_{day}_{entity}.md"
 
 
-def write_record(directory: Path, fields: dict[str, str], output: str) -> Path:
-    """The record: a title, the header (FIELDS, one `- name: value` line each), the output fenced."""
+def write_record(path: Path, fields: dict[str, str], output: str) -> Path:
+    """The record at `path`, or at its first free -2, -3 ... name: the command as its title, the
+    header table (FIELDS), then the output, fenced. Returns where it went."""
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", output)), default=0))
-    text = "\n".join([f"# {fields['topic']} on {fields['hardware']}", "",
-                      *(f"- {name}: {_one_line(fields[name])}" for name in FIELDS), "",
-                      "## Output", "", f"{fence}text", output, fence, ""])
-    directory.mkdir(parents=True, exist_ok=True)
-    day = fields["date"][:10].replace("-", "")
-    copy = 1
+    rows = [f"| {name} | {_cell(fields[name])} |" for name in FIELDS if fields.get(name)]
+    text = "\n".join([f"# {fields['command']}", "", "| field | value |", "|---|---|", *rows, "",
+                      "The whole output (stdout and stderr, as the terminal showed them):", "",
+                      f"{fence}text", output, fence, ""])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    copy, free = 1, path
     while True:
-        path = directory / record_name(fields["topic"], fields["hardware"], day, copy)
         try:
-            with open(path, "x", encoding="utf-8") as f:  # "x": never over an existing record
+            with open(free, "x", encoding="utf-8") as f:  # "x": never over an existing record
                 f.write(text)
-            return path
+            return free
         except FileExistsError:
             copy += 1
+            free = path.with_name(f"{path.stem}-{copy}{path.suffix}")
 
 
-def _one_line(value: str) -> str:
-    """A header value on its line: a line break inside (a command's quoted argument) written as \\n."""
-    return value.replace("\r", "\\r").replace("\n", "\\n")
+def _cell(value: str) -> str:
+    """A header value in its table cell: one line, its own | escaped."""
+    return value.replace("\r", "\\r").replace("\n", "\\n").replace("|", "\\|")
 
 
 def read_header(path: Path) -> dict[str, str]:
-    """A record's header fields, by name (the command without its backticks)."""
+    """A record's header: the `| name | value |` rows of the table under its title (backticks
+    around the command and escaped | undone)."""
     fields: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        found = _FIELD_LINE.fullmatch(line)
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        found = _FIELD_ROW.fullmatch(line.strip())
         if found:
-            fields[found[1]] = found[2]
-        elif fields:  # the header is the first run of `- name: value` lines
-            break
+            fields[found[1]] = found[2].replace("\\|", "|")
+        elif fields and not line.startswith("|"):
+            break  # the table ended
+    fields.pop("field", None)  # the table's own heading row
     if "command" in fields:
         fields["command"] = fields["command"].strip("`")
     return fields
@@ -296,16 +304,17 @@ def versions() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = args_.Parser(prog="python -m dt.record",
                           description="run COMMAND, its output kept as a dated record in DIR (dt.record)")
-    parser.add_argument("topic", help="the record's topic: lowercase letters, digits and '-'")
+    parser.add_argument("topic", help="what the record is about: lowercase letters and digits (gpu)")
+    parser.add_argument("entity", help="what was run, in the record's name (ci)")
     parser.add_argument("directory", metavar="DIR")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- COMMAND ...")
     a = parser.parse_args(argv)
     command = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not command:
-        parser.error("no command to run: python -m dt.record TOPIC DIR -- COMMAND ...")
-    if not TOPIC.fullmatch(a.topic):
-        parser.error(f"topic {a.topic!r}: lowercase letters, digits and '-'")
-    status, path = run_recorded(command, shlex.join(command), a.topic, Path(a.directory))
+        parser.error("no command to run: python -m dt.record TOPIC ENTITY DIR -- COMMAND ...")
+    if not _WORD.fullmatch(a.topic):
+        parser.error(f"topic {a.topic!r}: lowercase letters and digits")
+    status, path = run_recorded(command, shlex.join(command), a.topic, a.entity, Path(a.directory))
     print(f"record: {path}", file=sys.stderr)
     return status
 

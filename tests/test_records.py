@@ -33,7 +33,7 @@ CHILD = textwrap.dedent("""
     print("progress 10%\\rprogress 100%")
     print("a fence inside: ```")
     from dt import record
-    record.rerun("dt child", [], None, "child")  # as every command's hook: takes the variable
+    record.rerun("dt child", [], None, "child", "test")  # as every command's hook: takes the variable
     assert record.HEADLINE_VARIABLE not in os.environ  # what this child starts cannot write there
     record.headline("one figure:\\n 12.3 ms")
     sys.exit(3)
@@ -44,7 +44,7 @@ CHILD = textwrap.dedent("""
 def recorded(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """CHILD run once under `python -m dt.record`: (what the recorder printed, the record)."""
     directory = tmp_path_factory.mktemp("records")
-    out = subprocess.run([sys.executable, "-m", "dt.record", "child-test", str(directory), "--",
+    out = subprocess.run([sys.executable, "-m", "dt.record", "child", "a_test", str(directory), "--",
                           sys.executable, "-c", CHILD], env=ENV, cwd=ROOT, capture_output=True, text=True,
                          timeout=120)
     written = sorted(directory.glob("*.md"))
@@ -59,7 +59,6 @@ def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(recorde
     assert "to stdout\nto stderr\n" in out.stdout  # the terminal saw it as it ran
     h = record.read_header(path)
     assert list(h) == list(record.FIELDS)
-    assert h["topic"] == "child-test" and h["hardware"] == f"cpu{cores()}"
     assert h["command"] == shlex.join([sys.executable, "-c", CHILD]).replace("\n", "\\n")  # one line
     assert h["headline"] == "one figure: 12.3 ms"  # one line, whitespace collapsed
     here = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
@@ -77,13 +76,16 @@ def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(recorde
     text = path.read_text()
     # the output verbatim, in order, a progress bar as last drawn, in a fence longer than any inside
     assert "````text\nto stdout\nto stderr\nprogress 100%\na fence inside: ```\n````\n" in text
+    title = f"# `{shlex.join([sys.executable, '-c', CHILD])}`"
+    assert text.startswith(f"{title}\n\n| field | value |\n|---|---|\n")
 
 
 def test_a_record_is_named_for_its_topic_hardware_day_and_entity(recorded):
     _, path = recorded
     h = record.read_header(path)
-    assert path.name == f"child-test_{h['hardware']}_{h['date'][:10].replace('-', '')}_dt.md"
-    assert record.record_name("train", "h200", "20261205", 3) == "train_h200_20261205_dt_3.md"
+    assert path.name == f"child_cpu{cores()}_{h['date'][:10].replace('-', '')}_a-test.md"  # "_": a part's end
+    assert record.RECORD_NAME.fullmatch(path.name)
+    assert record.record_name("train", "h200", "20261205", "dp2-tp2") == "train_h200_20261205_dp2-tp2.md"
 
 
 @pytest.mark.quick
@@ -95,35 +97,37 @@ def test_hardware_names_the_gpu_model_and_count_or_the_cores(gpus, n_cores, tag)
     assert record.hardware(gpus, n_cores) == tag
 
 
-def _fields(topic: str, hardware: str, date: str, headline: str) -> dict[str, str]:
-    return {"topic": topic, "hardware": hardware, "command": f"`dt {topic} --record`", "headline": headline,
-            "commit": "abc1234", "machine": "CPU, 2 cores, 8.0 GiB memory, no GPU",
+def _fields(topic: str, date: str, headline: str) -> dict[str, str]:
+    return {"command": f"`dt {topic} --record`", "headline": headline, "commit": "abc1234",
+            "machine": "CPU, 2 cores, 8.0 GiB memory, no GPU",
             "versions": "python 3.11.7, torch 2.13.0, dt 0.2.0", "date": date,
             "load": "0.10 at the start, 0.20 at the end (1-minute average)", "exit": "0 after 1.0 s"}
 
 
 @pytest.mark.quick
 def test_a_record_is_never_overwritten(tmp_path):
-    fields = _fields("train", "cpu2", "2026-12-05T10:00:00Z", "first")
-    first = record.write_record(tmp_path, fields, "one")
-    second = record.write_record(tmp_path, {**fields, "headline": "second"}, "two")
-    third = record.write_record(tmp_path, {**fields, "headline": "third"}, "three")
-    assert [first.name, second.name, third.name] == [
-        "train_cpu2_20261205_dt.md", "train_cpu2_20261205_dt_2.md", "train_cpu2_20261205_dt_3.md"]
-    assert record.read_header(first)["headline"] == "first" and "\none\n" in first.read_text()
+    fields = _fields("train", "2026-12-05T10:00:00Z", "first | with a bar")
+    path = tmp_path / "train_cpu2_20261205_dp2.md"
+    written = [record.write_record(path, {**fields, "headline": h}, out)
+               for h, out in (("first | with a bar", "one"), ("second", "two"), ("third", "three"))]
+    assert [p.name for p in written] == ["train_cpu2_20261205_dp2.md", "train_cpu2_20261205_dp2-2.md",
+                                         "train_cpu2_20261205_dp2-3.md"]
+    assert record.read_header(written[0]) == {**fields, "command": "dt train --record"}  # | escaped and back
+    assert "\none\n" in written[0].read_text() and all(record.RECORD_NAME.fullmatch(p.name) for p in written)
 
 
 def _fixture_records(directory: Path) -> None:
-    for topic, hardware, date, headline in [
-            ("train", "cpu2", "2026-12-01T10:00:00Z", "older"),
-            ("train", "cpu2", "2026-12-05T09:00:00Z", "loss 3.1 -> 2.0 | 900 tokens/s"),
-            ("train", "h200", "2026-11-30T10:00:00Z", "on the GPU"),
-            ("collectives-all-reduce", "cpu2", "2026-12-02T10:00:00Z", "ring 1.2 ms"),
-            ("collectives-all-reduce", "cpu2", "2026-12-02T08:00:00Z", "earlier that day")]:
-        record.write_record(directory, _fields(topic, hardware, date, headline), "output")
+    for name, date, headline in [
+            ("train_cpu2_20261201_dp2.md", "2026-12-01T10:00:00Z", "older"),
+            ("train_cpu2_20261205_dp2-tp2.md", "2026-12-05T09:00:00Z", "loss 3.1 -> 2.0 | 900 tokens/s"),
+            ("train_cpu2_20261206_by-hand.md", "2026-12-06, 12 s of wall time", ""),  # no headline: not shown
+            ("train_h200_20261130_dp8.md", "2026-11-30T10:00:00Z", "on the GPU"),
+            ("collectives_cpu2_20261202_all-reduce-w2.md", "2026-12-02T10:00:00Z", "ring 1.2 ms"),
+            ("collectives_cpu2_20261202_all-reduce-w4.md", "2026-12-02T08:00:00Z", "earlier that day")]:
+        fields = _fields(name.split("_")[0], date, headline)
+        record.write_record(directory / name, fields, "output")
 
 
-@pytest.mark.quick
 def test_the_table_has_the_newest_record_of_each_topic_and_hardware_linked(tmp_path):
     bench = tmp_path / "benchmarks"
     _fixture_records(bench)
@@ -132,20 +136,22 @@ def test_the_table_has_the_newest_record_of_each_topic_and_hardware_linked(tmp_p
     cells = [[cell.strip() for cell in line.strip("| ").split(" | ")] for line in lines]
     assert cells[0] == ["topic", "hardware", "headline", "record"] and set(lines[1]) == {"|", "-"}
     assert cells[2:] == [
-        ["collectives-all-reduce", "cpu2", "ring 1.2 ms",
-         "[2026-12-02](benchmarks/collectives-all-reduce_cpu2_20261202_dt.md)"],
+        ["collectives", "cpu2", "ring 1.2 ms",
+         "[collectives_cpu2_20261202_all-reduce-w2](benchmarks/collectives_cpu2_20261202_all-reduce-w2.md)"],
         ["train", "cpu2", "loss 3.1 -> 2.0 \\| 900 tokens/s",
-         "[2026-12-05](benchmarks/train_cpu2_20261205_dt.md)"],
-        ["train", "h200", "on the GPU", "[2026-11-30](benchmarks/train_h200_20261130_dt.md)"]]
+         "[train_cpu2_20261205_dp2-tp2](benchmarks/train_cpu2_20261205_dp2-tp2.md)"],
+        ["train", "h200", "on the GPU", "[train_h200_20261130_dp8](benchmarks/train_h200_20261130_dp8.md)"]]
     assert records.results_table(tmp_path / "none", tmp_path) == records.NO_RECORDS
 
 
 @pytest.mark.quick
-def test_a_file_without_the_header_fields_is_named(tmp_path):
-    fields = _fields("train", "cpu2", "2026-12-05T10:00:00Z", "x")
-    path = record.write_record(tmp_path, fields, "out")
-    path.write_text(path.read_text().replace("- load:", "- lode:"))
-    with pytest.raises(ValueError, match=rf"{path.name}: not a record: its header lacks load"):
+def test_a_file_without_the_header_fields_or_a_records_name_is_named(tmp_path):
+    path = record.write_record(tmp_path / "train_cpu2_20261205_dp2.md", _fields("train", "x", "y"), "out")
+    path.write_text(path.read_text().replace("| load |", "| lode |"))
+    with pytest.raises(ValueError, match=rf"{path.name}: its header lacks load"):
+        records.read_records(tmp_path)
+    path.rename(tmp_path / "train_cpu2_2026-12-05_dp2.md")
+    with pytest.raises(ValueError, match="train_cpu2_2026-12-05_dp2.md: not named <topic>_<hardware>_"):
         records.read_records(tmp_path)
 
 
@@ -159,7 +165,8 @@ def test_check_holds_the_readme_block_to_the_generated_table(tmp_path):
     assert records.write(readme, bench)
     assert records.check(readme, bench) is None
     assert readme.read_text().endswith(f"{records.RESULTS_END}\n\nmore\n")
-    record.write_record(bench, _fields("train", "cpu2", "2026-12-06T09:00:00Z", "newer"), "output")
+    newer = _fields("train", "2026-12-07T09:00:00Z", "newer")
+    record.write_record(bench / "train_cpu2_20261207_dp4.md", newer, "output")
     assert "is not the one the records" in records.check(readme, bench)  # a new record: regenerate
     readme.write_text("# dt\n")
     assert "has no <!-- results:begin -->" in records.check(readme, bench)
@@ -221,11 +228,11 @@ def test_dt_bench_collectives_record_end_to_end(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dt", *argv], env=ENV, cwd=ROOT, capture_output=True,
                          text=True, timeout=200)
     assert out.returncode == 0, out.stderr
-    path, = tmp_path.glob("collectives-all-reduce_*.md")
+    path, = tmp_path.glob("collectives_*_all-reduce-w1.md")
     h = record.read_header(path)
     assert h["command"] == "dt " + " ".join(argv)
-    assert re.fullmatch(r"all_reduce 1,024 B world 1 \(shm\): fastest ring \S+ \S+, busbw \S+ GB/s, "
-                        r"\d+\.\d\dx torch's time", h["headline"]), h["headline"]
+    assert re.fullmatch(r"all_reduce 1,024 B world 1: fastest ring on shared memory \S+ \S+, busbw \S+ GB/s, "
+                        r"\d+\.\d\dx the time of torch's on gloo's sockets", h["headline"]), h["headline"]
     assert "# Avg bus bandwidth" in path.read_text() and "# Avg bus bandwidth" in out.stdout
 
 

@@ -211,8 +211,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    topic = "collectives-" + args.collective.replace("_", "-")
-    if (status := record.rerun("dt bench collectives", argv, args.record, topic)) is not None:
+    entity = f"{args.collective}-w{args.world}"
+    if (status := record.rerun("dt bench collectives", argv, args.record, "collectives", entity)) is not None:
         return status
     data = run(args)
     print_avg(data, sys.stdout)

@@ -169,8 +169,9 @@ def _cluster(a: argparse.Namespace) -> Cluster:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
-    if (status := record.rerun("dt plan", argv, a.record, "plan-check" if a.check else "plan")) is not None:
-        return status
+    recorded = record.rerun("dt plan", argv, a.record, "plan", "check" if a.check else "rank")
+    if recorded is not None:
+        return recorded
     model, cluster = _model(a), _cluster(a)
     t0, cpu0 = time.perf_counter(), time.process_time()
     rows, enumerated, dropped = rank_layouts(cluster, model, a.global_batch, a.seq,

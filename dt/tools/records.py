@@ -4,12 +4,12 @@
     dt records --check README.md    # exit 1 unless the README's table is the one the records give
     dt records --write README.md    # put it there
 
-A record is what one run printed, under a header (dt.record writes it: `dt train
---record`, `dt bench collectives --record`, ...). The results table has one row
-per topic and hardware, from the newest record of each (its header's date): the
-headline its command declared, and a link to the record. In the README it sits
-between RESULTS_BEGIN and RESULTS_END, so a figure there always names the run
-that produced it.
+A record is what one run printed, under a header table (dt.record writes it: `dt train
+--record`, `dt bench collectives --record`, ...; records written by hand have the same
+header). The results table has one row per topic and hardware (the record's name says
+both), from the newest record of each that declares a headline: the headline, and a
+link to the record. In the README it sits between RESULTS_BEGIN and RESULTS_END, so a
+figure there always names the run that produced it.
 """
 
 from __future__ import annotations
@@ -22,45 +22,57 @@ from pathlib import Path
 
 from dt import args as args_
 from dt.bench.report import markdown_table, replace_between_markers
-from dt.record import DEFAULT_DIRECTORY, FIELDS, read_header
+from dt.record import DEFAULT_DIRECTORY, RECORD_NAME, REQUIRED, read_header
 
 __all__ = ["RESULTS_BEGIN", "RESULTS_END", "RunRecord", "check", "main", "newest", "read_records",
            "results_table", "write"]
 
 RESULTS_BEGIN = "<!-- results:begin -->"
 RESULTS_END = "<!-- results:end -->"
-NO_RECORDS = "No records yet: a command run with `--record` writes one under benchmarks/."
+NO_RECORDS = "No record declares a headline yet: a command run with `--record` writes one that does."
 
 
 @dataclass(frozen=True)
 class RunRecord:
     path: Path
-    fields: dict[str, str]  # dt.record.FIELDS, by name
+    topic: str
+    hardware: str
+    day: str  # YYYYMMDD, from the name
+    fields: dict[str, str]  # the header's, by name (dt.record.FIELDS; REQUIRED at least)
 
     def __getitem__(self, name: str) -> str:
         return self.fields[name]
 
+    def newness(self) -> tuple[str, str, str]:
+        """What orders records of one topic: the day, then the date field (a time of day when a
+        command wrote it), then the name (-2 after the first)."""
+        return self.day, self.fields["date"], self.path.name
+
 
 def read_records(directory: Path) -> list[RunRecord]:
-    """Every record in `directory` (its *.md files but a README), newest first; ValueError naming a file
-    whose header lacks a field."""
+    """Every record in `directory` (its *.md files but a README), newest first; ValueError naming a
+    file that is not named as a record or whose header lacks a REQUIRED field."""
     found = []
     for path in sorted(directory.glob("*.md")):
         if path.name.lower() == "readme.md":
             continue
+        name = RECORD_NAME.fullmatch(path.name)
+        if name is None:
+            raise ValueError(f"{path}: not named <topic>_<hardware>_<YYYYMMDD>_<entity>.md")
         fields = read_header(path)
-        missing = [name for name in FIELDS if not fields.get(name)]
+        missing = [field for field in REQUIRED if not fields.get(field)]
         if missing:
-            raise ValueError(f"{path}: not a record: its header lacks {', '.join(missing)} (dt.record)")
-        found.append(RunRecord(path, fields))
-    return sorted(found, key=lambda r: (r["date"], r.path.name), reverse=True)
+            raise ValueError(f"{path}: its header lacks {', '.join(missing)} (dt.record)")
+        found.append(RunRecord(path, name["topic"], name["hardware"], name["day"], fields))
+    return sorted(found, key=RunRecord.newness, reverse=True)
 
 
 def newest(records: list[RunRecord]) -> list[RunRecord]:
-    """The newest record of each topic on each hardware, by topic then hardware."""
+    """The newest record that declares a headline, of each topic on each hardware; by topic, hardware."""
     kept: dict[tuple[str, str], RunRecord] = {}
-    for r in sorted(records, key=lambda r: (r["date"], r.path.name)):
-        kept[r["topic"], r["hardware"]] = r
+    for r in sorted(records, key=RunRecord.newness):
+        if r.fields.get("headline"):
+            kept[r.topic, r.hardware] = r
     return [kept[key] for key in sorted(kept)]
 
 
@@ -70,8 +82,8 @@ def results_table(directory: Path, links_from: Path) -> str:
     rows = newest(read_records(directory)) if directory.is_dir() else []
     if not rows:
         return NO_RECORDS
-    cells = [[r["topic"], r["hardware"], r["headline"].replace("|", "\\|"),
-              f"[{r['date'][:10]}]({Path(os.path.relpath(r.path, links_from)).as_posix()})"] for r in rows]
+    cells = [[r.topic, r.hardware, r["headline"].replace("|", "\\|"),
+              f"[{r.path.stem}]({Path(os.path.relpath(r.path, links_from)).as_posix()})"] for r in rows]
     return markdown_table(["topic", "hardware", "headline", "record"], cells, align=["l"] * 4)
 
 
@@ -104,8 +116,8 @@ def write(readme: Path, directory: Path) -> bool:
 
 
 def _listing(records: list[RunRecord]) -> str:
-    return "\n".join(f"{r['date']}  {r['topic']:<24} {r['hardware']:<8} exit {r['exit'].split()[0]:<4} "
-                     f"{r.path}\n    {r['headline']}" for r in records)
+    return "\n".join(f"{r.day}  {r.topic:<12} {r.hardware:<8} {r.path}"
+                     + (f"\n    {r['headline']}" if r.fields.get("headline") else "") for r in records)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         return tune_saved.show()
     if args.reset:
         return tune_saved.reset()
-    if (status := record.rerun("dt tune", argv, args.record, "tune")) is not None:
+    if (status := record.rerun("dt tune", argv, args.record, "tune", f"w{args.world or 2}")) is not None:
         return status
 
     import torch

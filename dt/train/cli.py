@@ -265,7 +265,8 @@ def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    if (status := record.rerun("dt train", argv, args.record, "train")) is not None:
+    mesh = "-".join(f"{k}{getattr(args, k)}" for k in ("dp", "cp", "ep", "tp", "pp") if getattr(args, k) > 1)
+    if (status := record.rerun("dt train", argv, args.record, "train", mesh or "one-rank")) is not None:
         return status
     on_gpu = backend_for(args.device) == "nccl"
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host

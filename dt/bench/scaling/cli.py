@@ -144,8 +144,8 @@ def _launched(s: StudySettings, a: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     s, a = parse_args(argv)
-    topic = "scaling-quick" if a.quick else "scaling"
-    if (status := record.rerun("dt bench scaling", argv, a.record, topic)) is not None:
+    entity = "quick" if a.quick else "study"
+    if (status := record.rerun("dt bench scaling", argv, a.record, "scaling", entity)) is not None:
         return status
     command = command_line(argv)
     st = Study(s, progress=not a.no_progress)
