@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dt import args as args_
-from dt.bench.report import markdown_table, replace_between_markers
+from dt.bench.report import replace_between_markers
 from dt.record import DEFAULT_DIRECTORY, RECORD_NAME, REQUIRED, read_header
 
 __all__ = ["RESULTS_BEGIN", "RESULTS_END", "RunRecord", "check", "main", "newest", "read_records",
@@ -84,7 +84,9 @@ def results_table(directory: Path, links_from: Path) -> str:
         return NO_RECORDS
     cells = [[r.topic, r.hardware, r["headline"].replace("|", "\\|"),
               f"[{r.path.stem}]({Path(os.path.relpath(r.path, links_from)).as_posix()})"] for r in rows]
-    return markdown_table(["topic", "hardware", "headline", "record"], cells, align=["l"] * 4)
+    # unpadded: a new record changes its own row of the README, not the whole table's widths
+    return "\n".join("| " + " | ".join(row) + " |"
+                     for row in [["topic", "hardware", "headline", "record"], ["---"] * 4, *cells])
 
 
 def _between_markers(text: str) -> str | None:
