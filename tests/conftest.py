@@ -21,6 +21,13 @@ from dt.launcher import WorkerPool
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 
+# The pools' workers fork from a fork server that imports dt before it forks them, with the
+# interpreter's own sys.path (Python 3.11's fork server ignores the parent's): without this, a
+# checkout tested beside another installed dt (an editable install of another worktree) would
+# run that other dt in the workers. Subprocesses the tests start inherit it too.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+
 
 @pytest.fixture(scope="session", autouse=True)
 def no_leaked_temp_dirs():
