@@ -96,19 +96,21 @@ def _interleaved_1f1b(p: int, s: int, m: int, v: int) -> list[tuple[str, int, in
     group's way through the other chunks, plus the round trip to the last stage
     and back), then alternates one forward and one backward, then drains the
     backwards. Stage 0 then holds p v + p - 1 (chunk, micro-batch) activations
-    at most, p (1 + (p-1)/(p v)) micro-batches of its whole stage, where GPipe's
-    order over the chunks holds all v m; the bubble is GPipe's (p-1)/(v m + p-1).
+    at most, p (1 + (p-1)/(p v)) micro-batches of its whole stage, where every
+    forward first would hold all v m; the bubble is (p-1)/(v m + p-1).
 
     Every stage follows one forward order and one backward order, so between any
     two ranks messages leave in the order the receiver takes them (with p = 2 one
-    pair carries activations and gradients both ways, and this holds only because
-    the warm-ups of neighbours differ by 2 = p), and no receive waits on an
-    action that waits on it: timeline.play walks every stage's order to its end.
+    pair carries activations and gradients both ways; they agree because a group
+    is 2 micro-batches, the difference between the two stages' warm-ups), and no
+    receive waits on an action that waits on it: timeline.play walks every
+    stage's order to its end.
 
-    m not a multiple of p (Megatron refuses it): the order for the next multiple
-    of p with the missing micro-batches' actions left out, so the last group is
-    shorter. Leaving actions out keeps both properties (any run of the longer
-    order, restricted, runs the shorter one, and each pair loses the same
+    m not a multiple of p (Megatron refuses it; its groups of N > p, a last one
+    of at least p, would break that agreement at p = 2): the order for the next
+    multiple of p with the missing micro-batches' actions left out, so the last
+    group is shorter. Leaving actions out keeps both properties (any run of the
+    longer order, restricted, runs the shorter one, and each pair loses the same
     messages at both ends); the price is bubble, since a short group cannot keep
     the virtual stages busy.
     """
