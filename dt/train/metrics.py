@@ -6,8 +6,14 @@
 
 `step` counts steps done (1 after the first); `time` is the step's seconds by
 part (dt.train.loop's split), `tokens_per_s` the global batch's tokens over the
-step's wall time. A resumed run appends to the file: the steps continue. Only
-rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
+step's wall time. Each run first writes one line that marks where it starts:
+
+    {"run": {"started": "2025-01-31T12:00:00Z", "world": 4, "from_step": 0, "dp": 2, ...}}
+
+its options (every one, as the run settled them), when it started (UTC), its
+processes and the step it starts after (a resumed run's: its checkpoint's).
+A resumed run appends to the file: the steps continue after its own marker.
+Only rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
 
 MFU = model FLOPs per token (dt.cost.flops.train_flops_per_token: forward and
 backward, no recompute) x tokens/s / peak FLOP/s of the whole world (one device's
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
@@ -29,7 +36,7 @@ from dt.cost.flops import train_flops_per_token
 from dt.device import clock
 
 __all__ = ["MetricsLog", "curve_records", "job_peak_flops", "measure_matmul_flops", "mfu",
-           "model_flops_per_token", "plot_loss", "read_metrics"]
+           "model_flops_per_token", "plot_loss", "read_metrics", "run_marker"]
 
 
 def model_flops_per_token(cfg: Any) -> float | None:
@@ -87,16 +94,24 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
 
 
 class MetricsLog:
-    """Appends one JSON object per record to `path` (None: keeps them in memory only)."""
+    """Appends one JSON object per record to `path` (None: keeps them in memory only).
 
-    def __init__(self, path: str | Path | None):
+    `run`: the run's marker, written first ({"run": run}); `records` holds the steps' only.
+    """
+
+    def __init__(self, path: str | Path | None, run: dict[str, Any] | None = None):
         self.records: list[dict[str, Any]] = []
         self.file: IO[str] | None = open(path, "a") if path else None
+        if run is not None:
+            self._line({"run": run})
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        self._line(record)
+
+    def _line(self, record: dict[str, Any]) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps(record, default=str) + "\n")  # a path, a dtype: as text
             self.file.flush()
 
     def close(self) -> None:
@@ -105,8 +120,15 @@ class MetricsLog:
             self.file = None
 
 
+def run_marker(args: Any, world: int, from_step: int) -> dict[str, Any]:  # noqa: ANN401 - a Namespace
+    """What a metrics file says before a run's steps: its options, start (UTC), world, first step."""
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "world": world,
+            "from_step": from_step, **{k: v for k, v in sorted(vars(args).items())}}
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics file; ValueError naming the line that is not one."""
+    """The step records of a metrics file, every run's (the runs' markers left out); ValueError
+    naming the line that is neither."""
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -116,6 +138,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 rec = json.loads(line)
             except ValueError:
                 raise ValueError(f"{path}:{n}: not a JSON line") from None
+            if isinstance(rec, dict) and set(rec) == {"run"}:
+                continue
             if not isinstance(rec, dict) or "step" not in rec or "loss" not in rec:
                 raise ValueError(f"{path}:{n}: not a dt train metrics record (no step and loss)")
             out.append(rec)
