@@ -2,8 +2,9 @@
 
 Rows are printed one size at a time as they are measured (by rank 0, from
 dt/bench/collectives_sweep.py); the launcher prints the header before and the
-"# Avg bus bandwidth" lines and the summary after. Each mode's #wrong sits in
-its own column: out-of-place under out-of-place, in-place under in-place.
+"# Out of bounds values", "# Avg bus bandwidth" lines and the summary after.
+Each mode's #wrong sits in its own column: out-of-place under out-of-place,
+in-place under in-place (N/A when not checked, -c 0).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any, TextIO
 
 from dt.cost import loadstore
 
-__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "print_avg", "print_header",
-           "print_size_rows", "plot", "summary"]
+__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "out_of_bounds", "print_avg",
+           "print_header", "print_size_rows", "plot", "summary"]
 
 NOT_DT = ("torch", "deepspeed")  # the reference rows: every other row is one of dt's
 
@@ -53,8 +54,9 @@ def format_row(row: dict[str, Any]) -> str:
     for mode in ("out", "in"):
         if mode in row:
             s = row[mode]
+            wrong = "N/A" if s["wrong"] is None else s["wrong"]
             cols.append(f"{s['median'] * 1e6:9.1f} {s['spread'] * 100:5.0f}% {s['algbw']:7.3f} "
-                        f"{s['busbw']:7.3f} {s['wrong']:>6}")
+                        f"{s['busbw']:7.3f} {wrong:>6}")
         else:
             cols.append(f"{'N/A':>9} {'':>6} {'':>7} {'':>7} {'':>6}")
     bound = f"{row['memcpy_gbps']:7.2f}" if "memcpy_gbps" in row else ""
@@ -81,13 +83,22 @@ def avg_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {name: statistics.fmean(xs) for name, xs in figures.items()}
 
 
+def out_of_bounds(rows: Sequence[dict[str, Any]]) -> int:
+    """nccl-tests' count of results with a wrong element: one per (row, size, op, mode) checked."""
+    return sum(1 for row in rows for mode in ("out", "in") if (row.get(mode) or {}).get("wrong"))
+
+
 def print_avg(data: dict[str, Any], out: TextIO) -> None:
-    """The wires the groups connected, then nccl-tests' closing line once per row name."""
+    """The wires the groups connected, then nccl-tests' closing lines: the results out of bounds
+    (as it prints them: OK or FAILED), the average bus bandwidth once per row name."""
     connected = data["machine"].get("connected_wires", {})
     if connected:
         print("# wires connected: " + "; ".join(
             f"--transport {name} group over {' + '.join(wires) or 'no peer'}"
             for name, wires in connected.items()), file=out)
+    bad = out_of_bounds(data["results"])
+    unchecked = "" if data["config"].get("check", True) else " (not checked: -c 0)"
+    print(f"# Out of bounds values : {bad} {'FAILED' if bad else 'OK'}{unchecked}", file=out)
     if data["collective"] == "barrier":
         print("# Avg bus bandwidth    : N/A (a barrier moves no data)", file=out)
         return
@@ -105,8 +116,9 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
     """Per size: dt's fastest row, auto's pick and its time over the fastest's."""
     rows = data["results"]
     print("\n# summary: fastest dt row (median time), then medians of per-call ratios", file=out)
-    for size in dict.fromkeys(r["size"] for r in rows):
-        here = {r["algorithm"]: r for r in rows if r["size"] == size}
+    ops = dict.fromkeys(r["redop"] for r in rows)
+    for redop, size in dict.fromkeys((r["redop"], r["size"]) for r in rows):
+        here = {r["algorithm"]: r for r in rows if r["size"] == size and r["redop"] == redop}
         mode = "in" if "in" in here["torch"] else "out"
         fastest = fastest_dt(here, mode)
         if fastest is None:
@@ -118,7 +130,8 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
                                                            here[b][mode]["samples"]))
 
         label = fastest + (f" ({here[fastest]['picked']})" if "picked" in here[fastest] else "")
-        line = f"#   {size:>10} B  fastest {label:<22} {ratio(fastest, 'torch'):5.2f}x torch"
+        which = f"{redop:>4} " if len(ops) > 1 else ""
+        line = f"#   {which}{size:>10} B  fastest {label:<22} {ratio(fastest, 'torch'):5.2f}x torch"
         for a in (a for a in here if a.startswith("auto") and a != fastest):
             line += (f"   {a} -> {here[a].get('picked', '?'):<16} "
                      f"{ratio(a, fastest):5.2f}x fastest, {ratio(a, 'torch'):5.2f}x torch")
