@@ -165,3 +165,13 @@ def test_tf32_holds_for_the_run_and_is_undone_after():
     assert torch.get_float32_matmul_precision() == before
     with float32_matmuls("bfloat16"):
         assert torch.get_float32_matmul_precision() == before
+
+
+def test_the_report_counts_in_words_and_says_what_an_unset_option_means():
+    args = train.parse_args(["--experts", "2", "--steps", "2"])
+    r0 = {"rank": 0, "coords": (0, 0, 0, 0, 0), "losses": [3.0, 2.0], "start": 0, "wall_s": 1.0,
+          "tokens_per_s": 1024.0, "times": {"compute": 0.5, "communication": 0.1, "bubble": 0.0},
+          "bytes_sent": {"data": 0.0}, "steps": 2, "peak_stash": 0, "moe": {"assignments": 64, "dropped": 0}}
+    text = train_cli.report(args, [r0])
+    assert "(1 process), global batch" in text and "capacity factor none (no drops);" in text, text
+    assert "None" not in text

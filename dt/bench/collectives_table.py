@@ -185,7 +185,7 @@ def busbw_figure(data: dict[str, Any]) -> Any:
     ax.set_ylabel("busbw (GB/s)")
     m = data["machine"]
     ax.set_title(f"{data['collective']}, world {m['world']}, {'+'.join(m['transports'])}, "
-                 f"{m['cores']} cores")
+                 f"{m['cores']} cores", wrap=True)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

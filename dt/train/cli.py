@@ -288,6 +288,6 @@ def main(argv: list[str] | None = None) -> int:
         print(report(args, results))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
             records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
-            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
+            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}")  # wrapped to fit
             print(f"loss curve: {args.plot}")
     return 0

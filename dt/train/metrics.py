@@ -34,6 +34,7 @@ import torch
 from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import train_flops_per_token
 from dt.device import clock
+from dt.units import plural
 
 __all__ = ["MetricsLog", "curve_records", "job_peak_flops", "measure_matmul_flops", "mfu",
            "model_flops_per_token", "plot_loss", "read_metrics", "run_marker"]
@@ -74,17 +75,18 @@ def job_peak_flops(per_device: float | None, world: int, device: str, dtype: tor
     else a float32 512^2 matmul measured here. On a GPU, one device's measured matmul x world.
     """
     if per_device is not None:
-        return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
+        return per_device * world, f"--peak-flops {per_device:.3g} x {plural(world, 'process')}"
     if device == "cuda":
         rate = measure_matmul_flops("cuda", dtype, n=4096)
         return rate * world, f"a {dtype} 4096^2 matmul measured at start, {rate / 1e12:.1f} TFLOP/s x {world}"
     threads = torch.get_num_threads()
     tuned = matmul_rate(*shape, threads=threads, dtype="float32")
     if tuned:
-        return tuned, (f"dt tune's float32 matmul rate near {shape[0]}x{shape[1]}x{shape[2]} on {threads} "
-                       f"threads (the host's ranks share them): {tuned / 1e9:.1f} GFLOP/s")
+        return tuned, (f"dt tune's float32 matmul rate near {shape[0]}x{shape[1]}x{shape[2]} on "
+                       f"{plural(threads, 'thread')} (the host's ranks share them): "
+                       f"{tuned / 1e9:.1f} GFLOP/s")
     rate = measure_matmul_flops("cpu", torch.float32)
-    return rate, (f"a float32 512^2 matmul measured at start on {threads} threads "
+    return rate, (f"a float32 512^2 matmul measured at start on {plural(threads, 'thread')} "
                   f"(the host's ranks share them; dt tune not run): {rate / 1e9:.1f} GFLOP/s")
 
 
@@ -169,7 +171,7 @@ def plot_loss(records: Sequence[dict[str, Any]], png: str | Path, title: str = "
             ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", ms=3, label="validation")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats per token)")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, wrap=True)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()
