@@ -26,7 +26,7 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import ROOTED, TORCH, Case, group_wires, registry_name, time_calls, wire_group
+from dt.bench.harness import ROOTED, TORCH, BenchCase, group_wires, registry_name, time_calls, wire_group
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
@@ -120,7 +120,7 @@ def forget_deepspeed(token: str) -> None:
             os.unlink(path)
 
 
-def _deepspeed_call(op: Any, case: Case, inplace: bool) -> Any:
+def _deepspeed_call(op: Any, case: BenchCase, inplace: bool) -> Any:
     x, y = case.input, case.output
 
     def run() -> None:
@@ -136,7 +136,7 @@ def _measure(cfg: dict[str, Any], nbytes: int, wires: dict[str, Any], ds: Any) -
     dtype = DTYPES[cfg["dtype"]]
     itemsize = torch.empty(0, dtype=dtype).element_size()
     shared = wires.get("shm") if cfg.get("shared") else None
-    case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared,
+    case = BenchCase(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared,
                 root=cfg.get("root", 0))
     mine: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": case.count}
     calls = {}
