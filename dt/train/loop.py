@@ -96,8 +96,6 @@ def start_line(args: argparse.Namespace, vocab_size: int) -> str:
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     data = open_data(args)
     run = make_model(args, data.vocab_size)
-    if run.rank == 0:
-        print(start_line(args, data.vocab_size), file=sys.stderr, flush=True)  # beside the progress
     step_fn, optimizer = run.step, run.optimizer
     start, loaded = 0, None
     if args.checkpoint:
@@ -107,6 +105,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             if run.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
+    if run.rank == 0:  # once the checkpoint loaded: a refused one is its error line alone
+        print(start_line(args, data.vocab_size), file=sys.stderr, flush=True)  # beside the progress
     saved_with = {"tokenizer": data.tokenizer.to_json()}  # in the manifest: dt sample reads it
     per_rank = args.batch_size // args.dp
     dp_rank = run.coords[0]
