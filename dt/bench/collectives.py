@@ -15,14 +15,15 @@ of the same round), in-place where there is one. It closes with nccl-tests'
 "# Out of bounds values" (the results with any #wrong: OK or FAILED, and the
 exit status 1 when any), "# Avg bus bandwidth" (per row: the mean busbw over
 every size and mode) and a summary per size: dt's fastest row, auto among
-them, and auto's pick.
+them, against torch's on the same wire where dt ran on torch's (labelled
+"across wires" where it did not), and auto's pick.
 
 As in nccl-tests: -r is the root of broadcast, reduce, gather and scatter;
 -d takes int8, uint8, int32, int64, half, bfloat16, float, double; -o all runs
 the sweep once per reduction (sum, prod, max, min, and avg on a floating type).
 The check (-c 1, the default) runs after each size's timed calls: every call once
 more on the pattern's inputs, with the result buffer poisoned first, against
-the exact result (dt.bench.harness.Case.expected); -c 0 prints N/A.
+the exact result (dt.bench.harness.BenchCase.expected); -c 0 prints N/A.
 
 Sizes: -b, -b*f, -b*f^2, ... and -e itself (always measured, the last row).
 Units as dt.units reads them: KB, MB, GB are 1000s, KiB, MiB, GiB 1024s, and

@@ -23,6 +23,7 @@ from dt.train.dataset import TrainData
 from dt.train.evaluate import ForwardLoss, validation_loss
 from dt.train.layouts import world
 from dt.train.metrics import MetricsLog, mfu, run_marker
+from dt.train.peak import format_mfu
 from dt.train.progress import Progress
 from dt.train.schedule import WarmupCosine
 
@@ -97,5 +98,5 @@ def _postfix(record: dict[str, Any], val_losses: list[tuple[int, float]], done: 
         out["norm"] = f"{record['grad_norm']:.3f}"
     out["tok/s"] = f"{record['tokens_per_s']:.0f}"
     if record.get("mfu") is not None:
-        out["MFU"] = f"{100 * record['mfu']:.2f}%"
+        out["MFU"] = format_mfu(record["mfu"])
     return out
