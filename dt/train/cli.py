@@ -20,6 +20,7 @@ from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.parallel.recompute import RECOMPUTE
 from dt.train.dataset import prepare_data
 from dt.train.fits import why_it_cannot_fit
 from dt.train.layouts import layout_error, world
@@ -36,6 +37,8 @@ _USAGE = """examples:
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
     dt train --cp 4 --long-context --cp-attention ulysses                  # 1024-token sequences
+    dt train --tp 2 --sequence-parallel --recompute selective             # Korthikanti et al. 2022
+    dt train --dp 2 --zero 3 --no-prefetch                                # FSDP, each gather blocking
 """
 
 LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
@@ -89,8 +92,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
                         "state sharded), 2 ZeRO (gradients too), 3 FSDP (parameters too; one stage)")
-    p.add_argument("--recompute", action="store_true",
-                   help="recompute every block's activations in backward (the same losses, less memory)")
+    p.add_argument("--recompute", nargs="?", choices=RECOMPUTE, const="full", default="none",
+                   help="activations recomputed in backward (the same losses, less memory): full, every "
+                        "block's (what --recompute alone means); selective, only the attention core's "
+                        "(softmax(q k^T) v, Korthikanti et al. 2022); none (default)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp > 1: the norms and the residual stream on block/tp tokens per rank "
+                        "(Megatron's sequence parallelism; not with --experts)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="with --zero 3: gather each FSDP unit only when it runs (default: the next unit's "
+                        "all-gather is issued behind the current unit's forward and backward)")
     p.add_argument("--clip", type=args_.positive, default=None,
                    help="clip gradients to this global norm (over every axis)")
     p.add_argument("--lr", type=args_.positive, default=3e-3)
