@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
+from dt.plan.compute import rank_threads
 from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
@@ -72,12 +73,14 @@ def on_gpu(cluster: Cluster) -> bool:
 
 def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
                precision: str | None = None) -> list[str]:
-    """dt train's options for this layout (and nothing else: the rest are its defaults).
+    """dt train's options for this layout (and its threads: the rest are its defaults).
 
     precision: a catalogue precision (bf16, ...): the run goes on this host's GPUs with that
     autocast; None: on the CPU, as dt train runs by default here."""
+    # On the CPU the threads the planner timed a rank with (dt.plan.compute.rank_threads), not
+    # dt train's own rule (dt.train.threads): the check measures what was priced.
     device = ["--device", "cuda", "--precision", TRAIN_PRECISION[precision]] if precision else [
-        "--device", "cpu"]
+        "--device", "cpu", "--threads", str(rank_threads(lay.world))]
     argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
             "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
             "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),
@@ -108,7 +111,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     from dt import transport
     from dt.device import backend_for, local_device, synchronize
     from dt.device_memory import LiveBytes
-    from dt.plan.trace import Recorder
+    from dt.plan.trace import TimelineRecorder
     from dt.train.dataset import open_data
     from dt.train.loop import make_model
 
@@ -121,7 +124,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     device = local_device(backend_for(args.device))
     # on a GPU the caching allocator's peak (max_memory_allocated), on the CPU dt's own count
     live = LiveBytes(device) if memory else None
-    rec = Recorder()
+    rec = TimelineRecorder()
     try:
         if live is not None:
             live.__enter__()
