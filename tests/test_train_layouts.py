@@ -297,10 +297,17 @@ def test_fsdp_with_experts_checkpoints_resume_on_other_layouts(run, tmp_path):
 
 
 def test_what_stays_refused_is_one_line_naming_it(capsys):
-    """FSDP with a tied weight in two chunks of one rank; a Llama with experts (it has no MoE)."""
+    """FSDP with a tied weight in two chunks of one rank; a Llama with experts (it has no MoE);
+    sequence parallel without tp, with experts, or on a sequence that does not split; a recompute
+    that is not one of the kinds."""
     cases = [(["--zero", "3", "--dp", "2", "--schedule", "interleaved", "--virtual", "2"],
               "two chunks of one rank"),
-             (["--model", "llama", "--experts", "2"], "no mixture of experts")]
+             (["--model", "llama", "--experts", "2"], "no mixture of experts"),
+             (["--sequence-parallel"], "it needs --tp > 1"),
+             (["--tp", "2", "--experts", "2", "--sequence-parallel"], "routes whole sequences"),
+             (["--tp", "2", "--cp", "2", "--block-size", "18", "--sequence-parallel"],
+              "divisible by cp * tp = 4"),
+             (["--recompute", "attention"], "invalid choice: 'attention'")]
     for argv, why in cases:
         with pytest.raises(SystemExit) as e:
             train.parse_args(argv)
@@ -309,8 +316,28 @@ def test_what_stays_refused_is_one_line_naming_it(capsys):
     for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
                  ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
                  ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"],
-                 ["--zero", "3", "--dp", "2", "--pp", "2"], ["--zero", "3", "--dp", "2", "--experts", "2"]):
+                 ["--zero", "3", "--dp", "2", "--pp", "2"], ["--zero", "3", "--dp", "2", "--experts", "2"],
+                 ["--tp", "2", "--pp", "2", "--sequence-parallel", "--recompute", "selective"],
+                 ["--zero", "3", "--dp", "2", "--no-prefetch"]):
         train.parse_args(argv)  # each accepted now
+
+
+def test_a_layouts_recompute_is_a_kind_or_the_older_bool():
+    """dt plan's layouts say recompute as a bool (True: full) or a kind's name; dt plan --check
+    passes the kind to dt train, whose rule takes either."""
+    from dt.plan.check import train_argv
+    from dt.plan.layouts import Layout, train_args
+    from dt.plan.model import ModelShape
+    from dt.train.layouts import layout_error
+
+    shape = ModelShape(2, 4, 16, 44)
+    for given, kind in ((False, "none"), (True, "full"), ("none", "none"), ("selective", "selective"),
+                        ("full", "full")):
+        lay = Layout(dp=2, recompute=given)
+        assert layout_error(train_args(lay, shape, 4, 8)) is None
+        assert train.parse_args(train_argv(lay, shape, 4, 8, 1)).recompute == kind
+    assert "--recompute must be one of none, selective, full" in layout_error(
+        train_args(Layout(dp=2, recompute="half"), shape, 4, 8))
 
 
 # The gradient thread's sync beside the main thread's context-parallel sends on the same ranks:
