@@ -101,7 +101,8 @@ class Prefetch:
     def forward(self) -> Iterator[None]:
         """One forward of the FSDP module: the units it starts are recorded, in order."""
         self._drop()
-        self.started, self.finished = started, _ = [], []
+        started: list[Any] = []
+        self.started, self.finished = started, []
         try:
             yield
             self.order = started
@@ -109,7 +110,8 @@ class Prefetch:
             self.started = self.finished = None
 
     def finishing(self) -> list[Finished]:
-        """The list a unit finishing its forward now joins: this forward's (outside one: its own)."""
+        """The list a unit finishing its forward now joins: this forward's; outside a forward of the
+        module (the unit's module called on its own) a new one, with nothing before it to prefetch."""
         return self.finished if self.finished is not None else []
 
     def before_forward(self, unit: Any) -> torch.Tensor:
