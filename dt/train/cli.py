@@ -172,12 +172,15 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         lay = r0["resumed"]["layout"]
         saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "cp", "ep", "tp", "pp", "zero") if k in lay)
         lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
-    zero = f", ZeRO-{args.zero}" if args.zero else ""
+    zero = f", ZeRO-{args.zero}" + (" (no prefetch)" if args.zero == 3 and args.no_prefetch else "") \
+        if args.zero else ""
+    zero += f", recompute {args.recompute}" if args.recompute != "none" else ""
+    sp = " (sequence parallel)" if args.sequence_parallel else ""
     cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
     ep = f" ep={args.ep}" if args.experts else ""
     # A schedule and micro-batches mean something only with a pipeline to run them through.
     pipeline = f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, " if args.pp > 1 else ""
-    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({world(args)} processes), "
+    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp}{sp} pp={args.pp}{zero} ({world(args)} processes), "
              f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
