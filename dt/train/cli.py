@@ -20,6 +20,7 @@ from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.parallel.recompute import RECOMPUTE
 from dt.train.dataset import prepare_data
 from dt.train.diverged import Diverged
 from dt.train.fits import why_it_cannot_fit
@@ -44,6 +45,8 @@ _USAGE = """examples:
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
     dt train --cp 4 --long-context --cp-attention ulysses                  # 1024-token sequences
+    dt train --tp 2 --sequence-parallel --recompute selective             # Korthikanti et al. 2022
+    dt train --dp 2 --zero 3 --no-prefetch                                # FSDP, each gather blocking
 """
 
 LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
@@ -100,8 +103,16 @@ def make_parser() -> args_.Parser:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
                         "state sharded), 2 ZeRO (gradients too), 3 FSDP (parameters too; one stage)")
-    p.add_argument("--recompute", action="store_true",
-                   help="recompute every block's activations in backward (the same losses, less memory)")
+    p.add_argument("--recompute", nargs="?", choices=RECOMPUTE, const="full", default="none",
+                   help="activations recomputed in backward (the same losses, less memory): full, every "
+                        "block's (what --recompute alone means); selective, only the attention core's "
+                        "(softmax(q k^T) v, Korthikanti et al. 2022); none (default)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp > 1: the norms and the residual stream on block/tp tokens per rank "
+                        "(Megatron's sequence parallelism; not with --experts)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="with --zero 3: gather each FSDP unit only when it runs (default: the next unit's "
+                        "all-gather is issued behind the current unit's forward and backward)")
     p.add_argument("--clip", type=args_.positive, default=None,
                    help="clip gradients to this global norm (over every axis; default: no clipping)")
     p.add_argument("--lr", type=args_.positive, default=3e-3,
@@ -177,13 +188,16 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         lay = r0["resumed"]["layout"]
         saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "cp", "ep", "tp", "pp", "zero") if k in lay)
         lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
-    zero = f", ZeRO-{args.zero}" if args.zero else ""
+    zero = f", ZeRO-{args.zero}" + (" (no prefetch)" if args.zero == 3 and args.no_prefetch else "") \
+        if args.zero else ""
+    zero += f", recompute {args.recompute}" if args.recompute != "none" else ""
+    sp = " (sequence parallel)" if args.sequence_parallel else ""
     cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
     ep = f" ep={args.ep}" if args.experts else ""
     # A schedule and micro-batches mean something only with a pipeline to run them through.
     pipeline = f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, " if args.pp > 1 else ""
     processes = plural(world(args), "process")
-    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({processes}), "
+    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp}{sp} pp={args.pp}{zero} ({processes}), "
              f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
