@@ -7,7 +7,6 @@ field against this machine and checkout, its output against what the command pri
 from __future__ import annotations
 
 import json
-import os
 import re
 import shlex
 import subprocess
@@ -20,9 +19,9 @@ import pytest
 from dt import record
 from dt.args import cores
 from dt.tools import records
+from dt.tools.cli import main as dt_main
 
 ROOT = Path(__file__).resolve().parent.parent
-ENV = dict(os.environ, PYTHONPATH=str(ROOT))
 
 # Prints on stdout and stderr in turn (the record keeps the order), declares a headline the way
 # a dt command does (dt.record.headline, through the file the recorder names), exits 3.
@@ -40,24 +39,16 @@ CHILD = textwrap.dedent("""
 """)
 
 
-@pytest.fixture(scope="module")
-def recorded(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
-    """CHILD run once under `python -m dt.record`: (what the recorder printed, the record)."""
-    directory = tmp_path_factory.mktemp("records")
-    out = subprocess.run([sys.executable, "-m", "dt.record", "child", "a_test", str(directory), "--",
-                          sys.executable, "-c", CHILD], env=ENV, cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
-    written = sorted(directory.glob("*.md"))
-    assert len(written) == 1, (out.stdout, out.stderr)
-    return out, written[0]
-
-
-def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(recorded):
-    out, path = recorded
-    assert out.returncode == 3  # the command's own status
-    assert out.stderr.strip() == f"record: {path}"
-    assert "to stdout\nto stderr\n" in out.stdout  # the terminal saw it as it ran
+def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(tmp_path, capfd):
+    # `python -m dt.record` (as .ci/gpu runs it) through its main, here; CHILD is a process of its own
+    status = record.main(["child", "a_test", str(tmp_path), "--", sys.executable, "-c", CHILD])
+    out = capfd.readouterr()
+    path, = tmp_path.glob("*.md")
+    assert status == 3  # the command's own status
+    assert out.err.endswith(f"record: {path}\n")
+    assert "to stdout\nto stderr\n" in out.out  # the terminal saw it as it ran
     h = record.read_header(path)
+    assert path.name == f"child_cpu{cores()}_{h['date'][:10].replace('-', '')}_a-test.md"  # "_": a part's end
     assert list(h) == list(record.FIELDS)
     assert h["command"] == shlex.join([sys.executable, "-c", CHILD]).replace("\n", "\\n")  # one line
     assert h["headline"] == "one figure: 12.3 ms"  # one line, whitespace collapsed
@@ -80,12 +71,11 @@ def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(recorde
     assert text.startswith(f"{title}\n\n| field | value |\n|---|---|\n")
 
 
-def test_a_record_is_named_for_its_topic_hardware_day_and_entity(recorded):
-    _, path = recorded
-    h = record.read_header(path)
-    assert path.name == f"child_cpu{cores()}_{h['date'][:10].replace('-', '')}_a-test.md"  # "_": a part's end
-    assert record.RECORD_NAME.fullmatch(path.name)
+@pytest.mark.quick
+def test_a_record_is_named_for_its_topic_hardware_day_and_entity():
     assert record.record_name("train", "h200", "20261205", "dp2-tp2") == "train_h200_20261205_dp2-tp2.md"
+    assert record.RECORD_NAME.fullmatch("train_h200_20261205_dp2-tp2-2.md")  # a later one, the same day
+    assert not record.RECORD_NAME.fullmatch("train_h200_20261205_dp2_tp2.md")  # "_" ends a part
 
 
 @pytest.mark.quick
@@ -227,18 +217,19 @@ def test_bad_options_are_refused_before_anything_is_recorded(tmp_path, capsys):
 
 
 @pytest.mark.timeout(240)
-def test_dt_bench_collectives_record_end_to_end(tmp_path):
+def test_dt_bench_collectives_record_end_to_end(tmp_path, capfd):
+    # through dt's entry point, here; the recorded run is a process of its own, as `python -m dt` is
     argv = ["bench", "collectives", "--world", "1", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
             "--algorithms", "ring", "--quiet", "--record", str(tmp_path)]
-    out = subprocess.run([sys.executable, "-m", "dt", *argv], env=ENV, cwd=ROOT, capture_output=True,
-                         text=True, timeout=200)
-    assert out.returncode == 0, out.stderr
+    status = dt_main(argv)
+    out = capfd.readouterr()
+    assert status == 0, out.err
     path, = tmp_path.glob("collectives_*_all-reduce-w1.md")
     h = record.read_header(path)
     assert h["command"] == "dt " + " ".join(argv)
     assert re.fullmatch(r"all_reduce 1,024 B world 1: fastest ring on shared memory \S+ \S+, busbw \S+ GB/s, "
                         r"\d+\.\d\dx the time of torch's on gloo's sockets", h["headline"]), h["headline"]
-    assert "# Avg bus bandwidth" in path.read_text() and "# Avg bus bandwidth" in out.stdout
+    assert "# Avg bus bandwidth" in path.read_text() and "# Avg bus bandwidth" in out.out
 
 
 @pytest.mark.quick
