@@ -102,14 +102,23 @@ QUICK_FILES: dict[str, tuple[str, ...]] = {  # file: its tests left out (slow on
     "test_memory_tracker.py": ("test_rank_memory_predicts_the_measured_step",
                                "test_model_forward_keeps_the_activation_formula_and_backward_frees_it"),
     "test_packaging.py": (),
+    "test_pipeline_interleaved.py": ("test_the_pipeline_runs_it_like_one_process",
+                                     "test_dt_train_runs_it_like_the_plain_model"),
+    "test_pipeline_lockstep.py": (),
     "test_plain_models.py": ("test_llama_is_causal_learns_and_refuses_bad_configs",
                              "test_plain_gpt_learns_and_samples"),
     "test_plan.py": (),  # the planner: its enumeration, pricing and command line
     "test_plan_published.py": ("test_the_first_ranked_layout_beside_the_authors",),
     "test_plan_timed.py": (),
+    "test_plots.py": ("test_dt_plans_and_benchs_titles_fit",),
     "test_published_data.py": (),
     "test_quick_start.py": (),
     "test_registry.py": (),
+    "test_trainer_mfu.py": ("test_every_printed_mfu_lies_in_0_to_100_percent",),
+    "test_trainer_options.py": ("test_a_checkpoint_resumes_without_its_model_options_and_refuses_others",
+                                "test_the_start_line_counts_the_plain_models_parameters_and_a_steps_tokens"),
+    "test_tune_estimator.py": (),
+    "test_units.py": (),
 }
 QUICK_TESTS = (  # "file::test" (every parameter) or "file::test[parameter]"
     # single-process tests of files that otherwise start processes
