@@ -1,7 +1,8 @@
 """Faults of launched runs (issue 20): under torchrun, at start-up, and the pool's start-up time.
 
 1. under torchrun: a rank hung in its own compute ends the job (the others do not wait it
-   out) and is the rank named; SIGKILL of torchrun itself takes its ranks with it;
+   out) and is the rank named; SIGKILL of torchrun itself takes its ranks with it; torch's
+   DDP on the "dt" backend whose peer is SIGKILLed raises an error naming it (no crash);
 2. a rank that never arrives is named, not the survivors that timed out on it (local pool);
 3. workers that would die before the function (bad DT_TIMEOUT, no `__main__` guard, a nested
    function, a function workers cannot import) are refused or reported in one line;
@@ -59,9 +60,11 @@ def _pids(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in directory.glob("*.pid") if p.read_text().endswith("\n")]
 
 
-def _torchrun_cmd(directory: Path, *args: str, nproc: int) -> list[str]:
+def _torchrun_cmd(directory: Path, *args: str, nproc: int, monitor_s: float = 0.1) -> list[str]:
+    """torchrun running faults_script.py; `monitor_s`: how often its agent looks for a failed
+    rank (then stops the others: its default is 0.1 s)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            str(SCRIPT), str(directory), *args]
+            "--monitor-interval", str(monitor_s), str(SCRIPT), str(directory), *args]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -135,6 +138,35 @@ def test_sigkill_of_torchrun_takes_its_ranks_with_it(tmp_path):
         for pid in [agent.pid, *_left_behind(str(tmp_path))]:  # only if the test failed
             if _alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+@needs_torchrun
+@pytest.mark.timeout(300)
+def test_ddp_on_the_dt_backend_names_a_sigkilled_peer_instead_of_crashing(tmp_path):
+    """DDP's reducer reads each bucket's future from C++: a future whose exception was only
+    its value (torch.futures.Future.set_exception) was read as tensors there, a segmentation
+    fault in the survivor's backward. The survivor must raise, naming the dead rank, well
+    within the group's timeout (torch's 30 minutes). torchrun's agent looks for failed ranks
+    every 5 s here, so the survivor's own error, not the agent's SIGTERM, ends it."""
+    directory = tmp_path / "ranks"
+    directory.mkdir()
+    job = subprocess.Popen(_torchrun_cmd(directory, "ddp", "1", nproc=2, monitor_s=5), env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        _, stderr = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:  # only if the test failed
+            job.kill()
+            job.communicate()
+    assert "SIGSEGV" not in stderr and "Segmentation fault" not in stderr, stderr[-3000:]
+    error = directory / "0.error"
+    assert error.exists(), f"the survivor wrote no error:\n{stderr[-3000:]}"
+    when, heard = error.read_text().split("\n", 1)
+    assert "rank 1" in heard and "died" in heard, heard
+    assert float(when) - float((directory / "killed").read_text()) < 20, heard
+    assert "exitcode  : 1 " in stderr or "exitcode  : 1\n" in stderr, stderr[-3000:]  # its own exit
+    assert _wait_gone(_pids(directory), within=15) < 15
+    assert _left_behind(str(tmp_path)) == []
 
 
 # -- 2. a rank that never arrives (the local pool) -----------------------------
