@@ -3,6 +3,8 @@
 Every rank writes DIR/<rank>.pid first. MODE:
 - park: every rank sleeps (the test kills torchrun itself);
 - hang RANK: that rank sleeps in its own compute, the others all-reduce (DT_TIMEOUT ends their wait);
+- hang-connected RANK: the same after one all-reduce of every rank (the group is connected: on
+  one host its wire is shared memory);
 - ddp RANK: torch's DDP on a small model over the "dt" backend, as a user writes it (no dt
   launcher); that rank SIGKILLs itself at step 5, and each survivor writes what it raised to
   DIR/<rank>.error (the time, then the error) and exits with code 1.
@@ -25,6 +27,8 @@ from dt.launcher import open_world, run_command
 
 def _job(directory: str, mode: str, hung: int) -> list[float]:
     Path(directory, f"{dist.get_rank()}.pid").write_text(f"{os.getpid()}\n")
+    if mode == "hang-connected":
+        dt.all_reduce(torch.ones(4))
     if mode == "park" or dist.get_rank() == hung:
         time.sleep(600)
     x = torch.ones(4)

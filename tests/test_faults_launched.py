@@ -93,17 +93,19 @@ def test_a_rank_hung_in_its_compute_ends_the_torchrun_job_and_is_named(tmp_path)
     """DT_TIMEOUT=5: the others time out on the hung rank at +5 s; the job then ends (their
     WorkerError, torchrun stops the hung rank) instead of waiting out the run's 300 s or the
     hung rank's 600 s sleep. The report names the hung rank, printed by the lowest live rank.
-    Rank 1 hung and rank 0 hung (then rank 1 reports) are two jobs, run at once: each mostly
-    waits on its hung rank."""
+    Rank 1 hung and rank 0 hung (then rank 1 reports) before the group connected, and rank 1
+    hung after it connected (the wait is on the shared-memory board, where both survivors
+    time out: neither may be blamed) are three jobs, run at once: each mostly waits on its
+    hung rank."""
     jobs = {}
-    for hung in (1, 0):
-        directory = tmp_path / f"ranks{hung}"
+    for hung, mode in ((1, "hang"), (0, "hang"), (1, "hang-connected")):
+        directory = tmp_path / f"{mode}{hung}"
         directory.mkdir()
-        jobs[hung] = (directory, time.monotonic(), subprocess.Popen(
-            _torchrun_cmd(directory, "hang", str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
+        jobs[directory] = (hung, time.monotonic(), subprocess.Popen(
+            _torchrun_cmd(directory, mode, str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     try:
-        for hung, (directory, start, job) in jobs.items():
+        for directory, (hung, start, job) in jobs.items():
             _, stderr = job.communicate(timeout=330)
             _the_hung_rank_was_named(hung, job.returncode, stderr, time.monotonic() - start)
             assert _wait_gone(_pids(directory), within=15) < 15, f"rank {hung} hung"
@@ -179,6 +181,35 @@ def _one_rank_late(late: int) -> list[float]:
     x = torch.ones(4)
     dt.all_reduce(x)
     return x.tolist()
+
+
+def _one_rank_late_once_connected(late: int) -> list[float]:
+    dt.set_timeout(3)
+    dt.all_reduce(torch.ones(4))  # the group connects: on one host, on the shared-memory board
+    if dist.get_rank() == late:
+        time.sleep(60)
+    x = torch.ones(4)
+    dt.all_reduce(x)
+    return x.tolist()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", (3, 5))
+def test_the_rank_that_never_arrived_at_the_board_is_named_not_a_survivor(run, world):
+    """Every survivor times out on the board, and every one of them arrived: the one to blame
+    is a rank that did not (the board knows who posted), at any world, not "every other"."""
+    late = world - 2
+    with pytest.raises(WorkerError) as info:
+        run(world, _one_rank_late_once_connected, late, timeout=100)
+    err = info.value
+    head = str(err).splitlines()[0]
+    assert err.rank == late, head
+    assert head.startswith(f"_one_rank_late_once_connected: rank {late} never arrived: rank "), head
+    assert f"waited on rank {late} in " in head and "at sync " in head, head  # the board's wait
+    assert "Timed out waiting 3000ms" in head, head
+    assert err.errors[late].kind == "stopped"
+    assert {err.errors[r].kind for r in range(world) if r != late} <= {"CollectiveTimeout",
+                                                                         "CollectiveError"}
 
 
 @pytest.mark.timeout(180)

@@ -87,7 +87,16 @@ class PeerFailed(RuntimeError):
 
 
 class PeerTimeout(RuntimeError):
-    """Timed out waiting on a peer (the text starts "Timed out", as gloo's does)."""
+    """Timed out waiting on a peer (the text starts "Timed out", as gloo's does).
+
+    `waiting`: the global ranks that had not arrived (the ones to blame: the others had);
+    `limit`: which timeout ran out, "Timed out waiting 5000ms (dt.set_timeout)".
+    """
+
+    def __init__(self, limit: str, waiting: Sequence[int], what: str):
+        who = ", ".join(f"rank {r}" for r in waiting)
+        super().__init__(f"{limit} on {who} for {what}")
+        self.limit, self.waiting = limit, list(waiting)
 
 
 def default_spin(local_ranks: int) -> float:
@@ -293,6 +302,5 @@ class Sync:
             if time.perf_counter() > deadline:
                 waiting = [self.names[j] for j in blockers() if j != me]
                 source = getattr(limit, "source", "dt.transport timeout")  # which rule set it
-                who = ", ".join(f"rank {r}" for r in waiting)
-                raise PeerTimeout(f"{timed_out(limit)} ({source}) on {who} for {what()}")
+                raise PeerTimeout(f"{timed_out(limit)} ({source})", waiting, what())
             chunk = min(chunk * 2, 0.05)
