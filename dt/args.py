@@ -22,6 +22,7 @@ import argparse
 import difflib
 import math
 import os
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -32,7 +33,7 @@ __all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "TRANSPORTS", "InputError", "
            "at_least", "available_memory", "boolean", "check_environment", "check_local_world", "cores",
            "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "link",
            "listed", "max_local_world", "non_negative", "positive", "ranks", "rate", "register", "seconds",
-           "size", "text_value", "transport", "world"]
+           "shared_memory_refused", "size", "text_value", "transport", "world"]
 
 MAX_WORLD = 4096  # ranks in one world, across hosts: beyond this it is a typo, not a plan
 
@@ -239,12 +240,35 @@ def world(text: str) -> int:
 TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
 
 
+STORE_ORDERED_CPUS = ("x86_64", "amd64", "i386", "i686")  # x86: stores seen in program order (TSO)
+
+
+def shared_memory_refused() -> str | None:
+    """Why this CPU may not carry the shared-memory wire, or None where it may.
+
+    The wire (dt.transport.shm.sync) publishes data and then a counter with plain
+    stores, and a peer that sees the counter move reads the data: right only where
+    other cores see stores in program order, as on x86. On aarch64 (Grace, Graviton)
+    a peer may see the counter before the data, and Python has no fence to put
+    between them: the wire would hand out stale bytes, silently. So it is refused there.
+    """
+    machine = platform.machine()
+    if machine.lower() in STORE_ORDERED_CPUS:
+        return None
+    return (f"the shared-memory wire needs x86's store order (a peer that sees a counter move must "
+            f"see the data stored before it), which this {machine or 'unknown'} CPU does not keep")
+
+
 def transport(text: str) -> str:
-    """A wire's name: auto (shm is the same), torch (gloo, nccl: torch.distributed for every peer)."""
+    """A wire's name: auto (shm where the CPU allows it), shm (insisted on), torch (gloo, nccl:
+    torch.distributed for every peer)."""
     name = str(text).strip().lower()
     if name not in TRANSPORTS:
         raise InputError(f"must be one of {', '.join(TRANSPORTS)}, got {text!r}"
                          f"{did_you_mean(name, TRANSPORTS)}")
+    why = shared_memory_refused() if name == "shm" else None
+    if why is not None:
+        raise InputError(f"cannot be shm here: {why}; auto or torch use the socket wire")
     return name
 
 

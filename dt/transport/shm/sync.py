@@ -12,7 +12,9 @@ Every local rank owns one line of words in the segment (RANK_BYTES apart):
 Each word has one writer (its owner; the bell: the kernel, atomically), so
 no atomic instructions are needed from Python: an aligned 8-byte store is
 atomic on x86-64, and x86's stores become visible in program order, so a
-peer that sees a counter move also sees the data written before it.
+peer that sees a counter move also sees the data written before it. Other
+CPUs (aarch64) give no such order and Python has no fence to add, so the
+wire is refused there (dt.args.shared_memory_refused): sockets carry it.
 
 A waiter first spins (checking its condition, and driving the point-to-
 point engine) for `spin_s`, but only while the machine has a core to spare
