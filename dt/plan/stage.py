@@ -35,8 +35,8 @@ from dt.plan.compute import ddp_hooks, slowest_rank, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "stage_tensors", "stage_work"]
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes",
+           "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -77,7 +77,7 @@ def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[tuple[int, float], 
 
 
 @dataclass(frozen=True)
-class Groups:
+class RankGroups:
     """One group of each kind this stage's rank belongs to (global ranks)."""
 
     tp: tuple[int, ...]
@@ -225,7 +225,7 @@ def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: in
     return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
 
 
-def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple[float, float]:
+def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float) -> tuple[float, float]:
     """(forward, backward) seconds of one block's context-parallel attention messages."""
     if lay.cp == 1:
         return 0.0, 0.0
@@ -239,13 +239,13 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: Groups, seq: int, stage: int) -> FsdpUnits | None:
+def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return None
     return fsdp_units(model, lay, seq, stage)
 
 
-def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float, float]:
+def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
     reduce-scatters its gradient, each blocking (dt's FSDP does not prefetch); 0 without zero 3."""
@@ -283,7 +283,7 @@ def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, micro_batches:
     return zero_traffic_formula([split_sizes(numel, ranks)], rank, 3, itemsize, micro_batches)
 
 
-def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
+def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch: int, seq: int,
                stage: int) -> StageWork:
     """One micro-batch through every chunk of `stage`, forward and backward, by kind."""
     dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage)
