@@ -62,25 +62,34 @@ import torch
 
 import dt
 from dt import args as args_
-from dt.bench.collectives_sweep import DTYPES, collective_worker, forget_deepspeed, sweep_sizes
+from dt.bench.collectives_sweep import (
+    DTYPES,
+    buffers_held,
+    collective_worker,
+    forget_deepspeed,
+    row_names,
+    sweep_sizes,
+)
 from dt.bench.collectives_table import plot, print_avg, print_header, summary
 from dt.bench.harness import COLLECTIVES, registry_name
 from dt.collectives import auto
-from dt.device import DEVICES, backend_for
+from dt.device import DEVICES, backend_for, gpu_free
 from dt.launcher import launch, resolve_world
 
 __all__ = ["deepspeed_builds", "main", "parse_args", "run", "sweep_config"]
 
 
-def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
-    """What every rank's sweep needs (dt/bench/collectives_sweep.py), from the checked options."""
+def sweep_config(args: argparse.Namespace, deepspeed: bool | None = None) -> dict[str, Any]:
+    """What every rank's sweep needs (dt/bench/collectives_sweep.py), from the checked options
+    (`deepspeed`: whether its row runs; None: if --compare asks and it builds here)."""
     coll = args.collective
     transports = ["shm", "torch"] if args.transport == "both" else [args.transport]
     if backend_for(args.device) == "nccl":
         transports = ["torch"]  # GPU tensors stay on NCCL
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
-    deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
+    if deepspeed is None:
+        deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
     sizes = [0] if coll == "barrier" else sweep_sizes(args.b, args.e, args.f)
     return {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
             "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
@@ -201,7 +210,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.algorithms is not None and (unknown or not names):
         parser.error(f"--algorithms {args.algorithms!r}: {args.collective} has {sorted(known)} "
                      "(and auto)")
+    _check_memory(parser, args)
     return args
+
+
+def _check_memory(parser: args_.Parser, args: argparse.Namespace) -> None:
+    """-e's buffers on every rank of this host, and -n's timings of a size gathered on rank 0."""
+    held = buffers_held(bool(args.c))
+    parser.check_memory(f"-e {args.e:,} B", held * args.e, args_.ranks_on_this_host(args.world),
+                        f"{held} buffers of that size", gpu_free(args.device))
+    cfg = sweep_config(args, deepspeed="deepspeed" in (args.compare or "").split(","))
+    calls = len(row_names(cfg)) * (1 if args.in_place_only else 2)
+    parser.check_memory(f"-n {args.n:,}", args.world * calls * args.n * args_.SAMPLE_BYTES, 1,
+                        f"rank 0 gathers {args.world} ranks x {calls} calls x {args.n:,} timings of a size")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,11 +24,21 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import ROOTED, TORCH, BenchCase, group_wires, registry_name, time_calls, wire_group
+from dt.bench.harness import (
+    CASE_BUFFERS,
+    ROOTED,
+    TORCH,
+    BenchCase,
+    group_wires,
+    registry_name,
+    time_calls,
+    wire_group,
+)
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
-__all__ = ["DTYPES", "collective_worker", "row_names", "size_rows", "sweep_sizes", "wire_algorithms"]
+__all__ = ["DTYPES", "buffers_held", "collective_worker", "row_names", "size_rows", "sweep_sizes",
+           "wire_algorithms"]
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
@@ -54,6 +64,14 @@ def sweep_sizes(lo: int, hi: int, factor: float) -> list[int]:
     if out[-1] != hi:
         out.append(hi)
     return out
+
+
+def buffers_held(check: bool) -> int:
+    """The most buffers of a size's bytes one rank holds at once in `_measure`: its case's
+    input and output, then while checking (`_wrong`) torch's case, the copy of its result and
+    a case of the algorithm's own (7), or while timing the memcpy bound its source and
+    destination (4). Each is a lower bound's worth: a scatter's output is a block of it."""
+    return 3 * CASE_BUFFERS + 1 if check else CASE_BUFFERS + 2
 
 
 def wire_algorithms(cfg: dict[str, Any]) -> list[tuple[str, str]]:

@@ -102,6 +102,9 @@ def barrier() -> None:
     dt_barrier(algorithm="one_shot" if shm else "dissemination")
 
 
+CASE_BUFFERS = 2  # what a BenchCase holds: its input and its output, each at most the size's bytes
+
+
 class BenchCase:
     """This rank's buffers for one (collective, size), and one call of it by any algorithm.
 
