@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from dt.args import available_memory
+from dt import args as args_
 from dt.device import gpu_free
 from dt.parallel.zero import zero_memory_formula
 from dt.units import fmt_bytes
@@ -64,7 +64,7 @@ def why_it_cannot_fit(args: argparse.Namespace, ranks_here: int, on_gpu: bool) -
     need = memory_needed(args)
     per_rank = need["kept"] + need["state"]
     total = per_rank if on_gpu else per_rank * ranks_here
-    free = gpu_free("cuda") if on_gpu else available_memory()
+    free = gpu_free("cuda") if on_gpu else args_.available_memory()
     if free is None or total <= free:
         return None
     where = (f"one GPU has {fmt_bytes(free)} free" if on_gpu else
