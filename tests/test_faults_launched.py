@@ -148,8 +148,10 @@ def test_ddp_on_the_dt_backend_names_a_sigkilled_peer_instead_of_crashing(tmp_pa
     """DDP's reducer reads each bucket's future from C++: a future whose exception was only
     its value (torch.futures.Future.set_exception) was read as tensors there, a segmentation
     fault in the survivor's backward. The survivor must raise, naming the dead rank, well
-    within the group's timeout (torch's 30 minutes). torchrun's agent looks for failed ranks
-    every 5 s here, so the survivor's own error, not the agent's SIGTERM, ends it."""
+    within the group's timeout (torch's 30 minutes), then exit with that error, unless
+    torchrun's agent, which looks for failed ranks every 5 s here, stops it first (SIGTERM,
+    as it stops the survivors of any job: an interpreter with torch loaded took up to 4 s to
+    shut down on the loaded machine). Neither is the crash's SIGSEGV."""
     directory = tmp_path / "ranks"
     directory.mkdir()
     job = subprocess.Popen(_torchrun_cmd(directory, "ddp", "1", nproc=2, monitor_s=5), env=_env(),
@@ -166,7 +168,8 @@ def test_ddp_on_the_dt_backend_names_a_sigkilled_peer_instead_of_crashing(tmp_pa
     when, heard = error.read_text().split("\n", 1)
     assert "rank 1" in heard and "died" in heard, heard
     assert float(when) - float((directory / "killed").read_text()) < 20, heard
-    assert "exitcode  : 1 " in stderr or "exitcode  : 1\n" in stderr, stderr[-3000:]  # its own exit
+    survivor = re.search(r"rank\s*: 0 \(local_rank: 0\)\n\s*exitcode\s*: (-?\d+)", stderr)
+    assert survivor is not None and survivor[1] in ("1", "-15"), stderr[-3000:]
     assert _wait_gone(_pids(directory), within=15) < 15
     assert _left_behind(str(tmp_path)) == []
 
