@@ -89,12 +89,14 @@ def test_dt_train_counts_the_experts_weights(capsys):
 
 
 def test_the_bound_is_the_sum_of_the_ranks_buffers_not_a_cap():
-    """-e at world 2 with the check on: 7 buffers a rank, and each rank's 256 MiB: 1 GiB fits
-    in 16 GiB (14.5 GiB), 1.2 GiB does not (17.3 GiB); unchecked (-c 0) a rank holds 4 (10.1 GiB)."""
-    assert collectives.parse_args(["-e", "1GiB"]).e == GIB
+    """-e of a float32 all-reduce at world 2, checked: a rank holds its case's 2 buffers and
+    the check's exact float64 result (3 buffers of 8-byte elements, a pattern and a byte mask:
+    7.25 buffers of the size), and its own 256 MiB. 0.8 GiB fits in 16 GiB (15.3 GiB), 0.9 GiB
+    does not (17.2 GiB); unchecked (-c 0) a rank holds 4 buffers (7.7 GiB)."""
+    assert collectives.parse_args(["-e", "0.8GiB"]).e == int(0.8 * GIB)
     with pytest.raises(SystemExit):
-        collectives.parse_args(["-e", "1.2GiB"])
-    assert collectives.parse_args(["-e", "1.2GiB", "-c", "0"]).e > GIB
+        collectives.parse_args(["-e", "0.9GiB"])
+    assert collectives.parse_args(["-e", "0.9GiB", "-c", "0"]).e > int(0.8 * GIB)
 
 
 def test_the_defaults_fit_a_small_machine():

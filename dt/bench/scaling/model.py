@@ -144,7 +144,7 @@ def simulate_bubble(schedule_name: str, p: int, m: int, virtual: int = 1, forwar
     q+1's backward of i (the last virtual stage: its own forward). A chunk's
     forward costs forward/v, its backward backward/v. Returns the mean over
     stages of idle time / makespan: (p-1)/(m+p-1) for GPipe and 1F1B, and for
-    interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when m < p).
+    interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when not).
     """
     from dt.parallel.pipeline.timeline import play
 
