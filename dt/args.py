@@ -22,19 +22,20 @@ import argparse
 import difflib
 import math
 import os
+import platform
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dt.units import parse_rate, parse_size, parse_time
+from dt.units import fmt_bytes, parse_rate, parse_size, parse_time
 
-__all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "PRECISIONS", "TRANSPORTS", "HelpFormatter", "InputError",
-           "Parser", "Variable",
-           "at_least", "available_memory", "boolean", "check_environment", "check_local_world", "cores",
-           "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "link",
-           "listed", "max_local_world", "non_negative", "positive", "precision", "precision_spellings",
-           "ranks", "rate", "register", "seconds", "short_precision", "size", "text_value", "transport",
-           "world"]
+__all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "PRECISIONS", "SAMPLE_BYTES", "TRANSPORTS",
+           "HelpFormatter", "InputError", "Parser", "Variable", "at_least", "available_memory", "boolean",
+           "check_environment", "check_local_world", "cores", "did_you_mean", "duration", "env_rule",
+           "env_value", "finite", "launched_by_torchrun", "link", "listed", "max_local_world",
+           "memory_refusal", "non_negative", "positive", "precision", "precision_spellings", "ranks",
+           "ranks_on_this_host", "rate", "register", "seconds", "shared_memory_refused", "short_precision",
+           "size", "text_value", "transport", "world"]
 
 MAX_WORLD = 4096  # ranks in one world, across hosts: beyond this it is a typo, not a plan
 
@@ -259,6 +260,42 @@ def check_local_world(n: int, what: str = "processes") -> None:
         raise InputError(f"{n} {what} on this host: at most {limit} here ({why}){way_out}")
 
 
+# -- how much memory a command's sizes and counts take -------------------------------
+
+SAMPLE_BYTES = 32  # one timing kept in a Python list: its float object (24 B) and the list's slot (8 B)
+
+
+def ranks_on_this_host(world: int) -> int:
+    """How many of a world's ranks share this machine's memory: under torchrun its
+    LOCAL_WORLD_SIZE (the others run on other hosts), else all of them (dt starts them here)."""
+    if launched_by_torchrun():
+        return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return world
+
+
+def memory_refusal(option: str, per_rank: int, ranks: int, held: str,
+                   device_free: int | None = None) -> str | None:
+    """None when what `option` makes each rank hold fits; else the refusal, in one line.
+
+    `per_rank`: the bytes one rank certainly holds for it, `held` says what they are
+    ("7 buffers of 8.59 GB"). On the CPU the machine's ranks share its memory, each
+    with its own footprint beside (RANK_FOOTPRINT); with `device_free` (a GPU's free
+    bytes) each rank holds its share on a device of its own.
+    """
+    if device_free is not None:
+        if per_rank <= device_free:
+            return None
+        return (f"{option} needs {fmt_bytes(per_rank)} on each rank's GPU ({held}); "
+                f"one GPU has {fmt_bytes(device_free)} free")
+    free = available_memory()
+    need = ranks * (per_rank + RANK_FOOTPRINT)
+    if free is None or need <= free:
+        return None
+    one = f"{held} = {fmt_bytes(per_rank)}, + {RANK_FOOTPRINT >> 20} MiB a rank holds itself"
+    each = f": {ranks} ranks x ({one})" if ranks > 1 else f" ({one})"
+    return f"{option} needs {fmt_bytes(need)}{each}; this machine has {fmt_bytes(free)} available"
+
+
 def world(text: str) -> int:
     """A number of processes dt starts on this host: 1 to MAX_WORLD, and what the host holds
     (max_local_world). Under torchrun the processes already run, so only the first applies."""
@@ -273,12 +310,35 @@ def world(text: str) -> int:
 TRANSPORTS = ("auto", "shm", "torch", "gloo", "nccl")
 
 
+STORE_ORDERED_CPUS = ("x86_64", "amd64", "i386", "i686")  # x86: stores seen in program order (TSO)
+
+
+def shared_memory_refused() -> str | None:
+    """Why this CPU may not carry the shared-memory wire, or None where it may.
+
+    The wire (dt.transport.shm.sync) publishes data and then a counter with plain
+    stores, and a peer that sees the counter move reads the data: right only where
+    other cores see stores in program order, as on x86. On aarch64 (Grace, Graviton)
+    a peer may see the counter before the data, and Python has no fence to put
+    between them: the wire would hand out stale bytes, silently. So it is refused there.
+    """
+    machine = platform.machine()
+    if machine.lower() in STORE_ORDERED_CPUS:
+        return None
+    return (f"the shared-memory wire needs x86's store order (a peer that sees a counter move must "
+            f"see the data stored before it), which this {machine or 'unknown'} CPU does not keep")
+
+
 def transport(text: str) -> str:
-    """A wire's name: auto (shm is the same), torch (gloo, nccl: torch.distributed for every peer)."""
+    """A wire's name: auto (shm where the CPU allows it), shm (insisted on), torch (gloo, nccl:
+    torch.distributed for every peer)."""
     name = str(text).strip().lower()
     if name not in TRANSPORTS:
         raise InputError(f"must be one of {', '.join(TRANSPORTS)}, got {text!r}"
                          f"{did_you_mean(name, TRANSPORTS)}")
+    why = shared_memory_refused() if name == "shm" else None
+    if why is not None:
+        raise InputError(f"cannot be shm here: {why}; auto or torch use the socket wire")
     return name
 
 
@@ -367,6 +427,13 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:  # noqa: ANN401 - argparse's signature (never returns)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def check_memory(self, option: str, per_rank: int, ranks: int, held: str,
+                     device_free: int | None = None) -> None:
+        """Refuse (one line, exit 2) what would not fit in memory: dt.args.memory_refusal."""
+        why = memory_refusal(option, per_rank, ranks, held, device_free)
+        if why is not None:
+            self.error(why)
 
     def _check_value(self, action: argparse.Action, value: Any) -> None:  # noqa: ANN401 - any choice
         """A value outside an option's choices, refused with the nearest choice ('did you mean')."""

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-__all__ = ["DEVICES", "Stopwatch", "backend_for", "clock", "local_device", "synchronize"]
+__all__ = ["DEVICES", "Stopwatch", "backend_for", "clock", "gpu_free", "local_device", "synchronize"]
 
 DEVICES = ("auto", "cpu", "cuda")  # what every command's --device accepts
 
@@ -32,6 +32,14 @@ def backend_for(device: str) -> str:
     if device == "cpu":
         return "gloo"
     raise ValueError(f"unknown device {device!r}: choose cpu, cuda or auto")
+
+
+def gpu_free(device: str) -> int | None:
+    """A GPU's free bytes when `device` runs on GPUs (each rank holds its own), else None: the
+    CPU's ranks share this machine's memory (dt.args.available_memory)."""
+    if backend_for(device) != "nccl":
+        return None
+    return int(torch.cuda.mem_get_info(0)[0])
 
 
 def local_device(backend: str, local_rank: int | None = None, local_world: int | None = None

@@ -175,6 +175,38 @@ def _stop_launcher(how: str, launcher: subprocess.Popen, directory: Path, world:
     assert sorted(p.name for p in directory.iterdir()) == [f"{r}.pid" for r in range(world)]
 
 
+@pytest.mark.timeout(240)
+def test_a_job_sigkilled_whole_leaves_nothing_after_the_next_start(tmp_path):
+    """SIGKILL of the launcher's whole process group (a scheduler's kill): nothing runs to
+    clean up, so its rendezvous and multiprocessing's directory stay, each named after its
+    dead owner (dt-pool-<pid>-..., dt-mp-<pid>-...; never an anonymous pymp-...). The next
+    start, and its own exit, leave the temporary directory empty."""
+    own_tmp = Path(tempfile.mkdtemp(prefix="fk-", dir="/tmp"))  # short: the fork server's socket
+    launcher = None
+    try:
+        launcher = _start_launcher(tmp_path / "ranks", 2, TMPDIR=str(own_tmp))
+        deadline = time.monotonic() + 180
+        while len(list((tmp_path / "ranks").glob("*.pid"))) < 2:
+            assert launcher.poll() is None and time.monotonic() < deadline, "no start"
+            time.sleep(0.1)
+        workers = [int(p.read_text()) for p in (tmp_path / "ranks").glob("*.pid")]
+        os.killpg(launcher.pid, signal.SIGKILL)
+        launcher.wait(30)
+        assert _wait_gone(workers, within=15) < 15
+        left = sorted(p.name.split("-")[1] for p in own_tmp.iterdir())
+        assert left == ["mp", "pool"], sorted(p.name for p in own_tmp.iterdir())
+        code = "import os; from dt.launcher import run_workers; print(run_workers(os.getpid, 2, timeout=100))"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", TMPDIR=str(own_tmp))
+        out = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True, text=True,
+                             timeout=180)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert list(own_tmp.iterdir()) == []
+    finally:
+        if launcher is not None and launcher.poll() is None:  # only if the test failed
+            os.killpg(launcher.pid, signal.SIGKILL)
+        shutil.rmtree(own_tmp, ignore_errors=True)
+
+
 def test_a_stopped_command_says_so_in_one_line(capsys):
     from dt.launcher import RemoteError, Terminated, run_command
 

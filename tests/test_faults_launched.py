@@ -1,7 +1,8 @@
 """Faults of launched runs (issue 20): under torchrun, at start-up, and the pool's start-up time.
 
 1. under torchrun: a rank hung in its own compute ends the job (the others do not wait it
-   out) and is the rank named; SIGKILL of torchrun itself takes its ranks with it;
+   out) and is the rank named; SIGKILL of torchrun itself takes its ranks with it; torch's
+   DDP on the "dt" backend whose peer is SIGKILLed raises an error naming it (no crash);
 2. a rank that never arrives is named, not the survivors that timed out on it (local pool);
 3. workers that would die before the function (bad DT_TIMEOUT, no `__main__` guard, a nested
    function, a function workers cannot import) are refused or reported in one line;
@@ -59,9 +60,11 @@ def _pids(directory: Path) -> list[int]:
     return [int(p.read_text()) for p in directory.glob("*.pid") if p.read_text().endswith("\n")]
 
 
-def _torchrun_cmd(directory: Path, *args: str, nproc: int) -> list[str]:
+def _torchrun_cmd(directory: Path, *args: str, nproc: int, monitor_s: float = 0.1) -> list[str]:
+    """torchrun running faults_script.py; `monitor_s`: how often its agent looks for a failed
+    rank (then stops the others: its default is 0.1 s)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            str(SCRIPT), str(directory), *args]
+            "--monitor-interval", str(monitor_s), str(SCRIPT), str(directory), *args]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -90,17 +93,19 @@ def test_a_rank_hung_in_its_compute_ends_the_torchrun_job_and_is_named(tmp_path)
     """DT_TIMEOUT=5: the others time out on the hung rank at +5 s; the job then ends (their
     WorkerError, torchrun stops the hung rank) instead of waiting out the run's 300 s or the
     hung rank's 600 s sleep. The report names the hung rank, printed by the lowest live rank.
-    Rank 1 hung and rank 0 hung (then rank 1 reports) are two jobs, run at once: each mostly
-    waits on its hung rank."""
+    Rank 1 hung and rank 0 hung (then rank 1 reports) before the group connected, and rank 1
+    hung after it connected (the wait is on the shared-memory board, where both survivors
+    time out: neither may be blamed) are three jobs, run at once: each mostly waits on its
+    hung rank."""
     jobs = {}
-    for hung in (1, 0):
-        directory = tmp_path / f"ranks{hung}"
+    for hung, mode in ((1, "hang"), (0, "hang"), (1, "hang-connected")):
+        directory = tmp_path / f"{mode}{hung}"
         directory.mkdir()
-        jobs[hung] = (directory, time.monotonic(), subprocess.Popen(
-            _torchrun_cmd(directory, "hang", str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
+        jobs[directory] = (hung, time.monotonic(), subprocess.Popen(
+            _torchrun_cmd(directory, mode, str(hung), nproc=3), env=_env(DT_TIMEOUT="5"),
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path))
     try:
-        for hung, (directory, start, job) in jobs.items():
+        for directory, (hung, start, job) in jobs.items():
             _, stderr = job.communicate(timeout=330)
             _the_hung_rank_was_named(hung, job.returncode, stderr, time.monotonic() - start)
             assert _wait_gone(_pids(directory), within=15) < 15, f"rank {hung} hung"
@@ -137,6 +142,38 @@ def test_sigkill_of_torchrun_takes_its_ranks_with_it(tmp_path):
                 os.kill(pid, signal.SIGKILL)
 
 
+@needs_torchrun
+@pytest.mark.timeout(300)
+def test_ddp_on_the_dt_backend_names_a_sigkilled_peer_instead_of_crashing(tmp_path):
+    """DDP's reducer reads each bucket's future from C++: a future whose exception was only
+    its value (torch.futures.Future.set_exception) was read as tensors there, a segmentation
+    fault in the survivor's backward. The survivor must raise, naming the dead rank, well
+    within the group's timeout (torch's 30 minutes), then exit with that error, unless
+    torchrun's agent, which looks for failed ranks every 5 s here, stops it first (SIGTERM,
+    as it stops the survivors of any job: an interpreter with torch loaded took up to 4 s to
+    shut down on the loaded machine). Neither is the crash's SIGSEGV."""
+    directory = tmp_path / "ranks"
+    directory.mkdir()
+    job = subprocess.Popen(_torchrun_cmd(directory, "ddp", "1", nproc=2, monitor_s=5), env=_env(),
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        _, stderr = job.communicate(timeout=240)
+    finally:
+        if job.poll() is None:  # only if the test failed
+            job.kill()
+            job.communicate()
+    assert "SIGSEGV" not in stderr and "Segmentation fault" not in stderr, stderr[-3000:]
+    error = directory / "0.error"
+    assert error.exists(), f"the survivor wrote no error:\n{stderr[-3000:]}"
+    when, heard = error.read_text().split("\n", 1)
+    assert "rank 1" in heard and "died" in heard, heard
+    assert float(when) - float((directory / "killed").read_text()) < 20, heard
+    survivor = re.search(r"rank\s*: 0 \(local_rank: 0\)\n\s*exitcode\s*: (-?\d+)", stderr)
+    assert survivor is not None and survivor[1] in ("1", "-15"), stderr[-3000:]
+    assert _wait_gone(_pids(directory), within=15) < 15
+    assert _left_behind(str(tmp_path)) == []
+
+
 # -- 2. a rank that never arrives (the local pool) -----------------------------
 
 
@@ -147,6 +184,35 @@ def _one_rank_late(late: int) -> list[float]:
     x = torch.ones(4)
     dt.all_reduce(x)
     return x.tolist()
+
+
+def _one_rank_late_once_connected(late: int) -> list[float]:
+    dt.set_timeout(3)
+    dt.all_reduce(torch.ones(4))  # the group connects: on one host, on the shared-memory board
+    if dist.get_rank() == late:
+        time.sleep(60)
+    x = torch.ones(4)
+    dt.all_reduce(x)
+    return x.tolist()
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("world", (3, 5))
+def test_the_rank_that_never_arrived_at_the_board_is_named_not_a_survivor(run, world):
+    """Every survivor times out on the board, and every one of them arrived: the one to blame
+    is a rank that did not (the board knows who posted), at any world, not "every other"."""
+    late = world - 2
+    with pytest.raises(WorkerError) as info:
+        run(world, _one_rank_late_once_connected, late, timeout=100)
+    err = info.value
+    head = str(err).splitlines()[0]
+    assert err.rank == late, head
+    assert head.startswith(f"_one_rank_late_once_connected: rank {late} never arrived: rank "), head
+    assert f"waited on rank {late} in " in head and "at sync " in head, head  # the board's wait
+    assert "Timed out waiting 3000ms" in head, head
+    assert err.errors[late].kind == "stopped"
+    assert {err.errors[r].kind for r in range(world) if r != late} <= {"CollectiveTimeout",
+                                                                         "CollectiveError"}
 
 
 @pytest.mark.timeout(180)

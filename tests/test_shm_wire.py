@@ -9,18 +9,24 @@ span many slots and the progress engine, not luck, moves them.
 from __future__ import annotations
 
 import os
+import platform
 import signal
+import subprocess
+import sys
 import time
+import warnings
+from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
 import dt
-from dt import cost, transport
+from dt import args, cost, transport
 from dt.collectives import auto
 from dt.collectives.registry import names
 from dt.launcher import WorkerError
+from dt.transport import settings
 from dt.transport.shm import segment
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_collectives import data
@@ -127,6 +133,68 @@ def test_transport_torch_turns_the_wire_off(run):
     for res in run(3, _torch_only):
         assert res["wires"] == ["torch"] and res["sum"] == 3.0 and res["board"]
         assert "DT_TRANSPORT=torch" in res["err"] and "off" in res["err"]
+
+
+def _on_an_aarch64_cpu() -> dict:
+    """A fresh group connected as on an aarch64 host (platform.machine says so, as on Grace)."""
+    saved = platform.machine
+    platform.machine = lambda: "aarch64"
+    try:
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            g = dist.new_group(list(range(dist.get_world_size())))
+            x = torch.ones(1000)
+            with dt.traffic() as t:
+                dt.all_reduce(x, group=g)
+        try:
+            transport.set_transport("shm")
+            forced = None
+        except ValueError as exc:
+            forced = str(exc)
+        view = transport.resolve_group(g)
+        return {"wires": sorted(t.by_wire), "sum": x[0].item(), "board": view.links.board is None,
+                "why": view.links.why_not, "said": [str(w.message) for w in said], "forced": forced}
+    finally:
+        platform.machine = saved
+        transport.set_transport(None)
+
+
+def test_an_aarch64_cpu_falls_back_to_the_socket_wire_saying_why(run):
+    """The wire's protocol needs x86's store order: elsewhere auto takes sockets (rank 0 says
+    why, once), and shm insisted on is refused, naming the reason."""
+    for r, res in enumerate(run(3, _on_an_aarch64_cpu)):
+        assert res["wires"] == ["torch"] and res["sum"] == 3.0 and res["board"], res
+        assert "x86's store order" in res["why"] and "aarch64" in res["why"], res["why"]
+        assert len(res["said"]) == (1 if r == 0 else 0), res["said"]
+        assert all("x86's store order" in w and "torch.distributed instead" in w for w in res["said"])
+        assert res["forced"] is not None and res["forced"].startswith("transport cannot be shm here: "), res
+        assert "auto or torch use the socket wire" in res["forced"]
+
+
+@pytest.mark.parametrize("machine, refused", [("x86_64", False), ("AMD64", False), ("aarch64", True),
+                                              ("arm64", True), ("ppc64le", True)])
+def test_which_cpus_carry_the_shared_memory_wire(monkeypatch, machine, refused):
+    monkeypatch.setattr(platform, "machine", lambda: machine)
+    assert (args.shared_memory_refused() is not None) == refused
+    monkeypatch.delenv("DT_TRANSPORT", raising=False)
+    assert settings.shared_memory_allowed() == (not refused)
+    monkeypatch.setenv("DT_TRANSPORT", "shm")
+    if refused:
+        with pytest.raises(args.InputError, match=f"^DT_TRANSPORT cannot be shm here: .*this {machine} CPU"):
+            args.check_environment()
+    else:
+        args.check_environment()
+
+
+def test_dt_transport_shm_on_aarch64_stops_a_command_in_one_line(tmp_path):
+    code = ("import platform, sys; platform.machine = lambda: 'aarch64'; from dt.tools.cli import main; "
+            "sys.exit(main(['demo', 'primitives']))")
+    env = dict(os.environ, DT_TRANSPORT="shm", PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and out.stdout == "", out.stderr
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("dt demo: error: DT_TRANSPORT cannot be shm here: "), lines
 
 
 # ---------------------------------------------------------------------------

@@ -5,6 +5,8 @@ Every text is written by the test itself; nothing is downloaded.
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ import pytest
 from dt import train
 from dt.tools import cli
 from dt.train import corpus as corpus_mod
+from dt.train import dataset
 from dt.train.dataset import GeneratedData, corpus_dir, open_data, prepare_data
 from dt.train.sample import load_model
 
@@ -67,6 +70,42 @@ def test_the_corpus_is_prepared_once_and_keyed_by_what_made_it(tmp_path, monkeyp
     assert corpus_dir(other) != first  # another vocabulary: another corpus
     _write_text(f, 210, 4)
     assert corpus_dir(args) != first  # the file changed: tokenized again, not stale ids
+
+
+def test_a_failed_preparation_leaves_no_lock_and_a_killed_holders_is_taken_over(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    corpora = tmp_path / "cache" / "dt" / "corpus"
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        prepare_data(train.parse_args(["--data", str(tmp_path / "empty.txt")]))
+    assert list(corpora.iterdir()) == []
+    args = train.parse_args(["--data", str(_write_text(tmp_path / "a.txt", 50, 1))])
+    Path(f"{corpus_dir(args)}.lock").write_text("")  # what a holder SIGKILLed mid-prepare leaves
+    assert prepare_data(args) == corpus_dir(args)
+    assert [p.name for p in corpora.iterdir()] == [corpus_dir(args).name]
+
+
+def test_the_corpus_lock_is_held_by_one_at_a_time_though_each_holder_removes_it(tmp_path):
+    """A waiter queued on the file its holder removed must not hold the lock beside a newcomer."""
+    path, holders, most, errors = tmp_path / "c.lock", [0], [0], []
+
+    def use() -> None:
+        try:
+            for _ in range(30):
+                with dataset._locked(path):
+                    holders[0] += 1
+                    most[0] = max(most[0], holders[0])
+                    time.sleep(0.001)
+                    holders[0] -= 1
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=use) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert errors == [] and most == [1] and not path.exists()
 
 
 def test_a_long_line_is_read_in_pieces(tmp_path, monkeypatch):

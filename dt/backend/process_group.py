@@ -81,11 +81,11 @@ def _done(name: str, result: Any) -> transport.Work:
     return work
 
 
-def _settled_by(name: str, future: torch.futures.Future) -> transport.Work:
+def _settled_by(name: str, future: torch.Future) -> transport.Work:
     """A Work that completes with `future` (dt's coalesced calls answer async_op with a future)."""
     work = transport.Work(name)
 
-    def settle(f: torch.futures.Future) -> None:
+    def settle(f: torch.Future) -> None:
         try:
             work.finish(result=f.value())
         except Exception as exc:  # noqa: BLE001 - the collective's error, raised again at wait()

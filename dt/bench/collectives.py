@@ -76,29 +76,33 @@ from dt import record
 from dt.bench.collectives_sweep import (
     DTYPES,
     REDUCTIONS,
+    bytes_held,
     collective_worker,
     forget_deepspeed,
     reductions,
+    row_names,
     sweep_sizes,
 )
 from dt.bench.collectives_table import headline, out_of_bounds, plot, print_avg, print_header, summary
 from dt.bench.harness import COLLECTIVES, registry_name
 from dt.collectives import auto
-from dt.device import DEVICES, backend_for
+from dt.device import DEVICES, backend_for, gpu_free
 from dt.launcher import launch, resolve_world
 
 __all__ = ["deepspeed_builds", "main", "parse_args", "run", "sweep_config"]
 
 
-def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
-    """What every rank's sweep needs (dt/bench/collectives_sweep.py), from the checked options."""
+def sweep_config(args: argparse.Namespace, deepspeed: bool | None = None) -> dict[str, Any]:
+    """What every rank's sweep needs (dt/bench/collectives_sweep.py), from the checked options
+    (`deepspeed`: whether its row runs; None: if --compare asks and it builds here)."""
     coll = args.collective
     transports = ["shm", "torch"] if args.transport == "both" else [args.transport]
     if backend_for(args.device) == "nccl":
         transports = ["torch"]  # GPU tensors stay on NCCL
     algos = [a for a in args.algorithms.split(",") if a] if args.algorithms else \
         auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
-    deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
+    if deepspeed is None:
+        deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
     sizes = [0] if coll == "barrier" else sweep_sizes(args.b, args.e, args.f)
     ops = reductions(args.o, coll, args.d)
     return {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
@@ -226,7 +230,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.algorithms is not None and (unknown or not names):
         parser.error(f"--algorithms {args.algorithms!r}: {args.collective} has {sorted(known)} "
                      "(and auto)")
+    _check_memory(parser, args)
     return args
+
+
+def _check_memory(parser: args_.Parser, args: argparse.Namespace) -> None:
+    """-e's buffers on every rank of this host, and the timings -n makes rank 0 keep."""
+    dtype = DTYPES[args.d]
+    held = bytes_held(args.collective, args.e, dtype, bool(args.c))
+    parser.check_memory(f"-e {args.e:,} B", held, args_.ranks_on_this_host(args.world),
+                        "a case's 2 buffers and the check's exact result",
+                        gpu_free(args.device))
+    cfg = sweep_config(args, deepspeed="deepspeed" in (args.compare or "").split(","))
+    calls = len(row_names(cfg)) * (1 if args.in_place_only else 2)
+    # every rank's timings of one size, gathered, and the slowest of each call for every size and op
+    kept = calls * args.n * (args.world + len(cfg["sizes"]) * len(cfg["ops"]))
+    parser.check_memory(f"-n {args.n:,}", kept * args_.SAMPLE_BYTES, 1, f"rank 0 keeps {kept:,} timings")
 
 
 def main(argv: list[str] | None = None) -> int:

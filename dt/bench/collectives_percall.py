@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--traffic", action="store_true", help="every call inside a dt.traffic() record")
     a = parser.parse_args(argv)
     world = resolve_world(a.world, 2)
+    parser.check_memory(f"--sizes {max(a.sizes):,} B", max(a.sizes), args_.ranks_on_this_host(world),
+                        "a buffer of that size")
+    timings = world * a.calls * len(a.sizes)  # every call's wall time, every size, kept and gathered
+    parser.check_memory(f"--calls {a.calls:,}", timings * args_.SAMPLE_BYTES, 1,
+                        f"{timings:,} timings gathered from {world} ranks")
     before = os.getloadavg()[0]
     per_rank = launch(per_call, world, a.sizes, a.calls, a.validate, a.traffic)
     figures = per_rank[0]

@@ -26,12 +26,22 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import ROOTED, TORCH, BenchCase, group_wires, registry_name, time_calls, wire_group
+from dt.bench.harness import (
+    CASE_BUFFERS,
+    ROOTED,
+    TORCH,
+    BenchCase,
+    check_bytes,
+    group_wires,
+    registry_name,
+    time_calls,
+    wire_group,
+)
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
-__all__ = ["DTYPES", "REDUCING", "REDUCTIONS", "collective_worker", "reductions", "row_names", "size_rows",
-           "sweep_sizes", "wire_algorithms"]
+__all__ = ["DTYPES", "REDUCING", "REDUCTIONS", "bytes_held", "collective_worker", "reductions", "row_names",
+           "size_rows", "sweep_sizes", "wire_algorithms"]
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
@@ -67,6 +77,13 @@ def sweep_sizes(lo: int, hi: int, factor: float) -> list[int]:
     if out[-1] != hi:
         out.append(hi)
     return out
+
+
+def bytes_held(collective: str, nbytes: int, dtype: torch.dtype, check: bool) -> int:
+    """The most bytes one rank holds at once in `_measure` for a size: its case's input and
+    output, and beside them the check's working set (harness.check_bytes) or the memcpy bound's
+    source and destination. A lower bound: an algorithm's scratch comes on top."""
+    return CASE_BUFFERS * nbytes + max(check_bytes(collective, nbytes, dtype) if check else 0, 2 * nbytes)
 
 
 def _redop(op: str) -> str:

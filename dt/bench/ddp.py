@@ -45,10 +45,11 @@ from dt import transport
 from dt.bench import report as R
 from dt.bench.harness import barrier, group_wires
 from dt.collectives import ALGORITHMS
-from dt.device import DEVICES, backend_for, clock
+from dt.device import DEVICES, backend_for, clock, gpu_free
 from dt.launcher import LaunchedWorld, WorkerPool, open_world, resolve_world
 
-__all__ = ["main", "measure_data_parallel", "reference_model", "step_worker"]
+__all__ = ["STEP_RECORD_BYTES", "main", "measure_data_parallel", "reference_model", "step_bytes",
+           "step_worker"]
 
 IMPLS = ("dt_on", "dt_off", "torch", "single")
 
@@ -61,6 +62,18 @@ def reference_model(hidden: int = 1024, layers: int = 6) -> nn.Sequential:
         if i < layers - 1:
             mods.append(nn.GELU())
     return nn.Sequential(*mods)
+
+
+STEP_RECORD_BYTES = 768  # one timed step's record in step_worker: a dict of up to nine floats
+
+
+def step_bytes(hidden: int, layers: int, batch_per_rank: int, models: int) -> int:
+    """Bytes one rank of `step_worker` certainly holds (float32): `models` reference models'
+    weights and gradients, its batch's input and target, and one step's kept activations
+    (each Linear's output and each GELU's)."""
+    weights = layers * (hidden * hidden + hidden)
+    activations = batch_per_rank * hidden * (2 + 2 * layers - 1)
+    return 4 * (2 * models * weights + activations)
 
 
 def step_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str], steps: int,
@@ -228,12 +241,19 @@ def main(argv: list[str] | None = None, pool: WorkerPool | LaunchedWorld | None 
     a.world = resolve_world(a.world, 2)
     if a.batch < a.world:
         ap.error(f"--batch {a.batch} gives some of the {a.world} ranks no sample")
+    impls = ["dt_on", "dt_off", "torch"]
+    ap.check_memory(f"--hidden {a.hidden:,} --layers {a.layers:,} --batch {a.batch:,}",
+                    step_bytes(a.hidden, a.layers, -(-a.batch // a.world), len(impls)),
+                    args_.ranks_on_this_host(a.world),
+                    f"the weights and gradients of {len(impls)} models, and a step's activations",
+                    gpu_free(a.device))
+    records = a.world * len(impls) * a.steps * STEP_RECORD_BYTES
+    ap.check_memory(f"--steps {a.steps:,}", records, 1, f"{a.world} ranks' step records, gathered")
     known = ALGORITHMS["all_reduce"]
     if a.algorithm != "auto" and a.algorithm not in known:
         ap.error(f"--algorithm {a.algorithm!r}: all_reduce has {sorted(known)} (and auto)")
 
     caps = list(a.buckets)
-    impls = ["dt_on", "dt_off", "torch"]
     backend = backend_for(a.device)
     m = R.machine(backend)
     print(f"dt bench ddp: world {a.world}, reference model {a.layers} x Linear({a.hidden}), "

@@ -44,8 +44,9 @@ from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 from dt.transport.connect import shm_ready
 
-__all__ = ["COLLECTIVES", "ROOTED", "TORCH", "BenchCase", "Reduction", "barrier", "group_wires", "pattern",
-           "reduction_seconds_per_byte", "registry_name", "rotated", "slope", "time_calls", "wire_group"]
+__all__ = ["CASE_BUFFERS", "COLLECTIVES", "REDUCED", "ROOTED", "TORCH", "BenchCase", "Reduction", "barrier",
+           "check_bytes", "group_wires", "pattern", "reduction_seconds_per_byte", "registry_name", "rotated",
+           "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all",
@@ -126,6 +127,22 @@ def _reduce(a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
     if op == "PRODUCT":
         return a * b
     return torch.minimum(a, b) if op == "MIN" else torch.maximum(a, b)
+
+
+CASE_BUFFERS = 2  # what a BenchCase holds: its input and its output, each at most the size's bytes
+REDUCED = ("all_reduce", "reduce", "reduce_scatter")  # `expected` reduces every rank's pattern
+
+
+def check_bytes(collective: str, nbytes: int, dtype: torch.dtype) -> int:
+    """Bytes `BenchCase.expected` and `wrong` hold at once, beside the case's buffers: for a
+    reduction the exact accumulator, a rank's pattern cast to it and their reduction (8-byte
+    elements, float64 or int64) with the pattern itself; else the expected result and one
+    rank's pattern; and the mismatch mask (a byte an element)."""
+    itemsize = torch.empty(0, dtype=dtype).element_size()
+    count = max(1, nbytes // itemsize)
+    if family(collective) in REDUCED:
+        return count * (3 * 8 + itemsize + 1)
+    return count * (2 * itemsize + 1)
 
 
 class BenchCase:
@@ -246,8 +263,8 @@ class BenchCase:
         if c == "barrier" or not self.has_result:
             return None
 
-        def block(rank: int, i: int) -> torch.Tensor:
-            return pattern(self.count, rank, self.dtype, self.device)[i * per:(i + 1) * per]
+        def block(rank: int, i: int) -> torch.Tensor:  # a copy: the whole pattern is freed at once
+            return pattern(self.count, rank, self.dtype, self.device)[i * per:(i + 1) * per].clone()
 
         if c == "broadcast":
             return pattern(self.count, self.root, self.dtype, self.device)

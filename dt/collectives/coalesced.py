@@ -8,7 +8,7 @@ two local copies of the data. (dt's data parallel buckets gradients for the
 same reason.)
 
 - all_reduce_coalesced, all_gather_coalesced: torch.distributed's, with its
-  signatures; with async_op=True they return a torch.futures.Future, as torch's do;
+  signatures; with async_op=True they return a torch.Future, as torch's do;
 - all_gather_into_tensor_coalesced, reduce_scatter_tensor_coalesced: the
   coalesced forms torch's ProcessGroup offers (DTensor and FSDP call them);
   dt.ProcessGroup runs them here.

@@ -21,7 +21,8 @@
   launcher dies (SIGKILL included): each worker reads a pipe whose other end
   only the launcher holds, and ends itself at its end of file (worker.py).
   SIGTERM, SIGHUP and Ctrl-C stop the launcher, which stops its workers
-  before it exits (exit status 128 + the signal).
+  before it exits (exit status 128 + the signal). A job SIGKILLed whole
+  leaves its temporary directories; the next start removes them (tempdirs.py).
 - Nothing waits on the dead: the launcher announces each worker that dies or
   raises, and relays what the workers announce (dt.transport.liveness), so the
   survivors' pending waits end within a second and name that rank; the
@@ -42,7 +43,8 @@
 
 Files: pool.py (WorkerPool, run_workers: starting, collecting, blaming),
 preflight.py (what is checked before a worker starts), worker.py (one
-worker: dies with its launcher, serves jobs), group.py (the process group
+worker: dies with its launcher, serves jobs), tempdirs.py (the launcher's
+temporary directories, swept once their owner is dead), group.py (the process group
 and its backend), torchrun.py (joining torchrun's group),
 world.py (the launched world or a local pool: what every tool runs on),
 command.py (how a `dt` command ends when a run fails or is stopped),

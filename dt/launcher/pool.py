@@ -13,7 +13,6 @@ import pickle
 import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dt.args import ENVIRONMENT, check_local_world
-from dt.launcher import preflight, worker
+from dt.launcher import preflight, tempdirs, worker
 from dt.launcher.group import launcher_wait, resolve_backend
 from dt.launcher.worker import worker_main
 from dt.transport import liveness, settings
@@ -139,13 +138,15 @@ class WorkerPool:
     # -- life cycle ---------------------------------------------------------
     def _start(self) -> None:
         preflight.check_before_start()
+        tempdirs.sweep()  # what SIGKILLed launchers left
+        tempdirs.own_multiprocessing_dir()  # before the fork server makes its socket's
         ctx = _context()
         # The rendezvous is a file, not a TCPStore on localhost: every TCPStore connection
         # names its peer by a reverse DNS lookup of ::ffff:127.0.0.1 (c10d connects over
         # IPv6 first, and /etc/hosts only knows 127.0.0.1), so a DNS server that drops a
         # query stalled the start by the resolver's 5 s timeout. A file needs no name, no
         # port, and no port race; the directory is ours alone and goes with the workers.
-        self._store_dir = tempfile.mkdtemp(prefix="dt-pool-")
+        self._store_dir = tempdirs.make("pool")
         store_path = os.path.join(self._store_dir, "store")
         self._heard = []
         for rank in range(self.world_size):

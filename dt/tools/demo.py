@@ -22,8 +22,8 @@ import torch.distributed as dist
 from dt import args as args_
 from dt import collectives as C
 from dt import cost, transport
-from dt.device import DEVICES, backend_for
-from dt.launcher import launch
+from dt.device import DEVICES, backend_for, gpu_free
+from dt.launcher import launch, launched_size
 from dt.layout import split_sizes
 from dt.units import plural
 
@@ -173,6 +173,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     parser.add_argument("--bytes", type=args_.size, default=1 << 20, help="ring all-reduce payload")
     args = parser.parse_args(argv)
+    world = launched_size() or args.world
+    # each rank holds the payload and the ring's receive buffer, one of p chunks of it
+    parser.check_memory(f"--bytes {args.bytes:,}", args.bytes + -(-args.bytes // world),
+                        args_.ranks_on_this_host(world), "the payload and a 1/p chunk of it",
+                        gpu_free(args.device))
 
     results = launch(primitives, args.world, args.bytes, timeout=120, backend=backend_for(args.device))
     if dist.is_initialized() and dist.get_rank() != 0:  # under torchrun: rank 0 prints for all

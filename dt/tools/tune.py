@@ -65,6 +65,7 @@ lists them, `dt tune --reset` deletes them (dt/tools/tune_saved.py).
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import statistics
@@ -362,6 +363,20 @@ def refusals(results: list[dict[str, Any]], wire: str, fig: dict[str, Any],
     return noisy + inconsistent(fig, max_spread=max_spread)
 
 
+def _check_memory(parser: args_.Parser, args: argparse.Namespace) -> None:
+    """The timings each count makes a rank keep at once: every algorithm's at one point (--reps,
+    --sweep-reps), one median per repeat (--repeats) or per attempt (--attempts)."""
+    from dt.collectives import ALGORITHMS
+
+    algorithms = max(len(names) for names in ALGORITHMS.values())
+    ranks = args_.ranks_on_this_host(args.world)
+    counts = (("--reps", args.reps, algorithms), ("--sweep-reps", args.sweep_reps, algorithms),
+              ("--repeats", args.repeats, 1), ("--attempts", args.attempts, 1))
+    for option, count, per in counts:
+        parser.check_memory(f"{option} {count:,}", count * per * args_.SAMPLE_BYTES, ranks,
+                            f"{count * per:,} timings kept at once")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = args_.Parser(
         prog="dt tune", description=__doc__.splitlines()[0],
@@ -420,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     from dt.launcher import launch, resolve_world
 
     args.world = resolve_world(args.world, 2)
+    _check_memory(parser, args)
     if args.world < 2:  # one rank sends no messages: its figures are the compute ones alone
         print("dt tune: one rank has no messages to time; measuring the matmul rates only", flush=True)
         record.headline("world 1: the matmul rates only (one rank has no messages to time)")

@@ -47,7 +47,7 @@ from typing import Any
 from dt import args as args_
 from dt import cost
 from dt.cost.overheads import Overheads
-from dt.device import DEVICES, backend_for
+from dt.device import DEVICES, backend_for, gpu_free
 from dt.tools import whatif_hosts, whatif_terms
 from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time, plural  # noqa: F401 (dt model's units)
 
@@ -197,6 +197,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("the following arguments are required: collective (or --hosts and --per-host)")
     if args.measured and args.collective not in MEASURABLE:
         parser.error(f"--measured times {', '.join(MEASURABLE)}, not {args.collective}")
+    if args.measured:
+        from dt.bench.harness import CASE_BUFFERS
+
+        parser.check_memory(f"--size {max(sizes):,} B", CASE_BUFFERS * max(sizes),
+                            args_.ranks_on_this_host(args.world), f"{CASE_BUFFERS} buffers of that size",
+                            gpu_free(args.device))
+        timings = args.reps * len(_algorithms(args.collective, shared_memory=True))  # a size, all algorithms
+        parser.check_memory(f"--reps {args.reps:,}", timings * args_.SAMPLE_BYTES,
+                            args_.ranks_on_this_host(args.world), f"{timings:,} timings kept at once")
     backend = backend_for(args.device)
     wires = ["shm", "torch"] if args.transport == "both" else [args.transport]
     if backend == "nccl":

@@ -175,6 +175,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     too_big = why_it_cannot_fit(args, ranks_here, on_gpu=backend_for(args.device) == "nccl")
     if too_big:
         p.error(too_big)
+    p.check_memory(f"--steps {args.steps:,}", args.steps * args_.SAMPLE_BYTES, ranks_here,
+                   "a loss kept per step")
     args.ranks_per_host = ranks_here
     args.threads = args.threads or default_threads(args, ranks_here, os.cpu_count() or 1)
     return args

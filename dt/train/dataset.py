@@ -12,8 +12,9 @@ vocabulary and the validation fraction. A second run on the same files opens
 the folder instead of tokenizing again; a BPE tokenizer is trained on the
 training files and saved in the same folder (tokenizer.json). The folder is
 --data-dir, else $XDG_CACHE_HOME/dt/corpus/<key> (~/.cache when unset).
-Preparing takes a lock on the folder, so ranks started by torchrun (each runs
-`dt train`'s main) tokenize once and the others wait and open it.
+Preparing takes a lock on the folder (a file beside it, removed by its holder
+however the preparing ends), so ranks started by torchrun (each runs `dt
+train`'s main) tokenize once and the others wait and open it.
 
 Without --data, dt.models.data's generated text: training batches as before
 (the tests' trajectories rely on it), and validation on text generated from
@@ -23,10 +24,12 @@ another seed, encoded with the training text's characters.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import fcntl
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -113,14 +116,42 @@ def prepare_data(args: argparse.Namespace) -> Path | None:
         return None
     out = corpus_dir(args)
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{out}.lock", "w") as lock:  # beside the folder: prepare() may remove a failed one
-        fcntl.flock(lock, fcntl.LOCK_EX)  # released when closed, or when the process dies
+    with _locked(Path(f"{out}.lock")):  # beside the folder: prepare() may remove a failed one
         if not (out / "meta.json").is_file():
             # BPE learns from every file, the validation tail too (as GPT-2's tokenizer was trained
             # before any split): a few merges of thousands, no labels seen.
             tokenizer = make_tokenizer(args.tokenizer, args.data, args.vocab_size)
             prepare(args.data, tokenizer, out, val_fraction=args.val_fraction)
     return out
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold the exclusive lock of file `path` (made if missing); the file is gone afterwards.
+
+    flock's lock goes with the process however it ends, so a killed holder leaves at
+    most the file, which the next holder takes over and removes. The holder removes
+    the file before it lets go; a waiter that was queued on the removed file then
+    finds that the name leads elsewhere (or nowhere) and queues on the name afresh,
+    so two processes never both hold it.
+    """
+    while True:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            held = os.fstat(fd)
+            named = os.stat(path)
+            if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        os.close(fd)
 
 
 def open_data(args: argparse.Namespace) -> TrainData:

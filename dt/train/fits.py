@@ -10,7 +10,9 @@ what the run certainly holds, so it refuses nothing that could have fitted:
   (ring attention: T/cp queries by T/cp keys a step, heads / tp; Ulysses:
   T by T, heads / (tp x cp)), for one micro-batch in flight;
 - parameters, gradients and Adam's two moments of the transformer blocks
-  (12 C^2 weights each, split over tp and pp; dt.parallel.zero's formula).
+  (12 C^2 weights each: attention's 4 C^2 and the MLP's 8 C^2, an MLP per
+  expert of this rank's share of --experts over --ep; split over tp and pp;
+  dt.parallel.zero's formula).
 
 On CPU every rank of the run shares this machine's memory; on a GPU each rank
 has its own device, so one rank's bound is held to one device's free memory.
@@ -23,7 +25,8 @@ import math
 
 import torch
 
-from dt.args import available_memory
+from dt import args as args_
+from dt.device import gpu_free
 from dt.parallel.zero import zero_memory_formula
 from dt.units import fmt_bytes
 
@@ -39,20 +42,21 @@ def _scores(args: argparse.Namespace) -> tuple[int, int, int, int]:
     return micro, args.n_head // args.tp, t, t
 
 
+def _block_weights(args: argparse.Namespace) -> int:
+    """One transformer block's weights on one rank: attention's 4 C^2 and 8 C^2 per MLP (one,
+    or one per expert this rank holds: --experts over --ep), split over tp."""
+    experts = max(1, args.experts // args.ep) if args.experts else 1
+    return (4 + 8 * experts) * args.n_embd ** 2 // args.tp
+
+
 def memory_needed(args: argparse.Namespace) -> dict[str, int]:
     """Bytes one rank certainly holds: {"scores": one tensor, "kept": all blocks', "state": params+}."""
     item = torch.finfo(getattr(torch, args.dtype)).bits // 8
     scores = math.prod(_scores(args)) * item
     blocks = max(1, args.n_layer // args.pp)  # this rank's stage holds at least its share
-    psi = 12 * args.n_embd ** 2 * blocks // args.tp
+    psi = _block_weights(args) * blocks
     state = zero_memory_formula(psi, args.dp, args.zero, k=2 * item, param_bytes=item, grad_bytes=item)
     return {"scores": scores, "kept": scores * blocks, "state": int(sum(state.values()))}
-
-
-def _free(on_gpu: bool) -> int | None:
-    if on_gpu:
-        return int(torch.cuda.mem_get_info(0)[0])
-    return available_memory()
 
 
 def why_it_cannot_fit(args: argparse.Namespace, ranks_here: int, on_gpu: bool) -> str | None:
@@ -60,12 +64,19 @@ def why_it_cannot_fit(args: argparse.Namespace, ranks_here: int, on_gpu: bool) -
     need = memory_needed(args)
     per_rank = need["kept"] + need["state"]
     total = per_rank if on_gpu else per_rank * ranks_here
-    free = _free(on_gpu)
+    free = gpu_free("cuda") if on_gpu else args_.available_memory()
     if free is None or total <= free:
         return None
-    b, h, q, k = _scores(args)
     where = (f"one GPU has {fmt_bytes(free)} free" if on_gpu else
              f"{ranks_here} rank{'s' if ranks_here > 1 else ''} on this machine, {fmt_bytes(free)} available")
+    if need["state"] > need["kept"]:
+        experts = f" with {args.experts} experts over --ep {args.ep}" if args.experts else ""
+        return (f"this run cannot fit in memory: the weights, gradients and Adam's moments of its blocks "
+                f"(--n-embd {args.n_embd}, --n-layer {args.n_layer}{experts}) are "
+                f"{fmt_bytes(need['state'])} per rank, at least {fmt_bytes(per_rank)} with the attention "
+                f"scores; {where} (lower --n-embd, --n-layer or --experts, or raise --tp, --pp, --ep "
+                "or --zero)")
+    b, h, q, k = _scores(args)
     return (f"this run cannot fit in memory: each attention score tensor is micro-batch {b} x heads {h} x "
             f"{q} x {k} (--block-size {args.block_size}) = {fmt_bytes(need['scores'])}, at least "
             f"{fmt_bytes(per_rank)} per rank with "

@@ -49,7 +49,8 @@ class Work(dist.Work):
         self._lock = threading.Lock()
         self._exc: BaseException | None = None
         self._result: Any = None
-        self._future: torch.futures.Future | None = None
+        self._future: torch.futures.Future | None = None  # what get_future hands out
+        self._settled: torch.futures.Future | None = None  # the one finish() completes
         self.started_at: float | None = None
         self.finished_at: float | None = None
         self.cuda_start: Any = None  # CUDA events around the collective on the comm stream
@@ -92,13 +93,24 @@ class Work(dist.Work):
         self.wait()
         return self._result
 
-    def get_future(self) -> torch.futures.Future:
-        """A torch.futures.Future completed with the result (or the error) when the work is."""
+    def get_future(self) -> torch.Future:
+        """A torch.Future (the type of gloo's) completed with the result (or the error) when the work is.
+
+        The error must be the future's own, not its value: torch.futures.Future.set_exception
+        stores the exception as the future's *value* and only Python's wait() raises it, so a
+        reader in C++ takes it for a result (DDP's reducer reads each bucket's future as
+        tensors: an exception there is a segmentation fault, not an error). A future
+        completed by a callback that raises holds a real error, seen from C++ and Python
+        alike (as torch's RuntimeError, "... CollectiveError: ...", the text naming the
+        failed peer), so the future handed out is that of `_unwrap` on the one this work settles.
+        """
         with self._lock:
             if self._future is None:
-                self._future = torch.futures.Future()
+                settled = torch.futures.Future()
+                self._future = settled.then(_unwrap)
+                self._settled = settled
                 if self._done.is_set():
-                    self._settle(self._future)
+                    self._settle(settled)
             return self._future
 
     def _error(self) -> CollectiveError:
@@ -118,9 +130,14 @@ class Work(dist.Work):
             self._result, self._exc = result, exc
             self.finished_at = time.perf_counter()
             self._done.set()
-            future = self._future
+            future = self._settled
         if future is not None:
             self._settle(future)  # outside the lock: the future's callbacks may run here
+
+
+def _unwrap(settled: torch.futures.Future) -> Any:
+    """The settled future's value, or its exception raised (making it the next future's error)."""
+    return settled.wait()
 
 
 class _CommThread:

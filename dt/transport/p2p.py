@@ -59,7 +59,7 @@ class P2PWork(Work):
             raise self.exception()  # the transport's own error, naming the peer
         return True
 
-    def get_future(self) -> torch.futures.Future:
+    def get_future(self) -> torch.Future:
         future = super().get_future()
         if not super().is_completed():  # someone must wait for the messages to settle it
             threading.Thread(target=self._quiet_wait, name=f"dt-{self.name}", daemon=True).start()

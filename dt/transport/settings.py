@@ -219,9 +219,10 @@ def check_environment() -> None:
 def set_transport(name: str | None) -> None:
     """Which wire groups connected from now on use between ranks of one host.
 
-    "auto" (default; "shm" is the same): shared memory wherever ranks share a
-    host, torch.distributed elsewhere. "torch" (or "gloo", "nccl"): torch.distributed
-    for every peer, as before the shared-memory wire existed. Read when a group
+    "auto" (default): shared memory wherever ranks share a host and the CPU
+    allows it (dt.args.shared_memory_refused: x86 only), torch.distributed
+    elsewhere; "shm" the same, refused on a CPU that does not allow it.
+    "torch" (or "gloo", "nccl"): torch.distributed for every peer. Read when a group
     connects (its first collective), so every rank must set the same value
     before then; `DT_TRANSPORT` sets it for a whole run; None forgets this call.
     """
@@ -240,5 +241,5 @@ def get_transport() -> str:
 
 
 def shared_memory_allowed() -> bool:
-    """Whether a group connecting now may use the shared-memory wire."""
-    return get_transport() in ("auto", "shm")
+    """Whether a group connecting now may use the shared-memory wire (chosen, and this CPU's)."""
+    return get_transport() in ("auto", "shm") and args.shared_memory_refused() is None

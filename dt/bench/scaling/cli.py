@@ -16,11 +16,12 @@ from pathlib import Path
 from dt import args as args_
 from dt import record
 from dt.bench import report as R
+from dt.bench.ddp import STEP_RECORD_BYTES, step_bytes
 from dt.bench.scaling import plots, predicted
 from dt.bench.scaling.report import command_line, fmt_duration, headline, report_markdown, write_outputs
 from dt.bench.scaling.settings import StudySettings, quick_settings
 from dt.bench.scaling.study import Study
-from dt.bench.scaling.tables import ALL_TABLES, TABLES
+from dt.bench.scaling.tables import ALL_TABLES, TABLES, needs_of
 from dt.collectives import ALGORITHMS
 from dt.device import DEVICES, backend_for
 from dt.launcher import WorldConflict, launched_rank, launched_size
@@ -100,6 +101,9 @@ def parse_args(argv: Sequence[str]) -> tuple[StudySettings, argparse.Namespace]:
     if a.layers:
         s.layers = a.layers
     if a.micro:
+        if max(a.micro) > s.pp_batch:
+            ap.error(f"--micro {max(a.micro):,}: more micro-batches than the pipeline's batch of "
+                     f"{s.pp_batch:,} rows")
         s.pp_micro = a.micro
     if a.stages:
         s.pp_stages = a.stages
@@ -123,7 +127,29 @@ def parse_args(argv: Sequence[str]) -> tuple[StudySettings, argparse.Namespace]:
     if 1 not in s.dp_worlds and s.tables and any(t in s.tables for t in (3, 4, 5)):
         s.dp_worlds = (1, *s.dp_worlds)  # speedup needs the single-process baseline
     _launched(s, a)
+    _check_memory(ap, s)
     return s, a
+
+
+def _check_memory(ap: args_.Parser, s: StudySettings) -> None:
+    """What the largest all-reduce and the largest data-parallel step make the ranks of one world
+    hold, and the timings the repetitions keep."""
+    needs = needs_of(s)
+    for world, sizes in sorted(needs.allreduce.items()):
+        most = max(sizes)  # one tensor per rank (an algorithm's scratch beside it)
+        ap.check_memory(f"an all-reduce of {most:,} B (--big, --small)", most,
+                        args_.ranks_on_this_host(world), "the all-reduced tensor")
+        timings = world * len(needs.algorithms) * s.coll_reps_for(min(sizes))
+        ap.check_memory(f"--reps {s.coll_reps:,}", timings * args_.SAMPLE_BYTES, 1,
+                        f"{timings:,} timings of a size, gathered from {world} ranks")
+    for (world, batch), impls in sorted(needs.dp.items()):
+        ap.check_memory(f"--hidden {s.hidden:,} --layers {s.layers:,} at world {world}, batch {batch:,}",
+                        step_bytes(s.hidden, s.layers, -(-batch // world), len(impls)),
+                        args_.ranks_on_this_host(world),
+                        f"the weights and gradients of {len(impls)} model{'s' * (len(impls) > 1)}, "
+                        "and a step's activations")
+        records = world * len(impls) * s.dp_steps_for(batch) * STEP_RECORD_BYTES
+        ap.check_memory(f"--steps {s.dp_steps:,}", records, 1, f"{world} ranks' step records, gathered")
 
 
 def _launched(s: StudySettings, a: argparse.Namespace) -> None:

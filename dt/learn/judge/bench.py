@@ -29,9 +29,11 @@ from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS, GroupView
 from dt.learn.judge.worker import call_learner, load
 
-__all__ = ["DEFAULT_SIZES", "BenchJob", "bench", "bench_worker"]
+__all__ = ["BENCH_COPIES", "DEFAULT_SIZES", "TIMED", "BenchJob", "bench", "bench_worker"]
 
 DEFAULT_SIZES = (4_000, 256_000, 4_000_000)  # bytes: 4 KB, 256 KB, 4 MB
+BENCH_COPIES = 3  # a size's tensors as a rank holds them: the case's, a pristine copy, torch's result
+TIMED = 3  # the learner's collective, dt's algorithm and torch's
 
 
 @dataclass(frozen=True)

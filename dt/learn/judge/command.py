@@ -24,12 +24,13 @@ from typing import Any
 from dt import args as args_
 from dt.learn import exercises
 from dt.learn.exercises import state
-from dt.learn.judge.bench import DEFAULT_SIZES, bench
+from dt.learn.judge.bench import BENCH_COPIES, DEFAULT_SIZES, TIMED, bench
 from dt.learn.judge.cases import JudgeCase
 from dt.learn.judge.judge import DEFAULT_WORLDS, Report, judge, signature_of
 from dt.learn.judge.report import LABELS, as_json, text
 from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS
+from dt.learn.judge.worker import CASE_COPIES
 
 __all__ = ["main"]
 
@@ -121,8 +122,25 @@ def _run(args: argparse.Namespace, collective: str, function: str | None, target
     return report
 
 
+def _check_memory(parser: args_.Parser, args: argparse.Namespace) -> None:
+    """What --sizes and --bench-sizes make each rank hold, and the timings --reps makes the judge keep."""
+    if args.sizes is not None:
+        n = max(args.sizes)
+        parser.check_memory(f"--sizes {n:,}", CASE_COPIES * 4 * n, max(args.worlds),
+                            f"{CASE_COPIES} float32 tensors of {n:,} elements")
+    if args.bench:
+        most = max(args.bench_sizes)
+        parser.check_memory(f"--bench-sizes {most:,} B", BENCH_COPIES * most, args.bench_world,
+                            f"{BENCH_COPIES} tensors of that size")
+        timings = args.bench_world * TIMED * args.reps * len(args.bench_sizes)
+        parser.check_memory(f"--reps {args.reps:,}", timings * args_.SAMPLE_BYTES, 1,
+                            f"{timings:,} timings gathered from {args.bench_world} ranks")
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args = parser.parse_args(argv)
+    _check_memory(parser, args)
     if not os.path.isfile(args.file):
         print(f"dt judge: no such file: {args.file}", file=sys.stderr)
         return 2

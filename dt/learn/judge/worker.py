@@ -39,8 +39,10 @@ from dt.learn.judge.cases import JudgeCase, members
 from dt.learn.judge.compare import first_difference
 from dt.learn.judge.specs import SPECS, GroupView
 
-__all__ = ["Job", "judge_case", "load", "log_paths"]
+__all__ = ["CASE_COPIES", "Job", "judge_case", "load", "log_paths"]
 
+CASE_COPIES = 4  # a case's tensors as a rank holds them in _judge: its own, torch's copy, the
+# expected result and the outputs as they started (each at least the case's n elements)
 SETTLE_S = 2.0  # how long a send nobody waited on gets to complete after the learner returned
 
 

@@ -165,10 +165,12 @@ class BoardCall:
         me = b.names[b.me]
         if isinstance(exc, PeerTimeout):
             self._break(exc)
-            behind = [q for q in b.names if q != me]
-            liveness.announce(liveness.Failure(me, "timeout", f"rank {me} in "
-                                               f"{self.collective}[{self.algorithm}]: {exc}",
-                                               behind[0] if len(behind) == 1 else liveness.EVERYONE))
+            # The rank to blame is one that had not arrived: every other rank had.
+            late = exc.waiting[0] if exc.waiting else liveness.EVERYONE
+            who = ", ".join(f"rank {r}" for r in exc.waiting)
+            liveness.announce(liveness.Failure(
+                me, "timeout", f"rank {me} waited on {who} in {self.collective}[{self.algorithm}] "
+                f"at sync {self.syncs}: {exc.limit}", late))
             raise CollectiveTimeout(f"{self.where()}: {exc}; a peer is "
                                     f"stuck elsewhere or never called {self.collective}") from None
         late = b.sync.waiting_on()

@@ -12,7 +12,9 @@ Every local rank owns one line of words in the segment (RANK_BYTES apart):
 Each word has one writer (its owner; the bell: the kernel, atomically), so
 no atomic instructions are needed from Python: an aligned 8-byte store is
 atomic on x86-64, and x86's stores become visible in program order, so a
-peer that sees a counter move also sees the data written before it.
+peer that sees a counter move also sees the data written before it. Other
+CPUs (aarch64) give no such order and Python has no fence to add, so the
+wire is refused there (dt.args.shared_memory_refused): sockets carry it.
 
 A waiter first spins (checking its condition, and driving the point-to-
 point engine) for `spin_s`, but only while the machine has a core to spare
@@ -91,7 +93,16 @@ class PeerGone(RuntimeError):
 
 
 class PeerTimeout(RuntimeError):
-    """Timed out waiting on a peer (the text starts "Timed out", as gloo's does)."""
+    """Timed out waiting on a peer (the text starts "Timed out", as gloo's does).
+
+    `waiting`: the global ranks that had not arrived (the ones to blame: the others had);
+    `limit`: which timeout ran out, "Timed out waiting 5000ms (dt.set_timeout)".
+    """
+
+    def __init__(self, limit: str, waiting: Sequence[int], what: str):
+        who = ", ".join(f"rank {r}" for r in waiting)
+        super().__init__(f"{limit} on {who} for {what}")
+        self.limit, self.waiting = limit, list(waiting)
 
 
 def default_spin(local_ranks: int) -> float:
@@ -297,6 +308,5 @@ class Sync:
             if time.perf_counter() > deadline:
                 waiting = [self.names[j] for j in blockers() if j != me]
                 source = getattr(limit, "source", "dt.transport timeout")  # which rule set it
-                who = ", ".join(f"rank {r}" for r in waiting)
-                raise PeerTimeout(f"{timed_out(limit)} ({source}) on {who} for {what()}")
+                raise PeerTimeout(f"{timed_out(limit)} ({source})", waiting, what())
             chunk = min(chunk * 2, 0.05)
