@@ -284,8 +284,8 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
 
     world, size = max(st.s.coll_worlds), R.fmt_bytes(st.s.big_bytes)
     ring = {d["wire"]: R.fmt_time(d["ring_time"].median) for d in st.tables[1].data if d["world"] == world}
-    assert headline(st) == (f"ring all-reduce {size} world {world}: {ring['torch']} on torch (1.00x gloo's), "
-                            f"{ring['shm']} on shm")
+    assert headline(st) == (f"ring all-reduce {size} world {world}: {ring['torch']} on torch "
+                            f"(1.00x gloo's time), {ring['shm']} on shm")
     paths = S.write_outputs(st, tmp_path, "python bench/scaling.py --quick", 1.0)
     from dt.bench.scaling import plots
 

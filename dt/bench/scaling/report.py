@@ -43,7 +43,7 @@ def headline(st: Study) -> str:
     on_wires = []
     for d in found:
         ring = d["ring_time"].median
-        gloo = f" ({ring / d['gloo_time'].median:.2f}x gloo's)" if d["gloo_time"] else ""
+        gloo = f" ({ring / d['gloo_time'].median:.2f}x gloo's time)" if d["gloo_time"] else ""
         on_wires.append(f"{R.fmt_time(ring)} on {d['wire']}{gloo}")
     return f"ring all-reduce {R.fmt_bytes(found[0]['nbytes'])} world {world}: {', '.join(on_wires)}"
 
