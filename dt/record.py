@@ -183,7 +183,7 @@ def write_record(path: Path, fields: dict[str, str], output: str) -> Path:
     header table (FIELDS), then the output, fenced. Returns where it went."""
     fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", output)), default=0))
     rows = [f"| {name} | {_cell(fields[name])} |" for name in FIELDS if fields.get(name)]
-    text = "\n".join([f"# {fields['command']}", "", "| field | value |", "|---|---|", *rows, "",
+    text = "\n".join([f"# {_cell(fields['command'])}", "", "| field | value |", "|---|---|", *rows, "",
                       "The whole output (stdout and stderr, as the terminal showed them):", "",
                       f"{fence}text", output, fence, ""])
     path.parent.mkdir(parents=True, exist_ok=True)

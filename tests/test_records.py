@@ -67,7 +67,7 @@ def test_a_recorded_run_keeps_what_it_printed_under_a_well_formed_header(tmp_pat
     text = path.read_text()
     # the output verbatim, in order, a progress bar as last drawn, in a fence longer than any inside
     assert "````text\nto stdout\nto stderr\nprogress 100%\na fence inside: ```\n````\n" in text
-    title = f"# `{shlex.join([sys.executable, '-c', CHILD])}`"
+    title = f"# `{shlex.join([sys.executable, '-c', CHILD])}`".replace("\n", "\\n")  # one line too
     assert text.startswith(f"{title}\n\n| field | value |\n|---|---|\n")
 
 
