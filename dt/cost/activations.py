@@ -104,11 +104,34 @@ def moe_activation_bytes(a: Decoder, sequences: int, itemsize: int, cp: int = 1,
     return router + dispatch + 2 * e * got * f + e * rows + 2 * e * rows * h
 
 
+def _dropout_bytes(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
+                   attention: str) -> dict[str, float]:
+    """What dropout adds to a block (the stacks that train with it; dt's layers have none): a one-byte
+    mask after attention's projection and after the MLP (on the residual stream: split over tp only
+    with sequence parallel) and, where the score matrix is materialized (attention="dt"), the
+    probabilities' mask and their dropped-out copy (a fused kernel keeps only its random state)."""
+    s = a.seq_len / cp
+    masks = 2 * s * sequences * a.n_embd / (tp if sequence_parallel else 1)
+    probs = a.n_head * s * s * sequences / tp if attention == "dt" and cp == 1 else 0.0
+    return {"dropout": masks, "scores": (1 + itemsize) * probs}
+
+
 def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, attention: str = "sdpa",
                            stats_bytes: int | None = None, received_rows: float | None = None,
-                           parallelized: bool = True) -> dict[str, float]:
+                           parallelized: bool = True, dropout: bool = False) -> dict[str, float]:
     """Bytes one block keeps for backward on one rank, by part, with no recompute."""
+    parts = _block_parts(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
+                         received_rows, parallelized)
+    if dropout:
+        for key, v in _dropout_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention).items():
+            parts[key] = parts.get(key, 0.0) + v
+    return parts
+
+
+def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
+                 attention: str, stats_bytes: int | None, received_rows: float | None,
+                 parallelized: bool) -> dict[str, float]:
     _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
     lse = max(e, 4)  # the log-sum-exp: float32, or the activations' dtype when wider
@@ -134,7 +157,7 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True) -> float:
+                           parallelized: bool = True, dropout: bool = False) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
     backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
     as dt.parallelize splits it (what dt train runs), else the plain model whole."""
@@ -151,7 +174,7 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
     if recompute == "full":
         return e * sbh / (tp if sequence_parallel else 1)
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                                   parallelized=parallelized)
+                                   parallelized=parallelized, dropout=dropout)
     if recompute == "selective" and attention == "dt" and cp == 1:
         parts["scores"] = 0.0
     return sum(parts.values())
@@ -189,7 +212,7 @@ def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1,
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True) -> float:
+                           parallelized: bool = True, dropout: bool = False) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes, parallelized) for i in layers)
+                                      recompute, stats_bytes, parallelized, dropout) for i in layers)

@@ -45,10 +45,21 @@ _EFFICIENCY = ("assumed, not measured: 0.7 of peak for large tf32/bf16/fp16 GEMM
                "published end-to-end runs bound it below: 52% on A100 (Narayanan et al. 2021, Table 1), "
                "38-43% bf16 MFU on H100 (Llama 3, arXiv 2407.21783, Table 4)")
 
+_FLASH = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691): forward 50-73% and backward up to 63% of the A100's "
+          "peak; on the H100 it reaches 35% (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608), "
+          "FlashAttention-3 up to 75% forward (740 TFLOP/s bf16); the backward about 0.8x the forward rate")
+_STREAM = ("assumed: a streaming kernel (copy, add, norm) sustains about 85% of the datasheet's HBM bandwidth "
+           "(the figure CUDA's bandwidthTest and STREAM-like kernels reach on A100 and H100)")
+_WAVES = ("the SM count from NVIDIA's architecture whitepapers (A100: 108 SMs; H100 SXM: 132); the "
+          "output tile cuBLAS's large bf16 kernels use (128 x 128 on Ampere, 128 x 256 on Hopper)")
+_LINKS = ("assumed: NCCL's all-reduce bus bandwidth reaches about 80% of NVLink's one-way figure (nccl-tests on "
+          "DGX A100: about 230 of 300 GB/s) and 90% of a NIC's line rate")
+_GAP = "assumed: 3 us between two kernels of a step (launch and tail), the order CUDA's launch latency has"
+
 TERA, GIGA = 1e12, 1e9
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: a planner's caches key on it
 class Device:
     """One accelerator and the links a host of them has; every figure dense, bytes per second one way."""
 
@@ -64,6 +75,12 @@ class Device:
     matmul_efficiency: dict[str, float] = field(default_factory=lambda: {
         "fp32": 0.9, "tf32": 0.7, "bf16": 0.7, "fp16": 0.7})
     sources: dict[str, str] = field(default_factory=dict)
+    sms: int = 108  # streaming multiprocessors: a GEMM's tiles run in waves of this many
+    gemm_tile: tuple[int, int] = (128, 128)  # output rows x columns one SM computes at a time
+    hbm_efficiency: float = 0.85  # the fraction of hbm_bandwidth a streaming kernel sustains
+    attention_efficiency: dict[str, tuple[float, float]] = field(default_factory=dict)  # kernel: fwd, bwd
+    kernel_overhead: float = 3e-6  # seconds between two kernels on the device (launch and tail)
+    link_efficiency: tuple[float, float] = (0.8, 0.9)  # NVLink, NIC: busbw NCCL sustains over the wire's
 
     def sustained_flops(self, dtype: str) -> float:
         """What a large GEMM of `dtype` sustains: peak x the stated efficiency."""
@@ -75,7 +92,13 @@ class Device:
 
 def _sources(sheet: str, nic: str) -> dict[str, str]:
     return {"peak_flops": sheet, "hbm": sheet, "nvlink_bandwidth": sheet, "nvlink_latency": _NCCL_LATENCY,
-            "nic_bandwidth": nic, "nic_latency": _NCCL_LATENCY, "matmul_efficiency": _EFFICIENCY}
+            "nic_bandwidth": nic, "nic_latency": _NCCL_LATENCY, "matmul_efficiency": _EFFICIENCY,
+            "attention_efficiency": _FLASH, "hbm_efficiency": _STREAM, "sms": _WAVES, "gemm_tile": _WAVES,
+            "link_efficiency": _LINKS, "kernel_overhead": _GAP}
+
+
+_AMPERE_ATTENTION = {"flash2": (0.6, 0.5)}
+_HOPPER_ATTENTION = {"flash2": (0.35, 0.3), "flash3": (0.6, 0.48), "cudnn": (0.6, 0.48)}
 
 
 _HOPPER_FLOPS = {"fp32": 66.9 * TERA, "tf32": 494.7 * TERA, "bf16": 989.4 * TERA, "fp16": 989.4 * TERA}
@@ -85,13 +108,15 @@ DEVICES: dict[str, Device] = {
                                      "fp16": 312 * TERA},
                    hbm_bytes=80 * GIGA, hbm_bandwidth=2039 * GIGA, nvlink_bandwidth=300 * GIGA,
                    nvlink_latency=3.4e-6, nic_bandwidth=25 * GIGA, nic_latency=14e-6,
-                   sources=_sources(_A100_SHEET, _HDR)),
+                   sources=_sources(_A100_SHEET, _HDR), attention_efficiency=_AMPERE_ATTENTION),
     "h100": Device("H100 SXM 80GB", dict(_HOPPER_FLOPS), hbm_bytes=80 * GIGA, hbm_bandwidth=3350 * GIGA,
                    nvlink_bandwidth=450 * GIGA, nvlink_latency=3.4e-6, nic_bandwidth=50 * GIGA,
-                   nic_latency=14e-6, sources=_sources(_H100_SHEET, _NDR)),
+                   nic_latency=14e-6, sources=_sources(_H100_SHEET, _NDR), sms=132, gemm_tile=(128, 256),
+                   attention_efficiency=_HOPPER_ATTENTION),
     "h200": Device("H200 SXM 141GB", dict(_HOPPER_FLOPS), hbm_bytes=141 * GIGA, hbm_bandwidth=4800 * GIGA,
                    nvlink_bandwidth=450 * GIGA, nvlink_latency=3.4e-6, nic_bandwidth=50 * GIGA,
-                   nic_latency=14e-6, sources=_sources(_H200_SHEET, _NDR)),
+                   nic_latency=14e-6, sources=_sources(_H200_SHEET, _NDR), sms=132, gemm_tile=(128, 256),
+                   attention_efficiency=_HOPPER_ATTENTION),
 }
 
 

@@ -88,8 +88,10 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
             "--layout", "tp-across" if lay.tp_across else "tp-inside"]  # where the planner put tp
     if lay.clip:
         argv += ["--clip", str(CLIP)]
-    if lay.recompute:
-        argv.append("--recompute")
+    if lay.recompute != "none":
+        argv += ["--recompute", lay.recompute]
+    if lay.sequence_parallel:
+        argv.append("--sequence-parallel")
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])

@@ -24,17 +24,21 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import step_flops
+from dt.cost.kernels import Kernel, block_kernels, embedding_kernels, head_kernels
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.model import ModelShape
+from dt.plan.pricing import kernels_seconds
 
-__all__ = ["Shard", "ddp_hooks", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads",
-           "stage_compute"]
+__all__ = ["Shard", "StageShape", "catalogue_stage", "ddp_hooks", "layer_flops", "layer_seconds",
+           "oversubscribed", "rank_threads", "stage_compute", "stage_kernels"]
 
 
 @functools.cache
@@ -108,6 +112,58 @@ def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, 
         torch.set_num_threads(old)
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """What one rank of a pipeline stage computes per micro-batch: its layers and how they are split."""
+
+    sequences: int  # sequences in the micro-batch
+    seq: int  # tokens per sequence (the whole sequence: cp splits it)
+    tp: int = 1
+    cp: int = 1
+    blocks: int = 0
+    head: bool = False
+    embed: bool = False
+    sequence_parallel: bool = False
+    recompute: str = "none"
+
+
+def _parts(model: ModelShape, shape: StageShape,
+           cluster: Cluster) -> list[tuple[int, tuple[list[Kernel], list[Kernel]]]]:
+    """(how many, (forward, backward) kernels) of each kind of layer the stage holds."""
+    a, item, st = model.decoder(shape.seq), cluster.itemsize, cluster.stack
+    sp = shape.sequence_parallel and shape.tp > 1
+    parts = []
+    if shape.embed:
+        parts.append((1, embedding_kernels(a, shape.sequences, shape.cp, item)))
+    if shape.blocks:
+        parts.append((shape.blocks, block_kernels(a, shape.sequences, st, shape.tp, shape.cp, sp,
+                                                  shape.recompute, item)))
+    if shape.head:
+        parts.append((1, head_kernels(a, shape.sequences, shape.tp, shape.cp, item)))
+    return parts
+
+
+def stage_kernels(model: ModelShape, shape: StageShape, cluster: Cluster) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of one micro-batch through the stage on one rank (dt.cost.kernels),
+    as the cluster's stack runs them, in the order they run."""
+    parts = _parts(model, shape, cluster)
+    fwd = [k for n, (f, _) in parts for k in f * n]
+    bwd = [k for n, (_, b) in reversed(parts) for k in b * n]
+    return fwd, bwd
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def catalogue_stage(cluster: Cluster, model: ModelShape, shape: StageShape) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch through the stage on a catalogue GPU, each
+    kernel priced (dt.plan.pricing); backward includes recompute's rerun forward kernels."""
+    d, precision, attention, item = cluster.gpu, cluster.precision, cluster.stack.attention, cluster.itemsize
+    fwd = bwd = 0.0
+    for n, (f, b) in _parts(model, shape, cluster):
+        fwd += n * kernels_seconds(f, d, precision, attention, item)
+        bwd += n * kernels_seconds(b, d, precision, attention, item)
+    return fwd, bwd
+
+
 def rank_threads(world: int) -> int:
     """Torch threads a rank of `world` gets here: dt train's default, cores // processes."""
     return max(1, (os.cpu_count() or 1) // world)
@@ -166,18 +222,40 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
         bf, bb = layer_seconds(cluster, "block", model, b, t, keys, tp, world, recompute)
         hf, hb = layer_seconds(cluster, "head", model, b, t, keys, tp, world) if head else (0.0, 0.0)
         return blocks * bf + hf, blocks * bb + hb
-    from dt.plan.timed import stage_seconds
-
     cp = keys // t
     flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    total = stage_seconds(*shape) * turns(cluster, world)
+    total = _stage_seconds(cluster, model, shape, sum(flops), b, t, tp, blocks, head, embed) * turns(cluster, world)
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
         block_fwd = blocks * layer_flops(model, keys, 1, b, tp, cp, False)[0]
         bwd += fwd * block_fwd / flops[0]
     return fwd, bwd
+
+
+FALLBACK_RATE = 1e10  # FLOP/s per thread assumed before any stage was timed and with no dt tune figure
+
+
+def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: float, b: int, t: int, tp: int,
+                   blocks: int, head: bool, embed: bool) -> float:
+    """The stage timed (dt.plan.timed.timed_within_budget), or, past the timing budget or over its
+    memory share, its FLOPs at the rate the timed stages ran at (else dt tune's, else FALLBACK_RATE)."""
+    from dt.plan.timed import BUDGET, timed_within_budget
+
+    if cluster.timed == "cuda":
+        from dt.plan.timed import stage_seconds
+
+        return stage_seconds(*shape)
+    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if head or embed else 0)
+    acts = b * t * (model.n_embd * 20 * blocks + (model.vocab // tp if head else 0)) * cluster.itemsize
+    nbytes = 3 * layers * cluster.itemsize + acts  # weights, gradients, their copies; activations
+    seconds = timed_within_budget(shape, flops, nbytes)
+    if seconds is not None:
+        return seconds
+    threads = shape[9]
+    rate = BUDGET.rate() or (matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads)
+    return flops / rate
 
 
 def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -191,8 +269,10 @@ def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int,
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
     if world < 2 or shape is None:
         return 1.0
-    from dt.plan.timed import slowest_of, stage_timing
+    from dt.plan.timed import slowest_of, stage_timing, was_timed
 
+    if not was_timed(shape):  # priced by rate (the timing budget): no repetitions to spread
+        return 1.0
     times = stage_timing(*shape)
     middle = statistics.median(times)
     return slowest_of(times, world) / middle if middle > 0 else 1.0

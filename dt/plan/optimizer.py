@@ -1,9 +1,9 @@
 """The optimizer's step, priced: dt.train.optim.Adam over one rank's tensors.
 
-On a catalogue device Adam is memory-bound: it reads weight, gradient and both
-moments and writes weight and moments, (3 numbers + 4 moments) x itemsize
-bytes at the device's bandwidth (`dt plan --timed`: timed on this host's GPU,
-as below). On this machine it is bound by its ops (about ten per tensor: a
+On a catalogue device Adam is memory-bound: it reads the gradient, the master
+weight and both moments and writes them back with the working copy, the stack's
+bytes per number (dt.cost.kernels.optimizer_bytes) at the device's sustained
+bandwidth (`dt plan --timed`: timed on this host's GPU, as below). On this machine it is bound by its ops (about ten per tensor: a
 0.2M-parameter GPT's 52 tensors cost 3-6 ms of CPU where their bytes say
 1.2 ms), so Adam's own step is timed (dt.plan.timed) over the
 tensors it steps: every dense tensor apart without ZeRO, one flat shard of
@@ -12,6 +12,7 @@ psi / N numbers with it (ZeroOptimizer's), the experts' weights as one more.
 
 from __future__ import annotations
 
+from dt.cost.kernels import optimizer_bytes
 from dt.plan.cluster import Cluster
 from dt.plan.compute import oversubscribed, rank_threads
 from dt.plan.layouts import Layout
@@ -35,6 +36,8 @@ def adam_tensors(lay: Layout, w: StageWork, shards: int, expert_shards: int = 1)
 def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> float:
     """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
     sizes = adam_tensors(lay, w, shards, expert_shards)
+    if c.gpu is not None:  # each number it steps: the stack's bytes read and written at HBM's rate
+        return optimizer_bytes(c.stack) * sum(sizes) / c.mem_bw
     if not c.timed:
         numbers = sum(w.dense) + w.experts
         return (3 * numbers + 4 * sum(sizes)) * c.itemsize / c.mem_bw

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dt.layout import split_sizes
@@ -31,7 +32,7 @@ from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
-from dt.plan.compute import ddp_hooks, slowest_rank, stage_compute
+from dt.plan.compute import StageShape, catalogue_stage, ddp_hooks, slowest_rank, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
@@ -254,9 +255,10 @@ def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float
 
     def each(op: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
         ring = SHARD_ALGORITHM  # a model's units repeat (every block alike): each size priced once
-        return (sum(k * collective_seconds(c, op, n * c.itemsize, g.dp_cp, ring)
+        item = c.param_itemsize if op == "all_gather" else c.grad_itemsize
+        return (sum(k * collective_seconds(c, op, n * item, g.dp_cp, ring)
                     for n, k in Counter(units.plane).items())
-                + sum(k * collective_seconds(c, op, n * c.itemsize, g.edp, ring)
+                + sum(k * collective_seconds(c, op, n * item, g.edp, ring)
                       for n, k in Counter(units.experts).items()))
 
     return each("all_gather"), each("reduce_scatter")
@@ -283,26 +285,64 @@ def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, micro_batches:
     return zero_traffic_formula([split_sizes(numel, ranks)], rank, 3, itemsize, micro_batches)
 
 
+def micro_batch_sizes(batch: int, dp: int, micro_batches: int) -> list[int]:
+    """Sequences in each micro-batch of one rank, as dt train cuts them: the rank's batch / dp
+    split by tensor_split into `micro_batches` (the first ones one longer where it does not divide)."""
+    return split_sizes(batch // dp, micro_batches)
+
+
+def _mean_over(sizes: list[int], price: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
+    """(forward, backward) seconds of a micro-batch averaged over the step's sizes (at most two)."""
+    total_f = total_b = 0.0
+    for size, count in Counter(sizes).items():
+        f, b = price(size)
+        total_f, total_b = total_f + count * f, total_b + count * b
+    return total_f / len(sizes), total_b / len(sizes)
+
+
+def _compute(c: Cluster, model: ModelShape, lay: Layout, sizes: list[int], seq: int, blocks: int, head: bool,
+             embed: bool) -> tuple[float, float]:
+    """(forward, backward) compute seconds of the stage's mean micro-batch: kernel by kernel on a
+    catalogue GPU (dt.plan.compute.catalogue_stage), else timed or from FLOPs (stage_compute)."""
+    t = seq // lay.cp
+    if c.gpu is not None:
+        shape = lambda b: StageShape(b, seq, lay.tp, lay.cp, blocks, head, embed,  # noqa: E731
+                                     lay.sequence_parallel, lay.recompute)
+        return _mean_over(sizes, lambda b: catalogue_stage(c, model, shape(b)))
+    full = lay.recompute == "full"
+    return _mean_over(sizes, lambda b: stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head,
+                                                     embed, full, lay.cp_attention))
+
+
+def _exposed(messages: float, compute: float, overlapped: bool) -> float:
+    """Seconds of tensor parallel's messages the compute does not hide: all of them, unless the
+    stack overlaps them with its GEMMs (then what runs past the compute)."""
+    return max(0.0, messages - compute) if overlapped else messages
+
+
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
                stage: int) -> StageWork:
-    """One micro-batch through every chunk of `stage`, forward and backward, by kind."""
+    """One (mean) micro-batch through every chunk of `stage`, forward and backward, by kind."""
     dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage)
-    b = batch // lay.dp // lay.micro_batches
+    sizes = micro_batch_sizes(batch, lay.dp, lay.micro_batches)
+    b = max(1, min(sizes))  # the integer micro-batch the timed paths measure
+    mean = sum(sizes) / len(sizes)
     t = seq // lay.cp
-    act = b * t * model.n_embd * c.itemsize
-    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute,
-                           lay.cp_attention)
+    act = mean * t * model.n_embd * c.itemsize
+    cf, cb = _compute(c, model, lay, sizes, seq, blocks, head, embed)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
-    small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
+    small = collective_seconds(c, "all_reduce", mean * t * c.itemsize, g.tp)
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
-    routed = b * t * model.top_k * model.n_embd * c.itemsize
+    routed = mean * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
     units = _units(model, lay, g, seq, stage)
     gather, scatter = _fsdp_seconds(c, units, g)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
-    fwd = {"compute": cf, "tp": tp_fwd,
+    tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + (2 * blocks * tp1 if lay.recompute == "full" else 0.0)
+    overlap = c.gpu is not None and c.stack.overlap_tp
+    fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
-    bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
+    bwd = {"compute": cb, "tp": _exposed(tp_bwd, cb, overlap),
            "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
     tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
     ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks

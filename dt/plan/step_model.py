@@ -118,7 +118,7 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     per pipeline stage (the other ranks of a stage do the same work at the same times)."""
     groups = stage_groups(lay)
     works = [stage_work(c, model, lay, groups[s], batch, seq, s) for s in range(lay.pp)]
-    b = batch // lay.dp // lay.micro_batches
+    b = batch / lay.dp / lay.micro_batches  # the mean micro-batch (dt train's may differ by one)
     act = b * (seq // lay.cp) * model.n_embd * c.itemsize
     send = send_seconds(c, act, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
@@ -213,7 +213,7 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[s
     return out + [("dp", d, label) for label, d in after]
 
 
-def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, seq: int,
+def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: float, seq: int,
                      model: ModelShape) -> dict[str, float]:
     """Bytes one rank of stage 0 sends per step, by the level its groups sit on (ring counts)."""
     from dt.plan.comm import group_hosts
@@ -223,9 +223,14 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: int, s
     out = {"intra": 0.0, "inter": 0.0}
 
     def add(ranks: tuple[int, ...], nbytes: float) -> None:
+        """A ring over the group in rank order: of its p links, those joining two hosts carry the
+        inter-host share of every rank's bytes (each rank sends alike around the ring)."""
         p = len(ranks)
         if p > 1:
-            out["inter" if max(group_hosts(c, ranks)) > 0 else "intra"] += nbytes
+            hosts = group_hosts(c, ranks)
+            across = sum(hosts[i] != hosts[(i + 1) % p] for i in range(p)) / p
+            out["inter"] += nbytes * across
+            out["intra"] += nbytes * (1 - across)
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)

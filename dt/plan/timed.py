@@ -188,6 +188,54 @@ def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
 
 stage_timing = functools.cache(time_stage)  # the planner's: each shape timed once a process
 
+TIMING_BUDGET = 60.0  # seconds a process spends timing stages; past it, the rest are priced by rate
+MEMORY_SHARE = 0.25  # a stage is timed only while its weights, gradients and activations fit this share
+
+
+class _Budget:
+    """What the planner has spent timing stages in this process, and the FLOP/s they ran at."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.rates: list[float] = []
+
+    def rate(self) -> float | None:
+        """The median FLOP/s of the stages timed so far (None before any)."""
+        return statistics.median(self.rates) if self.rates else None
+
+
+BUDGET = _Budget()
+
+
+def timed_within_budget(shape: tuple, flops: float, nbytes: float) -> float | None:
+    """The stage's median seconds (stage_timing), while the process's timing budget lasts and the
+    stage's bytes fit MEMORY_SHARE of the available memory; None where it is not timed (then the
+    caller prices its FLOPs at BUDGET.rate()): `dt plan --preset gpt2` here would otherwise time
+    a 50,257-word head at every micro-batch size, minutes each, holding gigabytes."""
+    from dt.args import available_memory
+
+    known = shape in _timed_shapes
+    if not known:
+        memory = available_memory() or 0
+        if BUDGET.spent >= TIMING_BUDGET or (memory and nbytes > MEMORY_SHARE * memory):
+            return None
+    t0 = time.perf_counter()
+    seconds = statistics.median(stage_timing(*shape))
+    if not known:
+        _timed_shapes.add(shape)
+        BUDGET.spent += time.perf_counter() - t0
+        if seconds > 0 and flops > 0:
+            BUDGET.rates.append(flops / seconds)
+    return seconds
+
+
+_timed_shapes: set[tuple] = set()
+
+
+def was_timed(shape: tuple) -> bool:
+    """Whether this stage's shape was timed (not priced by rate past the budget)."""
+    return shape in _timed_shapes
+
 
 def stage_seconds(*shape: object, **kw: object) -> float:
     """Seconds of one micro-batch's forward and backward through a stage (stage_timing's median)."""

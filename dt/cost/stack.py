@@ -1,0 +1,107 @@
+"""How a training stack runs a step on GPUs: its kernels, its bytes per parameter, what it overlaps.
+
+Two stacks training the same model with the same layout on the same GPUs take different
+times and memory: one fuses the bias, dropout and residual add into one pass, another runs
+them apart; one keeps an fp32 gradient beside bf16 weights, another fp32 weights under
+autocast; one overlaps the gradient reduction with backward, another runs it after. These
+are facts of the software (each stated with its source), not fitted figures, and the
+planner prices a layout as the named stack runs it (`dt plan --stack`, default dt's own).
+
+Bytes per parameter (mixed precision, Adam): weight_bytes the working copy the matmuls read,
+grad_bytes the gradient kept for the optimizer, master_bytes an fp32 master copy (0 when the
+weights are the master: dt's autocast keeps float32 weights), moment_bytes Adam's two moments.
+Megatron-LM: 2 + 4 + 4 + 8 = 18; with its distributed optimizer (ZeRO-1) 6 + 12 / dp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+__all__ = ["STACKS", "Stack", "stack"]
+
+GIB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str
+    source: str
+    attention: str  # "flash2", "flash3", "cudnn" (fused kernels) or "unfused" (scores GEMM, softmax, GEMM)
+    dropout: bool  # dropout after attention's softmax and before each residual add (masks kept)
+    fused_elementwise: bool  # bias + activation and bias + dropout + add in one pass each
+    weight_bytes: int  # the working copy the matmuls read
+    grad_bytes: int  # the gradient the optimizer reads
+    master_bytes: int  # an fp32 master copy (0: the weights are the master)
+    moment_bytes: int  # Adam's two moments together
+    reduce_bytes: int  # bytes per gradient element the data-parallel reduction moves
+    overlap_grad_reduce: bool  # the gradient reduction runs behind backward (buckets)
+    overlap_param_gather: bool  # a sharded optimizer's all-gather runs behind the next forward
+    overlap_tp: bool  # tensor parallel's collectives run behind its GEMMs
+    zero1_in_backward: bool = False  # ZeRO 1 reduce-scatters backward's buckets (else one flat call after)
+    cast_bytes: int = 0  # autocast's cached low-precision weights, per parameter, during a step
+    runtime_bytes: float = 0.0  # CUDA context, NCCL's buffers, library workspaces, per GPU
+    fragmentation: float = 1.0  # the caching allocator's reserved over allocated at the peak
+
+    @property
+    def causal_skip(self) -> bool:
+        """A fused kernel skips the masked half of a causal score matrix; an unfused one computes it."""
+        return self.attention != "unfused"
+
+    def at(self, itemsize: int) -> Stack:
+        """The stack training in full precision (`itemsize` 4, fp32 or tf32): the weights are their
+        own master, nothing is cast, gradients are reduced as they are."""
+        if itemsize < 4:
+            return self
+        return replace(self, weight_bytes=itemsize, grad_bytes=itemsize, master_bytes=0, cast_bytes=0,
+                       reduce_bytes=itemsize)
+
+    def state_bytes(self, zero: int, dp: int) -> float:
+        """Bytes per parameter of weights, gradients, master and moments on one rank, ZeRO stage
+        `zero` over `dp` ranks: 1 shards the master and moments, 2 the gradients too, 3 the weights."""
+        shard = lambda x, stage: x / dp if zero >= stage else x  # noqa: E731
+        return (shard(self.weight_bytes, 3) + shard(self.grad_bytes, 2)
+                + shard(self.master_bytes + self.moment_bytes, 1))
+
+
+_CUDA_RUNTIME = ("the CUDA context and cuBLAS workspace (about 0.5-1 GiB per process: PyTorch's CUDA "
+                 "semantics notes) and NCCL's buffers (NCCL_BUFFSIZE 4 MiB per channel and peer)")
+
+STACKS: dict[str, Stack] = {
+    "dt": Stack(
+        "dt", "dt train --device cuda --precision bf16: float32 weights and Adam state, bf16 autocast "
+              "(its cast weights cached for the step), torch's SDPA (FlashAttention-2 kernels), eager "
+              "elementwise ops, no dropout, DDP's buckets behind backward; " + _CUDA_RUNTIME,
+        attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
+        master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
+        fragmentation=1.05),
+    "megatron": Stack(
+        "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
+                    "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "
+                    "gradients and an fp32 master and Adam state (its distributed optimizer shards the "
+                    "last two: --use-distributed-optimizer), gradients reduced in bucketed "
+                    "reduce-scatters behind backward (--overlap-grad-reduce) and parameters gathered behind "
+                    "forward (--overlap-param-gather), tensor parallel's collectives behind its GEMMs "
+                    "(--tp-comm-overlap); " + _CUDA_RUNTIME,
+        attention="cudnn", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
+        master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=True, overlap_tp=True, zero1_in_backward=True, runtime_bytes=1.5 * GIB,
+        fragmentation=1.05),
+    "megatron-2021": Stack(
+        "megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it: attention "
+                         "unfused (a batched GEMM for the scores, Megatron's fused scale-mask-softmax, "
+                         "dropout 0.1 on the probabilities and the residual stream, a GEMM for the "
+                         "values), fused bias-GeLU and bias-dropout-add, mixed precision with fp32 master "
+                         "weights, Adam state and gradient buffers, the data-parallel all-reduce after "
+                         "backward (its local DDP), tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
+        attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
+        master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+}
+
+
+def stack(name: str) -> Stack:
+    """A stack by name; one clear line otherwise."""
+    if name not in STACKS:
+        raise ValueError(f"no stack {name!r}: one of {', '.join(STACKS)}")
+    return STACKS[name]
