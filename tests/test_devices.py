@@ -6,7 +6,7 @@ import pytest
 
 from dt.cost.devices import DEVICES, device
 from dt.cost.flops import Decoder, train_flops_per_token
-from dt.plan.published import LLAMA3_2024, MEGATRON_2021, TABLES
+from dt.plan.published_tables import LLAMA3_2024, MEGATRON_2021, TABLES
 
 
 def test_catalogue_figures_and_sources():

@@ -8,6 +8,7 @@ CI's `dt bench scaling --quick` runs the real thing.
 
 from __future__ import annotations
 
+import fnmatch
 import importlib
 import re
 import sys
@@ -63,3 +64,17 @@ def test_every_table_file_is_registered():
     for f in files:
         spec = importlib.import_module(f"dt.bench.scaling.tables.{f}").SPEC
         assert f.startswith(f"t{spec.id}_") and spec.title and callable(spec.build)
+
+
+def test_data_files_are_declared_package_data():
+    """A JSON file in dt/ ships only if pyproject's package-data names it: find_packages takes .py only."""
+    tomllib = pytest.importorskip("tomllib")
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    data = [p for p in (ROOT / "dt").rglob("*.json") if "__pycache__" not in p.parts]
+    assert data, "no data files found under dt/"
+    for path in data:
+        package = ".".join(path.parent.relative_to(ROOT).parts)
+        patterns = declared.get(package, [])
+        assert any(fnmatch.fnmatch(path.name, pattern) for pattern in patterns), (
+            f"{path.relative_to(ROOT)} is not in [tool.setuptools.package-data] {package!r}: "
+            "a wheel leaves it out")

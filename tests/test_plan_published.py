@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from dt.plan.atscale import compare
-from dt.plan.published import LLAMA3_2024, MEGATRON_2021
+from dt.plan.published_tables import LLAMA3_2024, MEGATRON_2021
 
 MEASURED_WORST = 0.6  # |predicted - published| / published, the worst row measured (55%)
 

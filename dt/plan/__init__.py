@@ -13,6 +13,6 @@
 - report.py      the table, JSON, the timeline plot and the scatter
 - check.py       `dt plan --check`: layouts run as dt train runs them, predicted beside measured
 - trace.py       Chrome trace JSON (Perfetto): measured and predicted timelines side by side
-- atscale.py     the planner beside published large runs (published.py)
+- atscale.py     the planner beside published large runs (published_tables.py)
 - cli.py         the command
 """

@@ -1,4 +1,4 @@
-"""At scale, on paper: the planner against published large runs (dt.plan.published).
+"""At scale, on paper: the planner against published large runs (dt.plan.published_tables).
 
 For each published row: the planner's step for the authors' model, layout
 and cluster (H hosts of 8 of the row's GPU from dt.cost.devices, bf16, the
@@ -25,7 +25,7 @@ from dt.cost.flops import train_flops_per_token
 from dt.plan.cluster import catalogue_cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.published import PublishedRun
+from dt.plan.published_tables import PublishedRun
 from dt.plan.search import rank_layouts
 from dt.plan.step_model import predict
 
