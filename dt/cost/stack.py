@@ -38,6 +38,10 @@ class Stack:
     overlap_param_gather: bool  # a sharded optimizer's all-gather runs behind the next forward
     overlap_tp: bool  # tensor parallel's collectives run behind its GEMMs
     zero1_in_backward: bool = False  # ZeRO 1 reduce-scatters backward's buckets (else one flat call after)
+    fsdp_prefetch: bool = False  # ZeRO 3 gathers the next unit behind the current unit's compute
+    reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
+    partition: str = "blocks"  # a pipeline's cut: blocks evenly, the embedding and head beside the end
+    # ones ("blocks"), or every layer counting one, the embedding and head included ("layers": dt's)
     cast_bytes: int = 0  # autocast's cached low-precision weights, per parameter, during a step
     runtime_bytes: float = 0.0  # CUDA context, NCCL's buffers, library workspaces, per GPU
     fragmentation: float = 1.0  # the caching allocator's reserved over allocated at the peak
@@ -74,7 +78,7 @@ STACKS: dict[str, Stack] = {
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
-        fragmentation=1.05),
+        fragmentation=1.05, partition="layers"),
     "megatron": Stack(
         "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
                     "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "
@@ -97,6 +101,51 @@ STACKS: dict[str, Stack] = {
         attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+    "megatron-deepspeed": Stack(
+        "megatron-deepspeed", "bigscience-workshop/Megatron-DeepSpeed as BLOOM's tr11 ran it (2022): "
+                              "Megatron's unfused attention (batched GEMMs and its fused scale-mask-softmax), "
+                              "fused bias-GeLU and bias-dropout-add, dropout 0 (tr11's configs), DeepSpeed's "
+                              "pipeline engine and ZeRO 1 (fp32 master and Adam state sharded over dp, "
+                              "fp32 gradient accumulation), the data-parallel reduction after the last "
+                              "micro-batch, tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
+        attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
+        master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1),
+    "nanotron": Stack(
+        "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops, bf16 "
+                    "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
+                    "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the data-parallel "
+                    "reduction in buckets behind backward; " + _CUDA_RUNTIME,
+        attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=2, grad_bytes=4,
+        master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+    "llm-foundry": Stack(
+        "llm-foundry", "mosaicml/llm-foundry (MPT on Composer, 2023): FlashAttention kernels, no dropout, "
+                       "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
+                       "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
+                       "current one's compute; " + _CUDA_RUNTIME,
+        attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
+        master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
+        runtime_bytes=1.5 * GIB, fragmentation=1.05),
+    "torchtitan": Stack(
+        "torchtitan", "pytorch/torchtitan (FSDP2, 2024-25): SDPA's flash kernels, no dropout, float32 "
+                      "weights sharded (FSDP2's fully_shard), bf16 compute, gradients reduce-scattered in "
+                      "float32, the next unit's all-gather prefetched; " + _CUDA_RUNTIME,
+        attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
+        master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
+        runtime_bytes=1.5 * GIB, fragmentation=1.05),
+    "llama3": Stack(
+        "llama3", "Meta's Llama 3 pre-training (Grattafiori et al. 2024, Section 3.3): tensor parallel with "
+                  "sequence parallel, FSDP that shards the optimizer and gradients and keeps the parameters "
+                  "gathered from forward to backward, gradients reduce-scattered in fp32, bf16 compute with "
+                  "fused attention kernels, no dropout, the data-parallel collectives behind compute; "
+                  + _CUDA_RUNTIME,
+        attention="flash3", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
+        master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
+        overlap_param_gather=True, overlap_tp=False, zero1_in_backward=True, fsdp_prefetch=True,
+        reshard_after_forward=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
 }
 
 

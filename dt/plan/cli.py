@@ -238,7 +238,7 @@ RECOMPUTES = {"none": ("none",), "selective": ("selective",), "full": ("full",),
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
     if a.published is not None:
-        from dt.plan.published_suite import main as published_main
+        from dt.plan.suite import main as published_main
 
         return published_main(a.published, a.json)
     model, cluster = a.shape, _cluster(a)

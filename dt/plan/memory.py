@@ -39,7 +39,7 @@ from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula,
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, micro_batch_sizes, stage_tensors
+from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, layer_cut, micro_batch_sizes, stage_tensors
 
 __all__ = ["peak_bytes"]
 
@@ -56,12 +56,13 @@ def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -
 @functools.lru_cache(maxsize=65536)
 def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, b: int, item: int,
                        tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
-                       attention: str = "sdpa", dropout: bool = False) -> list[float]:
+                       attention: str = "sdpa", dropout: bool = False, partition: str = "layers") -> list[float]:
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
     a = _decoder(model, seq)
+    cut = layer_cut(model, pp, virtual, partition)
     return [stage_activation_bytes(a, r, b, item, tp, cp, sequence_parallel, attention, recompute,
                                    dropout=dropout)
-            for r in stage_layers(model.n_layer + 2, pp, stage, None, virtual)]
+            for r in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
 def _without(dense: list[int], kept: int) -> list[int]:
@@ -132,9 +133,10 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
     a = _decoder(model, seq)
     attention, dropout = _activation_kind(c)
     sp = lay.sequence_parallel and lay.tp > 1
+    cut = c.stack.partition
     out = []
     for s in range(lay.pp):
-        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s)
+        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s, cut)
         # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
         # the experts over their replicas (dt.parallel.zero.parts)
         n = lay.dp * lay.cp
@@ -143,7 +145,7 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
         kept = model.vocab // lay.tp * model.n_embd if tied and lay.zero == 2 else 0
         state = _state(c, lay, dense, experts, n, kept)
         chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp,
-                                    lay.recompute, sp, attention, dropout)
+                                    lay.recompute, sp, attention, dropout, cut)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute == "full":  # one block's whole set, rebuilt for its backward
             acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp, sp, attention)
@@ -153,11 +155,11 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
             parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
             scratch = _zero_scratch(lay.zero, parts, kept, n, grad_item) if lay.zero < 3 else \
-                _fsdp_scratch(fsdp_units(model, lay, seq, s), n, n // lay.ep, grad_item)
+                _fsdp_scratch(fsdp_units(model, lay, seq, s, cut), n, n // lay.ep, grad_item)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
             acts += (sum(dense) - kept + experts) * grad_item
         if lay.zero == 3 and n > 1:  # this stage's units gathered whole as they run
-            units = fsdp_units(model, lay, seq, s)
+            units = fsdp_units(model, lay, seq, s, cut)
             acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), c.param_itemsize)
         row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
         live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])

@@ -32,7 +32,7 @@ from dt.plan.compute import StageShape, catalogue_stage
 from dt.plan.layouts import Layout, grid, train_args
 from dt.plan.memory import peak_bytes
 from dt.plan.model import ModelShape
-from dt.plan.stage import micro_batch_sizes
+from dt.plan.stage import layer_cut, micro_batch_sizes
 from dt.plan.step_model import Prediction, predict
 from dt.train.layouts import layout_error
 from dt.units import fmt_bytes
@@ -91,7 +91,8 @@ def _busiest_stage(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay: 
     worst = 0.0
     for s in range(lay.pp):
         total = 0.0
-        for layers in stage_layers(n, lay.pp, s, None, lay.virtual):
+        for layers in stage_layers(n, lay.pp, s, layer_cut(model, lay.pp, lay.virtual, c.stack.partition),
+                                   lay.virtual):
             blocks = sum(1 for i in layers if 0 < i < n - 1)
             for size in sizes:
                 f, b = catalogue_stage(c, model, StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers,

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from dt.layout import split_sizes
+from dt.cost.stack import Stack
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
@@ -37,7 +38,8 @@ from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
 __all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "stage_tensors", "stage_work"]
+           "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors",
+           "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -109,6 +111,19 @@ class StageWork:
     slowest: float = 1.0  # the slowest rank's compute over the median's (compute.slowest_rank)
 
 
+def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers") -> tuple[int, ...] | None:
+    """Layers of each of the pp x virtual model chunks (dt.parallel.pipeline.stage_layers' `sizes`):
+    None for dt train's cut (every layer counts one, the embedding and head included); "blocks" for
+    Megatron's: the blocks split evenly, the embedding with the first chunk and the head with the last."""
+    chunks = pp * virtual
+    if partition == "layers" or chunks == 1 or chunks > model.n_layer:
+        return None
+    sizes = split_sizes(model.n_layer, chunks)
+    sizes[0] += 1
+    sizes[-1] += 1
+    return tuple(sizes)
+
+
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
     c, f = model.n_embd, model.hidden
@@ -160,22 +175,22 @@ def _block_units(model: ModelShape, tp: int, ep: int) -> tuple[list[int], list[i
     return block + [dense[-1]], [c * f + f, f * c + c] * -(-model.experts // ep)
 
 
-def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int) -> FsdpUnits:
+def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int, partition: str = "layers") -> FsdpUnits:
     """The FSDP units of `stage`'s rank: its chunks' layers' (embedding, blocks, head). A tied word
     table is the root's on one stage; with pp > 1 a unit of its own on both its stages."""
-    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
 
 
 @functools.lru_cache(maxsize=4096)
 def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-                stage: int) -> FsdpUnits:
+                stage: int, partition: str) -> FsdpUnits:
     c, n, llama = model.n_embd, model.n_layer + 2, model.family == "llama"
     root = model.vocab // tp * c if model.tied and pp == 1 else 0
     word = [] if root else [model.vocab // tp * c]  # the embedding's, and the head's (tied: its copy)
     block, experts = _block_units(model, tp, ep)
     dense: list[int] = []
     moe: list[int] = []
-    for i in (i for r in stage_layers(n, pp, stage, None, virtual) for i in r):
+    for i in (i for r in stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual) for i in r):
         if i == 0:
             dense += word + ([] if llama else [seq * c])  # rotary: no position table
         elif i == n - 1:
@@ -186,23 +201,23 @@ def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq:
     return FsdpUnits(root, tuple(dense), tuple(moe))
 
 
-def stage_tensors(model: ModelShape, lay: Layout, seq: int,
-                  stage: int) -> tuple[list[int], int, int, bool, bool]:
+def stage_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
+                  partition: str = "layers") -> tuple[list[int], int, int, bool, bool]:
     """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
-    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
     return ([n for c in chunks for n in c], *rest)
 
 
-def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int) -> list[list[int]]:
+def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int, partition: str = "layers") -> list[list[int]]:
     """Dense tensor sizes of each model chunk of `stage` (each chunk has its own DDP buckets)."""
-    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)[0]]
+    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)[0]]
 
 
 @functools.lru_cache(maxsize=16384)
 def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-             stage: int) -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
+             stage: int, partition: str = "layers") -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
     n = model.n_layer + 2
-    chunks = stage_layers(n, pp, stage, None, virtual)
+    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
     layers = [i for r in chunks for i in r]
     out: list[tuple[int, ...]] = []
     experts = 0
@@ -240,10 +255,10 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: Groups, seq: int, stage: int) -> FsdpUnits | None:
+def _units(model: ModelShape, lay: Layout, g: Groups, seq: int, stage: int, partition: str) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return None
-    return fsdp_units(model, lay, seq, stage)
+    return fsdp_units(model, lay, seq, stage, partition)
 
 
 def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float, float]:
@@ -320,10 +335,22 @@ def _exposed(messages: float, compute: float, overlapped: bool) -> float:
     return max(0.0, messages - compute) if overlapped else messages
 
 
+def _fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
+    """(forward, backward) seconds of ZeRO 3's collectives the compute does not hide: a forward
+    gathers every unit, a backward gathers them again (unless the stack keeps them gathered from
+    forward to backward) and reduce-scatters their gradients; with prefetch each runs behind the
+    neighbouring unit's compute, so only what outlasts the compute waits."""
+    backward = (gather if st.reshard_after_forward else 0.0) + scatter
+    if not st.fsdp_prefetch:
+        return gather, backward
+    return max(0.0, gather - fwd), max(0.0, backward - bwd)
+
+
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
                stage: int) -> StageWork:
     """One (mean) micro-batch through every chunk of `stage`, forward and backward, by kind."""
-    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage)
+    cut = c.stack.partition
+    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage, cut)
     sizes = micro_batch_sizes(batch, lay.dp, lay.micro_batches)
     b = max(1, min(sizes))  # the integer micro-batch the timed paths measure
     mean = sum(sizes) / len(sizes)
@@ -335,19 +362,20 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int
     cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
     routed = mean * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
-    units = _units(model, lay, g, seq, stage)
+    units = _units(model, lay, g, seq, stage, cut)
     gather, scatter = _fsdp_seconds(c, units, g)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
     tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + (2 * blocks * tp1 if lay.recompute == "full" else 0.0)
     overlap = c.gpu is not None and c.stack.overlap_tp
+    fsdp_fwd, fsdp_bwd = _fsdp_exposed(c.stack, gather, scatter, cf, cb)
     fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
-           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
+           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_fwd}
     bwd = {"compute": cb, "tp": _exposed(tp_bwd, cb, overlap),
-           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
+           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_bwd}
     tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
     ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
     hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
                       lay.cp_attention) if ddp else 0.0
     slowest = slowest_rank(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.cp_attention)
-    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
+    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage, cut), experts, blocks, head, embed,
                      units, tied, hooks, slowest)
