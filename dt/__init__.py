@@ -65,8 +65,8 @@ MOVED = {
     "dt.zero": "dt.parallel.zero",
     "dt.tensor_parallel": "dt.parallel.tensor",
     "dt.pipeline": "dt.parallel.pipeline",
-    "dt.model": "dt.models.gpt",  # the first round's GPT; now the plain one (its ParallelGPT is gone)
-    "dt.models.nanogpt": "dt.models.gpt",  # the plain GPT's file until it took gpt.py's name
+    "dt.model": "dt.models.gpt",
+    "dt.models.nanogpt": "dt.models.gpt",
     "dt.data": "dt.models.data",
     "dt.tune": "dt.tools.tune",
     "dt.whatif": "dt.tools.whatif",

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from dt.layout import edges, split_sizes
 
-__all__ = ["Delivery", "Phase", "Run", "collected_by", "crossings", "delivery", "host_order",
+__all__ = ["Delivery", "Phase", "PieceRun", "collected_by", "crossings", "delivery", "host_order",
            "level_pairs", "local_index", "members", "owned", "phases", "pieces", "rail", "rail_pairs",
            "runs", "uniform"]
 
@@ -109,15 +109,16 @@ def owned(local_ranks: int, count: int) -> list[tuple[int, int]]:
 
 
 @dataclass(frozen=True)
-class Run:
-    """Pieces [lo, hi) all-reduced across hosts among `owners` (one group rank per host, host order)."""
+class PieceRun:
+    """Consecutive pieces [lo, hi) all-reduced across hosts among the same `owners`
+    (one group rank per host, host order)."""
 
     lo: int
     hi: int
     owners: tuple[int, ...]
 
 
-def runs(hosts: tuple[int, ...]) -> list[Run]:
+def runs(hosts: tuple[int, ...]) -> list[PieceRun]:
     """The inter-host all-reduces of a hierarchical all-reduce, in the order every rank runs them.
 
     Each rank takes part in its runs in this (ascending piece) order, so the
@@ -132,13 +133,13 @@ def runs(hosts: tuple[int, ...]) -> list[Run]:
             for j in range(lo, hi):
                 row[j] = m[i]
         owner_of.append(row)
-    out: list[Run] = []
+    out: list[PieceRun] = []
     for j in range(s):
         owners = tuple(row[j] for row in owner_of)
         if out and out[-1].owners == owners:
-            out[-1] = Run(out[-1].lo, j + 1, owners)
+            out[-1] = PieceRun(out[-1].lo, j + 1, owners)
         else:
-            out.append(Run(j, j + 1, owners))
+            out.append(PieceRun(j, j + 1, owners))
     return out
 
 

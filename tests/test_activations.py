@@ -61,7 +61,7 @@ def dt_train_saved(argv: list[str], dtype: str) -> int:
     g = torch.Generator().manual_seed(dist.get_rank())  # other tokens on every rank: routing differs
     ids, targets = (torch.randint(0, 64, (args.batch_size // args.dp, args.block_size), generator=g)
                     for _ in range(2))
-    model = run.saved.model
+    model = run.parallel_model.model
     with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
         run.step(ids, targets)
     return saved.bytes

@@ -22,7 +22,7 @@ import dt
 from dt import cost
 from dt.layout import SequenceLayout
 from dt.parallel.context import attention, ring_attention, ulysses_attention
-from dt.parallel.expert import MoE
+from dt.parallel.expert import ShardedMoE
 from dt.transport import rules, set_validation, validation_enabled
 from tests.twins import whole_attention
 
@@ -156,7 +156,7 @@ def _layers_under_nccl_rules() -> dict[str, tuple[bool, dict]]:
             fn(q, k, v, group=g, layout=layout).sum().backward()
         out[name] = (bool(torch.isfinite(q.grad).all()), rec.take())
     torch.manual_seed(0)
-    moe = MoE(4, 6, num_experts=p + 1, top_k=2, capacity_factor=1.0, group=g, dtype=F64)
+    moe = ShardedMoE(4, 6, num_experts=p + 1, top_k=2, capacity_factor=1.0, group=g, dtype=F64)
     x = _randn(2, 5, 4, seed=r).requires_grad_(True)
     with rules.recording() as rec:
         moe(x).sum().backward()

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import dt
 from dt import cost
 from dt.layout import SequenceLayout
-from dt.parallel.expert import MoE
+from dt.parallel.expert import ShardedMoE
 from dt.parallel.tensor import collective_bytes
 from dt.transport import set_validation, validation_enabled
 from tests.twins import MoETwin
@@ -64,7 +64,7 @@ def _check_moe(cases: list[tuple[int, int, float | None]]) -> list[str]:
     for n, (E, k, cf) in enumerate(cases):
         tag = f"E={E} k={k} cf={cf} ep={p}"
         torch.manual_seed(n)
-        layer = MoE(H, FFN, E, k, cf, dtype=F64)
+        layer = ShardedMoE(H, FFN, E, k, cf, dtype=F64)
         torch.manual_seed(n)
         twin = MoETwin(H, FFN, E, k, cf)
         x, gy = _randn(B, S, H, seed=10 + n), _randn(B, S, H, seed=20 + n)
@@ -121,7 +121,7 @@ def _check_moe_context_parallel(cp: int, E: int, k: int, cf: float | None, S: in
     seq = slice(2 * pair, 2 * pair + 2)
     bad: list[str] = []
     torch.manual_seed(5)
-    layer = MoE(H, FFN, E, k, cf, dtype=F64)
+    layer = ShardedMoE(H, FFN, E, k, cf, dtype=F64)
     torch.manual_seed(5)
     twin = MoETwin(H, FFN, E, k, cf)
     x, gy = _randn(B, S, H, seed=1), _randn(B, S, H, seed=2)

@@ -33,21 +33,21 @@ WARM, TRACED = 3, 10  # calls before the traced ones; traced calls (the fewest f
 
 
 class _CountLaunch:
-    """Counts the calls that take the full path (dt.collectives.api.launch)."""
+    """Counts the calls that take the full path (dt.collectives.api.dispatch)."""
 
     def __init__(self) -> None:
-        self.calls, self.real = 0, api.launch
+        self.calls, self.real = 0, api.dispatch
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
         return self.real(*args, **kwargs)
 
     def __enter__(self) -> _CountLaunch:
-        api.launch = self
+        api.dispatch = self
         return self
 
     def __exit__(self, *exc: object) -> None:
-        api.launch = self.real
+        api.dispatch = self.real
 
 
 def _repeated(validate: bool) -> list[str]:

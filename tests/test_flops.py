@@ -108,9 +108,9 @@ def test_moe_router_and_top_k_experts_not_split_by_tp():
 
 
 def moe_counted(hidden: int, experts: int, top_k: int, tokens: int) -> tuple[int, int]:
-    from dt.parallel.expert import MoE
+    from dt.parallel.expert import ShardedMoE
     torch.manual_seed(0)
-    moe = MoE(hidden, 4 * hidden, experts, top_k)
+    moe = ShardedMoE(hidden, 4 * hidden, experts, top_k)
     x = torch.randn(1, tokens, hidden, requires_grad=True)
     with FlopCounterMode(display=False) as fc:
         y = moe(x)

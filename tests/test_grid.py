@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dt.parallel.grid import Grid
-from dt.parallel.mesh import layout as mesh_layout
+from dt.parallel.mesh import mesh_groups
 
 
 def rank_of(dp_rank: int, tp_rank: int, pp_rank: int, dp: int, tp: int, cp_rank: int = 0,
@@ -94,7 +94,7 @@ def test_grid_numbers_and_groups_ranks_as_the_mesh_does(dims, across):
     embed = sorted({tuple(sorted({g[0], g[-1]})) for g in grid.groups("pp")})
     assert embed == sorted(set(mesh["embed"]))
     # dt.parallel.mesh, now built on the grid, still makes the old mesh's groups.
-    view = mesh_layout(dp, tp, pp, cp, ep, tp_across=across)
+    view = mesh_groups(dp, tp, pp, cp, ep, tp_across=across)
     assert {k: sorted(v) for k, v in view.items()} == {k: sorted(v) for k, v in mesh.items()}
 
 

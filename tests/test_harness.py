@@ -1,6 +1,6 @@
 """dt/bench/harness.py: the buffers every benchmark times, checked against torch's result.
 
-No timing is asserted (2 shared cores); what is checked is that a Case's call
+No timing is asserted (2 shared cores); what is checked is that a BenchCase's call
 computes what torch's does for every collective and algorithm, on shapes that
 break things (1 element, fewer elements than ranks, primes), that the timing
 loop times every call the right number of times in a rotating order, and that
@@ -27,11 +27,11 @@ def _all_match_torch(counts: list[int]) -> dict[str, int]:
     for c in H.COLLECTIVES:
         for algo in sorted(dt.ALGORITHMS[H.registry_name(c)]):
             for count in counts:
-                case = H.Case(c, count)
+                case = H.BenchCase(c, count)
                 for inplace in (False, True):
                     if case.call(algo, inplace) is None:
                         continue
-                    ref = H.Case(c, count)
+                    ref = H.BenchCase(c, count)
                     ref.reset()
                     ref.call(H.TORCH, inplace)()
                     case.reset()
@@ -51,22 +51,22 @@ def test_every_case_matches_torch(run, world):
 
 
 def test_case_shapes():
-    case = H.Case("all_gather_into_tensor", 10, p=4, r=1)
+    case = H.BenchCase("all_gather_into_tensor", 10, p=4, r=1)
     assert case.collective == "all_gather" and case.per == 2 and case.count == 8
     assert case.output.numel() == 8 and case.nbytes == 32
-    rs = H.Case("reduce_scatter", 3, p=5, r=0)  # fewer elements than ranks: one each
+    rs = H.BenchCase("reduce_scatter", 3, p=5, r=0)  # fewer elements than ranks: one each
     assert rs.per == 1 and rs.count == 5 and rs.output.numel() == 1
-    assert H.Case("all_reduce", 0, p=2, r=0).count == 0
+    assert H.BenchCase("all_reduce", 0, p=2, r=0).count == 0
     assert H.registry_name("all_gather") == "all_gather_into_tensor"
     assert cost.family("reduce_scatter_tensor") == "reduce_scatter"  # the one name rule (was H.base_name)
-    g = H.Case("gather", 10, p=4, r=1)  # nccl-tests: the size is the root's whole buffer
+    g = H.BenchCase("gather", 10, p=4, r=1)  # nccl-tests: the size is the root's whole buffer
     assert g.per == 2 and g.count == 8 and g.output.numel() == 8 and not g.has_result
-    sc = H.Case("scatter", 10, p=4, r=1)
+    sc = H.BenchCase("scatter", 10, p=4, r=1)
     assert sc.per == 2 and sc.count == 8 and sc.output.numel() == 2 and sc.has_result
-    assert H.Case("barrier", 4096, p=3, r=0).nbytes == 0  # a barrier moves no data
-    assert H.Case("gather", 4, p=2, r=0).call("flat", inplace=True) is None  # out of place only
+    assert H.BenchCase("barrier", 4096, p=3, r=0).nbytes == 0  # a barrier moves no data
+    assert H.BenchCase("gather", 4, p=2, r=0).call("flat", inplace=True) is None  # out of place only
     with pytest.raises(ValueError, match="no harness"):
-        H.Case("send", 4, p=2, r=0)
+        H.BenchCase("send", 4, p=2, r=0)
 
 
 def test_rotated_and_slope():

@@ -17,7 +17,7 @@ def test_textbook_layout():
     assert H.members(hosts) == [(0, 1), (2, 3)]
     assert [H.local_index(hosts, r) for r in range(4)] == [0, 1, 0, 1]
     assert H.rail(hosts, 1) == (1, 3)
-    assert H.runs(hosts) == [H.Run(0, 1, (0, 2)), H.Run(1, 2, (1, 3))]
+    assert H.runs(hosts) == [H.PieceRun(0, 1, (0, 2)), H.PieceRun(1, 2, (1, 3))]
     assert H.delivery(hosts) == [H.Delivery((0, 2), (0, 2)), H.Delivery((1, 3), (1, 3))]
     assert H.collected_by(hosts, 3) == [1, 3]
     assert H.crossings(hosts) == 2 and H.uniform(hosts)

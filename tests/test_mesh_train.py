@@ -10,7 +10,7 @@ import torch
 import dt
 from dt import train
 from dt.parallel.checkpoint import read_full
-from dt.parallel.mesh import layout
+from dt.parallel.mesh import mesh_groups
 
 # 8 steps: a wrong gradient shows from step 2, and the reference still learns (3.80 -> 3.20 by step 8)
 STEPS = 8
@@ -61,7 +61,7 @@ def _mesh_checks(meshes: list[tuple[int, int, int]]) -> list[str]:
             onehot[me] = 1
             dt.all_reduce(onehot, group=group)
             members = tuple(onehot.nonzero().flatten().tolist())
-            if members != tuple(sorted(ranks)) or ranks not in layout(dp, tp, pp)[name]:
+            if members != tuple(sorted(ranks)) or ranks not in mesh_groups(dp, tp, pp)[name]:
                 bad.append(f"{(dp, tp, pp)} rank {me}: {name} group {members} vs {ranks}")
         if m.tp_ranks != tuple(range(me - m.tp_rank, me - m.tp_rank + tp)):
             bad.append(f"{(dp, tp, pp)}: tp ranks {m.tp_ranks} are not contiguous")
@@ -81,7 +81,7 @@ def test_mesh_coordinates_and_groups(run):
     results = run(8, _mesh_checks, [(2, 2, 2), (1, 2, 4), (4, 1, 2), (8, 1, 1), (1, 8, 1), (2, 1, 4)])
     assert [b for r in results for b in r] == []
     # the layout itself: Megatron's order, tp innermost
-    groups = layout(2, 2, 2)
+    groups = mesh_groups(2, 2, 2)
     assert groups["tp"][:2] == [(0, 1), (2, 3)]
     assert groups["dp"][:2] == [(0, 2), (1, 3)]
     assert groups["pp"][:2] == [(0, 4), (1, 5)]

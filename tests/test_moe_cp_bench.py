@@ -10,16 +10,16 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from dt.bench.scaling.layer_workers import attention_worker, moe_worker
-from dt.bench.scaling.settings import Settings
+from dt.bench.scaling.settings import StudySettings
 from dt.bench.scaling.tables import TABLES, needs_of
 from dt.bench.scaling.tables.t8_expert_parallel import label as moe_label
 from dt.bench.scaling.tables.t9_context_parallel import label as cp_label
 
 
-def _settings() -> Settings:
-    return Settings(tables=(8, 9), moe_worlds=(1, 2), moe_tokens=48, moe_hidden=8, moe_experts=3,
-                    moe_top_ks=(1, 2), moe_capacity=1.0, moe_reps=1, cp_worlds=(2,), cp_seq_lens=(12, 31),
-                    cp_heads=2, cp_head_dim=4, cp_reps=1)
+def _settings() -> StudySettings:
+    return StudySettings(tables=(8, 9), moe_worlds=(1, 2), moe_tokens=48, moe_hidden=8, moe_experts=3,
+                         moe_top_ks=(1, 2), moe_capacity=1.0, moe_reps=1, cp_worlds=(2,),
+                         cp_seq_lens=(12, 31), cp_heads=2, cp_head_dim=4, cp_reps=1)
 
 
 def test_tables_8_and_9_from_tiny_runs(run):

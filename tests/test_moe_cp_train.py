@@ -17,7 +17,7 @@ import torch
 
 import dt
 from dt import train
-from dt.parallel.mesh import layout
+from dt.parallel.mesh import mesh_groups
 
 # 6 steps: the resumed runs start at the step-4 checkpoint, and the reference learns by then
 # (MoE 3.78 -> 3.60, dense 3.79 -> 3.57)
@@ -103,7 +103,7 @@ def _mesh_checks(meshes: list[tuple[int, int, int, int, int]]) -> list[str]:
     bad = []
     for dp, cp, ep, tp, pp in meshes:
         m = dt.mesh(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep)
-        every = layout(dp, tp, pp, cp, ep)
+        every = mesh_groups(dp, tp, pp, cp, ep)
         if ((m.pp_rank * dp + m.dp_rank) * cp + m.cp_rank) * tp + m.tp_rank != me:  # tp innermost
             bad.append(f"{(dp, cp, ep, tp, pp)}: rank {me} at {m.coords()}")
         for kind in ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp"):
@@ -129,7 +129,7 @@ def _mesh_checks(meshes: list[tuple[int, int, int, int, int]]) -> list[str]:
 def test_five_dimensional_mesh_groups(run):
     meshes = [(2, 2, 2, 2, 1), (1, 4, 4, 1, 2), (2, 2, 4, 1, 2), (4, 2, 8, 1, 1), (1, 2, 1, 2, 2)]
     assert [b for r in run(8, _mesh_checks, meshes) for b in r] == []
-    groups = layout(2, 2, 1, cp=2, ep=2)  # tp innermost, then cp: cp pairs are tp-strided
+    groups = mesh_groups(2, 2, 1, cp=2, ep=2)  # tp innermost, then cp: cp pairs are tp-strided
     assert {(0, 2), (4, 6)} <= set(groups["cp"]) and groups["tp"][:2] == [(0, 1), (2, 3)]
     assert groups["ep"][:2] == [(0, 2), (4, 6)] and groups["edp"][:2] == [(0, 4), (2, 6)]
     assert groups["dp_cp"][0] == (0, 2, 4, 6)

@@ -37,7 +37,7 @@ def _held(argv: list[str]) -> dict:
 
     args = parse_args(argv)
     built = build(args, open_data(args).vocab_size)
-    model, par = built.saved.model, built.saved
+    model, par = built.parallel_model.model, built.parallel_model
     mine = {id(p) for c in par.stage.chunks for p in c.parameters()}
     try:
         model(torch.zeros(1, SEQ, dtype=torch.int64))

@@ -12,7 +12,7 @@ import itertools
 import pytest
 
 from dt import cost, train
-from dt.parallel.mesh import grid_of, layout
+from dt.parallel.mesh import grid_of, mesh_groups
 from dt.train.placement import predict
 from tests.shm_checks import no_leaked_segments  # noqa: F401  (module fixture)
 from tests.test_mesh_train import _args
@@ -20,7 +20,7 @@ from tests.test_tune_levels import _marked
 
 
 def test_tp_across_spreads_tp_over_host_contiguous_ranks():
-    inside, across = layout(2, 2, 1), layout(2, 2, 1, tp_across=True)
+    inside, across = mesh_groups(2, 2, 1), mesh_groups(2, 2, 1, tp_across=True)
     assert inside["tp"] == [(0, 1), (2, 3)] and inside["dp"] == [(0, 2), (1, 3)]
     assert across["tp"] == [(0, 2), (1, 3)] and across["dp"] == [(0, 1), (2, 3)]
     for dp, tp, pp, cp, flag in itertools.product((1, 2, 3), (1, 2), (1, 2), (1, 2), (False, True)):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from dt.parallel.mesh import layout as mesh_groups
+from dt.parallel.mesh import mesh_groups
 from dt.parallel.zero.memory import fsdp_gathered_formula
 from dt.plan.cluster import catalogue_cluster
 from dt.plan.comm import collective_seconds

@@ -165,7 +165,7 @@ def test_quick_settings_and_notes():
     notes = " ".join(s.shrinkage())
     assert "table 3" not in notes  # only what the selected tables shrank
     assert "collectives at world sizes 2, 4" in notes
-    assert S.Settings().worlds_used() == [1, 2, 4, 8]
+    assert S.StudySettings().worlds_used() == [1, 2, 4, 8]
     assert R.oversubscription_note(8, 2) and R.oversubscription_note(2, 2) is None
 
 
@@ -431,6 +431,6 @@ def test_every_plain_algorithm_a_table_asks_for_runs_on_the_torch_wire():
     from dt.collectives.registry import needs_shared_memory
 
     for number, spec in TABLES.items():
-        for impl in spec.needs(S.Settings()).algorithms:
+        for impl in spec.needs(S.StudySettings()).algorithms:
             name, _, wire = impl.partition("@")
             assert wire or not needs_shared_memory("all_reduce", name), (number, impl)

@@ -312,12 +312,12 @@ def _killed_mid_collective(algorithm: str) -> None:
     """Rank 2 dies inside its all-reduce (after its first sync, or its second batch of
     messages): its peers are mid-collective, waiting on it (its next sync, its messages)."""
     from dt.transport.comm import Comm
-    from dt.transport.shm.board import Call
+    from dt.transport.shm.board import BoardCall
 
     dt.set_validation(False)
     dt.barrier()
     if dist.get_rank() == 2:
-        cls, name = (Call, "sync") if algorithm == "two_shot" else (Comm, "batch")
+        cls, name = (BoardCall, "sync") if algorithm == "two_shot" else (Comm, "batch")
         real, calls, last = getattr(cls, name), [], 1 if algorithm == "two_shot" else 2
 
         def then_die(self, *args):

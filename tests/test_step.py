@@ -166,7 +166,7 @@ def _with_precision(refuse: bool) -> tuple[list[float], dict, bool, int]:
     args = _args("gpt", pp=2)
     run_ = build(args, CharData(seed=0).vocab_size)
     precision = _Recording(refuse)
-    step = TrainStep(run_.saved, run_.optimizer, micro_batches=2, precision=precision)
+    step = TrainStep(run_.parallel_model, run_.optimizer, micro_batches=2, precision=precision)
     before = [p.detach().clone() for p in run_.parameters]
     data = CharData(seed=0)
     losses = [step(*data.batch(i, 4, 8)) for i in range(3)]
@@ -217,13 +217,13 @@ def _zero_with_experts() -> str:
     make_optimizer's, which shards the experts over their replicas): its one-line refusal."""
     from dt.models.gpt import GPT, GPTConfig
     from dt.parallel.grid import Grid
-    from dt.parallel.plan import Plan, gpt_blocks, gpt_plan, parallelize
+    from dt.parallel.plan import ParallelPlan, gpt_blocks, gpt_plan, parallelize
     from dt.parallel.zero import ZeroOptimizer
     from dt.train.step import TrainStep
 
     cfg = GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8, n_experts=2)
     par = parallelize(GPT(cfg), Grid({"pp": 1, "dp": 1, "tp": 1}),
-                      Plan(tensor=gpt_plan(cfg, 1), blocks=gpt_blocks, data_parallel="zero1"))
+                      ParallelPlan(tensor=gpt_plan(cfg, 1), blocks=gpt_blocks, data_parallel="zero1"))
     try:
         TrainStep(par, ZeroOptimizer(par.parameters(), train.Adam, stage=1, lr=1e-3))
     except ValueError as e:

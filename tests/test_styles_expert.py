@@ -1,4 +1,4 @@
-"""ExpertParallel: the plain GPT's mixtures of experts swapped for dt.parallel.expert.MoE on the ep group.
+"""ExpertParallel: the plain GPT's mixtures of experts swapped for dt.parallel.expert.ShardedMoE on ep.
 
 Every rank builds the plain model and its parallelized twin from the same
 seed (float64). The plain model runs the whole global batch; each rank of
@@ -164,12 +164,12 @@ def test_expert_parallel_refuses_what_it_cannot_swap(run):
 
 def _plain_and_parallel_moe(seed: int) -> list[str]:
     from dt.models.moe import MoE as PlainMoE
-    from dt.parallel.expert import MoE
+    from dt.parallel.expert import ShardedMoE
 
     torch.manual_seed(seed)
     plain = PlainMoE(8, 16, 5, top_k=2, capacity_factor=1.0, aux_loss_coef=0.0).double()
     torch.manual_seed(seed)
-    layer = MoE(8, 16, 5, top_k=2, capacity_factor=1.0, group=dist.group.WORLD).double()
+    layer = ShardedMoE(8, 16, 5, top_k=2, capacity_factor=1.0, group=dist.group.WORLD).double()
     bad = [n for n, p in layer.state_dict().items() if not torch.equal(p, plain.state_dict()[n])]
     x = torch.randn(3, 7, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
     y_plain, y = plain(x), layer(x)

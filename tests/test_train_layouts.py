@@ -48,7 +48,7 @@ def _stepped_one(model: str, kw: dict) -> dict:
         x, y = data.batch(i, args.batch_size, args.block_size)
         losses.append(built.step(x[mine], y[mine]))
     sent = {k: v / STEPS for k, v in built.step.bytes_sent.items()}
-    fsdp, opt = built.saved.fsdp, built.optimizer  # FSDP's formulas are its modules', one a chunk
+    fsdp, opt = built.parallel_model.fsdp, built.optimizer  # FSDP's formulas are its modules', one a chunk
     if fsdp:  # each chunk gathers for each micro-batch's forward and backward
         formula = sum(f.expected_bytes_sent(args.micro_batches) for f in fsdp)
         state = (fsdp[0].memory(opt)["optimizer"], sum(f.formula(k=16)["optimizer"] for f in fsdp))
@@ -60,7 +60,7 @@ def _stepped_one(model: str, kw: dict) -> dict:
     return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent, "formula": formula,
             # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
             "state": state,
-            "recomputed": sum(recomputed(m) for c in built.saved.stage.chunks for m in c.modules())}
+            "recomputed": sum(recomputed(m) for c in built.parallel_model.stage.chunks for m in c.modules())}
 
 
 CLIPPED = [("gpt", {"dp": 2, "tp": 2, "zero": 1, "clip": 0.5}),

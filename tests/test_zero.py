@@ -17,7 +17,7 @@ from dt import cost
 from dt.collectives import scratch
 from dt.cost import memory as comm_memory
 from dt.parallel.data_parallel import DistributedDataParallel
-from dt.parallel.zero import FullyShardedDataParallel, ZeroOptimizer, memory_held
+from dt.parallel.zero import FullyShardedDataParallel, ShardedOptimizer, ZeroOptimizer, ZeroParts, memory_held
 
 STEPS = 4
 BATCH = 30
@@ -168,6 +168,16 @@ def _accumulation_worker() -> dict:
         with torch.no_grad():
             out[variant] = net(x)
     return out
+
+
+def test_sharded_optimizer_tells_zero_from_a_replicated_optimizer() -> None:
+    """The step's "is this ZeRO" question: ZeRO's optimizers answer yes, torch's and dt's Adam no."""
+    from dt.train.optim import Adam
+
+    assert issubclass(ZeroOptimizer, ShardedOptimizer) and issubclass(ZeroParts, ShardedOptimizer)
+    params = [nn.Parameter(torch.ones(3))]
+    assert not isinstance(Adam(params), ShardedOptimizer)
+    assert not isinstance(torch.optim.SGD(params, lr=0.1), ShardedOptimizer)
 
 
 @pytest.mark.timeout(120)

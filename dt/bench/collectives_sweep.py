@@ -24,7 +24,7 @@ import torch.distributed as dist
 import dt
 from dt import cost, transport
 from dt.bench.collectives_table import print_size_rows
-from dt.bench.harness import ROOTED, TORCH, Case, group_wires, registry_name, time_calls, wire_group
+from dt.bench.harness import ROOTED, TORCH, BenchCase, group_wires, registry_name, time_calls, wire_group
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
@@ -70,16 +70,16 @@ def row_names(cfg: dict[str, Any]) -> list[str]:
     return names + [TORCH] + (["deepspeed"] if cfg.get("deepspeed") else [])
 
 
-def _wrong(case: Case, algorithm: str, inplace: bool, group: Any = None) -> int:
+def _wrong(case: BenchCase, algorithm: str, inplace: bool, group: Any = None) -> int:
     """Elements of this rank's result that differ from torch's on the same input."""
-    ref_case = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
+    ref_case = BenchCase(case.collective, case.count, case.dtype, case.op, case.p, case.r)
     ref_case.reset()
     fn = ref_case.call(TORCH, inplace)
     if fn is None:
         return 0
     fn()
     ref = ref_case.result(inplace).clone()
-    mine = Case(case.collective, case.count, case.dtype, case.op, case.p, case.r)
+    mine = BenchCase(case.collective, case.count, case.dtype, case.op, case.p, case.r)
     mine.reset()
     mine.call(algorithm, inplace, group=group)()
     if not mine.has_result:
@@ -119,7 +119,7 @@ def forget_deepspeed(token: str) -> None:
             os.unlink(path)
 
 
-def _deepspeed_call(op: Any, case: Case, inplace: bool) -> Any:
+def _deepspeed_call(op: Any, case: BenchCase, inplace: bool) -> Any:
     x, y = case.input, case.output
 
     def run() -> None:
@@ -135,7 +135,7 @@ def _measure(cfg: dict[str, Any], nbytes: int, wires: dict[str, Any], ds: Any) -
     dtype = DTYPES[cfg["dtype"]]
     itemsize = torch.empty(0, dtype=dtype).element_size()
     shared = wires.get("shm") if cfg.get("shared") else None
-    case = Case(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared)
+    case = BenchCase(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared)
     mine: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": case.count}
     calls = {}
     for a, w in wire_algorithms(cfg) + [(TORCH, None)] + ([("deepspeed", None)] if ds else []):

@@ -5,7 +5,7 @@ scaling study's all-reduce tables, `dt tune`'s algorithm sweep and `dt model
 --measured`. They share this file, so a size means the same buffers and a time
 the same measurement in all four:
 
-- `Case(collective, count)` builds this rank's buffers for one (collective,
+- `BenchCase(collective, count)` builds this rank's buffers for one (collective,
   size) and `case.call(algorithm, inplace)` returns a function that runs one
   call, by any of dt's algorithms or by torch.distributed's own ("torch"),
   out of place or in place;
@@ -38,7 +38,7 @@ from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 from dt.transport.connect import shm_ready
 
-__all__ = ["COLLECTIVES", "TORCH", "Case", "Reduction", "barrier", "group_wires",
+__all__ = ["COLLECTIVES", "TORCH", "BenchCase", "Reduction", "barrier", "group_wires",
            "reduction_seconds_per_byte", "registry_name", "rotated", "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
@@ -54,7 +54,7 @@ K = TypeVar("K", bound=Hashable)
 
 def registry_name(collective: str) -> str:
     """The name dt's registry and `auto` know the timed API by ('all_gather' -> ..._into_tensor):
-    the collective's tensor form where algorithms are registered for one (Case times that form)."""
+    the collective's tensor form where algorithms are registered for one (BenchCase times that form)."""
     base = family(collective)
     return next((form for form, of in FORMS.items() if of == base and form in ALGORITHMS), base)
 
@@ -95,15 +95,14 @@ def barrier() -> None:
 
     How far apart the ranks leave it is how far apart the timed call starts, and so part of
     that call's time: the board's sync leaves them a few loads apart; dissemination's channel
-    messages (70-90 us for the barrier at world 2) left a 4 KiB all-reduce after it at 27 us
-    against 13 us after the board's (the README, issue 21).
+    messages leave them tens of microseconds apart, as long as a small all-reduce itself takes.
     """
     g = resolve_group(None)
     shm = g.size > 1 and shm_ready(g) and _device().type == "cpu"
     dt_barrier(algorithm="one_shot" if shm else "dissemination")
 
 
-class Case:
+class BenchCase:
     """This rank's buffers for one (collective, size), and one call of it by any algorithm.
 
     The input holds a small pattern that differs by rank ((i + 3r) mod 5 - 2), so

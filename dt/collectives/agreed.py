@@ -4,7 +4,7 @@ Each host has its own tune file (or none), so figures read locally can
 differ between ranks, and then so would auto's choice: one rank runs the
 ring while its peer runs Rabenseifner, and with validation off that ends in
 a gloo abort on one host and a timeout on the other. So a group whose ranks
-span hosts agrees once, at its first collective (dt.collectives.api.launch,
+span hosts agrees once, at its first collective (dt.collectives.api.dispatch,
 on every rank at the same point): rank 0 reads its figures and sends them,
 as JSON bytes over the group's torch wire, to every other rank (uncounted:
 setup, like the topology's exchange); every rank caches them on the group

@@ -12,16 +12,16 @@ The reading path of one `dt.all_reduce`, in the order the code runs (each
 step calls only the ones below it; nothing climbs back up):
 
     all_reduce (here)              resolve_group (dt.transport.group), then plan.planned:
-                                   a call shape this group has run before has a Plan
-    1. the fast path               Plan.run (plan.py): validate.check when validation is on,
+                                   a call shape this group has run before has a CallPlan
+    1. the fast path               CallPlan.run (plan.py): validate.check when validation is on,
                                    then the algorithm's prepared run (one_shot.py / two_shot.py
                                    prepare_all_reduce): Board.publish_staged, a copy into
-                                   staging, Call.sync -> Sync.sync (dt.transport.shm), one
+                                   staging, BoardCall.sync -> Sync.sync (dt.transport.shm), one
                                    reduction: done
     2. else the full path, on this rank's thread:
        arguments               check_op, as_real, Writable (arguments.py): what this rank
                                sends and expects, and what is wrong with its arguments
-       launch -> decide        the group's first call connects it (transport.connect: hosts,
+       dispatch -> decide      the group's first call connects it (transport.connect: hosts,
                                wires; agreed.agree: figures across hosts), then
                                auto.choose / registry.lookup: the algorithm
        transport.submit(job)   inline, or on the group's thread in issue order (async_op)
@@ -79,7 +79,7 @@ __all__ = [
 ]
 
 
-def launch(
+def dispatch(
     collective: str,
     g: Group,
     algorithm: str,
@@ -188,9 +188,9 @@ def all_reduce(tensor: torch.Tensor, op: Any = ReduceOp.SUM, group: Any = None,
         io.copy_back()
         return [tensor]
 
-    return launch("all_reduce", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
-                   send=[n] * g.size, recv=[n] * g.size, dtype=real.dtype, op=name,
-                   errors=errors, device=tensor.device, plan_key=key if real is tensor else None)
+    return dispatch("all_reduce", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
+                     send=[n] * g.size, recv=[n] * g.size, dtype=real.dtype, op=name,
+                     errors=errors, device=tensor.device, plan_key=key if real is tensor else None)
 
 
 def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM, group: Any = None,
@@ -212,9 +212,9 @@ def reduce(tensor: torch.Tensor, dst: int | None = None, op: Any = ReduceOp.SUM,
         io.copy_back()
         return [tensor]
 
-    return launch("reduce", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
-                   send=send, recv=recv, dtype=real.dtype, op=name, root=dst, errors=errors,
-                   device=tensor.device)
+    return dispatch("reduce", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
+                     send=send, recv=recv, dtype=real.dtype, op=name, root=dst, errors=errors,
+                     device=tensor.device)
 
 
 def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,
@@ -236,9 +236,9 @@ def broadcast(tensor: torch.Tensor, src: int | None = None, group: Any = None,
         io.copy_back()
         return [tensor]
 
-    return launch("broadcast", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
-                   send=send, recv=recv, dtype=real.dtype, root=src, errors=errors,
-                   device=tensor.device)
+    return dispatch("broadcast", g, algorithm, run, nbytes=n * itemsize(real), async_op=async_op,
+                     send=send, recv=recv, dtype=real.dtype, root=src, errors=errors,
+                     device=tensor.device)
 
 
 def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any = None,
@@ -259,9 +259,9 @@ def all_gather(tensor_list: list[torch.Tensor], tensor: torch.Tensor, group: Any
         io.copy_back()
         return list(tensor_list)
 
-    return launch("all_gather", g, algorithm, run, nbytes=sum(sizes) * itemsize(real),
-                   async_op=async_op, send=[real.numel()] * g.size, recv=sizes,
-                   dtype=real.dtype, errors=errors, device=tensor.device)
+    return dispatch("all_gather", g, algorithm, run, nbytes=sum(sizes) * itemsize(real),
+                     async_op=async_op, send=[real.numel()] * g.size, recv=sizes,
+                     dtype=real.dtype, errors=errors, device=tensor.device)
 
 
 def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tensor,
@@ -285,9 +285,9 @@ def all_gather_into_tensor(output_tensor: torch.Tensor, input_tensor: torch.Tens
         io.copy_back()
         return [output_tensor]
 
-    return launch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * itemsize(input),
-                   async_op=async_op, send=[n] * p, recv=[output.numel() // p] * p,
-                   dtype=input.dtype, errors=errors, device=input.device)
+    return dispatch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * itemsize(input),
+                     async_op=async_op, send=[n] * p, recv=[output.numel() // p] * p,
+                     dtype=input.dtype, errors=errors, device=input.device)
 
 
 def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any = ReduceOp.SUM,
@@ -309,9 +309,9 @@ def reduce_scatter(output: torch.Tensor, input_list: list[torch.Tensor], op: Any
         io.copy_back()
         return [output]
 
-    return launch("reduce_scatter", g, algorithm, run, nbytes=sum(sizes) * itemsize(out),
-                   async_op=async_op, send=sizes, recv=[out.numel()] * g.size,
-                   dtype=out.dtype, op=name, errors=errors, device=output.device)
+    return dispatch("reduce_scatter", g, algorithm, run, nbytes=sum(sizes) * itemsize(out),
+                     async_op=async_op, send=sizes, recv=[out.numel()] * g.size,
+                     dtype=out.dtype, op=name, errors=errors, device=output.device)
 
 
 def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = ReduceOp.SUM,
@@ -336,9 +336,9 @@ def reduce_scatter_tensor(output: torch.Tensor, input: torch.Tensor, op: Any = R
         io.copy_back()
         return [output]
 
-    return launch("reduce_scatter_tensor", g, algorithm, run, nbytes=n * p * itemsize(inp),
-                   async_op=async_op, send=[inp.numel() // p] * p, recv=[n] * p,
-                   dtype=inp.dtype, op=name, errors=errors, device=input.device)
+    return dispatch("reduce_scatter_tensor", g, algorithm, run, nbytes=n * p * itemsize(inp),
+                     async_op=async_op, send=[inp.numel() // p] * p, recv=[n] * p,
+                     dtype=inp.dtype, op=name, errors=errors, device=input.device)
 
 
 # torch 2.13's new names for the two above (the old names are deprecated there, not here).
@@ -364,9 +364,9 @@ def all_to_all(output_tensor_list: list[torch.Tensor], input_tensor_list: list[t
         io.copy_back()
         return list(output_tensor_list)
 
-    return launch("all_to_all", g, algorithm, run, nbytes=sum(send) * itemsize(like),
-                   async_op=async_op, send=send, recv=recv, dtype=like.dtype, errors=errors,
-                   device=like.device)
+    return dispatch("all_to_all", g, algorithm, run, nbytes=sum(send) * itemsize(like),
+                     async_op=async_op, send=send, recv=recv, dtype=like.dtype, errors=errors,
+                     device=like.device)
 
 
 def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
@@ -395,10 +395,10 @@ def all_to_all_single(output: torch.Tensor, input: torch.Tensor,
         io.copy_back()
         return [output]
 
-    return launch("all_to_all", g, algorithm, run, nbytes=inp.numel() * itemsize(inp),
-                   async_op=async_op, send=[r * row_in for r in in_rows],
-                   recv=[r * row_out for r in out_rows], dtype=inp.dtype, errors=errors,
-                   device=input.device)
+    return dispatch("all_to_all", g, algorithm, run, nbytes=inp.numel() * itemsize(inp),
+                     async_op=async_op, send=[r * row_in for r in in_rows],
+                     recv=[r * row_out for r in out_rows], dtype=inp.dtype, errors=errors,
+                     device=input.device)
 
 
 def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
@@ -421,9 +421,9 @@ def gather(tensor: torch.Tensor, gather_list: list[torch.Tensor] | None = None,
         io.copy_back()
         return list(gather_list) if is_root else []
 
-    return launch("gather", g, algorithm, run, nbytes=n * p * itemsize(real),
-                   async_op=async_op, send=send, recv=sizes, dtype=real.dtype, root=dst,
-                   errors=errors, device=tensor.device)
+    return dispatch("gather", g, algorithm, run, nbytes=n * p * itemsize(real),
+                     async_op=async_op, send=send, recv=sizes, dtype=real.dtype, root=dst,
+                     errors=errors, device=tensor.device)
 
 
 def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None,
@@ -447,9 +447,9 @@ def scatter(tensor: torch.Tensor, scatter_list: list[torch.Tensor] | None = None
         io.copy_back()
         return [tensor]
 
-    return launch("scatter", g, algorithm, run, nbytes=n * p * itemsize(real),
-                   async_op=async_op, send=sizes, recv=recv, dtype=real.dtype, root=src,
-                   errors=errors, device=tensor.device)
+    return dispatch("scatter", g, algorithm, run, nbytes=n * p * itemsize(real),
+                     async_op=async_op, send=sizes, recv=recv, dtype=real.dtype, root=src,
+                     errors=errors, device=tensor.device)
 
 
 def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | None = None,
@@ -467,8 +467,8 @@ def barrier(group: Any = None, async_op: bool = False, device_ids: list[int] | N
         lookup("barrier", algo)(g)
         return []
 
-    return launch("barrier", g, algorithm, run, nbytes=0, async_op=async_op,
-                   send=[0] * g.size, recv=[0] * g.size, device=device, timeout=timeout)
+    return dispatch("barrier", g, algorithm, run, nbytes=0, async_op=async_op,
+                     send=[0] * g.size, recv=[0] * g.size, device=device, timeout=timeout)
 
 
 def shm_empty(*size: Any, dtype: torch.dtype = torch.float32, group: Any = None) -> torch.Tensor:

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from dt.collectives.api import launch
+from dt.collectives.api import dispatch
 from dt.collectives.arguments import check_op
 from dt.collectives.ops import ReduceOp, as_real
 from dt.collectives.registry import lookup
@@ -88,9 +88,9 @@ def all_reduce_coalesced(tensors: list[torch.Tensor], op: Any = ReduceOp.SUM, gr
         _unflatten(flat, reals)
         return list(tensors)
 
-    work = launch("all_reduce", g, algorithm, run, nbytes=n * _itemsize(real_dtype),
-                  async_op=async_op, send=[n] * g.size, recv=[n] * g.size, dtype=real_dtype,
-                  op=name, errors=errors, device=_device(reals))
+    work = dispatch("all_reduce", g, algorithm, run, nbytes=n * _itemsize(real_dtype),
+                    async_op=async_op, send=[n] * g.size, recv=[n] * g.size, dtype=real_dtype,
+                    op=name, errors=errors, device=_device(reals))
     return work.get_future() if async_op else None
 
 
@@ -121,9 +121,9 @@ def all_gather_coalesced(output_tensor_lists: list[list[torch.Tensor]],
             _unflatten(gathered[r * n:(r + 1) * n], row)
         return output_tensor_lists
 
-    work = launch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
-                  async_op=async_op, send=[n] * p, recv=expects, dtype=real_dtype, errors=errors,
-                  device=_device(ins))
+    work = dispatch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
+                    async_op=async_op, send=[n] * p, recv=expects, dtype=real_dtype, errors=errors,
+                    device=_device(ins))
     return work.get_future() if async_op else None
 
 
@@ -150,9 +150,9 @@ def all_gather_into_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[t
             o.copy_(piece.reshape(o.shape))
         return list(outputs)
 
-    return launch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
-                  async_op=async_op, send=[n] * p, recv=[n] * p, dtype=real_dtype, errors=errors,
-                  device=_device(ins))
+    return dispatch("all_gather_into_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
+                    async_op=async_op, send=[n] * p, recv=[n] * p, dtype=real_dtype, errors=errors,
+                    device=_device(ins))
 
 
 def reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[torch.Tensor],
@@ -181,6 +181,6 @@ def reduce_scatter_tensor_coalesced(outputs: list[torch.Tensor], inputs: list[to
         _unflatten(flat_out, outs)
         return list(outputs)
 
-    return launch("reduce_scatter_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
-                  async_op=async_op, send=[n] * p, recv=[n] * p, dtype=real_dtype, op=name,
-                  errors=errors, device=_device(outs))
+    return dispatch("reduce_scatter_tensor", g, algorithm, run, nbytes=n * p * _itemsize(real_dtype),
+                    async_op=async_op, send=[n] * p, recv=[n] * p, dtype=real_dtype, op=name,
+                    errors=errors, device=_device(outs))

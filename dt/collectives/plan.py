@@ -1,9 +1,9 @@
 """What a connected group decides once per call shape, and the fast path that reuses it.
 
-A collective's first call of a given shape goes the full way (dt.collectives.api.launch):
+A collective's first call of a given shape goes the full way (dt.collectives.api.dispatch):
 it connects the group, agrees its figures, checks the arguments, chooses the algorithm.
 What depends only on the shape (collective, element count, dtype, op, the algorithm
-asked for) is then kept on the group (its links' `plans`) as a `Plan`: the algorithm
+asked for) is then kept on the group (its links' `plans`) as a `CallPlan`: the algorithm
 chosen and, where that algorithm registered a maker (`@algorithm(..., prepare=...)`,
 dt.collectives.registry) and the call fits in one round of the board, its fast path: a
 callable holding the staging views, row views, slice edges and sync state made once, that
@@ -38,11 +38,11 @@ from dt.cost.machine import REVISION
 from dt.cost.traffic import traffic_for
 from dt.transport import accounting
 
-__all__ = ["Plan", "make", "planned"]
+__all__ = ["CallPlan", "make", "planned"]
 
 
 @dataclass
-class Plan:
+class CallPlan:
     """One call shape's decisions on one group (see the module doc)."""
 
     collective: str
@@ -99,7 +99,7 @@ def failed(me: int, collective: str, algorithm: str, exc: BaseException) -> None
         me, "raised", f"rank {me} raised {type(exc).__name__} inside {collective}[{algorithm}]: {text}"))
 
 
-def planned(g: transport.Group, key: tuple) -> Plan | None:
+def planned(g: transport.Group, key: tuple) -> CallPlan | None:
     """The group's plan for this call shape, if one was made."""
     try:
         return g.links.plans.get(key)
@@ -127,6 +127,6 @@ def make(g: transport.Group, key: tuple, collective: str, algorithm: str, *, num
     try:
         counted = traffic_for(collective, algorithm, numel, dtype.itemsize, g.size, g.rank,
                               stage_bytes=links.board.capacity) if fast is not None else None
-        links.plans[key] = Plan(collective, algorithm, fast, g, links, row, dt_algo, REVISION[0], counted)
+        links.plans[key] = CallPlan(collective, algorithm, fast, g, links, row, dt_algo, REVISION[0], counted)
     except TypeError:
         pass  # an op that cannot be a key

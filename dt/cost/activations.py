@@ -20,8 +20,7 @@ e = 2 that is Korthikanti's 34 sbh with selective recompute (no s^2 term: the ke
 no scores) less what dt does not run: no dropout (its two sbh masks, 1 byte each).
 
 attention="dt" is dt.parallel.tensor's ParallelSelfAttention, written out (no model dt
-trains runs it since the mesh GPT went; tests/test_activations.py measures a block and a
-head of those layers): in
+trains runs it; tests/test_activations.py measures a block and a head of those layers): in
 place of the kernel it keeps q, k^T and v 3 sbh, the softmax a s^2 b and the attention
 output 1 sbh, plus the causal mask (s^2 bools): Korthikanti's 34 sbh + 5 a s^2 b less the
 dropout (two sbh masks and the softmax's mask and output, 3 a s^2 b bytes).
@@ -58,7 +57,7 @@ is the vocabulary-parallel loss instead (dt.parallel.tensor.vocab_parallel_cross
 the softmax of the rank's slice in the activation dtype, the targets and their
 outside-the-slice mask.
 
-Mixture of experts (dt.parallel.expert.MoE, which dt.parallelize's ExpertParallel swaps in
+Mixture of experts (dt.parallel.expert.ShardedMoE, which dt.parallelize's ExpertParallel swaps in
 for the plain model's; replicated over tp, so never divided by it), T = b s / cp tokens,
 R = T top_k rows this rank routes, R' the rows its experts receive (R' = R with uniform
 routing; pass received_rows for a measured routing), in place of the MLP:

@@ -13,7 +13,7 @@ Latencies are NCCL's own model (src/graph/tuning.cc, hwLat, ring / Simple protoc
 per NVLink hop, 14 us per network hop, plus its baseLat of 8.4 us per collective.
 
 The sustained-efficiency factor is stated, never hidden: the fraction of peak a large GEMM
-sustains. Nothing in this session measured a GPU, so it is set from published end-to-end
+sustains. It is set from published end-to-end
 figures, which bound it from below (a whole step also runs the non-matmul ops and waits on
 communication): Megatron-LM's 1T-parameter run sustained 163 TFLOP/s per A100, 52% of the
 312 peak (Narayanan et al., SC21, Table 1); Llama 3 405B sustained 38-43% bf16 MFU on

@@ -13,8 +13,8 @@ MLP is a mixture of experts (dt/models/moe.py): its balance loss, per
 sequence, reaches the gradients (not the returned loss).
 
 The model is a list of layers, [Embedding, Block x n_layer, Head], named
-`layers.{i}.<name>` (the names of every dt train checkpoint, the first
-round's mesh GPT's included), so a pipeline can cut the list anywhere.
+`layers.{i}.<name>` (the names every dt train checkpoint uses), so a
+pipeline can cut the list anywhere.
 Layer i, part j is built right after `seed_layer(cfg, i, j)`: the same
 config and seed give the same weights, bit for bit, on every rank and grid.
 

@@ -28,13 +28,15 @@ stays the task's cross-entropy (what dt train reports).
 A step that cuts a batch of B sequences into micro-batches and weights each
 micro-batch's loss by its share sets `set_batch_sequences(model, B)` first.
 
-Names and seeds are dt.parallel.expert.MoE's (router.weight,
+Names and seeds are dt.parallel.expert.ShardedMoE's (router.weight,
 experts.{e}.fc_in / fc_out): built after the same seed, this module holds
 the weights that layer holds at ep = 1, and dt.parallel.expert.style's
 ExpertParallel swaps it for that layer, moving these very parameters.
-The arithmetic is written here again, plainly, because dt/models imports
-nothing from dt.parallel (the parallel router also places a sequence split
-over context-parallel ranks); tests/test_styles_expert.py holds the two equal.
+The routing arithmetic is written here again, plainly (the parallel router
+also places a sequence split over context-parallel ranks);
+tests/test_styles_expert.py holds the two equal. The expert MLP is the one
+class both layers build (dt.parallel.expert.layer.Expert), so the weights
+they draw from one seed are the same by construction.
 """
 
 from __future__ import annotations
@@ -46,20 +48,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.layout import expert_capacity
+from dt.parallel.expert.layer import Expert
 
 __all__ = ["BalanceLoss", "Expert", "MoE", "Router", "router_probs", "set_batch_sequences", "set_loss_scale"]
-
-
-class Expert(nn.Module):
-    """One expert: Linear(h, ffn), GELU, Linear(ffn, h)."""
-
-    def __init__(self, hidden: int, ffn_hidden: int):
-        super().__init__()
-        self.fc_in = nn.Linear(hidden, ffn_hidden)
-        self.fc_out = nn.Linear(ffn_hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc_out(F.gelu(self.fc_in(x)))
 
 
 def router_probs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -78,7 +69,7 @@ class Router(nn.Module):
             raise ValueError(f"top_k must be between 1 and the {num_experts} experts, got {top_k}")
         expert_capacity(capacity_factor, top_k, 1, num_experts)  # a bad factor is refused now
         self.num_experts, self.top_k, self.capacity_factor = num_experts, top_k, capacity_factor
-        # nn.Linear's draw, so the same seed gives dt.parallel.expert.Router's weight
+        # nn.Linear's draw, so the same seed gives dt.parallel.expert.ShardedRouter's weight
         self.weight = nn.Parameter(nn.Linear(hidden, num_experts, bias=False).weight.detach())
 
     def forward(self, x: torch.Tensor) -> dict[str, Any]:

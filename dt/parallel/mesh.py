@@ -61,7 +61,7 @@ from dt.parallel.grid import Grid
 from dt.parallel.pipeline.p2p import header_groups
 from dt.transport import shared_group
 
-__all__ = ["Mesh", "grid_of", "layout", "mesh"]
+__all__ = ["Mesh", "grid_of", "mesh", "mesh_groups"]
 
 KINDS = ("tp", "cp", "dp", "pp", "dp_cp", "ep", "edp", "embed")
 
@@ -152,8 +152,8 @@ def grid_of(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1, tp_across: bool
                 ep=ep, rank=rank)
 
 
-def layout(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1,
-           tp_across: bool = False) -> dict[str, list[tuple[int, ...]]]:
+def mesh_groups(dp: int, tp: int, pp: int, cp: int = 1, ep: int = 1,
+                tp_across: bool = False) -> dict[str, list[tuple[int, ...]]]:
     """Every group of the grid as lists of global ranks, in creation order."""
     grid = grid_of(dp, tp, pp, cp, ep, tp_across, rank=0)
     out = {kind: grid.groups(*axes) for kind, axes in AXES.items()}
@@ -181,7 +181,7 @@ def mesh(dp: int = 1, tp: int = 1, pp: int = 1, cp: int = 1, ep: int = 1, tp_acr
     if (dp * cp) % ep:
         raise ValueError(f"ep = {ep} must divide dp * cp = {dp * cp}: expert parallelism spreads the "
                          "experts over ranks of the data x context plane (see dt.parallel.mesh)")
-    groups = layout(dp, tp, pp, cp, ep, tp_across)
+    groups = mesh_groups(dp, tp, pp, cp, ep, tp_across)
     at = grid_of(dp, tp, pp, cp, ep, tp_across, rank=me).coords()
     made: dict[tuple[int, ...], Any] = {}
     mine: dict[str, tuple[Any, tuple[int, ...]]] = {}

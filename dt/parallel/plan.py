@@ -5,8 +5,8 @@
     dt.parallelize(model, grid, gpt_plan(model.cfg, grid.size("tp")))
     logits, loss = model(ids, targets)                     # the same function, tp ranks sharing the work
 
-    grid = dt.Grid({"pp": 2, "dp": 2, "cp": 1, "tp": 2})   # every axis: one Plan, one call
-    par = dt.parallelize(model, grid, Plan(tensor=gpt_plan(cfg, 2), blocks=gpt_blocks, virtual=1))
+    grid = dt.Grid({"pp": 2, "dp": 2, "cp": 1, "tp": 2})   # every axis: one ParallelPlan, one call
+    par = dt.parallelize(model, grid, ParallelPlan(tensor=gpt_plan(cfg, 2), blocks=gpt_blocks, virtual=1))
     step = dt.train.TrainStep(par, optimizer, micro_batches=4)   # dt/train/step.py
 
 A plan maps module-name patterns (fnmatch: `*` matches any run of
@@ -17,7 +17,7 @@ and a weight tied between two modules stays one parameter. This is
 torchtitan's parallelize_module with dt's layers, and picotron's module
 swap: the model file never mentions a group.
 
-A Plan applies every kind of parallelism, always in ORDER (torchtitan's, for its reasons):
+A ParallelPlan applies every kind of parallelism, always in ORDER (torchtitan's, for its reasons):
 
     tensor     swap modules for their tensor/sequence-parallel selves (grid "tp")
     context    swap attention's core for ring attention / Ulysses (grid "cp")
@@ -84,9 +84,9 @@ from dt.parallel.tensor.styles import (
 from dt.parallel.zero import FullyShardedDataParallel
 from dt.transport import default_device, resolve_group
 
-__all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "Plan", "gpt_blocks", "gpt_context", "gpt_experts",
-           "gpt_plan", "gpt_recompute", "hf_gpt2_plan", "hf_llama_plan", "llama_blocks", "llama_context",
-           "llama_plan", "llama_recompute", "parallelize"]
+__all__ = ["DATA_PARALLEL", "ORDER", "Parallel", "ParallelPlan", "Plan", "gpt_blocks", "gpt_context",
+           "gpt_experts", "gpt_plan", "gpt_recompute", "hf_gpt2_plan", "hf_llama_plan", "llama_blocks",
+           "llama_context", "llama_plan", "llama_recompute", "parallelize"]
 
 ORDER = ("tensor", "context", "experts", "recompute", "pipeline", "data")
 SWAP_AXES = {"tensor": "tp", "context": "cp", "experts": "ep", "recompute": None}  # the group each swaps on
@@ -95,7 +95,7 @@ DP_AXES = ("dp", "cp")  # dense gradients are averaged over this plane
 
 
 @dataclass
-class Plan:
+class ParallelPlan:
     """Every parallelism of one model, each a mapping of module patterns to styles, applied in ORDER.
 
     blocks: the model as the list of layers a pipeline may cut (x -> x each);
@@ -110,6 +110,9 @@ class Plan:
     stage_sizes: Sequence[int] | None = None  # layers per part; None: as even as the layers allow
     recompute: Mapping[str, Style] = field(default_factory=dict)
     data_parallel: str = "ddp"
+
+
+Plan = ParallelPlan  # the older public name, kept importable (README's examples use it)
 
 
 @dataclass
@@ -211,23 +214,24 @@ def _matches(model: nn.Module, plan: Mapping[str, Style]) -> list[tuple[str, Sty
     return [(n, plan[found[n]]) for n in names if n in found]
 
 
-def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style] | Plan,
+def parallelize(model: nn.Module, grid: Grid, plan: Mapping[str, Style] | ParallelPlan,
                 axis: str = "tp") -> Any:
     """Apply `plan` to `model` on `grid`: a mapping swaps modules on grid.group(axis) and returns the
-    model; a Plan applies every parallelism in ORDER and returns this rank's Parallel.
+    model; a ParallelPlan applies every parallelism in ORDER and returns this rank's Parallel.
 
     Collective over the world the first time the grid makes a group
     (Grid.group). Inputs must be the same on every rank of a tensor-parallel
     group (it shares its tokens).
     """
-    if isinstance(plan, Plan):
+    if isinstance(plan, ParallelPlan):
         return _apply(model, grid, plan)
     return _swap(model, grid, plan, axis)
 
 
-def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
+def _apply(model: nn.Module, grid: Grid, plan: ParallelPlan) -> Parallel:
     if plan.data_parallel not in DATA_PARALLEL:
-        raise ValueError(f"Plan.data_parallel {plan.data_parallel!r}: one of {', '.join(DATA_PARALLEL)}")
+        raise ValueError(f"ParallelPlan.data_parallel {plan.data_parallel!r}: "
+                         f"one of {', '.join(DATA_PARALLEL)}")
     for kind in ORDER[:4]:  # the swaps, each on its axis (a style may name its own: Style.axis)
         entries = getattr(plan, kind)
         if entries:
@@ -236,7 +240,7 @@ def _apply(model: nn.Module, grid: Grid, plan: Plan) -> Parallel:
     device = default_device(resolve_group(grid.group(*dp_axes)))  # the rank's GPU under NCCL
     model.to(device)
     if plan.blocks is None and grid.sizes.get("pp", 1) > 1:
-        raise ValueError("a pipeline (pp > 1) cuts the model's block list: give the Plan its `blocks`")
+        raise ValueError("a pipeline (pp > 1) cuts the model's block list: give the plan its `blocks`")
     layers = plan.blocks(model) if plan.blocks is not None else [model]
     stage = cut(layers, grid, plan.virtual, plan.stage_sizes) if "pp" in grid.names else \
         StageCut([nn.Sequential(*layers)], [range(len(layers))], 0, 1)

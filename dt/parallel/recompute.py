@@ -41,7 +41,8 @@ from dt.parallel.tensor.styles import Style, Ties
 __all__ = ["AGAIN", "FIRST", "Recompute", "recompute_phase", "recomputed"]
 
 MARK = "recomputes"  # set on a block whose forward Recompute wrapped
-COUNTERS = "counted"  # a module's dict of per-forward totals (dt.parallel.expert.MoE, dt.models.moe.MoE)
+# a module's dict of per-forward totals (dt.parallel.expert.ShardedMoE, dt.models.moe.MoE)
+COUNTERS = "counted"
 FIRST, AGAIN = "first", "again"  # a recomputed block's forward: the step's own, or its rerun in backward
 _phase = threading.local()
 

@@ -110,7 +110,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     from dt import transport
     from dt.device import backend_for, local_device, synchronize
     from dt.device_memory import LiveBytes
-    from dt.plan.trace import Recorder
+    from dt.plan.trace import TimelineRecorder
     from dt.train.dataset import open_data
     from dt.train.loop import make_model
 
@@ -123,7 +123,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     device = local_device(backend_for(args.device))
     # on a GPU the caching allocator's peak (max_memory_allocated), on the CPU dt's own count
     live = LiveBytes(device) if memory else None
-    rec = Recorder()
+    rec = TimelineRecorder()
     try:
         if live is not None:
             live.__enter__()

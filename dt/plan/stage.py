@@ -37,7 +37,7 @@ from dt.plan.compute import StageShape, catalogue_stage, ddp_hooks, slowest_rank
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "Groups", "StageWork", "bucket_bytes", "bucket_ready",
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes", "bucket_ready",
            "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors",
            "stage_work"]
 
@@ -80,7 +80,7 @@ def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[tuple[int, float], 
 
 
 @dataclass(frozen=True)
-class Groups:
+class RankGroups:
     """One group of each kind this stage's rank belongs to (global ranks)."""
 
     tp: tuple[int, ...]
@@ -241,7 +241,7 @@ def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: in
     return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
 
 
-def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple[float, float]:
+def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float) -> tuple[float, float]:
     """(forward, backward) seconds of one block's context-parallel attention messages."""
     if lay.cp == 1:
         return 0.0, 0.0
@@ -255,13 +255,13 @@ def _attention_messages(c: Cluster, lay: Layout, g: Groups, act: float) -> tuple
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: Groups, seq: int, stage: int, partition: str) -> FsdpUnits | None:
+def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int, partition: str) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return None
     return fsdp_units(model, lay, seq, stage, partition)
 
 
-def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: Groups) -> tuple[float, float]:
+def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
     reduce-scatters its gradient, each blocking (dt's FSDP does not prefetch); 0 without zero 3."""
@@ -346,7 +346,7 @@ def _fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: flo
     return max(0.0, gather - fwd), max(0.0, backward - bwd)
 
 
-def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: Groups, batch: int, seq: int,
+def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch: int, seq: int,
                stage: int) -> StageWork:
     """One (mean) micro-batch through every chunk of `stage`, forward and backward, by kind."""
     cut = c.stack.partition

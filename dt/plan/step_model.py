@@ -29,14 +29,14 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 
 from dt.cost.overheads import overheads
-from dt.parallel.mesh import layout as mesh_groups
+from dt.parallel.mesh import mesh_groups
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.optimizer import adam_step_seconds
 from dt.plan.pipeline import play
-from dt.plan.stage import Groups, StageWork, fsdp_bytes_sent, stage_work
+from dt.plan.stage import RankGroups, StageWork, fsdp_bytes_sent, stage_work
 from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
 
 __all__ = ["KINDS", "Prediction", "Span", "predict", "stage_groups"]
@@ -62,14 +62,14 @@ class Prediction:
     stash: list[int] = field(default_factory=list)  # peak in-flight micro-batches per stage
 
 
-def stage_groups(lay: Layout) -> list[Groups]:
+def stage_groups(lay: Layout) -> list[RankGroups]:
     """Per stage, one group of each kind its ranks belong to (the first such: a stage's groups of
     one kind sit alike on the hosts, the mesh numbering being regular)."""
     return _mesh_groups(lay.dp, lay.tp, lay.pp, lay.cp, lay.ep, lay.tp_across)
 
 
 @functools.lru_cache(maxsize=1024)
-def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> list[Groups]:
+def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> list[RankGroups]:
     lay = Layout(dp, tp, pp, cp, ep, tp_across=across)
     g = mesh_groups(dp, tp, pp, cp, ep, across)
     stage = {r: s for pp in g["pp"] for s, r in enumerate(pp)}
@@ -79,11 +79,11 @@ def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> l
             first[kind].setdefault(stage[x[0]], x)
     pipe = set(g["pp"][0])  # stage s's rank of the first pipeline, and its tp peers: pp x tp
     norm = tuple(sorted(r for t in g["tp"] if pipe & set(t) for r in t))
-    return [Groups(first["tp"][s], first["cp"][s], first["ep"][s], first["dp_cp"][s], first["edp"][s],
+    return [RankGroups(first["tp"][s], first["cp"][s], first["ep"][s], first["dp_cp"][s], first["edp"][s],
                    g["pp"][0], g["embed"][0], norm) for s in range(lay.pp)]
 
 
-def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list, t0: float) -> list[Span]:
+def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list, t0: float) -> list[Span]:
     """After the stage's last action: its backwards' exposed sync, or the experts' run's whole sync."""
     spans, t = [], t0
     if w.hooks > 0:  # on the rank's own thread, inside the synchronised backward
@@ -179,7 +179,7 @@ def _skew(lay: Layout, works: list[StageWork]) -> tuple[str, float, str]:
     return "skew", wait, "waiting for the slowest rank's compute (its spread)"
 
 
-def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> list[tuple[str, float, str]]:
+def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[RankGroups]) -> list[tuple[str, float, str]]:
     """The collectives every stage waits on after the pipeline: tied sum, loss, clipping's norm."""
     item = c.itemsize
     tail = []
@@ -195,7 +195,7 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[Groups]) -> l
     return tail
 
 
-def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[str, float, str]]:
+def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tuple[str, float, str]]:
     """This stage's optimizer step in order: ZeRO 1's reduce-scatter, clipping's pass, Adam (timed
     here, memory-bound on a catalogue device: dt.plan.optimizer), ZeRO's all-gather. Under ZeRO
     clipping reads this rank's shard and sums its norm over dp x cp first (dt.train.clip)."""
@@ -213,7 +213,7 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[s
     return out + [("dp", d, label) for label, d in after]
 
 
-def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: Groups, b: float, seq: int,
+def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, b: float, seq: int,
                      model: ModelShape) -> dict[str, float]:
     """Bytes one rank of stage 0 sends per step, by the level its groups sit on (ring counts)."""
     from dt.plan.comm import group_hosts

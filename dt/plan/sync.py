@@ -34,7 +34,7 @@ from dt.parallel.zero.memory import SHARD_ALGORITHM
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout
-from dt.plan.stage import Groups, StageWork, bucket_bytes, bucket_ready
+from dt.plan.stage import RankGroups, StageWork, bucket_bytes, bucket_ready
 
 __all__ = ["after_backward", "backward_exposed", "optimizer_collectives", "thread_end"]
 
@@ -50,7 +50,7 @@ def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> floa
     return t
 
 
-def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: Groups, acts: list[Action]) -> float:
+def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list[Action]) -> float:
     """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
     if len(g.dp_cp) < 2 or lay.zero == 3 or lay.zero == 1 and not _zero1_bucketed(c) \
             or w.experts and not lay.zero:
@@ -101,7 +101,7 @@ def _bucketed(lay: Layout, w: StageWork) -> list[list[int]]:
     return chunks
 
 
-def _expert_buckets(c: Cluster, w: StageWork, g: Groups) -> list[tuple[int, float]]:
+def _expert_buckets(c: Cluster, w: StageWork, g: RankGroups) -> list[tuple[int, float]]:
     """ZeRO 2's buckets of one chunk's experts (their own ZeroOptimizer over edp, dt.parallel.zero.parts):
     the experts taken as alike per block and spread evenly over the stage's chunks."""
     if not w.experts or len(g.edp) < 2 or not w.blocks:
@@ -110,7 +110,7 @@ def _expert_buckets(c: Cluster, w: StageWork, g: Groups) -> list[tuple[int, floa
     return bucket_ready([per_block] * (w.blocks // len(w.chunks) or 1), c.grad_itemsize)
 
 
-def after_backward(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tuple[str, float]]:
+def after_backward(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tuple[str, float]]:
     """(label, seconds) of the experts' run's sync after the pipeline without ZeRO (ZeRO's parts do
     their own: optimizer_collectives): nothing overlaps it."""
     if not w.experts or lay.zero:
@@ -124,7 +124,7 @@ def after_backward(c: Cluster, lay: Layout, w: StageWork, g: Groups) -> list[tup
 
 
 def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
-                          g: Groups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
+                          g: RankGroups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
     """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds).
     With experts, per part (dt.parallel.zero.parts): the dense over dp x cp, the experts over edp."""
     if lay.zero in (0, 3) or len(g.dp_cp) < 2:  # zero 3's collectives are in forward and backward

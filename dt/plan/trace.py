@@ -5,7 +5,7 @@ The measured run is process 1 (a thread per rank), the prediction process 2
 the two line up: where their boxes part is where the model is wrong. The
 measured step shown is the second (the first is warm-up).
 
-Recorder is the measuring side: while `hooked()`, every synchronous wait
+TimelineRecorder is the measuring side: while `hooked()`, every synchronous wait
 dt's transport charges to a step (dt.transport.accounting.blocking: the
 wrapper every blocking collective and wait goes through) is recorded with
 its start and end, named by the collectives whose byte counts it moved in
@@ -23,10 +23,10 @@ from typing import Any
 
 from dt.plan.step_model import Prediction
 
-__all__ = ["Recorder", "write_trace"]
+__all__ = ["TimelineRecorder", "write_trace"]
 
 
-class Recorder:
+class TimelineRecorder:
     def __init__(self) -> None:
         self.spans: list[tuple[int, str, float, float]] = []  # (step, name, start, end), seconds
         self.bounds: list[tuple[float, float]] = []

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-__all__ = ["CASES", "DTYPES", "Case", "check_collectives", "rank_device"]
+__all__ = ["CASES", "DTYPES", "SelftestCase", "check_collectives", "rank_device"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64, "bool": torch.bool}
 LATE_S = 0.2  # how late the last rank comes to a checked barrier
@@ -59,7 +59,7 @@ def _cat(tensors: list[torch.Tensor] | None, like: torch.Tensor) -> torch.Tensor
 
 
 @dataclass(frozen=True)
-class Case:
+class SelftestCase:
     """One form of a collective: `run(algo, n, dtype, p, r, device)` -> (dt's result, torch's)."""
 
     collective: str  # its name in dt's registry: the algorithms come from there
@@ -215,22 +215,22 @@ def _barrier(algo, n, dtype, p, r, device):
 
 
 CASES = (
-    Case("all_reduce", "all_reduce", _all_reduce),
-    Case("broadcast", "broadcast", _broadcast),
-    Case("reduce", "reduce", _reduce),
-    Case("all_gather_into_tensor", "all_gather_into_tensor", _all_gather_into_tensor),
-    Case("all_gather", "all_gather (list)", _all_gather_list),
-    Case("reduce_scatter_tensor", "reduce_scatter_tensor", _reduce_scatter_tensor),
-    Case("reduce_scatter", "reduce_scatter (list)", _reduce_scatter_list),
-    Case("all_to_all", "all_to_all_single", _all_to_all_single),
-    Case("all_to_all", "all_to_all (list)", _all_to_all_list),
-    Case("gather", "gather", _gather),
-    Case("scatter", "scatter", _scatter),
-    Case("barrier", "barrier", _barrier, sized=False),
+    SelftestCase("all_reduce", "all_reduce", _all_reduce),
+    SelftestCase("broadcast", "broadcast", _broadcast),
+    SelftestCase("reduce", "reduce", _reduce),
+    SelftestCase("all_gather_into_tensor", "all_gather_into_tensor", _all_gather_into_tensor),
+    SelftestCase("all_gather", "all_gather (list)", _all_gather_list),
+    SelftestCase("reduce_scatter_tensor", "reduce_scatter_tensor", _reduce_scatter_tensor),
+    SelftestCase("reduce_scatter", "reduce_scatter (list)", _reduce_scatter_list),
+    SelftestCase("all_to_all", "all_to_all_single", _all_to_all_single),
+    SelftestCase("all_to_all", "all_to_all (list)", _all_to_all_list),
+    SelftestCase("gather", "gather", _gather),
+    SelftestCase("scatter", "scatter", _scatter),
+    SelftestCase("barrier", "barrier", _barrier, sized=False),
 )
 
 
-def _run_case(case: Case, algo: str, sizes: tuple[int, ...], p: int, r: int,
+def _run_case(case: SelftestCase, algo: str, sizes: tuple[int, ...], p: int, r: int,
               device: torch.device) -> list[str]:
     """What went wrong in every dtype and size of one case and algorithm ([] if nothing)."""
     bad = []

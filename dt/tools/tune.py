@@ -71,7 +71,7 @@ from typing import Any
 from dt import args as args_
 from dt.bench.harness import (
     REDUCE_SIZES,
-    Case,
+    BenchCase,
     reduction_seconds_per_byte,
     slope,
     time_calls,
@@ -251,8 +251,8 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
     slowest rank's time for each algorithm, the algorithms taking turns in a
     rotating order so drifting load hits them alike, the whole sweep run
     SWEEP_ROUNDS times, each algorithm keeping its lowest median (noise only adds time: one
-    round's burst made one_shot's 256 KiB all-reduce 2.3 ms against its 0.11-0.18 ms,
-    and auto then ran the ring, 3.8x slower, in every tensor-parallel layer).
+    burst of load can make a sub-millisecond call ten times slower, and auto would then run
+    the wrong algorithm in every layer that makes that call).
     Every rank returns the same table (the times are maxed over ranks before
     anyone compares them).
     """
@@ -268,7 +268,7 @@ def measure_winners(sizes: tuple[int, ...] = SWEEP_SIZES, reps: int = 5,
         for collective in collectives:
             algos = auto.candidates(collective, shared_memory)
             for nbytes in sizes:
-                case = Case(collective, max(1, nbytes // 4))
+                case = BenchCase(collective, max(1, nbytes // 4))
                 calls = {a: case.call(a, group=group) for a in algos}
                 # the first call of each warms up; every rank then takes each call's slowest rank
                 mine = time_calls(calls, reps, warmup=1, reset=case.reset)

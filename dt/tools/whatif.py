@@ -125,7 +125,7 @@ def _measure_worker(collective: str, algorithms: dict[str, list[str]], sizes: li
                     reps: int) -> dict[str, dict[str, dict[str, float]]]:
     """Median seconds of each algorithm at each size, per wire (the harness's buffers and loop)."""
     import dt
-    from dt.bench.harness import Case, time_calls, wire_group
+    from dt.bench.harness import BenchCase, time_calls, wire_group
 
     dt.set_validation(False)  # time the algorithm, not dt's argument check
     out: dict[str, dict[str, dict[str, float]]] = {}
@@ -133,7 +133,7 @@ def _measure_worker(collective: str, algorithms: dict[str, list[str]], sizes: li
         g = wire_group(wire)
         out[wire] = {}
         for nbytes in sizes:
-            case = Case(collective, max(1, nbytes // 4))
+            case = BenchCase(collective, max(1, nbytes // 4))
             times = time_calls({a: case.call(a, group=g) for a in algos}, reps, warmup=1,
                                reset=case.reset)
             out[wire][str(nbytes)] = {a: statistics.median(t) for a, t in times.items()}

@@ -107,7 +107,7 @@ def measure_worker(collective: str, sizes: list[int], reps: int, wires: list[str
     import torch.distributed as dist
 
     import dt
-    from dt.bench.harness import Case, time_calls, wire_group
+    from dt.bench.harness import BenchCase, time_calls, wire_group
     from dt.collectives import agreed
     from dt.cost import machine
     from dt.transport import resolve_group, topology_of
@@ -125,7 +125,7 @@ def measure_worker(collective: str, sizes: list[int], reps: int, wires: list[str
         algos = [a for a in cost.levels.LEVELED[collective] if not algorithms or a in algorithms]
         times: dict[str, dict[str, float]] = {}
         for n in sizes:
-            case = Case(collective, max(1, n // 4))
+            case = BenchCase(collective, max(1, n // 4))
             med = time_calls({a: case.call(a, group=g) for a in algos}, reps, warmup=1, reset=case.reset)
             times[str(n)] = {a: statistics.median(t) for a, t in med.items()}
         lv = fig.levels

@@ -2,7 +2,7 @@
 
 The terms (dt.cost.overheads) are printed as `dt tune` measured them, and
 after the tables one line per wire counts the (algorithm, size) pairs whose
-prediction is within 20% of the measurement, the issue's bar.
+prediction is within TOLERANCE (20%) of the measurement.
 """
 
 from __future__ import annotations

@@ -23,7 +23,8 @@ from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
 from dt.parallel.grid import Grid
 from dt.parallel.plan import (
-    Plan,
+    Parallel,
+    ParallelPlan,
     gpt_blocks,
     gpt_context,
     gpt_experts,
@@ -44,12 +45,12 @@ __all__ = ["Built", "build", "grid_of", "plain_model"]
 
 @dataclass
 class Built:
-    """One rank's run: the step to call, the optimizer, and what a checkpoint saves."""
+    """One rank's run: the step to call, its optimizer, and the parallelized model they step."""
 
-    step: Any  # step(tokens, targets) -> loss; .times, .bytes_sent, .stats
-    optimizer: Any
-    saved: Any  # what says where this rank's tensors sit (checkpoint_places)
-    cfg: Any  # the model's config, recorded in checkpoints
+    step: TrainStep  # step(tokens, targets) -> loss; .times, .bytes_sent, .stats
+    optimizer: Any  # make_optimizer's: Adam, or ZeRO's sharded optimizer around it
+    parallel_model: Parallel  # this rank's share of the model: what checkpoints save and load
+    cfg: GPTConfig | LlamaConfig  # the model's config, recorded in checkpoints
     rank: int
     coords: tuple[int, int, int, int, int]  # (dp, tp, pp, cp, ep): the report's order
     device: torch.device
@@ -92,10 +93,10 @@ def build(args: argparse.Namespace, vocab_size: int) -> Built:
         else {}
     context = (llama_context if llama else gpt_context)(cfg, args.tp, args.cp, args.cp_attention)
     tensor = llama_plan(cfg, args.tp) if llama else gpt_plan(cfg, args.tp, experts=False)
-    plan = Plan(tensor=tensor, context=context, experts={} if llama else gpt_experts(cfg),
-                recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,
-                virtual=args.virtual,
-                data_parallel="ddp" if not args.zero else f"zero{args.zero}")
+    plan = ParallelPlan(tensor=tensor, context=context, experts={} if llama else gpt_experts(cfg),
+                        recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,
+                        virtual=args.virtual,
+                        data_parallel="ddp" if not args.zero else f"zero{args.zero}")
     par = parallelize(model, grid, plan)
     optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)
     step = TrainStep(par, optimizer, micro_batches=args.micro_batches, schedule=args.schedule,

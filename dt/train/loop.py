@@ -85,7 +85,7 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
     step_fn, optimizer = run.step, run.optimizer
     start, loaded = 0, None
     if args.checkpoint:
-        loaded = load_checkpoint(args.checkpoint, run.saved, optimizer, run.cfg)
+        loaded = load_checkpoint(args.checkpoint, run.parallel_model, optimizer, run.cfg)
         if loaded is not None:
             start = loaded.step
             if run.rank == 0:
@@ -111,13 +111,15 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         if step == start:
             t_warm, eval_warm = clock(run.device), hooks.eval_s
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, run.saved, optimizer, step + 1, run.cfg, args.keep, saved_with)
+            save_checkpoint(args.checkpoint, run.parallel_model, optimizer, step + 1, run.cfg, args.keep,
+                            saved_with)
     t_end = clock(run.device)
     wall = t_end - t_start - hooks.eval_s  # training's time: validation apart
     steady = t_end - t_warm - (hooks.eval_s - eval_warm) if t_warm is not None else 0.0
     hooks.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, run.saved, optimizer, args.steps, run.cfg, args.keep, saved_with)
+        save_checkpoint(args.checkpoint, run.parallel_model, optimizer, args.steps, run.cfg, args.keep,
+                        saved_with)
     steps = args.steps - start
     placement = _placement(args, run)  # after the loop: the world group is connected only now
     return {"rank": run.rank, "coords": run.coords, "losses": losses, "start": start, "wall_s": wall,

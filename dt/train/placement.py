@@ -23,7 +23,7 @@ import argparse
 import math
 
 from dt.cost.levels import LEVELED, Levels, two_level
-from dt.parallel.mesh import layout
+from dt.parallel.mesh import mesh_groups
 
 __all__ = ["LAYOUTS", "predict", "step_calls"]
 
@@ -58,7 +58,7 @@ def predict(args: argparse.Namespace, hosts: tuple[int, ...], levels: Levels, gr
     calls = step_calls(args, grad_bytes, itemsize)
     out = {}
     for name, across in LAYOUTS.items():
-        groups = layout(args.dp, args.tp, args.pp, args.cp, args.ep, across)
+        groups = mesh_groups(args.dp, args.tp, args.pp, args.cp, args.ep, across)
         row = {}
         for kind, (nbytes, count) in calls.items():
             row[kind] = count * max(_all_reduce(nbytes, itemsize, _renumbered([hosts[r] for r in g]), levels)

@@ -76,7 +76,7 @@ def load_model(directory: str) -> tuple[LanguageModel, Tokenizer, int]:
 def _plain_model(saved: dict[str, Any], where: str) -> LanguageModel:
     """The plain model a checkpoint's config describes: Llama's has n_kv_head, the GPT's not.
 
-    A config is the plain model's own (the first round's mesh GPT saved the same fields):
+    A config is the plain model's own (every dt train checkpoint saves those fields):
     fields the model does not know are dropped; experts are refused unless it has them.
     """
     cls, config = (Llama, LlamaConfig) if "n_kv_head" in saved else (GPT, GPTConfig)

@@ -1,6 +1,6 @@
 """One training step, apart from the model: pipeline schedule, gradient sync, clipping, accounting.
 
-    par = dt.parallelize(GPT(cfg), grid, Plan(tensor=gpt_plan(cfg, tp), blocks=gpt_blocks))
+    par = dt.parallelize(GPT(cfg), grid, ParallelPlan(tensor=gpt_plan(cfg, tp), blocks=gpt_blocks))
     optimizer = make_optimizer(par, Adam, zero=0, lr=1e-3)     # or 1, 2 (ZeRO over dp x cp), 3 (FSDP)
     step = TrainStep(par, optimizer, micro_batches=4, schedule="1f1b", clip=1.0)
     loss = step(tokens, targets)     # this dp rank's batch; returns the global batch's mean loss
@@ -65,7 +65,7 @@ from dt.parallel.expert import router as expert_router
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import GRADIENT_SYNC
 from dt.parallel.plan import Parallel
-from dt.parallel.zero import ZeroOptimizer, ZeroParts
+from dt.parallel.zero import ShardedOptimizer, ZeroOptimizer, ZeroParts
 from dt.train.clip import clip_global_norm, clip_sharded_norm, counted_parameters, counts
 from dt.transport import resolve_group
 
@@ -156,7 +156,7 @@ class TrainStep:
             raise ValueError("one ZeroOptimizer shards every gradient over one group, but an expert's "
                              "replicas are only its edp group: make_optimizer(par, ..., zero=1 or 2)")
 
-    def _hooks(self) -> pipeline.StepHooks:
+    def _hooks(self) -> pipeline.MicroBatchHooks:
         ddp = self.par.chunks
 
         def before_backward(chunk: int, last: bool) -> None:
@@ -164,8 +164,9 @@ class TrainStep:
                 ddp[chunk].sync_next_backward(last)  # only the chunk's last micro-batch synchronises
 
         p = self.precision
-        return pipeline.StepHooks(autocast=p.autocast if p is not None else None,
-                                  scale=p.scale if p is not None else None, before_backward=before_backward)
+        return pipeline.MicroBatchHooks(autocast=p.autocast if p is not None else None,
+                                        scale=p.scale if p is not None else None,
+                                        before_backward=before_backward)
 
     def _inputs(self, tokens: torch.Tensor | None, targets: torch.Tensor | None) -> tuple[Any, Any]:
         """This rank's share: whole sequences, or under cp its zig-zag share of each (the plan's
@@ -221,7 +222,7 @@ class TrainStep:
         """With experts: dense gradients averaged over dp x cp, experts summed over edp / (dp * cp).
         Under ZeRO its reduce-scatters do the same, over the same groups (make_optimizer), and
         under FSDP those of its backward."""
-        if not self.with_experts or self.dp == 1 or hasattr(self.optimizer, "reduce_gradients") or \
+        if not self.with_experts or self.dp == 1 or isinstance(self.optimizer, ShardedOptimizer) or \
                 self.par.fsdp:  # FSDP's reduce-scatters in backward did (dt.parallel.zero.fsdp's experts)
             return
         all_reduce_buckets([p.grad for p in self.dense if p.grad is not None], self.dp_group)
@@ -250,8 +251,9 @@ class TrainStep:
         return [g for p, g in self.optimizer.shard_pieces() if id(p) in mine]
 
     def _update(self) -> None:
-        sharded = hasattr(self.optimizer, "reduce_gradients") or bool(self.par.fsdp)  # a shard is all
-        if hasattr(self.optimizer, "reduce_gradients"):
+        zero = isinstance(self.optimizer, ShardedOptimizer)
+        sharded = zero or bool(self.par.fsdp)  # a shard is all
+        if zero:
             self.optimizer.reduce_gradients()  # the averaged shard, before it is unscaled or clipped
             grads = self.optimizer.shard_gradients()
         else:  # DDP's averaged replicas, or FSDP's averaged shards

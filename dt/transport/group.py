@@ -45,7 +45,7 @@ class Links:
     parts: dict[tuple[int, ...], Group] = field(default_factory=dict)  # sub-groups on these wires (parts.py)
     agreed: Any = None  # the figures auto prices with across hosts (dt.collectives.agreed.Agreed)
     comm: Any = None  # the group's communication thread once an async call made one (asynchronous.py)
-    plans: dict[tuple, Any] = field(default_factory=dict)  # per call shape (dt.collectives.plan.Plan)
+    plans: dict[tuple, Any] = field(default_factory=dict)  # per call shape (dt.collectives.plan.CallPlan)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def close(self) -> None:

@@ -55,8 +55,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-__all__ = ["EVERYONE", "WATCH", "Channel", "Failure", "PeerFailed", "PipeChannel", "StoreChannel", "announce",
-           "attach", "attached", "cause", "check", "decode", "encode", "failures", "watching", "Watch"]
+__all__ = ["EVERYONE", "WATCH", "Failure", "FailureChannel", "FailureWatch", "PeerFailed", "PipeChannel",
+           "StoreChannel", "announce", "attach", "attached", "cause", "check", "decode", "encode", "failures",
+           "watching"]
 
 EVERYONE = -1
 PREFIX = "dt/liveness"
@@ -85,7 +86,7 @@ class PeerFailed(Exception):
 
 
 @dataclass(eq=False)
-class Watch:
+class FailureWatch:
     """What this process knows of failures, and the waits a failure would abort.
 
     `reset()` (dt.transport.reset) forgets the
@@ -99,7 +100,7 @@ class Watch:
     # the waits in progress: token -> (global ranks, process group, backend)
     pending: dict[int, tuple[tuple[int, ...], Any, str]] = field(default_factory=dict)
     tokens: Iterator[int] = field(default_factory=itertools.count, repr=False)
-    channel: Channel | None = None
+    channel: FailureChannel | None = None
     keep_ports: set[int] = field(default_factory=set)  # the store's connections: aborting leaves them alone
     aborted: bool = False  # this process shut its connections down for a failure's sake
 
@@ -109,7 +110,7 @@ class Watch:
             self.aborted = False
 
 
-WATCH = Watch()
+WATCH = FailureWatch()
 
 
 # -- channels: how a rank hears of failures, and tells of its own ------------
@@ -123,7 +124,7 @@ def decode(data: bytes) -> Failure:
     return Failure(**json.loads(data))
 
 
-class Channel:
+class FailureChannel:
     """`send` one failure to every rank; `receive` the next one (blocks; None once gone)."""
 
     def send(self, failure: Failure) -> None:
@@ -133,7 +134,7 @@ class Channel:
         raise NotImplementedError
 
 
-class PipeChannel(Channel):
+class PipeChannel(FailureChannel):
     """Under dt's launcher: a pipe to the launcher, which relays every failure to every rank.
 
     Its end of file means the launcher is gone: the launcher holds the only
@@ -155,7 +156,7 @@ class PipeChannel(Channel):
             return None
 
 
-class StoreChannel(Channel):
+class StoreChannel(FailureChannel):
     """Under torchrun: failures appended to the job's c10d store, under dt/liveness/<i>;
     each rank waits for the next on a store connection of its own."""
 
@@ -181,7 +182,7 @@ class StoreChannel(Channel):
         return decode(self.reader.get(key))
 
 
-def attach(channel: Channel, keep_ports: tuple[int, ...] = (),
+def attach(channel: FailureChannel, keep_ports: tuple[int, ...] = (),
            on_gone: Callable[[], None] | None = None) -> None:
     """Start this rank's watchdog on `channel`; `keep_ports`: the store's (never aborted);
     `on_gone`: what to do when the channel closes."""

@@ -10,7 +10,7 @@ reads its own module's object, with no extra step), and they are gathered here:
                                          links: topology, wires, board, plans; the
                                          process groups shared_group made (kept)
     threads    asynchronous.CommThreads one communication thread per group
-    liveness   liveness.Watch           the failures heard, the waits a failure aborts,
+    liveness   liveness.FailureWatch    the failures heard, the waits a failure aborts,
                                          the channel they come by (kept)
     traffic    accounting.Recorders     the dt.traffic() blocks open, each thread's label
     segments   shm.segment.Names        /dev/shm names created and not yet unlinked
@@ -43,7 +43,7 @@ class TransportState:
     settings: settings.Settings
     groups: group.Groups
     threads: asynchronous.CommThreads
-    liveness: liveness.Watch
+    liveness: liveness.FailureWatch
     traffic: accounting.Recorders
     segments: segment.Names
     rules: rules.Rules

@@ -41,7 +41,7 @@ and the output says so.
 
 Where things are (one idea per file):
 
-    reference.py  the original design's sizes       settings.py  Settings, quick_settings
+    reference.py  the original design's sizes       settings.py  StudySettings, quick_settings
     model.py      the arithmetic (cost model terms, fit, breakdown, bubble)
     predicted.py  the cost model's predictions beside the timings, from `dt tune`'s figures
     workers.py    what every rank runs               study.py     Study: plan, measure, aggregate
@@ -66,12 +66,12 @@ from dt.bench.scaling.model import (
 from dt.bench.scaling.predicted import tuned
 from dt.bench.scaling.reference import T1_BYTES, T2_BYTES
 from dt.bench.scaling.report import command_line, report_markdown, write_outputs
-from dt.bench.scaling.settings import Settings, quick_settings
+from dt.bench.scaling.settings import StudySettings, quick_settings
 from dt.bench.scaling.study import Study, aggregate_dp, aggregate_pipeline
 from dt.bench.scaling.tables import ALL_TABLES, BUILDERS, TABLES, TITLES, Table, TableSpec
 
 __all__ = ["ALL_TABLES", "BREAKDOWN_LABELS", "BREAKDOWN_PARTS", "BUILDERS", "MODELED_ALL_REDUCE",
-           "T1_BYTES", "T2_BYTES", "TABLES", "TITLES", "Settings", "Study", "Table", "TableSpec",
+           "T1_BYTES", "T2_BYTES", "TABLES", "TITLES", "Study", "StudySettings", "Table", "TableSpec",
            "aggregate_dp", "aggregate_pipeline", "breakdown", "command_line", "fit_alpha_beta",
            "main", "model_terms", "parse_args", "predict", "quick_settings",
            "report_markdown", "scaling_row", "simulate_bubble", "tuned", "write_outputs"]

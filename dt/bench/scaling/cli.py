@@ -1,6 +1,6 @@
 """`dt bench scaling` / `python -m dt.bench.scaling`: the command line of the study.
 
-parse_args turns options into Settings (settings.py); main measures (study.py),
+parse_args turns options into StudySettings (settings.py); main measures (study.py),
 builds the selected tables (tables/), writes results/scaling.{md,json} and the
 plots, and with --update-readme the README's scaling section.
 """
@@ -17,7 +17,7 @@ from dt import args as args_
 from dt.bench import report as R
 from dt.bench.scaling import plots
 from dt.bench.scaling.report import command_line, fmt_duration, report_markdown, write_outputs
-from dt.bench.scaling.settings import Settings, quick_settings
+from dt.bench.scaling.settings import StudySettings, quick_settings
 from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import ALL_TABLES, TABLES
 from dt.collectives import ALGORITHMS
@@ -40,7 +40,7 @@ The original design's figures, which these regenerate: docs/original_design.md.
 """
 
 
-def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
+def parse_args(argv: Sequence[str]) -> tuple[StudySettings, argparse.Namespace]:
     ap = args_.Parser(prog="dt bench scaling", description=DESCRIPTION,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     one, worlds = args_.at_least(1), args_.listed(args_.world)
@@ -80,7 +80,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
         ap.error(f"--algorithm {a.algorithm!r}: all_reduce has {sorted(ALGORITHMS['all_reduce'])} "
                  "(and auto)")
 
-    s = Settings()
+    s = StudySettings()
     if a.quick:
         quick_settings(s)
     if a.tables:
@@ -124,7 +124,7 @@ def parse_args(argv: Sequence[str]) -> tuple[Settings, argparse.Namespace]:
     return s, a
 
 
-def _launched(s: Settings, a: argparse.Namespace) -> None:
+def _launched(s: StudySettings, a: argparse.Namespace) -> None:
     """Under torchrun the study measures the launched world only (its tables say which worlds they need)."""
     launched = launched_size()
     if launched is None:

@@ -24,7 +24,7 @@ from dt.bench.harness import barrier
 from dt.device import clock
 from dt.layout import SequenceLayout, edges, split_sizes
 from dt.parallel.context import attention, ring_attention, ulysses_attention
-from dt.parallel.expert import MoE
+from dt.parallel.expert import ShardedMoE
 
 __all__ = ["attention_worker", "moe_worker"]
 
@@ -60,7 +60,7 @@ def _moe(tokens: int, hidden: int, experts: int, top_ks: Sequence[int], capacity
     layers, inputs = {}, {}
     for k in top_ks:
         torch.manual_seed(0)
-        layers[k] = MoE(hidden, 2 * hidden, experts, k, capacity_factor).to(device)
+        layers[k] = ShardedMoE(hidden, 2 * hidden, experts, k, capacity_factor).to(device)
         gen = torch.Generator().manual_seed(1 + r)  # each rank its own tokens
         inputs[k] = torch.randn(1, tokens, hidden, generator=gen).to(device)
     out: dict[int, list[dict[str, float]]] = {k: [] for k in top_ks}

@@ -2,8 +2,8 @@
 
 The original design measured its tables on a 10-core machine (gloo over
 loopback, CPU); docs/original_design.md has its figures. Its sizes are the
-defaults of Settings; `--quick` and the command-line options shrink them, and
-every run says how far (Settings.shrinkage).
+defaults of StudySettings; `--quick` and the command-line options shrink them, and
+every run says how far (StudySettings.shrinkage).
 """
 
 from __future__ import annotations

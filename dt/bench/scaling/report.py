@@ -1,7 +1,7 @@
 """The study's outputs: results/scaling.md, results/scaling.json, and the README's section.
 
 Every table travels with the machine it was measured on and the notes that
-say how the run differs from the original design (Settings.shrinkage); a
+say how the run differs from the original design (StudySettings.shrinkage); a
 measurement that failed is listed, and its rows are missing, not invented.
 """
 

@@ -1,6 +1,6 @@
 """What the study measures and how often: the original design's sizes, or smaller ones.
 
-Settings() is the full study (reference.py's sizes, about 10 minutes on 2
+StudySettings() is the full study (reference.py's sizes, about 10 minutes on 2
 cores); quick_settings() the smoke test CI runs; the command line (cli.py)
 changes single fields. shrinkage() says, in words, how far a run is from the
 original design's tables (docs/original_design.md), so a smaller figure is never
@@ -15,11 +15,13 @@ from pathlib import Path
 from dt.bench.scaling import reference as ref
 from dt.bench.scaling.tables import ALL_TABLES, needs_of
 
-__all__ = ["Settings", "quick_settings"]
+__all__ = ["StudySettings", "quick_settings"]
 
 
 @dataclass
-class Settings:
+class StudySettings:
+    """What one scaling study measures: its tables, worlds, sizes and repetitions."""
+
     tables: tuple[int, ...] = ALL_TABLES
     quick: bool = False
     # collectives (tables 1, 2, 7)
@@ -75,7 +77,8 @@ class Settings:
         return 4 * self.coll_reps if nbytes <= 1 << 20 else self.coll_reps
 
     def dp_steps_for(self, batch: int) -> int:
-        """Timed steps at this batch (one number for all today; the hook to shrink big batches)."""
+        """Timed steps at this batch: one number for every batch, asked per batch so a big one could
+        take fewer."""
         return self.dp_steps
 
     @property
@@ -138,7 +141,7 @@ class Settings:
         return notes
 
 
-def quick_settings(s: Settings) -> Settings:
+def quick_settings(s: StudySettings) -> StudySettings:
     """--quick: every table, small sizes, few repetitions, no world 8 (a smoke test)."""
     s.quick = True
     s.coll_worlds = (2, 4)

@@ -18,7 +18,7 @@ from typing import Any
 
 from dt.bench import report as R
 from dt.bench.scaling.model import schedules_offered
-from dt.bench.scaling.settings import Settings
+from dt.bench.scaling.settings import StudySettings
 from dt.bench.scaling.tables import Needs, Table, needs_of
 from dt.bench.scaling.workers import collectives_worker, dp_worker, pipeline_worker
 from dt.launcher import LaunchedWorld, WorkerPool, open_world
@@ -38,7 +38,7 @@ def _ordered(names: set[str], order: tuple[str, ...]) -> tuple[str, ...]:
 class Study:
     """Runs the measurements the selected tables need, once each, on reused pools."""
 
-    def __init__(self, settings: Settings, progress: bool = True):
+    def __init__(self, settings: StudySettings, progress: bool = True):
         self.s = settings
         self.machine = R.machine(settings.backend)
         self.cores = self.machine["cores"]

@@ -19,7 +19,15 @@ from torch import nn
 
 from dt import transport
 from dt.bench.ddp import reference_model, step_worker
-from dt.bench.harness import TORCH, Case, barrier, reduction_seconds_per_byte, slope, time_calls, wire_group
+from dt.bench.harness import (
+    TORCH,
+    BenchCase,
+    barrier,
+    reduction_seconds_per_byte,
+    slope,
+    time_calls,
+    wire_group,
+)
 from dt.device import clock
 
 __all__ = ["TimedStage", "collectives_worker", "dp_worker", "pipeline_worker", "single_process_step"]
@@ -67,7 +75,7 @@ def collectives_worker(nbytes: int, impls: Sequence[str], reps: int, warmup: int
     (only what is charged to the all-reduce: not the barrier before it).
     """
     transport.set_validation(False)
-    case = Case("all_reduce", nbytes // 4)
+    case = BenchCase("all_reduce", nbytes // 4)
     calls = {}
     for impl in impls:
         name, group = _on_wire(impl) if impl != "gloo" else (TORCH, None)

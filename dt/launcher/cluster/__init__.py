@@ -13,6 +13,7 @@ __main__). Root, `ip`, `tc` and `unshare` are needed; without them
 """
 
 from dt.launcher.cluster.netns import ClusterError, Network, check_tools, destroy, jobs, stale
-from dt.launcher.cluster.run import Cluster, cluster
+from dt.launcher.cluster.run import SimulatedCluster, cluster
 
-__all__ = ["Cluster", "ClusterError", "Network", "check_tools", "cluster", "destroy", "jobs", "stale"]
+__all__ = ["ClusterError", "Network", "SimulatedCluster", "check_tools", "cluster", "destroy", "jobs",
+           "stale"]

@@ -36,7 +36,7 @@ from typing import IO
 from dt.launcher.cluster import netns
 from dt.launcher.pool import signals_raise_terminated
 
-__all__ = ["Cluster", "cluster"]
+__all__ = ["SimulatedCluster", "cluster"]
 
 MASTER_PORT = 29500  # fixed: every job has namespaces of its own, so no two runs share a port
 _FAIL_GRACE_S = 10.0  # after one host fails, how long the others get to end by themselves
@@ -48,7 +48,7 @@ def _status(code: int) -> int:
     return 128 - code if code < 0 else code
 
 
-class Cluster:
+class SimulatedCluster:
     """A live simulated cluster: `run` a command on every host."""
 
     def __init__(self, net: netns.Network, per_host: int):
@@ -146,13 +146,13 @@ def _relay(stream: IO[bytes], prefix: str, out: IO[str], lock: threading.Lock) -
 
 @contextlib.contextmanager
 def cluster(hosts: int, per_host: int, link_bits: float | None = None,
-            delay_s: float = 0.0) -> Iterator[Cluster]:
+            delay_s: float = 0.0) -> Iterator[SimulatedCluster]:
     """`hosts` namespaces of `per_host` ranks each, links capped at link_bits/s; gone on exit."""
     if hosts < 1 or per_host < 1:
         raise ValueError(f"hosts and per_host must be at least 1, got {hosts} x {per_host}")
     with signals_raise_terminated(override=True):  # teardown runs whatever handler was there
         net = netns.create(hosts, link_bits, delay_s)
-        c = Cluster(net, per_host)
+        c = SimulatedCluster(net, per_host)
         try:
             yield c
         finally:

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dt.learn.judge.cases import Case
+from dt.learn.judge.cases import JudgeCase
 from dt.learn.judge.specs import SPECS
 
 __all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter",
@@ -102,10 +102,10 @@ def cost_lines(ex: Exercise, nbytes: int = 1 << 20, worlds: tuple[int, ...] = (2
         return []
     spec = SPECS[ex.collective]
     if ex.collective == "sync_gradients":
-        case = Case("cost", params=((1 << 16,),) * 16, bucket_bytes=1 << 20)
+        case = JudgeCase("cost", params=((1 << 16,),) * 16, bucket_bytes=1 << 20)
         what = "16 gradients of 256 KiB, buckets of 1 MiB"
     else:
-        case = Case("cost", nbytes // 4)
+        case = JudgeCase("cost", nbytes // 4)
         what = f"{nbytes:,} bytes of float32"
     out = [f"for {what}, the busiest rank sends (dt.cost, {ex.target}):"]
     for p in worlds:

@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dt import cost, transport
 from dt.learn.judge import instrument
-from dt.learn.judge.cases import Case
+from dt.learn.judge.cases import JudgeCase
 from dt.learn.judge.compare import first_difference
 from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS, GroupView
@@ -65,7 +65,7 @@ def bench_worker(job: BenchJob) -> dict[str, Any]:
     barrier = instrument.original("barrier")
     out: dict[str, Any] = {"sizes": []}
     for nbytes in job.sizes:
-        args, op = spec.make(Case("bench", max(1, nbytes // 4)), g)
+        args, op = spec.make(JudgeCase("bench", max(1, nbytes // 4)), g)
         pristine = copy.deepcopy(args)
 
         def yours(args: list[Any] = args, op: Any = op) -> None:

@@ -16,7 +16,7 @@ every case below on every world size it is given (1, 2, 3, 5, 8 by default):
 - a subgroup (ranks 1..p-1, so group rank 0 is global rank 1), for code
   that confuses a rank in the group with a rank in the world.
 
-A `Case` is independent of the world size; `blocks`, `matrix`, `root` and
+A `JudgeCase` is independent of the world size; `blocks`, `matrix`, `root` and
 `members` turn it into concrete sizes and ranks for a given world.
 """
 
@@ -28,14 +28,14 @@ import torch
 
 from dt.layout import split_sizes
 
-__all__ = ["DTYPES", "Case", "blocks", "cases_for", "matrix", "members", "root", "torch_dtype"]
+__all__ = ["DTYPES", "JudgeCase", "blocks", "cases_for", "matrix", "members", "root", "torch_dtype"]
 
 DTYPES = ("float64", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool")
 OPS = ("AVG", "PRODUCT", "MIN", "MAX")
 
 
 @dataclass(frozen=True)
-class Case:
+class JudgeCase:
     """One input shape. `name` labels it the same way on every world (a row of the report)."""
 
     name: str
@@ -79,12 +79,12 @@ def torch_dtype(name: str) -> torch.dtype:
     return getattr(torch, name)
 
 
-def members(case: Case, world: int) -> list[int]:
+def members(case: JudgeCase, world: int) -> list[int]:
     """Global ranks taking part: all of them, or 1..p-1 for the subgroup case."""
     return list(range(1, world)) if case.subgroup else list(range(world))
 
 
-def blocks(case: Case, p: int) -> list[int]:
+def blocks(case: JudgeCase, p: int) -> list[int]:
     """Each group rank's block for list collectives (all_gather, reduce_scatter)."""
     n = case.size(p)
     if case.layout == "uneven":
@@ -94,7 +94,7 @@ def blocks(case: Case, p: int) -> list[int]:
     return split_sizes(n, p)
 
 
-def matrix(case: Case, p: int) -> list[list[int]]:
+def matrix(case: JudgeCase, p: int) -> list[list[int]]:
     """all_to_all: matrix[i][j] = elements group rank i sends to group rank j."""
     if case.layout == "uneven":
         return [[(i + 2 * j + 1) % 4 for j in range(p)] for i in range(p)]
@@ -103,56 +103,58 @@ def matrix(case: Case, p: int) -> list[list[int]]:
     return [split_sizes(case.size(p), p) for _ in range(p)]
 
 
-def root(case: Case, p: int) -> int:
+def root(case: JudgeCase, p: int) -> int:
     """broadcast: the root's group rank."""
     return {"first": 0, "middle": p // 2, "last": p - 1}[case.root]
 
 
-def _sizes(extra: tuple[Case, ...] = ()) -> list[Case]:
-    return [Case("n=0", 0), Case("n=1", 1), Case("n=p-1 (fewer than ranks)", -1), Case("n=p+1", -2),
-            Case("n=13 (prime)", 13), Case("n=33", 33), Case("n=1031 (prime)", 1031), *extra]
+def _sizes(extra: tuple[JudgeCase, ...] = ()) -> list[JudgeCase]:
+    return [JudgeCase("n=0", 0), JudgeCase("n=1", 1), JudgeCase("n=p-1 (fewer than ranks)", -1),
+            JudgeCase("n=p+1", -2), JudgeCase("n=13 (prime)", 13), JudgeCase("n=33", 33),
+            JudgeCase("n=1031 (prime)", 1031), *extra]
 
 
-def _dtypes(n: int = 13) -> list[Case]:
-    return [Case(name, n, dtype=name) for name in DTYPES]
+def _dtypes(n: int = 13) -> list[JudgeCase]:
+    return [JudgeCase(name, n, dtype=name) for name in DTYPES]
 
 
-def cases_for(collective: str, world: int, sizes: list[int] | None = None) -> list[Case]:
+def cases_for(collective: str, world: int, sizes: list[int] | None = None) -> list[JudgeCase]:
     """The cases `collective` is judged on at `world` ranks (only sizes, float32 SUM, if given)."""
     if collective == "sync_gradients":
         return _gradient_cases(world)
     if sizes is not None:
-        return [Case(f"n={n}", n) for n in sizes]
+        return [JudgeCase(f"n={n}", n) for n in sizes]
     out = _sizes()
     if collective in ("all_reduce", "broadcast"):
-        out.append(Case("2-D 3x11", 33, shape=(3, 11)))
+        out.append(JudgeCase("2-D 3x11", 33, shape=(3, 11)))
     if collective in ("all_reduce", "reduce_scatter"):
-        out += [Case(op, 13, op=op) for op in OPS]
+        out += [JudgeCase(op, 13, op=op) for op in OPS]
     if collective in ("reduce_scatter", "all_gather", "all_to_all"):
-        out += [Case("uneven blocks", 0, layout="uneven"), Case("all on one rank", 13, layout="one")]
+        out += [JudgeCase("uneven blocks", 0, layout="uneven"),
+                JudgeCase("all on one rank", 13, layout="one")]
     if collective == "broadcast":
-        out += [Case("root p//2", 13, root="middle"), Case("root p-1", 13, root="last")]
+        out += [JudgeCase("root p//2", 13, root="middle"), JudgeCase("root p-1", 13, root="last")]
     out += _dtypes()
     if world >= 3:
-        out.append(Case("subgroup", 13, subgroup=True, root="last"))
+        out.append(JudgeCase("subgroup", 13, subgroup=True, root="last"))
     return _distinct(out, world)
 
 
-def _gradient_cases(world: int) -> list[Case]:
+def _gradient_cases(world: int) -> list[JudgeCase]:
     small = ((3,), (4, 5), (7,), (2, 2, 2), (1,), (6,))
     out = [
-        Case("many small gradients", params=small, bucket_bytes=64),
-        Case("a gradient bigger than a bucket", params=((40,), (3,), (50,)), bucket_bytes=64),
-        Case("one bucket holds all", params=small, bucket_bytes=1 << 20),
-        Case("frozen parameters (grad None)", params=small, frozen=(1, 4), bucket_bytes=64),
-        Case("a bucket smaller than one gradient", params=((5,), (9,)), bucket_bytes=4),
+        JudgeCase("many small gradients", params=small, bucket_bytes=64),
+        JudgeCase("a gradient bigger than a bucket", params=((40,), (3,), (50,)), bucket_bytes=64),
+        JudgeCase("one bucket holds all", params=small, bucket_bytes=1 << 20),
+        JudgeCase("frozen parameters (grad None)", params=small, frozen=(1, 4), bucket_bytes=64),
+        JudgeCase("a bucket smaller than one gradient", params=((5,), (9,)), bucket_bytes=4),
     ]
     if world >= 3:
-        out.append(Case("subgroup", params=small, bucket_bytes=64, subgroup=True))
+        out.append(JudgeCase("subgroup", params=small, bucket_bytes=64, subgroup=True))
     return out
 
 
-def _distinct(cases: list[Case], world: int) -> list[Case]:
+def _distinct(cases: list[JudgeCase], world: int) -> list[JudgeCase]:
     """Drop a size row that repeats an earlier one at this world (n=p-1 is n=1 at p=2)."""
     seen, out = set(), []
     for c in cases:

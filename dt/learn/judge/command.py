@@ -25,7 +25,7 @@ from dt import args as args_
 from dt.learn import exercises
 from dt.learn.exercises import state
 from dt.learn.judge.bench import DEFAULT_SIZES, bench
-from dt.learn.judge.cases import Case
+from dt.learn.judge.cases import JudgeCase
 from dt.learn.judge.judge import DEFAULT_WORLDS, Report, judge, signature_of
 from dt.learn.judge.report import LABELS, as_json, text
 from dt.learn.judge.runner import Runner
@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     target = args.target or (ex.target if ex and ex.collective == collective else None)
     if target is not None:
         try:
-            SPECS[collective].target(Case("check", 4, params=((4,),), bucket_bytes=4), 2, 0, target)
+            SPECS[collective].target(JudgeCase("check", 4, params=((4,),), bucket_bytes=4), 2, 0, target)
         except KeyError:
             print(f"dt judge: dt.cost has no {collective} {target!r} to hold the bytes to",
                   file=sys.stderr)

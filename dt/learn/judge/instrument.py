@@ -4,7 +4,7 @@
 imported (so `from torch.distributed import isend` binds the watched twin). It
 replaces torch.distributed's point-to-point calls (isend, irecv, send, recv;
 batch_isend_irecv posts through them on gloo, and so does dt.transport) with
-counted twins, and its collectives with guards. While a `Watch` is open, that
+counted twins, and its collectives with guards. While a `CallWatch` is open, that
 is while the learner's function runs:
 
 - every message is counted (bytes and messages, sent and received) and
@@ -20,7 +20,7 @@ is while the learner's function runs:
   inside dt.collectives (dt's own algorithm, unless the exercise allows it):
   the learner writes the collective; torch's is only the judge's reference.
 
-Outside a Watch every call goes straight to torch's own function: `original(name)`,
+Outside a CallWatch every call goes straight to torch's own function: `original(name)`,
 which is also what the judge's reference and the benchmark call.
 """
 
@@ -40,7 +40,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
-__all__ = ["COLLECTIVES", "Deadlock", "Forbidden", "Watch", "describe", "install", "ordinal",
+__all__ = ["COLLECTIVES", "CallWatch", "Deadlock", "Forbidden", "describe", "install", "ordinal",
            "original", "watching"]
 
 POINT_TO_POINT = ("isend", "irecv", "send", "recv")
@@ -52,7 +52,7 @@ COLLECTIVES = (
 )
 
 _ORIGINAL: dict[str, Callable[..., Any]] = {}
-_active: Watch | None = None
+_active: CallWatch | None = None
 
 
 class Forbidden(Exception):
@@ -86,7 +86,7 @@ def describe(event: dict[str, Any]) -> str:
 class _Posted:
     """What the learner's isend/irecv returns: torch's Work, with a bounded wait."""
 
-    def __init__(self, work: Any, event: dict[str, Any], watch: Watch):
+    def __init__(self, work: Any, event: dict[str, Any], watch: CallWatch):
         self.work, self.event, self.watch = work, event, watch
         self.finished = False
 
@@ -115,7 +115,7 @@ class _Posted:
         return getattr(self.work, name)
 
 
-class Watch:
+class CallWatch:
     """One rank's view of one call of the learner's function."""
 
     def __init__(self, *, learner_file: str | None, what: str, timeout: float,
@@ -235,10 +235,10 @@ def _inside_dt_collective() -> str | None:
 
 
 @contextlib.contextmanager
-def watching(**settings: Any) -> Iterator[Watch]:
-    """Watch the calls made inside the block (all threads): see `Watch`."""
+def watching(**settings: Any) -> Iterator[CallWatch]:
+    """Watch the calls made inside the block (all threads): see `CallWatch`."""
     global _active
-    watch = Watch(**settings)
+    watch = CallWatch(**settings)
     _active = watch
     try:
         yield watch

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dt.learn.judge.cases import Case, cases_for, members
+from dt.learn.judge.cases import JudgeCase, cases_for, members
 from dt.learn.judge.runner import Runner
 from dt.learn.judge.specs import SPECS
 from dt.learn.judge.verdict import FATAL, Context, Verdict, decide
@@ -33,7 +33,7 @@ DEFAULT_WORLDS = (1, 2, 3, 5, 8)
 @dataclass
 class CaseResult:
     world: int
-    case: Case
+    case: JudgeCase
     verdict: Verdict
     seconds: float = 0.0
 
@@ -84,7 +84,8 @@ def signature_of(path: str, function: str) -> tuple[list[str] | None, str | None
                   f"(it defines: {', '.join(defined) or 'no functions'})")
 
 
-def _usable(cases: list[Case], params: list[str], spec_takes_op: bool) -> tuple[list[Case], list[str]]:
+def _usable(cases: list[JudgeCase], params: list[str],
+            spec_takes_op: bool) -> tuple[list[JudgeCase], list[str]]:
     notes, keep = [], cases
     anything = "**" in params
     if spec_takes_op and "op" not in params and not anything:
@@ -116,7 +117,7 @@ def judge(path: str, collective: str, *, function: str | None = None,
     t0 = time.perf_counter()
     params, problem = signature_of(path, function)
     if params is None:
-        report.results.append(CaseResult(0, Case("import"), Verdict("import", problem or "")))
+        report.results.append(CaseResult(0, JudgeCase("import"), Verdict("import", problem or "")))
         return report
     own = runner is None
     runner = runner or Runner(timeout or 10.0)
@@ -150,7 +151,7 @@ def judge(path: str, collective: str, *, function: str | None = None,
     return report
 
 
-def _one(runner: Runner, spec: str, path: str, function: str, case: Case, world: int, algorithm: str,
+def _one(runner: Runner, spec: str, path: str, function: str, case: JudgeCase, world: int, algorithm: str,
          timeout: float) -> CaseResult:
     t0 = time.perf_counter()
     hang_after = max(runner.hang_after, timeout)

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dt import cost
-from dt.learn.judge.cases import Case, blocks, matrix, root, torch_dtype
+from dt.learn.judge.cases import JudgeCase, blocks, matrix, root, torch_dtype
 from dt.learn.judge.instrument import original
 
 __all__ = ["SPECS", "GroupView", "Spec", "data"]
@@ -38,7 +38,7 @@ class GroupView:
         return len(self.ranks)
 
 
-def data(case: Case, rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
+def data(case: JudgeCase, rank: int, n: int, dtype: torch.dtype, salt: int = 0) -> torch.Tensor:
     """Rank `rank`'s deterministic input: small integers, exact under any reduction order."""
     g = torch.Generator().manual_seed(zlib.crc32(f"{case.name}/{case.dtype}/{rank}/{salt}".encode()))
     if dtype == torch.bool:
@@ -67,7 +67,7 @@ class Spec:
     messages_matter = False  # fewer messages is the point (bucketing): more than the target fails
     allow_dt = False  # may call dt's own collectives (the gradient sync is about buckets, not the ring)
 
-    def make(self, case: Case, g: GroupView) -> tuple[list[Any], Any]:
+    def make(self, case: JudgeCase, g: GroupView) -> tuple[list[Any], Any]:
         """(positional arguments, torch ReduceOp or None) on this rank, inputs filled."""
         raise NotImplementedError
 
@@ -81,7 +81,7 @@ class Spec:
     def dt_call(self, args: list[Any], op: Any, g: GroupView, algorithm: str) -> None:
         raise NotImplementedError
 
-    def target(self, case: Case, p: int, rank: int, algorithm: str) -> cost.RankTraffic:
+    def target(self, case: JudgeCase, p: int, rank: int, algorithm: str) -> cost.RankTraffic:
         """dt.cost's traffic of `algorithm` for group rank `rank` of p on this case."""
         raise NotImplementedError
 
@@ -89,15 +89,15 @@ class Spec:
         """S in bytes, as nccl-tests counts it (busbw)."""
         raise NotImplementedError
 
-    def itemsize(self, case: Case) -> int:
+    def itemsize(self, case: JudgeCase) -> int:
         return torch.empty(0, dtype=torch_dtype(case.dtype)).element_size()
 
 
-def _op(case: Case) -> Any:
+def _op(case: JudgeCase) -> Any:
     return getattr(dist.ReduceOp, case.op)
 
 
-def _tensor(case: Case, g: GroupView) -> torch.Tensor:
+def _tensor(case: JudgeCase, g: GroupView) -> torch.Tensor:
     n = case.size(g.size)
     x = data(case, g.ranks[g.rank], n, torch_dtype(case.dtype))
     return x.view(case.shape) if case.shape else x
@@ -298,7 +298,7 @@ class SyncGradients(Spec):
             if p.grad is not None:
                 original("all_reduce")(p.grad, op=dist.ReduceOp.AVG, group=g.pg)
 
-    def buckets(self, case: Case) -> list[int]:
+    def buckets(self, case: JudgeCase) -> list[int]:
         """Elements per bucket, as dt's data parallel forms them (dt.parallel.data_parallel.make_buckets)."""
         from dt.parallel.data_parallel import make_buckets
 

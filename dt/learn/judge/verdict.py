@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from dt.learn.judge.cases import Case, members
+from dt.learn.judge.cases import JudgeCase, members
 from dt.learn.judge.instrument import describe, ordinal
 from dt.learn.judge.runner import RankLog
 from dt.learn.judge.specs import Spec
@@ -55,7 +55,7 @@ class Verdict:
 @dataclass(frozen=True)
 class Context:
     spec: Spec
-    case: Case
+    case: JudgeCase
     world: int
     algorithm: str  # the dt.cost algorithm whose traffic is the target
     timeout: float

@@ -5,7 +5,7 @@ Every rank, in order:
 1. installs the instrumentation (once) and imports the learner's file by path (once);
 2. builds the case's arguments and runs torch's own collective on a copy of
    them: the reference, computed in this process on the same inputs;
-3. calls the learner's function inside a `Watch` (counted, bounded waits,
+3. calls the learner's function inside a `CallWatch` (counted, bounded waits,
    collectives forbidden), with its stdout and stderr going to a file the
    judge reads, and with faulthandler armed to dump the stack and end the
    process should it run past `hang_after` (a loop that never ends cannot
@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.learn.judge import instrument
-from dt.learn.judge.cases import Case, members
+from dt.learn.judge.cases import JudgeCase, members
 from dt.learn.judge.compare import first_difference
 from dt.learn.judge.specs import SPECS, GroupView
 
@@ -49,7 +49,7 @@ class Job:
     spec: str
     path: str  # absolute path of the learner's file
     function: str
-    case: Case
+    case: JudgeCase
     timeout: float  # longest wait on one message
     hang_after: float  # a rank still running after this dumps its stack and exits
     logdir: str
@@ -148,7 +148,7 @@ def _captured(out_fd: int, hang_after: float) -> Iterator[None]:
 _subgroups: dict[tuple[int, ...], Any] = {}
 
 
-def _group(case: Case, world: int) -> tuple[Any, tuple[int, ...]]:
+def _group(case: JudgeCase, world: int) -> tuple[Any, tuple[int, ...]]:
     ranks = tuple(members(case, world))
     if len(ranks) == world:
         return None, ranks

@@ -35,7 +35,7 @@ import torch
 __all__ = ["Chunks", "attention", "block_backward", "block_forward", "merge", "plan", "visible"]
 
 Chunks = list[tuple[int, int]]  # [start, stop) positions, in local order
-Plan = list[tuple[tuple[int, int], list[tuple[int, int]], "torch.Tensor | None"]]
+BlockPlan = list[tuple[tuple[int, int], list[tuple[int, int]], "torch.Tensor | None"]]
 
 
 def visible(q: tuple[int, int], k: tuple[int, int], causal: bool) -> str:
@@ -58,10 +58,10 @@ def _local(chunks: Chunks) -> list[tuple[int, int, int, int]]:
     return out
 
 
-def plan(q_chunks: Chunks, k_chunks: Chunks, causal: bool, device: Any = None) -> Plan:
+def plan(q_chunks: Chunks, k_chunks: Chunks, causal: bool, device: Any = None) -> BlockPlan:
     """For each query chunk with something to see: its local rows, the local key
     ranges it sees, and the mask over those keys (None when it sees them all)."""
-    out: Plan = []
+    out: BlockPlan = []
     for qlo, qhi, qa, qz in _local(q_chunks):
         keys, masks, partial = [], [], False
         for klo, khi, ka, kz in _local(k_chunks):
@@ -100,7 +100,7 @@ def _probs(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None, lse: tor
     return torch.exp(s - _finite(lse)[..., None]), lse
 
 
-def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Plan
+def block_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: BlockPlan
                   ) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of the queries q over the keys/values k, v alone (rows that see nothing: 0, -inf)."""
     out = q.new_zeros(*q.shape[:-1], v.shape[-1])
@@ -122,7 +122,7 @@ def merge(out: torch.Tensor, lse: torch.Tensor, out_b: torch.Tensor, lse_b: torc
 
 
 def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
-                   lse: torch.Tensor, delta: torch.Tensor, p: Plan
+                   lse: torch.Tensor, delta: torch.Tensor, p: BlockPlan
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) contributed by one key/value block, given the FINAL lse and
     delta = rowsum(dout * out) of the whole attention."""
@@ -148,7 +148,7 @@ class _Attention(torch.autograd.Function):
     """softmax(q k^T / sqrt(d)) v with chunked causal masking, flash-style backward."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: Plan) -> torch.Tensor:
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: BlockPlan) -> torch.Tensor:
         out, lse = block_forward(q, k, v, p)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = p

@@ -32,11 +32,11 @@ from dt.parallel import exchange
 from dt.parallel.expert.router import LABEL, Routing
 from dt.transport import Group, charged_to
 
-__all__ = ["Plan", "combine", "dispatch"]
+__all__ = ["RoutingPlan", "combine", "dispatch"]
 
 
 @dataclass
-class Plan:
+class RoutingPlan:
     """Where this rank's kept assignments went and where the rows it received came from."""
 
     assignment: torch.Tensor  # [A] flat (token * k + choice) of each sent row, in sending order
@@ -47,7 +47,7 @@ class Plan:
     experts: list[int]  # experts held by each rank
 
 
-def dispatch(x: torch.Tensor, routing: Routing, g: Group) -> tuple[torch.Tensor, Plan]:
+def dispatch(x: torch.Tensor, routing: Routing, g: Group) -> tuple[torch.Tensor, RoutingPlan]:
     """Send the kept assignments' rows of x [T, h] to their experts' ranks.
 
     Returns the rows this rank's experts must process, [R, h] (grouped by
@@ -75,10 +75,10 @@ def dispatch(x: torch.Tensor, routing: Routing, g: Group) -> tuple[torch.Tensor,
     # 2. the rows themselves, uneven splits
     rows = x[token]
     got = exchange.all_to_all(list(rows.split(send_rows)), [(n, h) for n in recv_rows], g, LABEL)
-    return torch.cat(got), Plan(assignment, token, send_rows, recv_rows, recv_counts, held)
+    return torch.cat(got), RoutingPlan(assignment, token, send_rows, recv_rows, recv_counts, held)
 
 
-def combine(out: torch.Tensor, plan: Plan, routing: Routing, tokens: int, g: Group) -> torch.Tensor:
+def combine(out: torch.Tensor, plan: RoutingPlan, routing: Routing, tokens: int, g: Group) -> torch.Tensor:
     """Send the experts' outputs [R, h] back and sum each token's k of them, gate-weighted.
 
     Returns y [tokens, h]; a token whose every choice was dropped gets zeros

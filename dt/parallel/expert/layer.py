@@ -1,6 +1,6 @@
 """The mixture-of-experts feed-forward layer, experts spread over an expert-parallel group.
 
-    moe = MoE(hidden, ffn_hidden, num_experts=8, top_k=2, capacity_factor=1.25, group=ep_group)
+    moe = ShardedMoE(hidden, ffn_hidden, num_experts=8, top_k=2, capacity_factor=1.25, group=ep_group)
     y = moe(x)               # x, y: [b, s, h]; this rank's tokens
     loss = task_loss + 0.01 * moe.routing.aux_loss
 
@@ -34,11 +34,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.layout import SequenceLayout, edges, split_sizes
-from dt.parallel.expert.dispatch import Plan, combine, dispatch
-from dt.parallel.expert.router import Router, Routing
+from dt.parallel.expert.dispatch import RoutingPlan, combine, dispatch
+from dt.parallel.expert.router import Routing, ShardedRouter
 from dt.transport import resolve_group
 
-__all__ = ["Expert", "MoE"]
+__all__ = ["Expert", "MoE", "ShardedMoE"]
 
 
 class Expert(nn.Module):
@@ -54,7 +54,7 @@ class Expert(nn.Module):
         return self.fc_out(F.gelu(self.fc_in(x)))
 
 
-class MoE(nn.Module):
+class ShardedMoE(nn.Module):
     """Top-k mixture of experts over the ranks of `group` (None: the world; size 1: all local)."""
 
     def __init__(self, hidden: int, ffn_hidden: int, num_experts: int, top_k: int = 1,
@@ -63,7 +63,7 @@ class MoE(nn.Module):
         super().__init__()
         self.group = resolve_group(group)
         self.num_experts, self.top_k = num_experts, top_k
-        self.router = Router(hidden, num_experts, top_k, capacity_factor, dtype=dtype, device=device)
+        self.router = ShardedRouter(hidden, num_experts, top_k, capacity_factor, dtype=dtype, device=device)
         self.held = split_sizes(num_experts, self.group.size)
         e = edges(self.held)
         self.first = e[self.group.rank]
@@ -71,12 +71,12 @@ class MoE(nn.Module):
         built = [Expert(hidden, ffn_hidden, dtype=dtype, device=device) for _ in range(num_experts)]
         self.experts = nn.ModuleList(built[i] for i in mine)
         self.routing: Routing | None = None  # the last forward's, for its aux loss and stats
-        self.plan: Plan | None = None
+        self.plan: RoutingPlan | None = None
         self.counted: dict[str, int] = {}  # routing stats summed over every forward
 
     def forward(self, x: torch.Tensor, sequence_group: Any = None,
                 layout: SequenceLayout | None = None) -> torch.Tensor:
-        """x [b, s, h] -> [b, s, h]. sequence_group / layout: see Router.forward."""
+        """x [b, s, h] -> [b, s, h]. sequence_group / layout: see ShardedRouter.forward."""
         b, s, h = x.shape
         routing = self.router(x, sequence_group, layout)
         received, plan = dispatch(x.reshape(b * s, h), routing, self.group)
@@ -87,7 +87,7 @@ class MoE(nn.Module):
             self.counted[key] = self.counted.get(key, 0) + n
         return y.view(b, s, h)
 
-    def _run_experts(self, rows: torch.Tensor, plan: Plan) -> torch.Tensor:
+    def _run_experts(self, rows: torch.Tensor, plan: RoutingPlan) -> torch.Tensor:
         """Each local expert on its rows; rows arrive grouped by source rank, then by expert."""
         local = len(self.experts)
         if local == 0:
@@ -104,3 +104,6 @@ class MoE(nn.Module):
         return (f"experts {self.first}..{self.first + len(self.experts) - 1} of {self.num_experts} "
                 f"(held per rank {self.held}), top_k={self.top_k}, "
                 f"capacity_factor={self.router.capacity_factor}")
+
+
+MoE = ShardedMoE  # the older public name, kept importable (README's expert-parallel example uses it)

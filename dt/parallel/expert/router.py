@@ -43,7 +43,7 @@ from dt.layout import SequenceLayout, expert_capacity
 from dt.parallel.exchange import all_reduce_sum
 from dt.transport import Group, charged_to, resolve_group
 
-__all__ = ["LABEL", "Router", "Routing", "router_probs"]
+__all__ = ["LABEL", "ShardedRouter", "Routing", "router_probs"]
 
 LABEL = "moe"  # dt.traffic() charges every byte an MoE layer moves to this name
 
@@ -73,7 +73,7 @@ def router_probs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x.to(weight.dtype), weight).softmax(dim=-1)
 
 
-class Router(nn.Module):
+class ShardedRouter(nn.Module):
     """Top-k gating with capacity and the Switch/GShard load-balancing loss.
 
     The weight is replicated on every rank (a dense parameter: its gradient is

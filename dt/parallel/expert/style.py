@@ -10,7 +10,7 @@
     # experts: SUM over grid.group(EXPERT_GROUP), then divide by grid.plane (dp * cp)
 
 ExpertParallel() swaps a plain mixture of experts (dt.models.moe.MoE: a
-`router`, `experts`, a `balance` loss) for ExpertParallelMoE, dt.parallel.expert.MoE
+`router`, `experts`, a `balance` loss) for ExpertParallelMoE, dt.parallel.expert.ShardedMoE
 on grid.group("ep"): each rank keeps experts split_sizes(E, ep)'s share,
 routes its own tokens, and two all-to-alls carry them to their experts'
 ranks and back. The router's weight, the kept experts and the balance loss
@@ -41,7 +41,7 @@ from torch import nn
 
 from dt.layout import SequenceLayout
 from dt.parallel.context.style import sequence_layout
-from dt.parallel.expert.layer import MoE
+from dt.parallel.expert.layer import ShardedMoE
 from dt.parallel.grid import EXPERT_PLANE, Grid
 from dt.parallel.tensor.styles import Style, Ties
 from dt.transport import Group, resolve_group
@@ -71,7 +71,7 @@ class ExpertGroups:
 class HeldExperts(nn.Module):
     """This rank's experts, named by their global index (`experts.5` stays `experts.5`).
 
-    Iterates and counts as the ModuleList dt.parallel.expert.MoE runs them from.
+    Iterates and counts as the ModuleList dt.parallel.expert.ShardedMoE runs them from.
     """
 
     def __init__(self, experts: dict[int, nn.Module]):
@@ -86,8 +86,8 @@ class HeldExperts(nn.Module):
         return len(self._modules)
 
 
-class ExpertParallelMoE(MoE):
-    """dt.parallel.expert.MoE on groups.ep holding the plain `moe`'s weights; forward(x) as the plain's."""
+class ExpertParallelMoE(ShardedMoE):
+    """A ShardedMoE on groups.ep holding the plain `moe`'s weights; forward(x) as the plain's."""
 
     def __init__(self, moe: nn.Module, groups: ExpertGroups):
         first = moe.experts[0].fc_in
@@ -131,7 +131,7 @@ class ExpertParallel(Style):
     def apply(self, module: nn.Module, group: ExpertGroups, name: str, ties: Ties) -> nn.Module:
         missing = [a for a in ("router", "experts", "balance", "num_experts", "top_k")
                    if not hasattr(module, a)]
-        if missing or isinstance(module, MoE):
+        if missing or isinstance(module, ShardedMoE):
             raise ValueError(f"{name}: ExpertParallel swaps a plain mixture of experts "
                              f"(dt.models.moe.MoE), found {type(module).__name__}")
         return ExpertParallelMoE(module, group)

@@ -46,7 +46,7 @@ and puts the shape headers on groups of their own (see there).
 
 from dt.parallel.pipeline.cut import StageCut, cut
 from dt.parallel.pipeline.p2p import header_groups
-from dt.parallel.pipeline.runtime import LABEL, Pipeline, PipelineStepStats, StepHooks, stage_module
+from dt.parallel.pipeline.runtime import LABEL, MicroBatchHooks, Pipeline, PipelineStepStats, stage_module
 from dt.parallel.pipeline.schedules import (
     bubble_fraction,
     neighbour,
@@ -56,6 +56,6 @@ from dt.parallel.pipeline.schedules import (
 )
 from dt.parallel.pipeline.stash import peak_stash, peak_stash_bytes, stash_profile
 
-__all__ = ["LABEL", "Pipeline", "PipelineStepStats", "StageCut", "StepHooks", "bubble_fraction", "cut",
+__all__ = ["LABEL", "MicroBatchHooks", "Pipeline", "PipelineStepStats", "StageCut", "bubble_fraction", "cut",
            "header_groups", "neighbour", "partition", "peak_stash", "peak_stash_bytes", "schedule",
            "stage_layers", "stage_module", "stash_profile"]

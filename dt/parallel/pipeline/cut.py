@@ -17,7 +17,7 @@ weights are freed (pipeline parallelism exists to split the model's memory;
 torchtitan's split deletes them likewise). A module that holds a tensor this
 stage uses (the tied word table, in the other end's embedding or head) stays,
 so every tensor this rank holds keeps all of its names in the plain model:
-checkpoints name it as before, on any mesh.
+checkpoints name it as the plain model does, on any mesh.
 """
 
 from __future__ import annotations

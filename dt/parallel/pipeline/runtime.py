@@ -26,12 +26,12 @@ from dt.parallel.pipeline.p2p import LABEL, StageLink
 from dt.parallel.pipeline.p2p import header_groups as make_header_groups
 from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
 
-__all__ = ["LABEL", "Pipeline", "PipelineStepStats", "StepHooks", "stage_module"]
+__all__ = ["LABEL", "MicroBatchHooks", "Pipeline", "PipelineStepStats", "stage_module"]
 
 
 @dataclass
-class StepHooks:
-    """What a trainer wraps around the schedule's steps (dt.train.step); all optional.
+class MicroBatchHooks:
+    """What a trainer wraps around each micro-batch's forward and backward (dt.train.step); all optional.
 
     autocast: a context manager entered around every forward (mixed precision).
     scale: applied to each micro-batch's weighted loss before its backward (loss
@@ -120,7 +120,7 @@ class Pipeline:
     def train_step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
                    micro_batches: int = 1, schedule_name: str = "1f1b",
-                   hooks: StepHooks | None = None) -> float | None:
+                   hooks: MicroBatchHooks | None = None) -> float | None:
         """Forward and backward of one batch; gradients accumulate in the stage's parameters.
 
         `inputs` is needed on the first stage, `targets` on the last (others may
@@ -129,7 +129,7 @@ class Pipeline:
         batch, so the gradients equal those of loss_fn on the whole batch when
         loss_fn is a mean. Returns the batch loss on the last stage, else None.
         """
-        hooks = hooks or StepHooks()
+        hooks = hooks or MicroBatchHooks()
         autocast = hooks.autocast or contextlib.nullcontext
         m = micro_batches
         batch = inputs if self.is_first else targets

@@ -37,8 +37,8 @@ shard only.
 
 from dt.parallel.zero.fsdp import FullyShardedDataParallel
 from dt.parallel.zero.memory import memory_held, zero_memory_formula, zero_traffic_formula
-from dt.parallel.zero.optimizer import ZeroOptimizer
+from dt.parallel.zero.optimizer import ShardedOptimizer, ZeroOptimizer
 from dt.parallel.zero.parts import ZeroParts
 
-__all__ = ["FullyShardedDataParallel", "ZeroOptimizer", "ZeroParts", "memory_held", "zero_memory_formula",
-           "zero_traffic_formula"]
+__all__ = ["FullyShardedDataParallel", "ShardedOptimizer", "ZeroOptimizer", "ZeroParts", "memory_held",
+           "zero_memory_formula", "zero_traffic_formula"]

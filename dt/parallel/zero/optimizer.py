@@ -9,7 +9,7 @@ exactly the bytes of DDP's ring all-reduce (zero_traffic_formula).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -32,7 +32,22 @@ from dt.parallel.zero.memory import (
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state
 from dt.transport import charged_to, default_device, resolve_group
 
-__all__ = ["ZeroOptimizer"]
+__all__ = ["ShardedOptimizer", "ZeroOptimizer"]
+
+
+@runtime_checkable
+class ShardedOptimizer(Protocol):
+    """An optimizer whose averaged gradient lives in this rank's shard: ZeRO's (ZeroOptimizer, ZeroParts).
+
+    `isinstance(opt, ShardedOptimizer)` is how a step tells ZeRO from a replicated optimizer: it
+    averages the gradients itself (reduce_gradients), so the step clips and unscales the shard.
+    """
+
+    def reduce_gradients(self) -> None: ...
+
+    def shard_gradients(self) -> list[torch.Tensor]: ...
+
+    def shard_pieces(self) -> list[tuple[nn.Parameter, torch.Tensor]]: ...
 
 
 def _flat_buffer(numel: int, dtype: torch.dtype, device: torch.device, group: Any) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 `share(g, topology, name, size)` creates (the host's leader) or attaches (the others)
 one segment on every rank of a host and unlinks its name once all have mapped it
-(segment.py); `attach_host` lays the group out on it (host.py's Layout) and builds
+(segment.py); `attach_host` lays the group out on it (host.py's SegmentLayout) and builds
 the engine, the wire and the board: the HostLink dt.transport.connect keeps.
 """
 
@@ -17,7 +17,7 @@ from dt.transport.discover import post_and_wait
 from dt.transport.group import Group
 from dt.transport.shm.board import Board
 from dt.transport.shm.channel import Channel, Engine
-from dt.transport.shm.host import HostLink, Layout, channel_budget, stage_bytes
+from dt.transport.shm.host import HostLink, SegmentLayout, channel_budget, stage_bytes
 from dt.transport.shm.segment import Segment, segment_name
 from dt.transport.shm.sync import RANK_BYTES, Sync
 from dt.transport.shm.wire import ShmWire
@@ -69,7 +69,7 @@ def attach_host(g: Group, topo: Topology) -> HostLink:
     """Share this host's segment for group `g`; build the engine, wire and board on it."""
     local = topo.local
     me = topo.local_rank
-    layout = Layout(len(local), stage_bytes(), channel_budget())
+    layout = SegmentLayout(len(local), stage_bytes(), channel_budget())
     seg = share(g, topo, "wire", layout.size)
     buf = memoryview(seg.mm)
     address = ctypes.addressof(ctypes.c_char.from_buffer(seg.mm))

@@ -18,7 +18,7 @@ peer passes before it has finished reading round k. So a staged round needs
 no closing synchronisation; DeepSpeed's shared-memory all-reduce uses the
 same trick. A zero-copy round does: the caller may overwrite its tensor as
 soon as the call returns, so the algorithm ends with one more sync when any
-rank published in place (`Call.zero_copy`, `Call.finish`).
+rank published in place (`BoardCall.zero_copy`, `BoardCall.finish`).
 
 Uniform layouts (every rank staged, or every rank in the same allocation at
 the same offset) give `rows()`: one strided (p, n) view of all ranks'
@@ -43,7 +43,7 @@ import torch
 
 from dt.transport import accounting, liveness, settings
 from dt.transport.errors import CollectiveError, CollectiveTimeout
-from dt.transport.shm.sync import DESC, WORDS, PeerFailed, PeerTimeout, Sync
+from dt.transport.shm.sync import DESC, WORDS, PeerGone, PeerTimeout, Sync
 
 __all__ = ["Allocation", "Board", "Round", "memmove"]
 
@@ -132,14 +132,14 @@ class Board:
         return first.as_strided((self.p, hi - lo), (2 * self.capacity // first.element_size(), 1),
                                 first.storage_offset() + lo)
 
-    def call(self, collective: str, algorithm: str) -> Call:
+    def call(self, collective: str, algorithm: str) -> BoardCall:
         if self.broken:
             raise CollectiveError(f"{collective}[{algorithm}]: the group's shared-memory wire is "
                                   f"unusable after an earlier error ({self.broken})")
-        return Call(self, collective, algorithm)
+        return BoardCall(self, collective, algorithm)
 
 
-class Call:
+class BoardCall:
     """One collective call on the board: its rounds, syncs and accounting."""
 
     def __init__(self, board: Board, collective: str, algorithm: str):
@@ -198,7 +198,7 @@ class Call:
         self.syncs += 1
         try:
             self.board.sync.sync(self.where, self._timeout)
-        except (PeerTimeout, PeerFailed, liveness.PeerFailed) as exc:
+        except (PeerTimeout, PeerGone, liveness.PeerFailed) as exc:
             self._failed(exc)
 
     def arrive(self) -> None:
@@ -222,7 +222,7 @@ class Call:
 class Round:
     """One round of a call: publish, sync, read."""
 
-    def __init__(self, call: Call, parity: int):
+    def __init__(self, call: BoardCall, parity: int):
         self.call, self.parity = call, parity
         self.board = call.board
 

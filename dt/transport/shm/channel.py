@@ -33,7 +33,7 @@ from datetime import timedelta
 
 import torch
 
-from dt.transport.shm.sync import PeerFailed, Sync
+from dt.transport.shm.sync import PeerGone, Sync
 
 __all__ = ["CTRL_BYTES", "Channel", "Engine", "ShmWork", "channel_bytes"]
 
@@ -107,7 +107,7 @@ class Engine:
 
     def post(self, kind: str, tensor: torch.Tensor, peer: int) -> ShmWork:
         if self.broken:
-            raise PeerFailed(f"the shared-memory wire is unusable after an earlier error: {self.broken}")
+            raise PeerGone(f"the shared-memory wire is unusable after an earlier error: {self.broken}")
         if kind == "send":
             src = tensor if tensor.is_contiguous() else tensor.contiguous()
             op = _Op(_bytes(src), peer)
@@ -213,7 +213,7 @@ class Engine:
                 self.break_(str(exc))
                 raise
         if op.error is not None:
-            raise PeerFailed(op.error)
+            raise PeerGone(op.error)
 
     def break_(self, why: str) -> None:
         """Give up on this wire: peers waiting on this rank are told at once."""

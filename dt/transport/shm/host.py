@@ -31,7 +31,8 @@ from dt.transport.shm.segment import Segment
 from dt.transport.shm.sync import RANK_BYTES, Sync
 from dt.transport.shm.wire import ShmWire
 
-__all__ = ["CHANNEL_BUDGET", "DEFAULT_STAGE_BYTES", "HostLink", "Layout", "channel_budget", "stage_bytes"]
+__all__ = ["CHANNEL_BUDGET", "DEFAULT_STAGE_BYTES", "HostLink", "SegmentLayout", "channel_budget",
+           "stage_bytes"]
 
 PAGE = 4096
 HEADER = PAGE
@@ -53,7 +54,7 @@ def channel_budget() -> int:
 
 
 @dataclass(frozen=True)
-class Layout:
+class SegmentLayout:
     """Where everything sits in a segment for L local ranks."""
 
     ranks: int
@@ -91,7 +92,7 @@ class HostLink:
     """What a rank holds for one group on its host: the segment and what runs on it."""
 
     segment: Segment
-    layout: Layout
+    layout: SegmentLayout
     sync: Sync
     engine: Engine
     wire: ShmWire

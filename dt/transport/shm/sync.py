@@ -46,7 +46,7 @@ from dt.transport import liveness
 from dt.transport.errors import timed_out
 from dt.transport.shm.segment import alive
 
-__all__ = ["RANK_BYTES", "PeerFailed", "PeerTimeout", "Sync", "futex_wait", "futex_wake"]
+__all__ = ["RANK_BYTES", "PeerGone", "PeerTimeout", "Sync", "futex_wait", "futex_wake"]
 
 RANK_BYTES = 256
 WORDS = RANK_BYTES // 8
@@ -82,8 +82,12 @@ def futex_wake(addr: ctypes.c_void_p) -> None:
         _syscall(_SYS_FUTEX, addr, _FUTEX_WAKE_OP, 0x7FFFFFFF, None, addr, _ADD_ONE)
 
 
-class PeerFailed(RuntimeError):
-    """A peer died or gave up while this rank waited on it."""
+class PeerGone(RuntimeError):
+    """A local peer died or gave up while this rank waited on it, seen on the segment itself.
+
+    Not liveness.PeerFailed: that one carries a failure announced to every rank; this one
+    is what the wire saw directly (a dead pid, a peer's give-up word), with no Failure behind it.
+    """
 
 
 class PeerTimeout(RuntimeError):
@@ -235,21 +239,21 @@ class Sync:
                 self.words[me * WORDS + SLEEPING] -= 1
 
     def check(self, peers: Sequence[int]) -> None:
-        """Raise PeerFailed if one of `peers` (local indices) died or gave up; or
+        """Raise PeerGone if one of `peers` (local indices) died or gave up; or
         liveness.PeerFailed if a failure of one of them was announced (dt.transport.liveness)."""
         liveness.check(tuple(self.names[j] for j in peers if j != self.me))
         for j in peers:
             if j == self.me:
                 continue
             if self.word(j, STATE):
-                raise PeerFailed(f"rank {self.names[j]} gave up (its own error says why)")
+                raise PeerGone(f"rank {self.names[j]} gave up (its own error says why)")
             pid = self.word(j, PID)
             if pid and not alive(pid):
                 # The launcher (or torchrun's store) says how it died, a moment later.
                 failure = liveness.cause((self.names[j],), grace=1.0)
                 if failure is not None:
                     raise liveness.PeerFailed(failure)
-                raise PeerFailed(f"rank {self.names[j]} (pid {pid}) died")
+                raise PeerGone(f"rank {self.names[j]} (pid {pid}) died")
 
     def wait(self, ready: Callable[[], bool], blockers: Callable[[], Sequence[int]],
              what: Callable[[], str], progress: Callable[[], object] | None = None, *,
@@ -258,7 +262,7 @@ class Sync:
 
         `blockers()` names the local ranks being waited on (checked for death),
         `progress()` moves pending point-to-point traffic while waiting.
-        Raises PeerFailed or PeerTimeout (text "Timed out ...").
+        Raises PeerGone or PeerTimeout (text "Timed out ...").
         """
         start = time.perf_counter()
         if spin and self.spin_s and _spare_core(start):

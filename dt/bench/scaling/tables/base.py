@@ -74,7 +74,7 @@ class Results(Protocol):
     runs[label]: every rank's return value of the Run of that label (a table's own worker).
     """
 
-    s: Any  # the run's Settings (settings.py lists the tables, so it sits above them)
+    s: Any  # the run's StudySettings (settings.py lists the tables, so it sits above them)
     cores: int
     coll: dict[tuple[int, int], dict[str, Any]]
     gamma: dict[int, float]
@@ -120,7 +120,7 @@ class TableSpec:
 
     id: int
     title: str
-    needs: Callable[[Any], Needs]  # Settings -> what to measure
+    needs: Callable[[Any], Needs]  # StudySettings -> what to measure
     build: Callable[[Results], Table]
     # what the README shows of the table (default: all of it); results/scaling.md has it whole
     readme: Callable[[Results, Table], Table] | None = None

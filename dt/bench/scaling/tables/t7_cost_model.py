@@ -27,7 +27,7 @@ from dt.bench.scaling.tables.base import Needs, Results, Table, TableSpec, conte
 from dt.collectives.registry import ALGORITHMS, needs_shared_memory
 
 TITLE = "Predicted vs measured: the alpha-beta-gamma cost model against the all-reduce timings"
-WITHIN = 0.20  # the bar: |predicted - measured| / measured
+WITHIN = 0.20  # the bar the cost model is held to: |predicted - measured| / measured
 TERMS = (("software", "software"), ("wake", "wake"), ("sharing", "sharing"),
          ("oversub", "oversubscription"))  # (header, dt.cost.Terms field)
 
