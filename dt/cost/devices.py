@@ -47,7 +47,9 @@ _EFFICIENCY = ("assumed, not measured: 0.7 of peak for large tf32/bf16/fp16 GEMM
 
 _FLASH = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691): forward 50-73% and backward up to 63% of the A100's "
           "peak; on the H100 it reaches 35% (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608), "
-          "FlashAttention-3 up to 75% forward (740 TFLOP/s bf16); the backward about 0.8x the forward rate")
+          "FlashAttention-3 up to 75% forward (740 TFLOP/s bf16); the backward about 0.8x the forward rate; "
+          "the 2022 Triton FlashAttention (the kernel MPT's attn_impl='triton' runs) assumed at two thirds "
+          "of FlashAttention-2's rate, the ratio of the two in the FlashAttention-2 paper's A100 benchmarks")
 _STREAM = ("assumed: a streaming kernel (copy, add, norm) sustains about 85% of the datasheet's HBM bandwidth "
            "(the figure CUDA's bandwidthTest and STREAM-like kernels reach on A100 and H100)")
 _WAVES = ("the SM count from NVIDIA's architecture whitepapers (A100: 108 SMs; H100 SXM: 132); the "
@@ -97,8 +99,8 @@ def _sources(sheet: str, nic: str) -> dict[str, str]:
             "link_efficiency": _LINKS, "kernel_overhead": _GAP}
 
 
-_AMPERE_ATTENTION = {"flash2": (0.6, 0.5)}
-_HOPPER_ATTENTION = {"flash2": (0.35, 0.3), "flash3": (0.6, 0.48), "cudnn": (0.6, 0.48)}
+_AMPERE_ATTENTION = {"flash2": (0.6, 0.5), "triton": (0.4, 0.3)}
+_HOPPER_ATTENTION = {"flash2": (0.35, 0.3), "flash3": (0.6, 0.48), "cudnn": (0.6, 0.48), "triton": (0.25, 0.2)}
 
 
 _HOPPER_FLOPS = {"fp32": 66.9 * TERA, "tf32": 494.7 * TERA, "bf16": 989.4 * TERA, "fp16": 989.4 * TERA}

@@ -40,6 +40,9 @@ class Stack:
     zero1_in_backward: bool = False  # ZeRO 1 reduce-scatters backward's buckets (else one flat call after)
     fsdp_prefetch: bool = False  # ZeRO 3 gathers the next unit behind the current unit's compute
     reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
+    scatter_gather_p2p: bool = False  # a pipeline send carries 1/tp of the activation (all-gathered after)
+    reduce_once: bool = False  # ZeRO 2 reduce-scatters the gradients once a step, after the last micro-batch
+    blocking_p2p: bool = False  # a pipeline send holds its stage until the message is through
     partition: str = "blocks"  # a pipeline's cut: blocks evenly, the embedding and head beside the end
     # ones ("blocks"), or every layer counting one, the embedding and head included ("layers": dt's)
     cast_bytes: int = 0  # autocast's cached low-precision weights, per parameter, during a step
@@ -90,7 +93,7 @@ STACKS: dict[str, Stack] = {
         attention="cudnn", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=True, zero1_in_backward=True, runtime_bytes=1.5 * GIB,
-        fragmentation=1.05),
+        fragmentation=1.05, scatter_gather_p2p=True),
     "megatron-2021": Stack(
         "megatron-2021", "Megatron-LM as Narayanan et al. 2021 and Korthikanti et al. 2022 ran it: attention "
                          "unfused (a batched GEMM for the scores, Megatron's fused scale-mask-softmax, "
@@ -100,17 +103,20 @@ STACKS: dict[str, Stack] = {
                          "backward (its local DDP), tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
         attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
-        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05,
+        scatter_gather_p2p=True),
     "megatron-deepspeed": Stack(
         "megatron-deepspeed", "bigscience-workshop/Megatron-DeepSpeed as BLOOM's tr11 ran it (2022): "
                               "Megatron's unfused attention (batched GEMMs and its fused scale-mask-softmax), "
                               "fused bias-GeLU and bias-dropout-add, dropout 0 (tr11's configs), DeepSpeed's "
                               "pipeline engine and ZeRO 1 (fp32 master and Adam state sharded over dp, "
                               "fp32 gradient accumulation), the data-parallel reduction after the last "
-                              "micro-batch, tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
+                              "micro-batch, tensor parallel's all-reduces exposed, the pipeline's sends and "
+                              "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
         attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
-        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1),
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
+        blocking_p2p=True),
     "nanotron": Stack(
         "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops, bf16 "
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
@@ -120,11 +126,12 @@ STACKS: dict[str, Stack] = {
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
     "llm-foundry": Stack(
-        "llm-foundry", "mosaicml/llm-foundry (MPT on Composer, 2023): FlashAttention kernels, no dropout, "
+        "llm-foundry", "mosaicml/llm-foundry (MPT on Composer, 2023): the Triton FlashAttention kernel "
+                       "(attn_impl triton), no dropout, "
                        "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
                        "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
                        "current one's compute; " + _CUDA_RUNTIME,
-        attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
+        attention="triton", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
         runtime_bytes=1.5 * GIB, fragmentation=1.05),
@@ -145,7 +152,7 @@ STACKS: dict[str, Stack] = {
         attention="flash3", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, zero1_in_backward=True, fsdp_prefetch=True,
-        reshard_after_forward=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+        reshard_after_forward=False, reduce_once=True, runtime_bytes=1.5 * GIB, fragmentation=1.05),
 }
 
 

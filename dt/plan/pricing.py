@@ -4,7 +4,9 @@ at memory bandwidth, each kernel plus the device's gap between kernels.
     GEMM       2 m n k FLOPs at peak x matmul_efficiency x its last wave's fill: the output's
                ceil(m / tile_m) x ceil(n / tile_n) tiles run in waves of one per SM, and a last
                wave that fills few SMs costs a whole wave (tensor parallel's narrow GEMMs pay it);
-               never faster than its operands' bytes at HBM bandwidth
+               never faster than its operands' bytes at HBM bandwidth; plus its output's bytes at
+               HBM bandwidth (each tile writes its result after its products: a fixed cost per
+               tile that a short k, a small model's, does not amortize)
     attention  the kernel's FLOPs at peak x the kernel's forward or backward efficiency
                (dt.cost.devices.attention_efficiency), its query tiles in waves the same way
     memory     bytes read and written at hbm_bandwidth x hbm_efficiency
@@ -39,7 +41,8 @@ def _gemm_seconds(rate: float, bandwidth: float, sms: int, tile: tuple[int, int]
     tiles = batch * -(-m // tile[0]) * -(-n // tile[1])
     arithmetic = 2.0 * m * n * k * batch / (rate * wave_fill(tiles, sms))
     traffic = batch * (m * k + k * n + m * n) * itemsize / bandwidth
-    return max(arithmetic, traffic)
+    epilogue = batch * m * n * itemsize / bandwidth  # each tile's output written after its products
+    return max(arithmetic, traffic) + epilogue
 
 
 def kernel_seconds(k: Kernel, d: Device, precision: str, attention: str, itemsize: int = 2) -> float:

@@ -120,10 +120,11 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     works = [stage_work(c, model, lay, groups[s], batch, seq, s) for s in range(lay.pp)]
     b = batch / lay.dp / lay.micro_batches  # the mean micro-batch (dt train's may differ by one)
     act = b * (seq // lay.cp) * model.n_embd * c.itemsize
-    send = send_seconds(c, act, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
+    carried = act / lay.tp if c.gpu is not None and c.stack.scatter_gather_p2p else act
+    send = send_seconds(c, carried, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
     bwd = tuple(sum(w.bwd.values()) / lay.virtual for w in works)
-    terms = _message_terms(c)
+    terms = _message_terms(c, send)
     played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send, *terms)
     # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
     # the sends of the steady state overlap other stages' work, but not what each message costs
@@ -163,11 +164,12 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     return Prediction(lay, step, parts, lines, levels, stash)
 
 
-def _message_terms(c: Cluster) -> tuple[float, float, float]:
+def _message_terms(c: Cluster, send: float) -> tuple[float, float, float]:
     """(post, wake, spin) of a pipeline message on this machine's shared-memory wire, as `dt tune`
-    measured them (dt.cost.overheads); none on a catalogue cluster (NCCL's sends are the GPU's)."""
+    measured them (dt.cost.overheads); on a catalogue cluster none (NCCL's sends run beside the
+    compute), unless the stack's sends block its stage: then each end is held the message's time."""
     if not c.shared_memory:
-        return 0.0, 0.0, float("inf")
+        return (send if c.stack.blocking_p2p else 0.0), 0.0, float("inf")
     t = overheads("shm", c.per_host)
     return t.post, t.wake, t.spin
 

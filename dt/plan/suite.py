@@ -52,7 +52,14 @@ class Compared:
 
     @property
     def error(self) -> float:
+        """predicted / published - 1, in the row's unit (seconds: positive is slower)."""
         return self.predicted / self.row.published - 1
+
+    @property
+    def speed_error(self) -> float:
+        """The predicted speed over the published one, less 1 (positive: predicted faster)."""
+        ratio = self.predicted / self.row.published
+        return 1 / ratio - 1 if self.row.metric == "s_per_iter" else ratio - 1
 
     @property
     def memory_error(self) -> float | None:
@@ -83,10 +90,10 @@ def _model(row: PublishedRow, assume: dict) -> ModelShape:
                       tied=m.tied_embeddings is not False, name=m.name)
 
 
-def _cluster(row: PublishedRow, stack: str) -> Cluster:
+def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> Cluster:
     per_host = row.cluster.gpus_per_host or 8
     per_host = min(per_host, row.cluster.gpus)
-    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, "bf16",
+    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, "bf16", efficiency,
                              stack_name=stack)
 
 
@@ -145,15 +152,16 @@ def _metric(row: PublishedRow, model: ModelShape, lay: Layout, step: float, c: C
     return 100 * work / step / gpus / c.peak  # mfu_percent
 
 
-def compare(row: PublishedRow, rank: bool = True) -> Compared:
-    """The planner's figures for one published row (ValueError where it cannot be priced)."""
+def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = None) -> Compared:
+    """The planner's figures for one published row (ValueError where it cannot be priced);
+    `efficiency`: a large GEMM's fraction of peak instead of the catalogue's (the fit's)."""
     why = _why_not(row)
     if why is not None:
         raise ValueError(why)
     pricing = describe(row.source).pricing
     assume = dict(pricing.get("assume", {}))
     model = _model(row, assume)
-    c = _cluster(row, pricing["stack"])
+    c = _cluster(row, pricing["stack"], efficiency)
     lay, step, peak = authors_layout(row, model, c, assume)
     memory = peak / GB if row.published_memory_gb is not None else None
     authors_rank = first = None
@@ -167,12 +175,13 @@ def compare(row: PublishedRow, rank: bool = True) -> Compared:
                     authors_rank, first)
 
 
-def priced_rows(sources: Iterable[str] | None = None, rank: bool = True) -> tuple[list[Compared], list[tuple]]:
-    """(the rows priced, (row, why) of those that cannot be)."""
+def priced_rows(sources: Iterable[str] | None = None, rank: bool = True,
+                efficiency: dict[str, float] | None = None) -> tuple[list[Compared], list[tuple]]:
+    """(the rows priced, (row, why) of those that cannot be); `efficiency`: per device, the fit's."""
     done, skipped = [], []
     for row in load(sources):
         try:
-            done.append(compare(row, rank))
+            done.append(compare(row, rank, (efficiency or {}).get(row.cluster.device or "")))
         except ValueError as exc:
             skipped.append((row, str(exc)))
     return done, skipped

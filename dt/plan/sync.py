@@ -73,7 +73,8 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts:
         if not behind:
             buckets = [(seconds_, 1.0) for seconds_, _ in buckets]
         backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
-        if (lay.zero == 0 or lay.zero == 1) and backs:
+        once = lay.zero in (0, 1) or c.gpu is not None and c.stack.reduce_once  # else every micro-batch
+        if once and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
         durations: dict[float, int] = {}  # a chunk's backwards mostly last alike: play each once
         for _, d in backs:
