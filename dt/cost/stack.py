@@ -43,6 +43,13 @@ class Stack:
     scatter_gather_p2p: bool = False  # a pipeline send carries 1/tp of the activation (all-gathered after)
     reduce_once: bool = False  # ZeRO 2 reduce-scatters the gradients once a step, after the last micro-batch
     blocking_p2p: bool = False  # a pipeline send holds its stage until the message is through
+    # what the stack runs: the layouts the planner offers on it
+    schedules: tuple[str, ...] = ("1f1b", "gpipe", "interleaved")  # () : no pipeline parallel
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    recomputes: tuple[str, ...] = ("none", "selective", "full")
+    tensor_parallel: bool = True
+    sequence_parallel: bool = True
+    context_parallel: bool = True
     partition: str = "blocks"  # a pipeline's cut: blocks evenly, the embedding and head beside the end
     # ones ("blocks"), or every layer counting one, the embedding and head included ("layers": dt's)
     cast_bytes: int = 0  # autocast's cached low-precision weights, per parameter, during a step
@@ -53,6 +60,13 @@ class Stack:
     def causal_skip(self) -> bool:
         """A fused kernel skips the masked half of a causal score matrix; an unfused one computes it."""
         return self.attention != "unfused"
+
+    def runs(self, schedule: str, pp: int, tp: int, cp: int, zero: int, recompute: str,
+             sequence_parallel: bool) -> bool:
+        """Whether the stack runs a layout with these choices (the planner offers only those)."""
+        return ((pp == 1 or schedule in self.schedules) and zero in self.zero_stages
+                and recompute in self.recomputes and (tp == 1 or self.tensor_parallel)
+                and (not sequence_parallel or self.sequence_parallel) and (cp == 1 or self.context_parallel))
 
     def at(self, itemsize: int) -> Stack:
         """The stack training in full precision (`itemsize` 4, fp32 or tf32): the weights are their
@@ -90,6 +104,7 @@ STACKS: dict[str, Stack] = {
                     "reduce-scatters behind backward (--overlap-grad-reduce) and parameters gathered behind "
                     "forward (--overlap-param-gather), tensor parallel's collectives behind its GEMMs "
                     "(--tp-comm-overlap); " + _CUDA_RUNTIME,
+        schedules=("1f1b", "interleaved"), zero_stages=(0, 1), 
         attention="cudnn", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=True, zero1_in_backward=True, runtime_bytes=1.5 * GIB,
@@ -101,10 +116,17 @@ STACKS: dict[str, Stack] = {
                          "values), fused bias-GeLU and bias-dropout-add, mixed precision with fp32 master "
                          "weights, Adam state and gradient buffers, the data-parallel all-reduce after "
                          "backward (its local DDP), tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
+        schedules=("1f1b", "interleaved"), zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False, 
         attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05,
         scatter_gather_p2p=True),
+}
+STACKS["megatron-2022"] = replace(
+    STACKS["megatron-2021"], name="megatron-2022", recomputes=("none", "selective", "full"), sequence_parallel=True,
+    source="Megatron-LM as Korthikanti et al. 2022 ran it: Narayanan et al.'s stack with sequence parallel and "
+           "selective recompute (the attention core's) added")
+STACKS |= {
     "megatron-deepspeed": Stack(
         "megatron-deepspeed", "bigscience-workshop/Megatron-DeepSpeed as BLOOM's tr11 ran it (2022): "
                               "Megatron's unfused attention (batched GEMMs and its fused scale-mask-softmax), "
@@ -113,6 +135,7 @@ STACKS: dict[str, Stack] = {
                               "fp32 gradient accumulation), the data-parallel reduction after the last "
                               "micro-batch, tensor parallel's all-reduces exposed, the pipeline's sends and "
                               "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
+        schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False, 
         attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
@@ -122,6 +145,7 @@ STACKS: dict[str, Stack] = {
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
                     "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the data-parallel "
                     "reduction in buckets behind backward; " + _CUDA_RUNTIME,
+        schedules=("1f1b", "gpipe"), zero_stages=(0, 1), recomputes=("none",), context_parallel=False, 
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
@@ -131,6 +155,7 @@ STACKS: dict[str, Stack] = {
                        "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
                        "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
                        "current one's compute; " + _CUDA_RUNTIME,
+        schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False, sequence_parallel=False, context_parallel=False, 
         attention="triton", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
@@ -139,6 +164,7 @@ STACKS: dict[str, Stack] = {
         "torchtitan", "pytorch/torchtitan (FSDP2, 2024-25): SDPA's flash kernels, no dropout, float32 "
                       "weights sharded (FSDP2's fully_shard), bf16 compute, gradients reduce-scattered in "
                       "float32, the next unit's all-gather prefetched; " + _CUDA_RUNTIME,
+        zero_stages=(0, 3), 
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
@@ -149,6 +175,7 @@ STACKS: dict[str, Stack] = {
                   "gathered from forward to backward, gradients reduce-scattered in fp32, bf16 compute with "
                   "fused attention kernels, no dropout, the data-parallel collectives behind compute; "
                   + _CUDA_RUNTIME,
+        schedules=("1f1b", "interleaved"), zero_stages=(2,), 
         attention="flash3", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, zero1_in_backward=True, fsdp_prefetch=True,

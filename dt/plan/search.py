@@ -84,30 +84,34 @@ def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]], headroom: float
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _busiest_stage(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay: Layout) -> float:
-    """Seconds of compute the busiest stage runs over a step (every chunk, every micro-batch)."""
+def _pipeline_bound(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay: Layout) -> float:
+    """A step no layout of this family undercuts: for each stage, the forwards and backwards of one
+    micro-batch-chunk on every stage before it (its input comes through them first, and its last
+    gradient goes back through them last) plus its own compute over the step; the largest."""
     sizes = micro_batch_sizes(per_rank, 1, lay.micro_batches)
     n = model.n_layer + 2
-    worst = 0.0
+    cut = layer_cut(model, lay.pp, lay.virtual, c.stack.partition)
+    before = bound = 0.0
     for s in range(lay.pp):
-        total = 0.0
-        for layers in stage_layers(n, lay.pp, s, layer_cut(model, lay.pp, lay.virtual, c.stack.partition),
-                                   lay.virtual):
+        total = smallest = 0.0
+        for layers in stage_layers(n, lay.pp, s, cut, lay.virtual):
             blocks = sum(1 for i in layers if 0 < i < n - 1)
-            for size in sizes:
-                f, b = catalogue_stage(c, model, StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers,
-                                                            0 in layers, lay.sequence_parallel, lay.recompute))
-                total += f + b
-        worst = max(worst, total)
-    return worst
+            chunk = [sum(catalogue_stage(c, model, StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers,
+                                                               0 in layers, lay.sequence_parallel, lay.recompute)))
+                     for size in sizes]
+            total += sum(chunk)
+            smallest = min(chunk) if not smallest else min(smallest, min(chunk))
+        bound = max(bound, before + total)
+        before += smallest
+    return bound
 
 
 def lower_bound(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> float:
-    """A step no shorter than the layout's: its busiest stage's compute (catalogue clusters only)."""
+    """A step no shorter than the layout's (catalogue clusters only): _pipeline_bound."""
     family = replace(Layout(), pp=lay.pp, virtual=lay.virtual, tp=lay.tp, cp=lay.cp,
                      micro_batches=lay.micro_batches, sequence_parallel=lay.sequence_parallel,
                      recompute=lay.recompute)
-    return _busiest_stage(c, model, seq, batch // lay.dp, family)
+    return _pipeline_bound(c, model, seq, batch // lay.dp, family)
 
 
 def _progress(total: int) -> Callable[[int], None]:
@@ -123,6 +127,11 @@ def _progress(total: int) -> Callable[[int], None]:
                 sys.stderr.write("\n")
             sys.stderr.flush()
     return show
+
+
+def _stack_runs(c: Cluster, lay: Layout) -> bool:
+    """Whether the cluster's stack runs the layout (dt train runs every layout of the grid)."""
+    return c.stack.runs(lay.schedule, lay.pp, lay.tp, lay.cp, lay.zero, lay.recompute, lay.sequence_parallel)
 
 
 def _accepted(model: ModelShape, lay: Layout, batch: int, seq: int) -> bool:
@@ -153,7 +162,7 @@ def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int, recompute:
     t0 = time.perf_counter()
     flops = model_flops(model, batch, seq)
     every = list(grid(c.world, batch, c.hosts, model.experts, recompute, clip, seq))
-    layouts = [lay for lay in every if _accepted(model, lay, batch, seq)]
+    layouts = [lay for lay in every if _stack_runs(c, lay) and _accepted(model, lay, batch, seq)]
     dropped: dict[str, int] = {}
     rows: list[Row] = []
     skipped = 0

@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 from dt.cost.flops import train_flops_per_token
+from dt.cost.stack import Stack
 from dt.plan.cluster import Cluster, catalogue_cluster
 from dt.plan.layouts import Layout, micro_batch_counts, train_args
 from dt.plan.memory import peak_bytes
@@ -97,7 +98,7 @@ def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> 
                              stack_name=stack)
 
 
-def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int) -> Iterator[dict]:
+def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int, stack: Stack) -> Iterator[dict]:
     """Every filling of the layout's unprinted fields (the source's assumption where it states one)."""
     lay = row.layout
 
@@ -108,11 +109,12 @@ def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int) -> Iterato
 
     micro = ([-(-per_rank // lay.micro_batch)] if lay.micro_batch else
              [lay.grad_accum] if lay.grad_accum else micro_batch_counts(pp, per_rank))
-    chunks = given("virtual_stages", lay.virtual_stages, (1, 2, 3, 4) if pp > 1 else (1,))
+    interleaved = pp > 1 and "interleaved" in stack.schedules
+    chunks = given("virtual_stages", lay.virtual_stages, (1, 2, 3, 4) if interleaved else (1,))
     for m, v, rc, sp, zero in itertools.product(
-            micro, chunks, given("recompute", lay.recompute, ("none", "selective", "full")),
-            given("sequence_parallel", lay.sequence_parallel, (False, True)),
-            given("zero_stage", lay.zero_stage, (0, 1))):
+            micro, chunks, given("recompute", lay.recompute, stack.recomputes),
+            given("sequence_parallel", lay.sequence_parallel, (False, True) if stack.sequence_parallel else (False,)),
+            given("zero_stage", lay.zero_stage, stack.zero_stages)):
         yield {"micro_batches": m, "virtual": v, "recompute": rc, "sequence_parallel": sp, "zero": zero}
 
 
@@ -121,7 +123,7 @@ def authors_layout(row: PublishedRow, model: ModelShape, c: Cluster, assume: dic
     fastest), its predicted step and its peak bytes per GPU."""
     lay, batch, seq = row.layout, row.layout.global_batch, row.model.seq_len
     priced = []
-    for choice in _choices(row, assume, lay.pp, batch // lay.dp):
+    for choice in _choices(row, assume, lay.pp, batch // lay.dp, c.stack):
         v = choice["virtual"]
         candidate = Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, zero=choice["zero"],
                            schedule="interleaved" if v > 1 else "1f1b", virtual=v,
@@ -166,8 +168,8 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
     memory = peak / GB if row.published_memory_gb is not None else None
     authors_rank = first = None
     if rank and row.cluster.gpus <= RANKED_UP_TO:
-        ranking = rank_layouts(c, model, row.layout.global_batch, row.model.seq_len,
-                               ("none", "selective", "full"), until=step)
+        recomputes = (assume["recompute"],) if "recompute" in assume else c.stack.recomputes
+        ranking = rank_layouts(c, model, row.layout.global_batch, row.model.seq_len, recomputes, until=step)
         faster = [r for r in ranking.rows if r.prediction.step < step * (1 - 1e-9)]
         authors_rank = len(faster) + 1
         first = ranking.rows[0].layout.name() if ranking.rows else lay.name()
