@@ -144,6 +144,31 @@ def test_the_fastest_dt_row_counts_auto():
     assert "fastest auto (naive)" in out.getvalue() and "0.50x torch" in out.getvalue(), out.getvalue()
 
 
+def _summary_line(rows: list[dict[str, Any]], transports: list[str]) -> str:
+    data = _data(rows)
+    data["machine"]["transports"] = transports
+    out = io.StringIO()
+    summary(data, out)
+    return out.getvalue().splitlines()[-1]
+
+
+def test_the_summary_compares_with_torch_on_the_same_wire_and_says_when_it_cannot():
+    torch_row = _row("torch", **{"in": _mode(2e-3)})
+    # dt on shared memory only: the comparison crosses wires, and the line says so
+    line = _summary_line([_row("one_shot", **{"in": _mode(0.14e-3)}), torch_row], ["shm"])
+    assert "fastest one_shot" in line and "0.07x torch (across wires: dt on shared memory, torch on " \
+        "gloo's sockets)" in line, line
+    # both wires: the same-wire row leads; the faster shared-memory row follows, labelled across wires
+    rows = [_row("one_shot@shm", **{"in": _mode(0.14e-3)}), _row("ring@torch", **{"in": _mode(1.9e-3)}),
+            _row("naive@torch", **{"in": _mode(2.2e-3)}), torch_row]
+    line = _summary_line(rows, ["shm", "torch"])
+    assert line.split("fastest on the same wire ")[1].startswith("ring@torch") and "0.95x torch" in line, line
+    assert "fastest one_shot@shm  0.07x torch (across wires: dt on shared memory" in line, line
+    # on torch's wire only: nothing crosses wires
+    line = _summary_line([_row("ring", **{"in": _mode(1.9e-3)}), torch_row], ["torch"])
+    assert "fastest on the same wire ring" in line and "across" not in line, line
+
+
 def test_the_plot_is_log_log():
     pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt

@@ -57,7 +57,8 @@ def test_the_played_schedule_idles_the_bubble_formula(name, v):
     played, stash = play(name, p, m, v, (1.0 / v,) * p, (2.0 / v,) * p, 0.0)
     step = max(acts[-1][4] for acts in played)
     assert 1 - 3 * m / step == pytest.approx(bubble_fraction(p, m, v))
-    assert stash[0] == {"gpipe": m, "1f1b": p, "interleaved": v * m}[name]
+    # interleaved: Megatron's p v + p - 1 chunks, p (1 + (p-1)/(p v)) micro-batches of the stage's layers
+    assert stash[0] == {"gpipe": m, "1f1b": p, "interleaved": p * v + p - 1}[name]
 
 
 def test_the_parts_sum_to_the_step_and_each_ranks_spans_tile_it():

@@ -46,7 +46,7 @@ def test_check_refuses_a_catalogue_device_across_hosts_and_takes_a_link(capsys):
         plan_args(["--hosts", "2", "--per-host", "2", "--device", "h100", "--check"])
     assert "drop --hosts" in capsys.readouterr().err
     assert plan_args(["--link", "10Gbit"]).link == 10e9
-    assert plan_args([]).link == 1e9  # the rate the README's cluster figures were tuned at
+    assert plan_args([]).link == 1e9  # the rate the cluster records (benchmarks/) were tuned at
 
 
 @pytest.mark.skipif(bool(MISSING), reason=MISSING)

@@ -13,7 +13,9 @@ summed over ranks, in the column of the mode it was checked in), then the
 time relative to torch's: the median over calls of (this call / torch's call
 of the same round), in-place where there is one. It closes with nccl-tests'
 "# Avg bus bandwidth" (per row: the mean busbw over every size and mode) and
-a summary per size: dt's fastest row, auto among them, and auto's pick.
+a summary per size: dt's fastest row, auto among them, against torch's on the
+same wire where dt ran on torch's (labelled "across wires" where it did not),
+and auto's pick.
 
 Sizes: -b, -b*f, -b*f^2, ... and -e itself (always measured, the last row).
 Units as dt.units reads them: KB, MB, GB are 1000s, KiB, MiB, GiB 1024s, and

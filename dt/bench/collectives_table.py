@@ -15,9 +15,10 @@ from typing import Any, TextIO
 from dt.cost import loadstore
 
 __all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "print_avg", "print_header",
-           "print_size_rows", "plot", "summary"]
+           "print_size_rows", "plot", "row_wire", "summary"]
 
 NOT_DT = ("torch", "deepspeed")  # the reference rows: every other row is one of dt's
+WIRES = {"shm": "shared memory", "torch": "torch's wire"}  # --transport's names, as the summary says them
 
 
 def print_header(data: dict[str, Any], out: TextIO) -> None:
@@ -95,16 +96,36 @@ def print_avg(data: dict[str, Any], out: TextIO) -> None:
         print(f"# Avg bus bandwidth    : {avg:.4g} GB/s  {name}", file=out)  # nccl-tests: %g
 
 
-def fastest_dt(here: dict[str, dict[str, Any]], mode: str) -> str | None:
-    """The fastest of dt's rows at one size (auto among them: it is one of dt's ways to call)."""
-    times = {a: r[mode]["median"] for a, r in here.items() if a not in NOT_DT and mode in r}
+def row_wire(name: str, transports: Sequence[str]) -> str:
+    """The wire a dt row ran on: its "@wire" suffix with --transport both, else the one transport."""
+    return name.rpartition("@")[2] if len(transports) > 1 else transports[0]
+
+
+def fastest_dt(here: dict[str, dict[str, Any]], mode: str, transports: Sequence[str] | None = None,
+               wire: str | None = None) -> str | None:
+    """The fastest of dt's rows at one size (auto among them: it is one of dt's ways to call);
+    with `wire`, of the rows that ran on that wire only."""
+    times = {a: r[mode]["median"] for a, r in here.items() if a not in NOT_DT and mode in r
+             and (wire is None or row_wire(a, transports or ()) == wire)}
     return min(times, key=times.__getitem__) if times else None
 
 
+def _torch_wire(data: dict[str, Any]) -> str:
+    """What torch's own collective runs on: its backend's wire (gloo: sockets; NCCL)."""
+    backend = data["machine"]["backend"]
+    return f"{backend}'s sockets" if backend == "gloo" else backend
+
+
 def summary(data: dict[str, Any], out: TextIO) -> None:
-    """Per size: dt's fastest row, auto's pick and its time over the fastest's."""
-    rows = data["results"]
-    print("\n# summary: fastest dt row (median time), then medians of per-call ratios", file=out)
+    """Per size: dt's fastest row against torch's collective, on the same wire where dt ran on
+    torch's (--transport torch or both), the fastest of all labelled as another wire's where it
+    is not; then auto's pick and its time over the fastest's."""
+    rows, transports = data["results"], data["machine"]["transports"]
+    print("\n# summary: fastest dt row (median time), then medians of per-call ratios; x torch is against "
+          f"torch's collective on {_torch_wire(data)}: the same wire for dt's rows on torch's wire, "
+          "another for those on shared memory" + ("" if "torch" in transports else
+                                                  " (--transport both adds dt's rows on torch's wire)"),
+          file=out)
     for size in dict.fromkeys(r["size"] for r in rows):
         here = {r["algorithm"]: r for r in rows if r["size"] == size}
         mode = "in" if "in" in here["torch"] else "out"
@@ -117,8 +138,19 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
             return statistics.median(x / y for x, y in zip(here[a][mode]["samples"],
                                                            here[b][mode]["samples"]))
 
-        label = fastest + (f" ({here[fastest]['picked']})" if "picked" in here[fastest] else "")
-        line = f"#   {size:>10} B  fastest {label:<22} {ratio(fastest, 'torch'):5.2f}x torch"
+        def named(a: str, here: dict = here) -> str:
+            return a + (f" ({here[a]['picked']})" if "picked" in here[a] else "")
+
+        same = fastest_dt(here, mode, transports, "torch")  # dt's rows on torch's own wire, if any
+        across = f" (across wires: dt on {WIRES.get(row_wire(fastest, transports), 'its wire')}, torch on " \
+                 f"{_torch_wire(data)})"
+        head = f"#   {size:>10} B  fastest"
+        if same is not None:
+            line = f"{head} on the same wire {named(same):<22} {ratio(same, 'torch'):5.2f}x torch"
+            if fastest != same:
+                line += f"   fastest {named(fastest)} {ratio(fastest, 'torch'):5.2f}x torch{across}"
+        else:
+            line = f"{head} {named(fastest):<22} {ratio(fastest, 'torch'):5.2f}x torch{across}"
         for a in (a for a in here if a.startswith("auto") and a != fastest):
             line += (f"   {a} -> {here[a].get('picked', '?'):<16} "
                      f"{ratio(a, fastest):5.2f}x fastest, {ratio(a, 'torch'):5.2f}x torch")

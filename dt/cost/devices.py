@@ -13,15 +13,16 @@ Latencies are NCCL's own model (src/graph/tuning.cc, hwLat, ring / Simple protoc
 per NVLink hop, 14 us per network hop, plus its baseLat of 8.4 us per collective.
 
 The sustained-efficiency factor is stated, never hidden: the fraction of peak a large GEMM
-sustains. It is set from published end-to-end
-figures, which bound it from below (a whole step also runs the non-matmul ops and waits on
-communication): Megatron-LM's 1T-parameter run sustained 163 TFLOP/s per A100, 52% of the
-312 peak (Narayanan et al., SC21, Table 1); Llama 3 405B sustained 38-43% bf16 MFU on
-H100 (Grattafiori et al. 2024, Table 4). We assume 0.7 of peak for large tf32/bf16/fp16
-GEMMs on every catalogue device: above those end-to-end bounds (a GEMM alone loses none of
-a step's other time), below peak; an assumption, stated as one. fp32 (no tensor cores)
-sustains nearly all of its small peak: 0.9 assumed. Change it in one place:
-Device.matmul_efficiency; on a GPU you have, `dt tune` measures the rate instead.
+sustains. It is set from published end-to-end figures, not fitted to a GPU dt ran on (one
+H200's large bf16 GEMMs measured 52-81% of the dense peak under `dt tune --device cuda`:
+benchmarks/gpu_h200_20261204_first-run.md). Those figures bound it from below (a whole step
+also runs the non-matmul ops and waits on communication): Megatron-LM's 1T-parameter run
+sustained 163 TFLOP/s per A100, 52% of the 312 peak (Narayanan et al., SC21, Table 1);
+Llama 3 405B sustained 38-43% bf16 MFU on H100 (Grattafiori et al. 2024, Table 4). We assume
+0.7 of peak for large tf32/bf16/fp16 GEMMs on every catalogue device: above those end-to-end
+bounds (a GEMM alone loses none of a step's other time), below peak; an assumption, stated as
+one. fp32 (no tensor cores) sustains nearly all of its small peak: 0.9 assumed. Change it in
+one place: Device.matmul_efficiency; on a GPU you have, `dt tune` measures the rate instead.
 """
 
 from __future__ import annotations

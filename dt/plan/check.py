@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
+from dt.plan.compute import rank_threads
 from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
@@ -72,12 +73,14 @@ def on_gpu(cluster: Cluster) -> bool:
 
 def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
                precision: str | None = None) -> list[str]:
-    """dt train's options for this layout (and nothing else: the rest are its defaults).
+    """dt train's options for this layout (and its threads: the rest are its defaults).
 
     precision: a catalogue precision (bf16, ...): the run goes on this host's GPUs with that
     autocast; None: on the CPU, as dt train runs by default here."""
+    # On the CPU the threads the planner timed a rank with (dt.plan.compute.rank_threads), not
+    # dt train's own rule (dt.train.threads): the check measures what was priced.
     device = ["--device", "cuda", "--precision", TRAIN_PRECISION[precision]] if precision else [
-        "--device", "cpu"]
+        "--device", "cpu", "--threads", str(rank_threads(lay.world))]
     argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
             "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
             "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),

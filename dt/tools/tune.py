@@ -30,9 +30,12 @@ synchronisation of the group (a one-shot barrier), and `mem`, the slope of
 a memcpy by every rank at once (1 to 16 MiB: out of cache, as big buffers are).
 
 Latencies (alpha, sync, the ping-pong) are bursts of back-to-back calls, the
-median of --reps bursts, measured --repeats times: the figure is the fastest
-repeat (noise only adds to a latency), the spread (slowest / fastest) is
-printed and saved with it (dt/tools/tune_curves.py). They are timed in turns
+median of --reps bursts, measured --repeats (5) times: the figure is the fastest
+repeat (noise only adds to a latency), its spread the middle repeat over it
+(robust to a slow repeat or two under a passing load), printed and saved with
+it beside the range (slowest / fastest; dt/tools/tune_curves.latency_of). A run
+that finds figures saved under the same key prints its latencies over theirs:
+the spread between runs. They are timed in turns
 with whole 4-byte all-reduces (recursive doubling; one-shot on shared
 memory), which they may not exceed.
 
@@ -41,8 +44,8 @@ them anyway, with the warnings): every curve (exchange time, memcpy time,
 reduction time over size) must grow with size, each point at least (1 - 25%)
 of the one before it (a curve that fails is measured again, up to --attempts
 times); alpha may not exceed a whole 4-byte all-reduce, nor sync a whole
-one-shot all-reduce, by more than 25%; a latency's spread may not exceed
---max-spread (2). A loaded machine once saved alpha = 3.67 ms, and a sync of
+one-shot all-reduce, by more than 25%; a latency's spread (its middle repeat
+over its fastest) may not exceed --max-spread (2). A loaded machine once saved alpha = 3.67 ms, and a sync of
 878 us beside a one-shot all-reduce of 170 us. Figures that pass but differ
 from the ones saved before by more than --max-spread are saved with a
 warning naming both.
@@ -85,6 +88,7 @@ from dt.tools.tune_curves import (
     MAX_SPREAD,
     REPEATS,
     Latency,
+    between_runs,
     drifted,
     inconsistent,
     latencies,
@@ -151,7 +155,7 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3,
     g = resolve_group(group)
     comm = Comm(g, "tune", "micro-benchmark")
     p, r = comm.size, comm.rank
-    out: dict[str, Any] = {"world": p, "backend": dist.get_backend(), "spread": {}}
+    out: dict[str, Any] = {"world": p, "backend": dist.get_backend(), "spread": {}, "range": {}}
 
     # ping-pong between ranks 0 and 1
     one = torch.zeros(1)
@@ -176,11 +180,12 @@ def measure(reps: int = 20, group: Any = None, attempts: int = 3,
     set_validation(None)
     step = timed.get("alpha", Latency(0.0, 1.0, ()))
     out["pingpong_one_way"] = timed["ping-pong"].seconds / 2 if p > 1 else 0.0
-    out["alpha"], out["spread"]["alpha"] = step.seconds, step.spread
+    out["alpha"], out["spread"]["alpha"], out["range"]["alpha"] = step.seconds, step.spread, step.range
     if p > 1:
         out["whole"] = _whole(g, timed)
     if "sync" in timed:
-        out["sync"], out["spread"]["sync"] = timed["sync"].seconds, timed["sync"].spread
+        sync = timed["sync"]
+        out["sync"], out["spread"]["sync"], out["range"]["sync"] = sync.seconds, sync.spread, sync.range
 
     # the exchange curve from 256 KiB: beta is its slope
     def exchange_curve() -> dict[int, float]:
@@ -327,7 +332,7 @@ def group_figures(results: list[dict[str, Any]], wire: str) -> dict[str, Any]:
     for key in ("alpha", "beta", "gamma", "pingpong_one_way", "sync", "mem"):
         if key in fig:
             fig[key] = max(res[wire][key] for res in results)
-    for part in ("whole", "spread"):
+    for part in ("whole", "spread", "range"):
         if part in fig:
             fig[part] = {k: (max(res[wire][part][k] for res in results) if isinstance(v, float) else v)
                          for k, v in fig[part].items()}
@@ -373,9 +378,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="repetitions per point (median)")
     parser.add_argument("--repeats", type=args_.at_least(1), default=REPEATS,
                         help=f"medians per latency figure (alpha, sync): the fastest is kept, the "
-                             f"spread printed (default {REPEATS})")
+                             f"middle one over it (the spread) printed (default {REPEATS})")
     parser.add_argument("--max-spread", type=args_.positive, default=MAX_SPREAD,
-                        help=f"refuse to save a latency whose slowest repeat took more than this "
+                        help=f"refuse to save a latency whose middle repeat took more than this "
                              f"times its fastest (default {MAX_SPREAD:g})")
     parser.add_argument("--no-save", action="store_true", help="print only")
     parser.add_argument("--no-sweep", action="store_true",
@@ -429,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                    load=os.getloadavg()[0],
                    measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         tune_saved.report(fig)
+        before = between_runs(fig, machine.entries().get(machine.key(fig)))
+        if before:
+            print(f"  {before}")
         why = refusals(results, wire, fig, args.max_spread)
         for reason in why:
             print(f"  WARNING: {reason}")

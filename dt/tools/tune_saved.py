@@ -30,8 +30,12 @@ def _rate(seconds_per_byte: float) -> str:
 
 
 def _spread(fig: dict[str, Any], name: str) -> str:
-    spread = fig.get("spread", {}).get(name)
-    return f"  (fastest of the repeats; spread {spread:.2f}x)" if spread is not None else ""
+    """The latency's spread over its repeats: the middle one over the fastest, and the slowest's."""
+    spread, worst = fig.get("spread", {}).get(name), fig.get("range", {}).get(name)
+    if spread is None:
+        return ""
+    return (f"  (fastest of the repeats; spread {spread:.2f}x: the middle repeat"
+            + (f", the slowest {worst:.2f}x" if worst is not None else "") + ")")
 
 
 def report(fig: dict[str, Any], out: TextIO | None = None) -> None:

@@ -40,6 +40,9 @@ The trainer around the step (each a module, two hooks in loop.py):
 - evaluate.py    the validation loss, forward only, on any mesh
 - precision.py   --precision: autocast, float32 master weights, float16 loss scaling
 - metrics.py     --metrics JSON lines, --plot's loss curve, MFU (dt.cost.flops)
+- peak.py        MFU's denominator: one core's matmul rate x the cores the ranks use
+- threads.py     the threads a rank computes with, unless --threads says
+- diverged.py    a NaN or infinite loss or weights: the run ends, nothing saved from that step
 - sample.py      `dt sample`: text from a checkpoint, with the plain model
 """
 

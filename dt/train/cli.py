@@ -21,11 +21,14 @@ from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
 from dt.train.dataset import prepare_data
+from dt.train.diverged import Diverged
 from dt.train.fits import why_it_cannot_fit
 from dt.train.layouts import layout_error, world
 from dt.train.loop import train_worker
-from dt.train.metrics import curve_records, job_peak_flops, mfu, plot_loss, read_metrics
+from dt.train.metrics import curve_records, mfu, plot_loss, read_metrics
 from dt.train.options import add_trainer_options, trainer_options_problem
+from dt.train.peak import format_mfu, job_peak_flops
+from dt.train.threads import default_threads
 
 __all__ = ["main", "parse_args", "report"]
 
@@ -39,6 +42,9 @@ _USAGE = """examples:
 """
 
 LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
+# A worker's error said in one line, and the exit status: 2 for what the input got wrong,
+# 1 for a run that diverged (a loss or weights NaN or infinite: dt.train.diverged).
+_ONE_LINE_ERRORS = {"CheckpointError": 2, Diverged.__name__: 1}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -107,8 +113,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="keep dt's cross-rank argument check on (off by default: it costs a "
                         "small all-gather per collective)")
     p.add_argument("--threads", type=args_.at_least(0), default=0,
-                   help="torch threads per process (default: the launcher's cores // processes; "
-                        "on a busy machine 1 avoids OpenMP threads spinning against each other)")
+                   help="torch threads per process (default: 1 while the model's products are small, "
+                        "else cores // processes: dt/train/threads.py)")
     p.add_argument("--no-progress", action="store_true")
     add_trainer_options(p)
     args = p.parse_args(argv)
@@ -140,6 +146,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     too_big = why_it_cannot_fit(args, ranks_here, on_gpu=backend_for(args.device) == "nccl")
     if too_big:
         p.error(too_big)
+    args.ranks_per_host = ranks_here
+    args.threads = args.threads or default_threads(args, ranks_here, os.cpu_count() or 1)
     return args
 
 
@@ -211,8 +219,8 @@ def _mfu(args: argparse.Namespace, r0: dict[str, Any], key: str = "tokens_per_s"
     if not fpt or not peak:
         return ""
     if key != "tokens_per_s":
-        return f", MFU {100 * mfu(fpt, r0[key], peak):.2f}%"
-    return (f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}% ({fpt / 1e6:.2f} MFLOP per token; "
+        return f", MFU {format_mfu(mfu(fpt, r0[key], peak))}"
+    return (f", MFU {format_mfu(mfu(fpt, r0['tokens_per_s'], peak))} ({fpt / 1e6:.2f} MFLOP per token; "
             f"peak: {args.peak_source})")
 
 
@@ -246,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
         args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
         torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision),
-        (args.batch_size * args.block_size, args.n_embd, 4 * args.n_embd))
+        args.threads, args.ranks_per_host)
     try:  # --data: tokenized once, here, before any process starts (None: generated text)
         args.data_dir = prepare_data(args)
     except (ValueError, OSError) as e:  # unreadable, not UTF-8, too short for a validation split
@@ -260,12 +268,13 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":  # every rank raised the same: rank 0 says it once
             print(f"dt train: error: {e}", file=sys.stderr)
         return 2
-    except WorkerError as e:  # a worker's: one line if it was the checkpoint's
-        if e.errors[e.rank].kind != "CheckpointError":
+    except WorkerError as e:  # a worker's: one line if it was the checkpoint's or a diverged loss
+        kind = e.errors[e.rank].kind
+        if kind not in _ONE_LINE_ERRORS:
             raise
         if launched_rank() == 0:  # under torchrun every rank gathered the same error
             print(f"dt train: error: {e.errors[e.rank].message}", file=sys.stderr)
-        return 2
+        return _ONE_LINE_ERRORS[kind]
     if results and results[0]["rank"] == 0:
         print(report(args, results))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too

@@ -22,6 +22,7 @@ from typing import Any
 from dt.train.dataset import TrainData
 from dt.train.evaluate import ForwardLoss, validation_loss
 from dt.train.metrics import MetricsLog, mfu
+from dt.train.peak import format_mfu
 from dt.train.progress import Progress
 from dt.train.schedule import WarmupCosine
 
@@ -93,5 +94,5 @@ def _postfix(record: dict[str, Any], val_losses: list[tuple[int, float]]) -> dic
         out["norm"] = f"{record['grad_norm']:.3f}"
     out["tok/s"] = f"{record['tokens_per_s']:.0f}"
     if record.get("mfu") is not None:
-        out["MFU"] = f"{100 * record['mfu']:.2f}%"
+        out["MFU"] = format_mfu(record["mfu"])
     return out

@@ -23,6 +23,7 @@ from dt.device import clock
 from dt.train.build import Built, build
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.dataset import open_data
+from dt.train.diverged import Diverged, check_loss, check_weights
 from dt.train.evaluate import forward_loss_of
 from dt.train.hooks import StepHooks
 from dt.train.metrics import model_flops_per_token
@@ -79,6 +80,12 @@ def _placement(args: argparse.Namespace, run: Built) -> dict[str, Any] | None:
             "predicted": predict(args, hosts, fig.levels, grad_bytes, itemsize)}
 
 
+def _save(args: argparse.Namespace, run: Built, step: int, loss: float, saved_with: dict[str, Any]) -> None:
+    """Collective: checkpoint after `step`, once every rank's weights are finite (dt.train.diverged)."""
+    check_weights(step, loss, run.parameters, run.world, run.device)
+    save_checkpoint(args.checkpoint, run.parallel_model, run.optimizer, step, run.cfg, args.keep, saved_with)
+
+
 def _train(args: argparse.Namespace) -> dict[str, Any]:
     data = open_data(args)
     run = make_model(args, data.vocab_size)
@@ -106,20 +113,23 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
         sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
         hooks.begin(step, optimizer)  # this step's learning rate
         loss = step_fn(x[sl], y[sl])  # forward, backward, sync, optimizer step
+        try:
+            check_loss(step + 1, loss)  # the same global loss on every rank: all raise together
+        except Diverged:
+            hooks.close()  # the metrics file holds every finite step
+            raise
         losses.append(loss)
         hooks.end(step, loss, step_fn.times, step_fn.stats.get("grad_norm"))  # validation, metrics
         if step == start:
             t_warm, eval_warm = clock(run.device), hooks.eval_s
         if args.checkpoint and args.save_every and (step + 1) % args.save_every == 0:
-            save_checkpoint(args.checkpoint, run.parallel_model, optimizer, step + 1, run.cfg, args.keep,
-                            saved_with)
+            _save(args, run, step + 1, loss, saved_with)
     t_end = clock(run.device)
     wall = t_end - t_start - hooks.eval_s  # training's time: validation apart
     steady = t_end - t_warm - (hooks.eval_s - eval_warm) if t_warm is not None else 0.0
     hooks.close()
     if args.checkpoint and start < args.steps:
-        save_checkpoint(args.checkpoint, run.parallel_model, optimizer, args.steps, run.cfg, args.keep,
-                        saved_with)
+        _save(args, run, args.steps, losses[-1], saved_with)
     steps = args.steps - start
     placement = _placement(args, run)  # after the loop: the world group is connected only now
     return {"rank": run.rank, "coords": run.coords, "losses": losses, "start": start, "wall_s": wall,

@@ -10,8 +10,10 @@ step's wall time. A resumed run appends to the file: the steps continue. Only
 rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
 
 MFU = model FLOPs per token (dt.cost.flops.train_flops_per_token: forward and
-backward, no recompute) x tokens/s / peak FLOP/s of the whole world (one device's
-peak x the devices). What the peak is, and where it came from, is the run's to say.
+backward, no recompute) x tokens/s / peak FLOP/s of the cores or devices the job computes
+on (dt/train/peak.py defines it: one core's matmul rate x the cores the ranks use). The
+record holds the ratio as computed; what is printed never shows one above 1 as if true
+(peak.format_mfu).
 """
 
 from __future__ import annotations
@@ -22,14 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
-import torch
-
-from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import train_flops_per_token
-from dt.device import clock
 
-__all__ = ["MetricsLog", "curve_records", "job_peak_flops", "measure_matmul_flops", "mfu",
-           "model_flops_per_token", "plot_loss", "read_metrics"]
+__all__ = ["MetricsLog", "curve_records", "mfu", "model_flops_per_token", "plot_loss", "read_metrics"]
 
 
 def model_flops_per_token(cfg: Any) -> float | None:
@@ -38,47 +35,6 @@ def model_flops_per_token(cfg: Any) -> float | None:
         return train_flops_per_token(cfg)
     except (AttributeError, TypeError):  # a config the formula cannot read: no MFU, rather than a wrong one
         return None
-
-
-def measure_matmul_flops(device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                         n: int = 512, seconds: float = 0.3) -> float:
-    """This process's sustained FLOP/s on an n x n matmul (its threads, as it runs now): MFU's peak on
-    a CPU, where no datasheet figure applies to a shared, hyper-threaded, throttled box."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
-    torch.mm(a, b)  # warm: threads started, kernels chosen
-    done, t0 = 0, clock(torch.device(device))
-    while True:
-        torch.mm(a, b)
-        done += 1
-        elapsed = clock(torch.device(device)) - t0
-        if elapsed >= seconds:
-            return 2 * n ** 3 * done / elapsed
-
-
-def job_peak_flops(per_device: float | None, world: int, device: str, dtype: torch.dtype,
-                   shape: tuple[int, int, int] = (2048, 512, 2048)) -> tuple[float, str]:
-    """MFU's denominator for a run of `world` processes, and where it came from.
-
-    Given per device (--peak-flops, a datasheet's figure): that x world. On the CPU,
-    the host's sustained rate (the ranks share its cores): `dt tune`'s measured matmul
-    rate at the nearest shape to `shape` (the model's MLP product: tokens x n_embd x
-    4 n_embd) on all this process's threads, when it was tuned (dt.cost.compute_rate);
-    else a float32 512^2 matmul measured here. On a GPU, one device's measured matmul x world.
-    """
-    if per_device is not None:
-        return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
-    if device == "cuda":
-        rate = measure_matmul_flops("cuda", dtype, n=4096)
-        return rate * world, f"a {dtype} 4096^2 matmul measured at start, {rate / 1e12:.1f} TFLOP/s x {world}"
-    threads = torch.get_num_threads()
-    tuned = matmul_rate(*shape, threads=threads, dtype="float32")
-    if tuned:
-        return tuned, (f"dt tune's float32 matmul rate near {shape[0]}x{shape[1]}x{shape[2]} on {threads} "
-                       f"threads (the host's ranks share them): {tuned / 1e9:.1f} GFLOP/s")
-    rate = measure_matmul_flops("cpu", torch.float32)
-    return rate, (f"a float32 512^2 matmul measured at start on {threads} threads "
-                  f"(the host's ranks share them; dt tune not run): {rate / 1e9:.1f} GFLOP/s")
 
 
 def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float:

@@ -47,8 +47,8 @@ def add_trainer_options(p: argparse.ArgumentParser) -> None:
                      help="one JSON line per step (appended): loss, val_loss, lr, grad_norm, tokens/s, "
                           "MFU, time split")
     out.add_argument("--peak-flops", type=args_.positive, default=None, metavar="FLOP/S",
-                     help="MFU's denominator, per process (default: a float32 matmul measured at start "
-                          "with the run's threads, on its device)")
+                     help="MFU's denominator, per process (default: one core's float32 matmul rate x "
+                          "the cores the ranks use, or a GPU's matmul x the GPUs: dt/train/peak.py)")
     out.add_argument("--plot", default=None, metavar="PNG",
                      help="draw the loss curve (train and validation) into PNG at the end (matplotlib)")
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from dt import args as args_
 from dt.bench import report as R
-from dt.bench.scaling import plots
+from dt.bench.scaling import plots, predicted
 from dt.bench.scaling.report import command_line, fmt_duration, report_markdown, write_outputs
 from dt.bench.scaling.settings import StudySettings, quick_settings
 from dt.bench.scaling.study import Study
@@ -152,6 +152,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         note = R.oversubscription_note(w, st.cores)
         if note:
             print(f"  - {note}")
+    untuned = predicted.how_to_tune(s.worlds_used(), s.backend)
+    if untuned and set(s.tables) & set(predicted.PRICED_TABLES):
+        print(f"  - {untuned}")
     t0 = time.time()
     try:
         st.measure()

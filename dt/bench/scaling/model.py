@@ -5,18 +5,22 @@
   fitted to measured times (table 7);
 - breakdown: one step's wall time split into parts that sum to 100% (table 5);
 - simulate_bubble: the bubble of dt.parallel.pipeline's own schedules (table 6);
-- scaling_row: speedup and efficiency (tables 3, 4).
+- scaling_row: speedup and efficiency (tables 3, 4);
+- share_bound: the lower bound of a data-parallel step (table 3).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 from dt import cost
 
 __all__ = ["BREAKDOWN_LABELS", "BREAKDOWN_PARTS", "MODELED_ALL_REDUCE", "breakdown", "fit_alpha_beta",
-           "model_terms", "predict", "scaling_row", "schedules_offered", "simulate_bubble"]
+           "model_terms", "predict", "scaling_row", "schedules_offered", "share_bound", "simulate_bubble"]
+
+SHARE_SOURCES = ("alone", "compute", "dt_off", "dt_on")  # where share_bound finds one rank's compute
 
 MODELED_ALL_REDUCE = ("ring", "naive", "recursive_doubling", "rabenseifner", "one_shot", "two_shot")
 
@@ -140,7 +144,7 @@ def simulate_bubble(schedule_name: str, p: int, m: int, virtual: int = 1, forwar
     q+1's backward of i (the last virtual stage: its own forward). A chunk's
     forward costs forward/v, its backward backward/v. Returns the mean over
     stages of idle time / makespan: (p-1)/(m+p-1) for GPipe and 1F1B, and for
-    interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when m < p).
+    interleaving (p-1)/(vm+p-1) when m is a multiple of p (more when not).
     """
     from dt.parallel.pipeline.timeline import play
 
@@ -155,3 +159,20 @@ def scaling_row(t1: float, tn: float, world: int) -> dict[str, float]:
     """speedup T1/TN and efficiency speedup/N."""
     speedup = t1 / tn if tn > 0 else math.nan
     return {"speedup": speedup, "efficiency": speedup / world}
+
+
+def share_bound(m: dict[str, Any]) -> float:
+    """A data-parallel step's lower bound at one (world, batch): the fastest one rank's share of
+    the batch was computed in this run (a Stat's `lo`: the fastest repetition).
+
+    No data-parallel step takes less than its own share's compute. Its candidates: the share
+    computed by rank 0 alone while the others wait ("alone": nothing in its way), the step
+    with no communication ("compute": all ranks computing at once), and each dt DDP step less
+    the wait it exposed ("busy", by dt's own timers). So by its arithmetic the bound is at
+    most the fastest of each of these steps, whatever the machine's noise; torch's DDP has no
+    timers to take its compute from, so only the physics holds its step above the bound.
+    nan when none was measured.
+    """
+    lows = [m[k]["busy" if k.startswith("dt") else "step"].lo for k in SHARE_SOURCES
+            if k in m and ("busy" in m[k] if k.startswith("dt") else True)]
+    return min(lows) if lows else math.nan

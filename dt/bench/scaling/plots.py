@@ -136,8 +136,10 @@ def efficiency(st: Any, out: Path) -> Path | None:
     if t3 is not None and t3.data:
         ax = axes[1]
         labels = {"dt_off": "dt, overlap off", "dt_on": "dt, overlap on", "torch": "torch DDP",
-                  "compute": "no communication (bound)"}
-        for impl, style in (("dt_off", "-o"), ("dt_on", "-s"), ("torch", "--^"), ("compute", ":k")):
+                  "compute": "no communication, ranks at once (not a bound)",
+                  "bound": "bound: one rank's share of compute (no step is faster)"}
+        for impl, style in (("dt_off", "-o"), ("dt_on", "-s"), ("torch", "--^"), ("compute", ":k"),
+                            ("bound", "-k")):
             rows = [r for r in t3.data if r["impl"] == impl or (r["world"] == 1 and r["impl"] == "compute")]
             rows = sorted(rows, key=lambda r: r["world"])
             if len(rows) > 1:

@@ -11,11 +11,15 @@ borrowed from another world would hide what the prediction misses) and says what
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from typing import Any
 
 from dt import cost
 
-__all__ = ["all_reduce", "ddp_step", "ddp_sync", "fmt", "seconds", "tuned", "wire_of"]
+__all__ = ["PRICED_TABLES", "all_reduce", "ddp_step", "ddp_sync", "fmt", "how_to_tune", "seconds", "tuned",
+           "wire_of"]
+
+PRICED_TABLES = (1, 2, 3, 4, 5, 7)  # the tables with a (model) column: each needs its worlds tuned
 
 
 def wire_of(impl: str) -> str:
@@ -36,6 +40,19 @@ def tuned(world: int, wire: str, backend: str = "gloo") -> dict[str, Any] | None
             isinstance(got.get(k), (int, float)) for k in ("alpha", "beta", "gamma")):
         return None
     return got
+
+
+def how_to_tune(worlds: Iterable[int], backend: str = "gloo") -> str | None:
+    """One line saying how to get the predictions the tables leave '-': the `dt tune` commands for
+    the worlds (of more than one rank) not tuned on both wires; None when every one is."""
+    missing = sorted(w for w in set(worlds)
+                     if w > 1 and (tuned(w, "shm") is None or tuned(w, "torch", backend) is None))
+    if not missing:
+        return None
+    commands = " && ".join(f"dt tune --world {w}" for w in missing)
+    return (f"the (model) columns show '-' for world {', '.join(map(str, missing))}: this machine's "
+            f"figures are not saved yet; `{commands}` saves them (a few minutes each), then run the "
+            f"study again")
 
 
 def all_reduce(saved: dict[str, Any] | None, impl: str, nbytes: int, world: int) -> cost.Estimate | None:

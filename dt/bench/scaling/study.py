@@ -171,9 +171,9 @@ class Study:
     def measure_dp(self, world: int, batch: int, impls: tuple[str, ...]) -> None:
         res = self.run(world, dp_worker, batch, self.s.hidden, self.s.layers, impls,
                        self.s.dp_steps_for(batch), self.s.dp_warmup, self.s.dp_algorithm, world > 1)
-        agg = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0]
-               if impl not in ("t1", "t1_1t")}
-        for k in ("t1", "t1_1t"):  # rank 0 alone ran the single-process baseline
+        alone = ("t1", "t1_1t", "alone")  # rank 0 alone ran these: the baseline, one rank's share
+        agg = {impl: aggregate_dp([r[impl] for r in res]) for impl in res[0] if impl not in alone}
+        for k in alone:
             if res[0].get(k):
                 agg[k] = aggregate_dp([res[0][k]])
         self.dp[(world, batch)] = agg

@@ -113,7 +113,8 @@ def dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str],
     """Data-parallel training steps of the reference model; this rank's timings per step.
 
     impls: "compute" (the local step with no communication at all: what each rank
-    computes when N ranks compute at once), "dt_off" / "dt_on" (dt's
+    computes when N ranks compute at once; at world > 1 rank 0 then also times
+    its share alone, "alone", while the others wait), "dt_off" / "dt_on" (dt's
     DistributedDataParallel, overlap off / on, with its own timers: backward
     compute, comm, exposed, hidden), "torch" (torch's DDP on gloo). The step
     itself is dt.bench.ddp.step_worker, so `dt bench ddp` and this study time the
@@ -133,13 +134,27 @@ def dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str],
 
     device = transport.default_device(transport.resolve_group(None))  # the rank's GPU under NCCL
 
-    def whole_batch() -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor, torch.Tensor]:
+    def whole_batch(rows: int = global_batch) -> tuple[nn.Module, torch.optim.Optimizer, torch.Tensor,
+                                                      torch.Tensor]:
         torch.manual_seed(0)
         net = reference_model(hidden, layers).to(device)
         gen = torch.Generator().manual_seed(1000)
         return (net, torch.optim.SGD(net.parameters(), lr=1e-6),
-                torch.randn(global_batch, hidden, generator=gen).to(device),
-                torch.randn(global_batch, hidden, generator=gen).to(device))
+                torch.randn(rows, hidden, generator=gen).to(device),
+                torch.randn(rows, hidden, generator=gen).to(device))
+
+    def share_alone(n: int, warm: int) -> list[dict[str, float]]:
+        """Rank 0 computes one rank's share of the batch, with a rank's threads, while the others
+        wait: what no data-parallel step can beat (its share's compute, nothing in its way)."""
+        out = []
+        if rank == 0:
+            share = whole_batch(global_batch // p)
+            for k in range(warm + n):
+                dt_s = single_process_step(*share)
+                if k >= warm:
+                    out.append({"step": dt_s})
+        barrier()
+        return out
 
     def baseline_steps(n: int, warm: int, threads_now: int | None = None,
                        out: list[dict[str, float]] = t1) -> None:
@@ -163,6 +178,11 @@ def dp_worker(global_batch: int, hidden: int, layers: int, impls: Sequence[str],
     names = ["single" if i == "compute" else i for i in impls]
     got = step_worker(global_batch, hidden, layers, names, steps, warmup, 25.0, 1.0, algorithm)
     records = {("compute" if k == "single" else k): v for k, v in got.items()}
+    for impl in ("dt_off", "dt_on"):  # the step's compute: all of it but the wait it exposed
+        for rec in records.get(impl, []):
+            rec["busy"] = rec["step"] - rec["exposed"]
+    if p > 1 and "compute" in impls:
+        records["alone"] = share_alone(steps, warmup)
     if baseline and p > 1:
         baseline_steps(max(1, steps - 1), 0)
         records["t1"] = t1

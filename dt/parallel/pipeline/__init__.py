@@ -22,19 +22,21 @@ GPipe runs every forward, then every backward, so each stage stashes the
 activations of all m micro-batches. 1F1B (PipeDream-Flush) runs
 min(p - s - 1, m) warm-up forwards, then alternates one forward with one
 backward and drains the rest: the same bubble, but at most p micro-batches
-stashed on any stage. Interleaving (Megatron) gives each rank v chunks of
-1/v the layers (chunks s, s+p, ...): the fill and drain slots shrink to 1/v,
-for v times more messages.
+stashed on any stage. Interleaving (Megatron's interleaved 1F1B) gives each
+rank v chunks of 1/v the layers (chunks s, s+p, ...): the fill and drain slots
+shrink to 1/v, for v times more messages, and the first stage stashes
+p v + p - 1 chunks' activations, p + (p-1)/v micro-batches of its layers.
 
 Why no schedule can deadlock here: on gloo every send is an isend that nobody
 waits on until the end of the step, so sends never block; only receives
 block, and a receive waits on a forward of the stage before or a backward of
 the stage after, which those stages reach without waiting on this one (the
-wait-for graph of each schedule is acyclic). Messages between two ranks
-arrive in the order sent, and both ends walk the micro-batches in the same
-order. On NCCL sends do block (every operation between two ranks runs in
-order on one stream): p2p.py batches each send with the receive after it,
-and puts the shape headers on groups of their own (see there).
+wait-for graph of each schedule is acyclic: timeline.play walks every
+stage's order to its end). Messages between two ranks arrive in the order
+sent, and the receiver takes them in that order (tests/test_pipeline_interleaved.py
+checks both for every schedule). On NCCL sends do block (every operation
+between two ranks runs in order on one stream): there p2p.py posts in
+lockstep (lockstep.py) and puts the shape headers on groups of their own.
 
 - schedules.py  the arithmetic of who does what when: partition, schedule, bubble_fraction
 - runtime.py    Pipeline (one stage running its schedule) and stage_module
@@ -42,6 +44,7 @@ and puts the shape headers on groups of their own (see there).
 - cut.py        a model's layer list cut into this rank's chunks; weights two stages share
 - stash.py      peak_stash: how many micro-batches' activations a stage holds, from the schedule
 - timeline.py   play: the schedule played out with durations (each action's start and end)
+- lockstep.py   the schedule on a common clock: which batch each message goes in on NCCL
 """
 
 from dt.parallel.pipeline.cut import StageCut, cut

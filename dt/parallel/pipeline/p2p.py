@@ -17,13 +17,16 @@ posted is what makes the pipeline correct on NCCL as well as on gloo:
 - Data travels on the pipeline group. On gloo (receives may go ahead) a send
   is posted at once and waited for at the end of the step (`drain`), so only
   receives block. On NCCL every operation between two ranks runs in order on
-  one stream, and 1F1B queues send(activation) then recv(gradient) on stage
-  s and send(gradient) then recv(activation) on s+1: as separate calls that
-  deadlocks. So a send waits (`pending`) and goes out in one batch with the
-  receive that follows it, which is Megatron's send_forward_recv_backward
-  on one side and send_backward_recv_forward on the other. At most one send
-  waits: a second send posts the first alone. dt.transport.rules replays
-  every schedule this way in the tests (tests/test_nccl_rules_parallel.py).
+  one stream and a send completes only when its receive runs: a send posted
+  on its own can hold up the stream until its peer gets to it, while the peer
+  first needs a message queued behind it (with interleaved 1F1B on stage 0:
+  a backward's gradient, then a forward's activation, both to the last stage,
+  no receive between them). So there the link posts in lockstep
+  (lockstep.py): at each tick of the step's common clock, one batch with
+  what this stage sends at that tick and the receives of what its neighbours
+  send at it, the batches of a tick pairing up across ranks, as Megatron and
+  torch.distributed.pipelining do. dt.transport.rules replays every schedule
+  this way in the tests (tests/test_nccl_rules_parallel.py).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from dt.device import clock
+from dt.parallel.pipeline.lockstep import Message, StagePlan
 from dt.transport import RECV, SEND, Comm, Group, connect, default_device, resolve_group, shared_group
 
 __all__ = ["LABEL", "StageLink", "header_groups"]
@@ -51,6 +55,12 @@ def _header(t: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"pipeline activations have at most {_HEADER - 2} dims, got {t.dim()}")
     words = [_DTYPES.index(t.dtype), t.dim(), *t.shape] + [0] * (_HEADER - 2 - t.dim())
     return torch.tensor(words, dtype=torch.int64, device=t.device)
+
+
+def _from_header(h: torch.Tensor, device: Any) -> torch.Tensor:
+    """An empty tensor of the dtype and shape a header announces."""
+    words = h.tolist()
+    return torch.empty(words[2:2 + int(words[1])], dtype=_DTYPES[int(words[0])], device=device)
 
 
 def header_groups(pipelines: list[tuple[int, ...]]) -> dict[int, Group]:
@@ -105,26 +115,46 @@ class StageLink:
         # rank blocked on a header on another group's wire would leave its data send
         # unmoved and its peer waiting (both ends agree: a pair shares a host or does not).
         # Not where receives may not go ahead (NCCL's rules, replayed in the tests): there a
-        # data send waits for the next receive, and a header sent at once would pass it.
+        # receive is posted in its tick's batch, after its header has arrived on its own group.
         self._inline = {q for q in range(p) if q != s and group.wire_for(q).name == "shm"}
         self._headers: deque[tuple[Any, torch.Tensor]] = deque()  # header receives posted ahead
         self._sends: list[tuple[Any, torch.Tensor]] = []  # posted, kept alive until drain
-        self._pending: list[tuple[torch.Tensor, int]] = []  # a data send waiting for a receive
         self._loopback: deque[torch.Tensor] = deque()
+        # Lockstep (receives may not go ahead): the step's messages still to post, the
+        # receives posted and not yet taken (per peer, in order), and the activations sent
+        # whose gradients are still to come (a gradient's receive is shaped like them).
+        self._to_send: deque[Message] = deque()
+        self._to_receive: deque[Message] = deque()
+        self._posted: dict[int, deque[tuple[Any, torch.Tensor]]] = {}
+        self._awaiting_gradient: dict[tuple[int, int], torch.Tensor] = {}
         self.bytes_sent = 0
         self.wait_s = 0.0
 
     def _comm(self, group: Group | None = None) -> Comm:
         return Comm(group or self.group, LABEL, "p2p")
 
-    def begin(self, headers_in: int) -> None:
-        """Start a step that will receive `headers_in` activations from the stage before."""
+    @property
+    def lockstep(self) -> bool:
+        """Whether this step's messages go out in lockstep (lockstep.py): where receives may not go ahead."""
+        return not self._comm().ahead
+
+    def begin(self, headers_in: int, plan: StagePlan | None = None) -> None:
+        """Start a step that will receive `headers_in` activations from the stage before.
+
+        `plan` (lockstep.stage_plan) is the step's messages on the common clock: needed
+        in lockstep, unused otherwise.
+        """
         self.bytes_sent, self.wait_s = 0, 0.0
-        if self._shared and headers_in and not self._comm().ahead:
+        lockstep = self.lockstep
+        if self._shared and headers_in and lockstep:
             raise ValueError("on NCCL a pipeline needs its header groups: build the pipeline on the "
                              "world group, or pass header_groups=dt.parallel.pipeline.header_groups("
                              "every pipeline's ranks) (dt.mesh makes them as mesh.pp_headers)")
-        inline = (self.group.rank - 1) % self.group.size in self._inline and self._comm().ahead
+        if lockstep:
+            if plan is None:
+                raise ValueError("where receives may not go ahead (NCCL) a step needs its lockstep plan")
+            self._to_send, self._to_receive = deque(plan.sends), deque(plan.receives)
+        inline = (self.group.rank - 1) % self.group.size in self._inline and not lockstep
         if headers_in and self._hdr_in is not None and not inline:
             comm = self._comm(self._hdr_in)
             peer = 1 - self._hdr_in.rank  # the other member of a two-rank group
@@ -150,9 +180,13 @@ class StageLink:
                 self._sends.append((self._comm(self._hdr_out).isend(h, 1 - self._hdr_out.rank), h))
         if comm.ahead:
             self._sends.append((comm.isend(t, peer), t))
-        else:
-            self._flush(comm)
-            self._pending.append((t, peer))
+            return
+        msg = self._to_send.popleft()
+        if msg.peer != peer:
+            raise RuntimeError(f"the pipeline sent to stage {peer} where its plan sends to stage {msg.peer}")
+        if activation:
+            self._awaiting_gradient[msg.chunk, msg.micro_batch] = t
+        self._post_through(comm, msg.tick, (t, peer))
 
     def recv(self, src: int, like: torch.Tensor | None = None) -> torch.Tensor:
         """The next tensor from `src`: an activation (shape from its header) or, given `like`, a gradient."""
@@ -160,35 +194,64 @@ class StageLink:
             return self._loopback.popleft()
         t0 = clock(self.device)
         comm = self._comm()
+        peer = self.group.group_rank(src)
+        if not comm.ahead:
+            posted = self._posted.setdefault(peer, deque())
+            if not posted:  # post every batch up to the tick this message is sent at
+                self._post_through(comm, next(m.tick for m in self._to_receive if m.peer == peer))
+            handle, t = posted.popleft()
+            handle.wait()
+            self.wait_s += clock(self.device) - t0
+            return t
         if like is None:
-            if self._shared or (comm.ahead and self.group.group_rank(src) in self._inline):
+            if self._shared or peer in self._inline:
                 h = torch.empty(_HEADER, dtype=torch.int64, device=self.device)
-                comm.irecv(h, self.group.group_rank(src)).wait()
+                comm.irecv(h, peer).wait()
             else:
                 handle, h = self._headers.popleft()
                 handle.wait()
-            words = h.tolist()
-            t = torch.empty(words[2:2 + int(words[1])], dtype=_DTYPES[int(words[0])], device=self.device)
+            t = _from_header(h, self.device)
         else:
             t = torch.empty_like(like, memory_format=torch.contiguous_format)
-        pending, self._pending = self._pending, []
-        handles = comm.batch([(SEND, buf, q) for buf, q in pending] + [(RECV, t, self.group.group_rank(src))])
-        self._sends += [(hd, buf) for hd, (buf, _) in zip(handles, pending)]
-        handles[-1].wait()
+        comm.irecv(t, peer).wait()
         self.wait_s += clock(self.device) - t0
         return t
 
-    def _flush(self, comm: Comm) -> None:
-        """Post the waiting send on its own."""
-        if self._pending:
-            (t, peer), = self._pending
-            self._pending = []
-            self._sends.append((comm.isend(t, peer), t))
+    def _post_through(self, comm: Comm, tick: int, send: tuple[torch.Tensor, int] | None = None) -> None:
+        """Post, in tick order, every batch up to `tick`: each tick's receives, and `send` in its own."""
+        while self._to_receive and self._to_receive[0].tick <= tick:
+            at = self._to_receive[0].tick
+            ops = []
+            while self._to_receive and self._to_receive[0].tick == at:
+                ops.append(self._receive_op(self._to_receive.popleft()))
+            if send is not None and at == tick:
+                ops.append((SEND, *send))
+                send = None
+            self._post(comm, ops)
+        if send is not None:
+            self._post(comm, [(SEND, *send)])
+
+    def _receive_op(self, msg: Message) -> tuple[str, torch.Tensor, int]:
+        """A receive, shaped by its header (an activation) or by the activation it is the gradient of."""
+        if msg.kind == "F":
+            t0 = clock(self.device)
+            handle, h = self._headers.popleft()
+            handle.wait()
+            self.wait_s += clock(self.device) - t0
+            return RECV, _from_header(h, self.device), msg.peer
+        sent = self._awaiting_gradient.pop((msg.chunk, msg.micro_batch))
+        return RECV, torch.empty_like(sent, memory_format=torch.contiguous_format), msg.peer
+
+    def _post(self, comm: Comm, ops: list[tuple[str, torch.Tensor, int]]) -> None:
+        for handle, (kind, t, peer) in zip(comm.batch(ops), ops):
+            if kind == SEND:
+                self._sends.append((handle, t))
+            else:
+                self._posted.setdefault(peer, deque()).append((handle, t))
 
     def drain(self) -> None:
-        """Post what is still pending, then wait for every send since the last drain."""
+        """Wait for every send since the last drain."""
         t0 = clock(self.device)
-        self._flush(self._comm())
         for handle, _ in self._sends:
             handle.wait()
         self._sends.clear()

@@ -22,9 +22,11 @@ from torch import nn
 
 from dt import transport
 from dt.device import clock
+from dt.parallel.pipeline.lockstep import stage_plan
 from dt.parallel.pipeline.p2p import LABEL, StageLink
 from dt.parallel.pipeline.p2p import header_groups as make_header_groups
 from dt.parallel.pipeline.schedules import neighbour, schedule, stage_layers
+from dt.parallel.pipeline.timeline import Orders
 
 __all__ = ["LABEL", "MicroBatchHooks", "Pipeline", "PipelineStepStats", "stage_module"]
 
@@ -99,13 +101,22 @@ class Pipeline:
         return None if s is None else self.group.global_rank(s)
 
     # -- steps ------------------------------------------------------------
-    def _begin_step(self, actions: list[tuple[str, int, int]]) -> None:
+    def _begin_step(self, orders: Orders) -> tuple[tuple[str, int, int], ...]:
+        """Start a step in which every stage runs its actions in `orders`; this stage's actions."""
         self.stats = PipelineStepStats()
         me = self.group.global_rank(self.stage)
+        actions = orders[self.stage]
         incoming = sum(1 for kind, c, _ in actions
                        if kind == "F" and self._peer(c, -1) not in (None, me))
-        self.wire.begin(incoming)
+        plan = stage_plan(orders, len(self.chunks), self.stage) if self.wire.lockstep else None
+        self.wire.begin(incoming, plan)
         self._t_step = clock(self.wire.device)
+        return actions
+
+    def _orders(self, name: str, m: int, forward_only: bool = False) -> Orders:
+        """Every stage's actions this step (each stage plans its messages from its neighbours')."""
+        return tuple(tuple(a for a in schedule(name, self.stages, s, m, len(self.chunks))
+                           if not forward_only or a[0] == "F") for s in range(self.stages))
 
     def _end_step(self) -> None:
         """Wait for the step's last sends; the step's time, bytes and idle time into `stats`."""
@@ -135,9 +146,8 @@ class Pipeline:
         batch = inputs if self.is_first else targets
         if batch is not None and m > batch.shape[0]:
             raise ValueError(f"{m} micro-batches of a batch of {batch.shape[0]}")
-        actions = schedule(schedule_name, self.stages, self.stage, m, len(self.chunks))
+        actions = self._begin_step(self._orders(schedule_name, m))
         last_backward = {c: i for kind, c, i in actions if kind == "B"}  # each chunk's final one
-        self._begin_step(actions)
         xs = self._micro(inputs if self.is_first else None, m)
         ys = self._micro(targets if self.is_last else None, m)
         n_total = targets.shape[0] if self.is_last else 0
@@ -178,9 +188,8 @@ class Pipeline:
     @torch.no_grad()
     def forward(self, inputs: torch.Tensor | None, micro_batches: int = 1) -> torch.Tensor | None:
         """Inference: micro-batches flow forward only; the last stage returns the outputs."""
-        actions = [a for a in schedule("interleaved", self.stages, self.stage, micro_batches,
-                                       len(self.chunks)) if a[0] == "F"]
-        self._begin_step(actions)
+        # interleaved's forwards: micro-batches in groups of p through each chunk in turn
+        actions = self._begin_step(self._orders("interleaved", micro_batches, forward_only=True))
         xs, outs = self._micro(inputs if self.is_first else None, micro_batches), []
         for _, c, i in actions:
             prev, nxt = self._peer(c, -1), self._peer(c, +1)

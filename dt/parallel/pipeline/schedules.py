@@ -68,16 +68,14 @@ def schedule(name: str, p: int, s: int, m: int, v: int = 1) -> list[tuple[str, i
 
     gpipe: every forward, then every backward. 1f1b: min(p-s-1, m) warm-up
     forwards, then one forward one backward, then the remaining backwards.
-    interleaved (v chunks per stage): GPipe's order over the virtual stages,
-    micro-batches in groups of p, each group through chunk 0, then chunk 1, ...
-    (Megatron's order), backwards mirrored. Every stage sorts its actions by the
-    same key, so a receive only ever waits on an action earlier in that order.
+    interleaved: Megatron's interleaved 1F1B over v chunks per stage (see
+    _interleaved_1f1b); with one chunk it is 1F1B, as in Megatron.
     """
     if name in ("gpipe", "1f1b") and v != 1:
         raise ValueError(f"{name} runs one chunk per stage; use 'interleaved' for virtual={v}")
     if name == "gpipe":
         return [("F", 0, i) for i in range(m)] + [("B", 0, i) for i in range(m)]
-    if name == "1f1b":
+    if name == "1f1b" or (name == "interleaved" and v == 1):
         warmup = min(p - s - 1, m)
         acts = [("F", 0, i) for i in range(warmup)]
         for k in range(m - warmup):           # steady state: one forward, one backward
@@ -85,8 +83,44 @@ def schedule(name: str, p: int, s: int, m: int, v: int = 1) -> list[tuple[str, i
         acts += [("B", 0, i) for i in range(m - warmup, m)]  # cooldown
         return acts
     if name == "interleaved":
-        work = [(c, i) for c in range(v) for i in range(m)]
-        fwd = sorted(work, key=lambda ci: (ci[1] // p, ci[0], ci[1]))
-        bwd = sorted(work, key=lambda ci: (ci[1] // p, v - 1 - ci[0], ci[1]))
-        return [("F", c, i) for c, i in fwd] + [("B", c, i) for c, i in bwd]
+        return _interleaved_1f1b(p, s, m, v)
     raise ValueError(f"unknown schedule {name!r}; one of 'gpipe', '1f1b', 'interleaved'")
+
+
+def _interleaved_1f1b(p: int, s: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """Megatron's interleaved 1F1B (Narayanan et al. 2021, Section 2.2.2) on stage s.
+
+    Forwards take micro-batches in groups of p, each group through chunk 0,
+    then chunk 1, ..., then the next group; backwards take the same order with
+    the chunks reversed. Stage s runs 2 (p-s-1) + (v-1) p forwards first (a
+    group's way through the other chunks, plus the round trip to the last stage
+    and back), then alternates one forward and one backward, then drains the
+    backwards. Stage 0 then holds p v + p - 1 (chunk, micro-batch) activations
+    at most, p (1 + (p-1)/(p v)) micro-batches of its whole stage, where every
+    forward first would hold all v m; the bubble is (p-1)/(v m + p-1).
+
+    Every stage follows one forward order and one backward order, so between any
+    two ranks messages leave in the order the receiver takes them (with p = 2 one
+    pair carries activations and gradients both ways; they agree because a group
+    is 2 micro-batches, the difference between the two stages' warm-ups), and no
+    receive waits on an action that waits on it: timeline.play walks every
+    stage's order to its end.
+
+    m not a multiple of p (Megatron refuses it; its groups of N > p, a last one
+    of at least p, would break that agreement at p = 2): the order for the next
+    multiple of p with the missing micro-batches' actions left out, so the last
+    group is shorter. Leaving actions out keeps both properties (any run of the
+    longer order, restricted, runs the shorter one, and each pair loses the same
+    messages at both ends); the price is bubble, since a short group cannot keep
+    the virtual stages busy.
+    """
+    padded = -(-m // p) * p
+    table = [(c, i) for g in range(0, padded, p) for c in range(v) for i in range(g, g + p)]
+    forwards = [("F", c, i) for c, i in table]
+    backwards = [("B", v - 1 - c, i) for c, i in table]
+    warmup = min(2 * (p - s - 1) + (v - 1) * p, len(table))
+    acts = forwards[:warmup]
+    for f, b in zip(forwards[warmup:], backwards):  # steady state: one forward, one backward
+        acts += [f, b]
+    acts += backwards[len(table) - warmup:]  # cooldown
+    return [a for a in acts if a[2] < m]

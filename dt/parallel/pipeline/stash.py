@@ -6,7 +6,10 @@ gives the same counts the runtime measures (PipelineStepStats.peak_stash):
 
     GPipe        m on every stage (every forward before any backward)
     1F1B         min(p - s, m) on stage s: p on the first stage, 1 on the last
-    interleaved  v m (dt's order runs each group's forwards through every chunk first)
+    interleaved  min(2 (p-s-1) + (v-1) p + 1, v m) on stage s when p divides m: p v + p - 1
+                 on the first stage once m >= 2p, Megatron's p (1 + (p-1)/(p v)) micro-batches
+                 of a stage's layers (each chunk holds 1/v of them); fewer when p does not
+                 divide m (the last group is shorter)
 
 Memory is the bytes, not the count: with v chunks of different layers a stash of one
 chunk's micro-batch weighs what that chunk keeps (dt.cost.activations per chunk), so

@@ -17,13 +17,14 @@ import functools
 
 from dt.parallel.pipeline.schedules import schedule
 
-__all__ = ["Action", "play"]
+__all__ = ["Action", "Orders", "play", "play_orders"]
 
 Action = tuple[str, int, int, float, float]  # kind, chunk, micro-batch, start, end
+Orders = tuple[tuple[tuple[str, int, int], ...], ...]  # each stage's ("F"|"B", chunk, micro-batch) actions
 
 
 @functools.lru_cache(maxsize=1024)
-def _orders(name: str, p: int, m: int, v: int) -> tuple[tuple[tuple[str, int, int], ...], ...]:
+def _orders(name: str, p: int, m: int, v: int) -> Orders:
     return tuple(tuple(schedule(name, p, s, m, v)) for s in range(p))
 
 
@@ -38,7 +39,14 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
     the action's own time), and a receiver that waited longer than `spin` went to sleep and
     starts `wake` after the message lands (dt.cost.overheads' terms, as `dt tune` measures them).
     """
-    orders = _orders(name, p, m, v)
+    return play_orders(_orders(name, p, m, v), v, fwd, bwd, send, post, wake, spin)
+
+
+def play_orders(orders: Orders, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
+                send: float = 0.0, post: float = 0.0, wake: float = 0.0,
+                spin: float = float("inf")) -> list[list[Action]]:
+    """play, for any per-stage action orders over v chunks per stage (a forward-only pass, say)."""
+    p = len(orders)
     done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
     free = [0.0] * p
     nxt = [0] * p
@@ -73,5 +81,6 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise RuntimeError(f"schedule {name!r} deadlocks at p={p}, m={m}, v={v}")  # never happens
+            stuck = {s: orders[s][nxt[s]] for s in range(p) if nxt[s] < len(orders[s])}
+            raise RuntimeError(f"the stages' orders wait on each other forever: next actions {stuck}")
     return out

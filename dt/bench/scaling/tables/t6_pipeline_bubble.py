@@ -55,8 +55,8 @@ def build(st: Results) -> Table:
         data.append(entry)
     notes = ["formula: (p-1)/(m+p-1), (p-1)/(vm+p-1) interleaved. schedule: the bubble of "
              "dt.pipeline's own action order played out with free messages (simulate_bubble; "
-             "backward = 2x forward); it equals the formula except interleaving with m < p, where "
-             "micro-batches cannot fill the virtual stages.",
+             "backward = 2x forward); it equals the formula except interleaving with m not a "
+             "multiple of p, whose last group of micro-batches cannot fill the virtual stages.",
              f"{p} stages, batch {s.pp_batch} cut into m micro-batches, dt.pipeline.Pipeline."
              "train_step (forward and backward). Measured bubble: each stage's idle time (blocked "
              "receiving or on its last sends, plus waiting for the slowest stage to finish) over "
@@ -69,11 +69,12 @@ def build(st: Results) -> Table:
              f"linear stages: {s.pp_blocks_per_stage} (Linear({s.pp_hidden}), GELU) blocks each, "
              "real compute. Idle time includes the wire time of activations and gradients. Peak "
              "stash: the most micro-batches whose activations any stage held (GPipe m, 1F1B at "
-             "most p)."]
+             "most p; interleaved: (chunk, micro-batch) pairs, p v + p - 1 when p divides m >= 2p)."]
     if "interleaved" in st.pp_schedules():
         v = s.pp_virtual
         notes.append(f"interleaved (v={v}): each rank holds {v} chunks of 1/{v} the layers (Megatron's "
-                     f"order); the formula is (p-1)/(v m + p-1), bought with {v} times the messages.")
+                     f"interleaved 1F1B); the formula is (p-1)/(v m + p-1), bought with {v} times the "
+                     "messages.")
     if p > st.cores:
         notes.append(f"{p} stages > {st.cores} cores (oversubscribed): linear stages busy at the "
                      "same time share the cores, so a full pipe computes slower per stage than a "
