@@ -1,8 +1,8 @@
 """Every layout of a model on a world that `dt train` accepts, and the grammar of a layout's name.
 
 The sizes dp x cp x tp x pp multiply to the world (ep divides dp x cp), and each mesh is
-crossed with a ZeRO stage (0-3), a schedule (1f1b; with pp > 1 also gpipe and interleaved
-with 1, 2 or 4 chunks), a micro-batch count (gradient accumulation at pp 1 too: see
+crossed with a ZeRO stage (0-3), a schedule (1f1b; with pp > 1 also gpipe and Megatron's
+interleaved 1F1B with 2, 3 or 4 chunks per stage), a micro-batch count (gradient accumulation at pp 1 too: see
 micro_batch_counts), ring or Ulysses attention when cp > 1, sequence parallel when tp > 1,
 activation recompute (none, selective, full; as asked), and tp inside or across hosts
 when there are hosts. What runs is decided by dt.train.layouts.layout_error, dt train's
@@ -145,7 +145,7 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
     placements = (False, True) if hosts > 1 else (False,)
     for dp, tp, pp, cp, ep in meshes(world, experts, seq):
         per_rank = max(1, batch // dp)
-        piped = [("gpipe", 1)] + [("interleaved", v) for v in (1, 2, 4)] if pp > 1 else []
+        piped = [("gpipe", 1)] + [("interleaved", v) for v in (2, 3, 4)] if pp > 1 else []  # v 1 is 1F1B
         schedules = [("1f1b", 1), *piped]
         for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
             for schedule, virtual in schedules:

@@ -100,7 +100,7 @@ def _pipeline_bound(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay:
                                                                0 in layers, lay.sequence_parallel, lay.recompute)))
                      for size in sizes]
             total += sum(chunk)
-            smallest = min(chunk) if not smallest else min(smallest, min(chunk))
+            smallest = min(chunk) if not smallest else min(smallest, *chunk)
         bound = max(bound, before + total)
         before += smallest
     return bound

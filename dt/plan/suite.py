@@ -50,6 +50,12 @@ class Compared:
     predicted_memory_gb: float | None
     authors_rank: int | None  # 1: first; None: not ranked (the cluster's grid is too large)
     first_layout: str | None
+    first_step: float | None = None  # the first-ranked layout's predicted step
+
+    @property
+    def behind_first(self) -> float | None:
+        """How much slower the authors' layout is predicted than the first-ranked (0: it is first)."""
+        return None if self.first_step is None else self.step / self.first_step - 1
 
     @property
     def error(self) -> float:
@@ -166,15 +172,16 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
     c = _cluster(row, pricing["stack"], efficiency)
     lay, step, peak = authors_layout(row, model, c, assume)
     memory = peak / GB if row.published_memory_gb is not None else None
-    authors_rank = first = None
+    authors_rank = first = first_step = None
     if rank and row.cluster.gpus <= RANKED_UP_TO:
         recomputes = (assume["recompute"],) if "recompute" in assume else c.stack.recomputes
         ranking = rank_layouts(c, model, row.layout.global_batch, row.model.seq_len, recomputes, until=step)
         faster = [r for r in ranking.rows if r.prediction.step < step * (1 - 1e-9)]
         authors_rank = len(faster) + 1
         first = ranking.rows[0].layout.name() if ranking.rows else lay.name()
+        first_step = min([step] + [r.prediction.step for r in ranking.rows])
     return Compared(row, lay.name(), step, _metric(row, model, lay, step, c, pricing["flops"]), memory,
-                    authors_rank, first)
+                    authors_rank, first, first_step)
 
 
 def priced_rows(sources: Iterable[str] | None = None, rank: bool = True,
