@@ -28,11 +28,13 @@ from typing import Any
 
 from dt.units import parse_rate, parse_size, parse_time
 
-__all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "TRANSPORTS", "InputError", "Parser", "Variable",
+__all__ = ["ENVIRONMENT", "INTERNAL", "MAX_WORLD", "PRECISIONS", "TRANSPORTS", "HelpFormatter", "InputError",
+           "Parser", "Variable",
            "at_least", "available_memory", "boolean", "check_environment", "check_local_world", "cores",
            "did_you_mean", "duration", "env_rule", "env_value", "finite", "launched_by_torchrun", "link",
-           "listed", "max_local_world", "non_negative", "positive", "ranks", "rate", "register", "seconds",
-           "size", "text_value", "transport", "world"]
+           "listed", "max_local_world", "non_negative", "positive", "precision", "precision_spellings",
+           "ranks", "rate", "register", "seconds", "short_precision", "size", "text_value", "transport",
+           "world"]
 
 MAX_WORLD = 4096  # ranks in one world, across hosts: beyond this it is a typo, not a plan
 
@@ -155,6 +157,38 @@ def boolean(text: str) -> bool:
     if value in ("0", "false", "no", "off", ""):
         return False
     raise InputError(f"must be 1 or 0 (true/false, yes/no, on/off), got {text!r}")
+
+
+# -- precisions -----------------------------------------------------------------
+
+# Each precision once: the name dt stores (torch's dtype name; tf32 has none, it is float32
+# storage whose matmuls run on TF32 tensor cores), then the spellings of NVIDIA's datasheets
+# and nccl-tests (bf16, fp16, fp32), the first of them the short name.
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "float32": ("fp32",), "tf32": ("tf32",), "bfloat16": ("bf16",), "float16": ("fp16", "half"),
+    "float64": ("fp64", "double"),
+}
+
+
+def precision_spellings() -> list[str]:
+    """Every spelling `precision` accepts, for help texts and errors."""
+    return [word for name, other in PRECISIONS.items() for word in dict.fromkeys((name, *other))]
+
+
+def precision(text: str) -> str:
+    """A precision in any of its spellings (bf16 or bfloat16, fp32 or float32, ...): its torch name."""
+    word = str(text).strip().lower()
+    for name, other in PRECISIONS.items():
+        if word == name or word in other:
+            return name
+    known = precision_spellings()
+    raise InputError(f"must be a precision, one of {', '.join(known)}; got {text!r}"
+                     f"{did_you_mean(word, known)}")
+
+
+def short_precision(name: str) -> str:
+    """A precision's datasheet spelling (bfloat16 -> bf16), from its torch name."""
+    return PRECISIONS[name][0]
 
 
 # -- how many processes this machine holds --------------------------------------
@@ -315,11 +349,32 @@ def check_environment() -> None:
         env_value(name)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The description and epilog as written, and each option's default after its help, unless
+    the help names its default already or there is none to show (None, a flag's False)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default == argparse.SUPPRESS
+        if not action.option_strings or "default" in text or nothing:
+            return text
+        return f"{text} (default: %(default)s)" if text else "default: %(default)s"
+
+
 class Parser(argparse.ArgumentParser):
     """argparse, with every refusal in one line (exit 2) and the environment checked too."""
 
     def error(self, message: str) -> Any:  # noqa: ANN401 - argparse's signature (never returns)
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def _check_value(self, action: argparse.Action, value: Any) -> None:  # noqa: ANN401 - any choice
+        """A value outside an option's choices, refused with the nearest choice ('did you mean')."""
+        if action.choices is not None and value not in action.choices:
+            known = [str(c) for c in action.choices]
+            near = did_you_mean(str(value), known)
+            raise argparse.ArgumentError(action, f"invalid choice: {value!r}{near} "
+                                                 f"(choose from {', '.join(known)})")
+        super()._check_value(action, value)
 
     def parse_args(self, args: Sequence[str] | None = None, namespace: Any = None) -> Any:  # noqa: ANN401
         parsed = super().parse_args(args, namespace)

@@ -1,4 +1,4 @@
-"""Reading and writing sizes, rates and times as people type them.
+"""Reading and writing sizes, rates, times and counts as people type and read them.
 
 Sizes: B, KB, MB, GB, TB (powers of 1000), KiB, MiB, GiB, TiB (of 1024), and
 nccl-tests' bare K, M, G, T, which it reads as powers of 1024 (`-e 128M` is
@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["fmt_bytes", "fmt_time", "parse_rate", "parse_size", "parse_time"]
+__all__ = ["fmt_bytes", "fmt_optional", "fmt_time", "parse_rate", "parse_size", "parse_time", "plural"]
 
 _SIZE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
                "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -102,3 +102,15 @@ def fmt_bytes(n: float | None, digits: int | None = None) -> str:
             return f"{v:.{digits}g} {unit}" if digits is not None else \
                 f"{v:.{2 if abs(v) < 10 else 1}f} {unit}"
     return f"{int(n)} B"
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 process', '2 processes', '1 thread', '4 threads': the count and its noun, agreed."""
+    if n == 1:
+        return f"{n:,} {word}"
+    return f"{n:,} {many or (word + 'es' if word.endswith(('s', 'sh', 'ch', 'x')) else word + 's')}"
+
+
+def fmt_optional(value: object, missing: str = "-") -> str:
+    """A setting that may be unset: its value, or `missing` for None ('top-k -', not 'top-k None')."""
+    return missing if value is None else f"{value}"

@@ -67,22 +67,46 @@ def dt_train_saved(argv: list[str], dtype: str) -> int:
     return saved.bytes
 
 
+def dt_train_saved_each(cases: list[tuple[list[str], str]]) -> list[int]:
+    """dt_train_saved of each (argv, dtype), in one launch."""
+    return [dt_train_saved(argv, dtype) for argv, dtype in cases]
+
+
 def _argv(n_layer: int, *extra: str) -> list[str]:
     return ["--block-size", "32", "--n-layer", str(n_layer), "--n-head", "4", "--n-embd", "64",
             "--micro-batches", "1", "--threads", "1", "--no-progress", *extra]
 
 
-@pytest.mark.parametrize("world,tp,cp,attention", [(1, 1, 1, "ring"), (2, 2, 1, "ring"), (2, 1, 2, "ring"),
-                                                   (2, 1, 2, "ulysses")])
-def test_dt_train_model_formula_is_the_measurement(run, world, tp, cp, attention):
-    """What dt train runs (the plain GPT as dt.parallelize splits it, in TrainStep): torch's fused
-    attention, tensor parallel, ring attention and Ulysses."""
-    arch = Decoder.of(GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64))
-    argv = _argv(2, "--batch-size", "2", "--tp", str(tp), "--cp", str(cp), "--cp-attention", attention)
-    for dtype in ("float32", "bfloat16"):
-        measured = run(world, dt_train_saved, argv, dtype)
-        predicted = stage_activation_bytes(arch, range(4), 2, ITEMSIZE[dtype], tp=tp, cp=cp)
-        assert all(m == predicted for m in measured), (measured, predicted)
+MODELS = {"gpt": GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64),
+          "llama": LlamaConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64)}
+# (world, tp, cp, cp attention, sequence parallel): torch's fused attention, tensor parallel, ring
+# attention and Ulysses, sequence parallel
+LAYOUTS = {1: [(1, 1, "ring", False)],
+           2: [(2, 1, "ring", False), (1, 2, "ring", False), (1, 2, "ulysses", False), (2, 1, "ring", True)]}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("world", [1, 2])
+def test_dt_train_model_formula_is_the_measurement(run, world):
+    """What dt train runs (the plain model as dt.parallelize splits it, in TrainStep), GPT and Llama,
+    with each --recompute (none, selective: the attention core alone, full) and --sequence-parallel."""
+    cases, predicted = [], []
+    for model, cfg in MODELS.items():
+        arch = Decoder.of(cfg)
+        kv = ["--model", "llama", "--n-kv-head", "2"] if model == "llama" else []
+        for tp, cp, attention, sp in LAYOUTS[world]:
+            if model == "llama" and attention == "ulysses":
+                continue  # Ulysses needs whole kv heads per cp rank: GPT's case covers it
+            for recompute in ("none", "selective", "full"):
+                for dtype in ("float32", "bfloat16"):
+                    cases.append((_argv(2, "--batch-size", "2", "--tp", str(tp), "--cp", str(cp),
+                                        "--cp-attention", attention, "--recompute", recompute, *kv,
+                                        *(["--sequence-parallel"] if sp else [])), dtype))
+                    predicted.append(stage_activation_bytes(arch, range(4), 2, ITEMSIZE[dtype], tp=tp, cp=cp,
+                                                            sequence_parallel=sp, recompute=recompute))
+    for measured in run(world, dt_train_saved_each, cases, timeout=280):
+        wrong = [(argv, dtype, m, p) for (argv, dtype), m, p in zip(cases, measured, predicted) if m != p]
+        assert not wrong, wrong  # to the byte
 
 
 def written_out_saved(dtype: str, s: int) -> tuple[int, int]:
@@ -145,16 +169,26 @@ def test_splits_and_recompute():
     # tp without sp: Korthikanti's split: 4 e sbh replicated (+ norm stats, mask), the rest / t
     parts = block_activation_bytes(arch, b, e, tp=4, attention="dt")
     assert parts["norms"] + parts["matmul_inputs"] == 4 * e * s * b * h + 4 * e * b * s
-    # with sequence parallel everything but the (tiny, replicated) causal mask divides by t
+    # with sequence parallel everything divides by t but the (tiny, replicated) causal mask and the
+    # matmul inputs, which the column-parallel layers keep gathered whole
     sp = layer_activation_bytes(arch, 1, b, e, tp=4, sequence_parallel=True, attention="dt")
-    assert sp - s * s == pytest.approx((one - s * s) / 4)
+    gathered = 2 * e * s * b * h
+    assert sp - s * s - gathered == pytest.approx((one - s * s - gathered) / 4)
     assert layer_activation_bytes(arch, 1, b, e, recompute="full") == e * s * b * h
-    assert layer_activation_bytes(arch, 1, b, e, recompute="selective", attention="dt") == \
-        one - e * 8 * s * s * b - s * s
+    softmax_and_mask = e * 8 * s * s * b + s * s
+    selective = layer_activation_bytes(arch, 1, b, e, recompute="selective", attention="dt")
+    assert selective == one - softmax_and_mask
     assert recompute_peak_bytes(arch, b, e, attention="dt") == one
-    fused = layer_activation_bytes(arch, 1, b, e)  # torch's kernel keeps no s^2 term: nothing to select
-    assert layer_activation_bytes(arch, 1, b, e, recompute="selective") == fused
+    assert recompute_peak_bytes(arch, b, e, attention="dt", recompute="selective") == softmax_and_mask
+    fused = layer_activation_bytes(arch, 1, b, e)  # torch's kernel keeps no s^2 term, its log-sum-exp
+    lse = 4 * 8 * b * s
+    assert layer_activation_bytes(arch, 1, b, e, recompute="selective") == fused - lse
     assert recompute_peak_bytes(arch, b, e) == fused
+    assert recompute_peak_bytes(arch, b, e, recompute="none") == 0
+    # ring attention's output too (the projection keeps its own copy)
+    ring = layer_activation_bytes(arch, 1, b, e, cp=2) - layer_activation_bytes(arch, 1, b, e, cp=2,
+                                                                               recompute="selective")
+    assert ring == e * s // 2 * b * h + e * 8 * b * s // 2
     with pytest.raises(ValueError, match="recompute must be one of"):
         layer_activation_bytes(arch, 1, b, e, recompute="half")
     with pytest.raises(ValueError, match="attention must be one of"):

@@ -1,4 +1,5 @@
-"""dt bench collectives against nccl-tests' conventions: sizes, streamed rows, columns, summary.
+"""dt bench collectives against nccl-tests' conventions: sizes, streamed rows, columns, summary,
+its options (-r, -d int8/uint8, -o all) and its check (#wrong, "Out of bounds values").
 
 No timing is asserted (2 shared cores): these check which sizes a sweep
 measures, that each size's rows are printed before the next size starts,
@@ -18,7 +19,15 @@ import torch.distributed as dist
 
 from dt.bench import collectives as bc
 from dt.bench.collectives_sweep import collective_worker, sweep_sizes
-from dt.bench.collectives_table import busbw_figure, fastest_dt, format_row, print_header, summary
+from dt.bench.collectives_table import (
+    busbw_figure,
+    fastest_dt,
+    format_row,
+    out_of_bounds,
+    print_avg,
+    print_header,
+    summary,
+)
 from dt.collectives import auto
 from dt.units import parse_size
 
@@ -214,7 +223,7 @@ def test_bench_ddp_names_the_wires_its_group_used(pools, tmp_path, capsys):
 
 
 def test_avg_bus_bandwidth_is_nccl_tests_mean_over_sizes_and_modes():
-    from dt.bench.collectives_table import avg_bus_bandwidth, print_avg
+    from dt.bench.collectives_table import avg_bus_bandwidth
 
     def mode(busbw: float) -> dict[str, Any]:
         return {**_mode(1e-3), "busbw": busbw}
@@ -224,7 +233,8 @@ def test_avg_bus_bandwidth_is_nccl_tests_mean_over_sizes_and_modes():
     assert avg_bus_bandwidth(rows) == {"ring": 3.0, "pairwise": 5.0}
     out = io.StringIO()
     print_avg(_data(rows), out)
-    assert out.getvalue().splitlines() == ["# Avg bus bandwidth    : 3 GB/s  ring",
+    assert out.getvalue().splitlines() == ["# Out of bounds values : 0 OK",
+                                           "# Avg bus bandwidth    : 3 GB/s  ring",
                                            "# Avg bus bandwidth    : 5 GB/s  pairwise"]
 
 
@@ -281,3 +291,44 @@ def test_per_call_figures_of_a_planned_all_reduce(run, capsys):
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--sizes" in err[0] and "'4Q'" in err[0]
+
+
+def test_nccl_tests_options_root_types_and_every_op(capsys):
+    assert _cfg("-o", "all")["ops"] == ["SUM", "PRODUCT", "MAX", "MIN", "AVG"]  # nccl-tests' order
+    assert _cfg("-o", "all", "-d", "int8")["ops"] == ["SUM", "PRODUCT", "MAX", "MIN"]  # avg: floating only
+    assert _cfg("-o", "all", "--collective", "broadcast")["ops"] == ["SUM"]  # nothing to reduce: once
+    assert _cfg("-r", "1", "--world", "2")["root"] == 1
+    for argv, words in ((["-r", "2", "--world", "2"], "-r 2: the root must be one of the ranks, 0 to 1"),
+                        (["-d", "uint16"], "argument -d"),
+                        (["-o", "avg", "-d", "uint8"], "needs a floating -d")):
+        with pytest.raises(SystemExit):
+            bc.parse_args([*argv, *TINY])
+        err = capsys.readouterr().err.strip()
+        assert words in err and len(err.splitlines()) == 1, err
+
+
+@pytest.mark.timeout(240)
+def test_a_rooted_sweep_of_every_op_on_a_narrow_type_is_checked_exactly(run):
+    for collective, algorithms in (("reduce", "binomial,flat,auto"), ("broadcast", "binomial,ring,auto")):
+        cfg = _cfg("--collective", collective, "-o", "all", "-d", "uint8", "-r", "1", "-b", "1K", "-e", "1K",
+                   "--world", "3", "--algorithms", algorithms)
+        cfg["stream"] = False
+        rows = run(3, collective_worker, cfg, timeout=200)[0]["rows"]
+        redops = ["sum", "prod", "max", "min"] if collective == "reduce" else ["none"]
+        assert list(dict.fromkeys(r["redop"] for r in rows)) == redops
+        assert {(r["root"], r["type"]) for r in rows} == {(1, "uint8")}
+        assert all(r[m]["wrong"] == 0 for r in rows for m in ("out", "in")), rows
+        out = io.StringIO()
+        print_avg({**_data(rows, collective), "config": cfg}, out)
+        assert "# Out of bounds values : 0 OK" in out.getvalue().splitlines()
+
+
+def test_out_of_bounds_values_as_nccl_tests_prints_them():
+    rows = [_row("ring", out=_mode(1e-3, wrong=3), **{"in": _mode(1e-3)}),
+            _row("torch", out=_mode(1e-3), **{"in": _mode(1e-3, wrong=1)}), _row("naive", out=_mode(1e-3))]
+    assert out_of_bounds(rows) == 2  # results with a wrong element, not the elements
+    out = io.StringIO()
+    print_avg(_data(rows), out)
+    assert "# Out of bounds values : 2 FAILED" in out.getvalue().splitlines()
+    unchecked = _row("ring", out={**_mode(1e-3), "wrong": None})
+    assert out_of_bounds([unchecked]) == 0 and format_row(unchecked).split()[10] == "N/A"

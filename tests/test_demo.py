@@ -92,6 +92,9 @@ def test_the_demo_at_uneven_worlds_matches_torch(run, world):
     assert "'[" not in text and '"[' not in text  # numbers, not quoted strings
     assert "reduce_scatter + all_gather == all_reduce on every rank: yes" in text
     assert "measured == model: yes" in text
+    formula = 2 * (world - 1) / world * PAYLOAD  # one function formats the header and the rows
+    assert f"(model: 2(p-1)/p * S = {demo.byte_count(formula)}: the ranks' mean" in text
+    assert lines[-2].split() == ["mean", demo.byte_count(formula), demo.byte_count(formula)]
 
 
 def test_render_says_no_when_a_check_fails(run):

@@ -50,6 +50,50 @@ def test_every_case_matches_torch(run, world):
         assert wrong and not any(wrong.values()), {k: v for k, v in wrong.items() if v}
 
 
+OPS = ("SUM", "PRODUCT", "MIN", "MAX", "AVG")
+
+
+def _checked_against_the_exact_result(root: int) -> tuple[dict[str, int], dict[str, int]]:
+    """(elements wrong after one call, elements wrong with the call left out) per case, this rank:
+    every collective, algorithm and torch's, int8, uint8 and float32, every op, rooted at `root`."""
+    import torch
+
+    import dt
+
+    called, skipped = {}, {}
+    for c in H.COLLECTIVES:
+        for algo in [*sorted(dt.ALGORITHMS[H.registry_name(c)]), H.TORCH]:
+            for dtype in (torch.int8, torch.uint8, torch.float32):
+                for op in OPS if c in ("all_reduce", "reduce", "reduce_scatter") else ("SUM",):
+                    if op == "AVG" and not dtype.is_floating_point:
+                        continue
+                    case = H.BenchCase(c, 61, dtype, op, root=root)  # a prime: uneven blocks
+                    for inplace in (False, True):
+                        fn = case.call(algo, inplace)
+                        if fn is None:
+                            continue
+                        key = f"{c}:{algo}:{dtype}:{op}:{int(inplace)}"
+                        case.prepare_check(inplace)
+                        skipped[key] = case.wrong(inplace)
+                        case.prepare_check(inplace)
+                        fn()
+                        called[key] = case.wrong(inplace)
+    return called, skipped
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("world", [2, 3])
+def test_every_call_gives_the_exact_result_and_a_missing_one_is_counted(run, world):
+    root = world - 1  # nccl-tests' -r: any rank, not only 0
+    for r, (called, skipped) in enumerate(run(world, _checked_against_the_exact_result, root, timeout=200)):
+        assert called and not any(called.values()), {k: v for k, v in called.items() if v}
+        if r == root:
+            continue  # a broadcast's root already holds its result
+        no_result = ("barrier", "reduce:", "gather")  # on a rank other than the root
+        missed = {k for k, v in skipped.items() if not v and not k.startswith(no_result)}
+        assert not missed, missed  # an unwritten result (poisoned, or the input as it was) is counted
+
+
 def test_case_shapes():
     case = H.BenchCase("all_gather_into_tensor", 10, p=4, r=1)
     assert case.collective == "all_gather" and case.per == 2 and case.count == 8

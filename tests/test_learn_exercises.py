@@ -178,3 +178,25 @@ def test_list_and_show(here, capsys):
     shown = capsys.readouterr().out
     root = max(cost.binomial_broadcast((1 << 20) // 4, 4, 8, r, 0).bytes_sent for r in range(8))
     assert f"p=8: {root:>12,} bytes" in shown
+
+
+def test_the_doubling_exercise_and_the_quiz_agree_on_small_all_reduces():
+    """The quiz's last question (computed from dt.cost) and the exercise name the same winner at 1 KB."""
+    from dt.learn import quiz
+    from dt.units import fmt_time
+
+    last = quiz.QUESTIONS[-1]
+    fastest = last.choices["abcd".index(last.answer())]
+    statement = " ".join(exercises.find("recursive_doubling_all_reduce").statement.split())
+    at_1kb = {a: fmt_time(quiz._estimate(a, "1KB").total) for a in quiz._SMALL}  # noqa: SLF001
+    assert fastest == "naive" and f"At 1 KB naive is faster still ({at_1kb['naive']} against " \
+                                  f"{at_1kb['recursive_doubling']}" in statement
+    assert "small messages" not in exercises.find("recursive_doubling_all_reduce").title
+
+
+def test_a_mistyped_exercise_name_gets_a_did_you_mean(capsys):
+    with pytest.raises(SystemExit) as stop:
+        command.main(["hint", "ring_alreduce"])
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1
+    assert "invalid choice: 'ring_alreduce' (did you mean ring_all_reduce?)" in err

@@ -62,3 +62,11 @@ def test_every_question_points_at_a_dt_command_that_exists():
             assert words[1] in cli.COMMANDS, q.see
         if words[1] == "demo":
             assert words[2] == "primitives"
+
+
+def test_the_docstrings_answers_are_the_right_ones(capsys):
+    """`dt quiz --answers ...` as its help shows it scores full marks: the example is the answer key."""
+    shown = next(line.split()[3] for line in quiz.__doc__.splitlines() if "--answers" in line)
+    replies = shown.split(",")
+    assert len(replies) == len(quiz.QUESTIONS)
+    assert [q.prompt for q, reply in zip(quiz.QUESTIONS, replies) if not quiz.check(q, reply)[0]] == []

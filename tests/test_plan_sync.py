@@ -122,8 +122,12 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     psi = sum(w.dense)
     mem = peak_bytes(c, TINY, lay, 16, 32)[0]
     assert mem["state"] == int(16 * psi / 4) and mem["buffers"] == 0  # bf16: 2 + 2 + 12 bytes
-    gathered = fsdp_gathered_formula(44 * 32, block, item)
-    assert gathered == 2 * item * (44 * 32 + 4 * 32 * 32 + 128)  # the table and h_to_4h, with gradients
+    units = fsdp_units(TINY, lay, 32, 0)
+    gathered = fsdp_gathered_formula(units.root, list(units.dense), item)
+    # the table and an h_to_4h, with gradients; with prefetch the other block's h_to_4h gathered ahead
+    blocking = 2 * item * (44 * 32 + 4 * 32 * 32 + 128)
+    assert gathered == blocking + item * (4 * 32 * 32 + 128)
+    assert fsdp_gathered_formula(units.root, list(units.dense), item, prefetch=False) == blocking
     zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]  # the same activations, no buckets
     assert mem["activations"] == int(zero1["activations"] + gathered)
 

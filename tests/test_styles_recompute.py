@@ -11,10 +11,11 @@ import pytest
 import torch
 import torch.utils.checkpoint
 
+from dt.device_memory import SavedBytes
 from dt.models.gpt import GPT, GPTConfig
 from dt.models.llama import Llama, LlamaConfig
 from dt.parallel.grid import Grid
-from dt.parallel.plan import parallelize
+from dt.parallel.plan import gpt_recompute, llama_recompute, parallelize
 from dt.parallel.recompute import Recompute, recomputed
 
 GPT_CFG = {"vocab_size": 31, "block_size": 32, "n_layer": 3, "n_head": 4, "n_embd": 32, "seed": 2,
@@ -67,3 +68,34 @@ def test_recompute_refuses_a_block_twice():
     parallelize(model, Grid({"tp": 1}, rank=0), plan)
     with pytest.raises(ValueError, match="layers.1: Recompute is applied once per block"):
         parallelize(model, Grid({"tp": 1}, rank=0), plan)
+
+
+@pytest.mark.parametrize("build, config, cfg, recompute", [(GPT, GPTConfig, GPT_CFG, gpt_recompute),
+                                                           (Llama, LlamaConfig, {**GPT_CFG, "n_kv_head": 2},
+                                                            llama_recompute)])
+def test_selective_recompute_reruns_the_attention_core_alone(build, config, cfg, recompute):
+    """Korthikanti's selective recompute: only each attention core is wrapped; the same gradients bit
+    for bit, and what is saved falls by exactly what the cores kept beyond their inputs (torch's
+    fused kernel: its output is the projection's input, so only its log-sum-exp, float32 a b s)."""
+    ids = torch.randint(0, 31, (4, 33), generator=torch.Generator().manual_seed(0))
+    cfg = {**cfg, "dtype": "float32"}  # torch's fused kernel on the CPU (float64 takes the math path)
+    plain, model = build(config(**cfg)), build(config(**cfg))
+    parallelize(model, Grid({"tp": 1}, rank=0), recompute(model.cfg, "selective"))
+    wrapped = [n for n, m in model.named_modules() if recomputed(m)]
+    assert len(wrapped) == cfg["n_layer"] and all(n.endswith("attn.attend") for n in wrapped), wrapped
+    saved = []
+    for m in (plain, model):
+        with SavedBytes(exclude=[*m.parameters(), *m.buffers()]) as kept:
+            loss = m(ids[:, :-1], ids[:, 1:])[1]
+        loss.backward()
+        saved.append((kept.bytes, loss.detach(), {n: p.grad for n, p in m.named_parameters()}))
+    (saved_plain, loss_plain, grads_plain), (saved, loss, grads) = saved
+    assert torch.equal(loss, loss_plain)
+    for name, g in grads.items():
+        assert torch.equal(g, grads_plain[name]), name
+    lse = 4 * cfg["n_head"] * 4 * 32  # float32, per head, sequence and token
+    assert saved == saved_plain - cfg["n_layer"] * lse, (saved, saved_plain)
+    assert recompute(model.cfg, "none") == {} and recompute(model.cfg, True).keys() == \
+        recompute(model.cfg, "full").keys()
+    with pytest.raises(ValueError, match="recompute must be one of none, selective, full"):
+        recompute(model.cfg, "attention")

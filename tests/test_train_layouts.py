@@ -60,7 +60,9 @@ def _stepped_one(model: str, kw: dict) -> dict:
     return {"losses": losses, "norm": built.step.stats["grad_norm"], "sent": sent, "formula": formula,
             # Adam's two float64 moments: K = 16 bytes per parameter, each part over its own ranks
             "state": state,
-            "recomputed": sum(recomputed(m) for c in built.parallel_model.stage.chunks for m in c.modules())}
+            "recomputed": sum(recomputed(m) for c in built.parallel_model.stage.chunks for m in c.modules()),
+            # FSDP's gathers issued ahead, and those its units took (dt.parallel.zero.prefetch)
+            "prefetched": [(f.prefetch.issued, f.prefetch.taken) for f in fsdp]}
 
 
 CLIPPED = [("gpt", {"dp": 2, "tp": 2, "zero": 1, "clip": 0.5}),
@@ -86,28 +88,35 @@ def test_clip_under_zero_is_the_unsharded_clip(run):
             assert r[k]["sent"]["norm"] > 0 and r[k]["sent"]["other"] == 0
 
 
-RECOMPUTED = [("gpt", {"pp": 2, "schedule": "gpipe"}), ("llama", {"tp": 2}), ("gpt", {"dp": 2, "zero": 2}),
-              ("llama", {"pp": 2, "clip": 0.5}), ("gpt", {"dp": 2, "zero": 3, "clip": 0.5}),
-              ("llama", {"dp": 2, "zero": 3})]
+RECOMPUTED = [("gpt", {"pp": 2, "schedule": "gpipe"}, "full"), ("llama", {"tp": 2}, "full"),
+              ("gpt", {"dp": 2, "zero": 2}, "full"), ("llama", {"pp": 2, "clip": 0.5}, "full"),
+              ("gpt", {"dp": 2, "zero": 3, "clip": 0.5}, "full"), ("llama", {"dp": 2, "zero": 3}, "full"),
+              ("gpt", {"dp": 2}, "selective"), ("llama", {"dp": 2}, "selective"),
+              ("gpt", {"tp": 2}, "selective"), ("llama", {"tp": 2}, "selective"),
+              ("gpt", {"pp": 2}, "selective"), ("gpt", {"cp": 2}, "selective"),
+              ("llama", {"dp": 2, "zero": 3}, "selective")]
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(300)
 def test_recompute_gives_the_same_losses_bit_for_bit(run):
-    """--recompute reruns each block's forward in backward: the same operations on the same values,
-    so every loss is exactly the one without it (and the plain model's, to float64 precision);
-    under FSDP each unit gathers again in the rerun instead of in backward (the same bytes)."""
-    both = [run_ for m, kw in RECOMPUTED for run_ in ((m, kw), (m, {**kw, "recompute": True}))]
-    results = run(2, _stepped, both, timeout=180)
-    for k, (model, kw) in enumerate(RECOMPUTED):
+    """--recompute full reruns each block's forward in backward, selective only each attention
+    core's: the same operations on the same values, so every loss is exactly the one without it
+    (and the plain model's, to float64 precision); under FSDP each unit gathers again in a
+    block's rerun instead of in backward (the same bytes; a core has no unit)."""
+    both = [run_ for m, kw, how in RECOMPUTED for run_ in ((m, kw), (m, {**kw, "recompute": how}))]
+    results = run(2, _stepped, both, timeout=280)
+    for k, (model, kw, how) in enumerate(RECOMPUTED):
         want, _ = _twin(_args(model, **kw))
         for r in results:
             plain, again = r[2 * k], r[2 * k + 1]
-            assert again["losses"] == plain["losses"], f"{model} {kw}: recompute changed the losses"
-            assert plain["recomputed"] == 0 and again["recomputed"] > 0  # its stage's blocks recompute
+            assert again["losses"] == plain["losses"], f"{model} {kw}: recompute {how} changed the losses"
+            assert plain["recomputed"] == 0 and again["recomputed"] > 0  # its blocks (or cores) recompute
             assert max(abs(a - b) for a, b in zip(again["losses"], want)) < 1e-9, f"{model} {kw}"
             # FSDP: the rerun's gather replaces backward's (tp's collectives do run again)
             assert again["sent"]["data"] == plain["sent"]["data"], (model, kw, again["sent"], plain["sent"])
             assert again["formula"] is None or again["sent"]["data"] == again["formula"], (model, kw)
+            if how == "selective":  # the core alone reruns: no tensor-parallel collective in it
+                assert again["sent"]["tensor"] == plain["sent"]["tensor"], (model, kw)
 
 
 EXPERTS = {"experts": 4, "top_k": 2, "capacity_factor": 1.0, "aux_loss_coef": 0.05}
@@ -182,7 +191,8 @@ def test_llama_with_context_parallel_follows_the_plain_model(run):
                 assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
 
 
-FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip": 0.5}),
+FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("gpt", {"dp": 2, "zero": 3, "no_prefetch": True}),
+            ("llama", {"dp": 2, "zero": 3, "clip": 0.5}),
             ("gpt", {"dp": 2, "ep": 2, "zero": 3, **EXPERTS}),
             ("gpt", {"dp": 2, "zero": 3, "clip": 0.05, **EXPERTS})],
         4: [("gpt", {"dp": 2, "tp": 2, "zero": 3, "clip": 0.5}), ("gpt", {"cp": 2, "dp": 2, "zero": 3}),
@@ -190,7 +200,8 @@ FSDP = {2: [("gpt", {"dp": 2, "zero": 3}), ("llama", {"dp": 2, "zero": 3, "clip"
             ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2,
                        "recompute": True}),
             ("gpt", {"dp": 4, "ep": 2, "zero": 3, "clip": 0.05, **EXPERTS}),
-            ("gpt", {"dp": 2, "pp": 2, "ep": 2, "zero": 3, "recompute": True, **EXPERTS})]}
+            ("gpt", {"dp": 2, "pp": 2, "ep": 2, "zero": 3, "recompute": True, **EXPERTS}),
+            ("gpt", {"dp": 2, "pp": 2, "zero": 3, "no_prefetch": True})]}
 
 
 @pytest.mark.timeout(300)
@@ -200,7 +211,9 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
     head one unit; tp slices sharded further; two micro-batches, each gathering its own copy); on a
     pipeline FSDP per chunk over its stage's dp group, the tied weight's shards summed over its two
     stages (counted once in the clipped norm), with interleaved chunks and recompute; with experts
-    the dense units over dp x cp, each expert's over its replicas (edp: summed, / dp x cp)."""
+    the dense units over dp x cp, each expert's over its replicas (edp: summed, / dp x cp). Each
+    unit's gathers are issued one unit ahead (every one of them taken by its unit), or with
+    --no-prefetch each made when its unit runs: the same losses and bytes either way."""
     runs = FSDP[world]
     results = run(world, _stepped, runs, timeout=280)
     for k, (model, kw) in enumerate(runs):
@@ -215,6 +228,8 @@ def test_fsdp_through_the_step_follows_the_plain_model(run, world):
             assert r[k]["sent"]["other"] == 0, (kw, r[k])  # ring attention: the context label
             assert (r[k]["sent"]["tied embedding"] > 0) == ("pp" in kw), (kw, r[k])  # summed on shards
             assert r[k]["state"][0] == r[k]["state"][1], (kw, r[k]["state"])  # Adam's state: 1 / (dp x cp)
+            issued, taken = (sum(c) for c in zip(*r[k]["prefetched"]))
+            assert issued == taken and (issued > 0) != ("no_prefetch" in kw), (kw, r[k]["prefetched"])
 
 
 def _resume_fsdp(a: str, b: str) -> list[list[float]]:
@@ -282,10 +297,17 @@ def test_fsdp_with_experts_checkpoints_resume_on_other_layouts(run, tmp_path):
 
 
 def test_what_stays_refused_is_one_line_naming_it(capsys):
-    """FSDP with a tied weight in two chunks of one rank; a Llama with experts (it has no MoE)."""
+    """FSDP with a tied weight in two chunks of one rank; a Llama with experts (it has no MoE);
+    sequence parallel without tp, with experts, or on a sequence that does not split; a recompute
+    that is not one of the kinds."""
     cases = [(["--zero", "3", "--dp", "2", "--schedule", "interleaved", "--virtual", "2"],
               "two chunks of one rank"),
-             (["--model", "llama", "--experts", "2"], "no mixture of experts")]
+             (["--model", "llama", "--experts", "2"], "no mixture of experts"),
+             (["--sequence-parallel"], "it needs --tp > 1"),
+             (["--tp", "2", "--experts", "2", "--sequence-parallel"], "routes whole sequences"),
+             (["--tp", "2", "--cp", "2", "--block-size", "18", "--sequence-parallel"],
+              "divisible by cp * tp = 4"),
+             (["--recompute", "attention"], "invalid choice: 'attention'")]
     for argv, why in cases:
         with pytest.raises(SystemExit) as e:
             train.parse_args(argv)
@@ -294,8 +316,28 @@ def test_what_stays_refused_is_one_line_naming_it(capsys):
     for argv in (["--zero", "3", "--dp", "2"], ["--model", "llama", "--cp", "2"],
                  ["--pp", "2", "--zero", "2"], ["--zero", "2", "--dp", "2", "--experts", "2", "--clip", "1"],
                  ["--recompute"], ["--zero", "3", "--dp", "2", "--recompute"],
-                 ["--zero", "3", "--dp", "2", "--pp", "2"], ["--zero", "3", "--dp", "2", "--experts", "2"]):
+                 ["--zero", "3", "--dp", "2", "--pp", "2"], ["--zero", "3", "--dp", "2", "--experts", "2"],
+                 ["--tp", "2", "--pp", "2", "--sequence-parallel", "--recompute", "selective"],
+                 ["--zero", "3", "--dp", "2", "--no-prefetch"]):
         train.parse_args(argv)  # each accepted now
+
+
+def test_a_layouts_recompute_is_a_kind_or_the_older_bool():
+    """dt plan's layouts say recompute as a bool (True: full) or a kind's name; dt plan --check
+    passes the kind to dt train, whose rule takes either."""
+    from dt.plan.check import train_argv
+    from dt.plan.layouts import Layout, train_args
+    from dt.plan.model import ModelShape
+    from dt.train.layouts import layout_error
+
+    shape = ModelShape(2, 4, 16, 44)
+    for given, kind in ((False, "none"), (True, "full"), ("none", "none"), ("selective", "selective"),
+                        ("full", "full")):
+        lay = Layout(dp=2, recompute=given)
+        assert layout_error(train_args(lay, shape, 4, 8)) is None
+        assert train.parse_args(train_argv(lay, shape, 4, 8, 1)).recompute == kind
+    assert "--recompute must be one of none, selective, full" in layout_error(
+        train_args(Layout(dp=2, recompute="half"), shape, 4, 8))
 
 
 # The gradient thread's sync beside the main thread's context-parallel sends on the same ranks:
@@ -319,3 +361,28 @@ def test_gradient_sync_beside_ring_attention_on_the_same_ranks(run):
             if got["formula"] is not None:  # ZeRO 2's bytes: its formula (DDP has none here)
                 assert got["sent"]["data"] == got["formula"], (kw, got["sent"], got["formula"])
             assert got["sent"]["context"] > 0 and got["sent"]["data"] > 0
+
+
+SP = {"tp": 2, "sequence_parallel": True}
+SEQUENCE_PARALLEL = [("gpt", {**SP, "dp": 2}), ("llama", {**SP, "dp": 2, "n_kv_head": 2}),
+                     ("gpt", {**SP, "pp": 2}),
+                     ("llama", {**SP, "pp": 2, "schedule": "interleaved", "virtual": 2}),
+                     ("gpt", {**SP, "dp": 2, "zero": 3, "clip": 0.5}), ("gpt", {**SP, "cp": 2}),
+                     ("gpt", {**SP, "dp": 2, "untied": True, "recompute": "selective"}),
+                     ("llama", {**SP, "pp": 2, "recompute": "full"})]
+
+
+@pytest.mark.timeout(300)
+def test_sequence_parallel_follows_the_plain_model(run):
+    """--sequence-parallel: the norms and the residual stream on block/tp tokens per rank (a pipeline
+    carries each rank's share of the sequence between stages; Llama's rotary tables are the whole
+    sequence's), with data parallel, FSDP, context parallel and recompute: the plain model's losses."""
+    results = run(4, _stepped, SEQUENCE_PARALLEL, timeout=280)
+    for k, (model, kw) in enumerate(SEQUENCE_PARALLEL):
+        want, norms = _twin(_args(model, **kw))
+        for r in results:
+            diff = max(abs(a - b) for a, b in zip(r[k]["losses"], want))
+            assert diff < 1e-9, f"{model} {kw}: max loss difference {diff}"
+            if "clip" in kw:
+                assert math.isclose(r[k]["norm"], norms[-1], rel_tol=1e-12), kw
+            assert r[k]["sent"]["tensor"] > 0 and r[k]["sent"]["other"] == 0, (kw, r[k]["sent"])

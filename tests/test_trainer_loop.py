@@ -48,7 +48,8 @@ def _metrics(path: str) -> dict:
 def test_metrics_lines_carry_the_schedule_the_losses_and_the_split(run, tmp_path):
     path = str(tmp_path / "m.jsonl")
     out = run(1, _metrics, path)[0]
-    lines = [json.loads(line) for line in open(path)]
+    marker, *lines = [json.loads(line) for line in open(path)]
+    assert marker["run"]["from_step"] == 0 and marker["run"]["lr"] == 1e-2  # the run's options, first
     assert lines == out["metrics"] and [r["step"] for r in lines] == list(range(1, STEPS + 1))
     lr = WarmupCosine(peak=1e-2, warmup=2, total=STEPS, floor=1e-3)
     assert [r["lr"] for r in lines] == [lr(s) for s in range(STEPS)]  # applied each step

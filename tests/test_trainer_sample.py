@@ -56,7 +56,7 @@ def test_the_command_prints_the_prompt_and_its_continuation(run, tmp_path, capsy
     texts = [t for t in out.out.split("--- sample ")[1:]]
     assert len(texts) == 2 and all(t.split("\n", 1)[1].startswith("The dog") for t in texts)
     assert texts[0].split("\n", 1)[1] == texts[1].split("\n", 1)[1]  # temperature 0: greedy, the same
-    assert "step 4" in out.err
+    assert "step 4" in out.err and "top-k - (every token)" in out.err  # no "top-k None"
     # bad input: one line, exit 2
     for argv, words in ((["--checkpoint", str(tmp_path / "none")], "holds no checkpoint"),
                         (["--checkpoint", ckpt, "--prompt", "Zebra!"], "outside the model's alphabet"),

@@ -185,3 +185,68 @@ def test_gradient_accumulation_and_no_grad_forward(run) -> None:
     for r in run(3, _accumulation_worker):
         for variant in ("zero1", "zero2", "fsdp"):
             torch.testing.assert_close(r[variant], r["ddp"], rtol=0, atol=1e-5, msg=variant)
+
+
+def _prefetch_events(prefetch: bool) -> list[list[tuple[str, int]]]:
+    """Per step: each unit's gathers (made on demand, or issued ahead), each unit's forward end and its
+    backward's reduce-scatter, in the order this rank made them."""
+    from dt.parallel.zero import fsdp as fsdp_module
+    from dt.parallel.zero import prefetch as prefetch_module
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    net = FullyShardedDataParallel(_model(), prefetch=prefetch)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    unit_of = {id(u): k for k, u in enumerate(net.units)}
+    by_size = {sum(u.sizes): k for k, u in enumerate(net.units)}  # _model's units differ in size
+    assert len(by_size) == len(net.units)
+    events: list[tuple[str, int]] = []
+    gather, scatter = prefetch_module.gather_into, fsdp_module.reduce_scatter
+
+    def logged_gather(full, unit, algorithm, async_op=False):  # noqa: ANN001, ANN202
+        events.append(("ahead" if async_op else "gather", unit_of[id(unit)]))
+        return gather(full, unit, algorithm, async_op)
+
+    def logged_scatter(out, inputs, *args, **kwargs):  # noqa: ANN001, ANN202
+        events.append(("scattered", by_size[sum(t.numel() for t in inputs)]))
+        return scatter(out, inputs, *args, **kwargs)
+
+    prefetch_module.gather_into, fsdp_module.reduce_scatter = logged_gather, logged_scatter
+    for k, u in enumerate(net.units):
+        u.module.register_forward_hook(lambda m, a, out, k=k: events.append(("computed", k)))
+    g = torch.Generator().manual_seed(1)
+    steps = []
+    try:
+        for _ in range(3):
+            x, y = torch.randn(BATCH, 7, generator=g), torch.randn(BATCH, 1, generator=g)
+            opt.zero_grad()
+            (net(x.tensor_split(world)[rank]) - y.tensor_split(world)[rank]).pow(2).mean().backward()
+            opt.step()
+            steps.append(list(events))
+            events.clear()
+    finally:
+        prefetch_module.gather_into, fsdp_module.reduce_scatter = gather, scatter
+    return steps
+
+
+@pytest.mark.timeout(120)
+def test_fsdp_prefetch_issues_each_gather_behind_the_unit_before(run) -> None:
+    """Forward: unit k's gather is issued before unit k - 1 has computed (from the second forward on:
+    the first records the order); backward: unit k - 1's regather before unit k's reduce-scatter.
+    Every unit but the first of each pass gathers ahead; without prefetch, none does."""
+    n = len(_layers())
+    for rank in run(2, _prefetch_events, True):
+        first, *later = rank
+        forward = first[:first.index(("computed", n - 1)) + 1]
+        assert [e for e in forward if e[0] != "computed"] == [("gather", k) for k in range(n)]  # recorded
+        for step in later:
+            end = step.index(("computed", n - 1)) + 1
+            forward, backward = step[:end], step[end:]
+            for k in range(1, n):
+                assert forward.index(("ahead", k)) < forward.index(("computed", k - 1)), (k, step)
+                assert backward.index(("ahead", k - 1)) < backward.index(("scattered", k)), (k, step)
+            # on demand: the first unit's forward gather and the last unit's regather, nothing else
+            assert [e for e in step if e[0] == "gather"] == [("gather", 0), ("gather", n - 1)], step
+    for rank in run(2, _prefetch_events, False):
+        for step in rank:
+            assert not [e for e in step if e[0] == "ahead"]
+            assert len([e for e in step if e[0] == "gather"]) == 2 * n  # each blocks, before and after

@@ -8,14 +8,22 @@ own collective on the same gloo group, this prints nccl-tests' columns, a
 size's rows as soon as it is measured: size (B), count (elements), type,
 redop, root, then out-of-place and in-place time (us, median), algbw and busbw
 (GB/s, busbw = algbw * nccl-tests' factor from dt.cost.BUSBW_FACTOR)
-and #wrong (elements that differ from torch's result on the same input,
-summed over ranks, in the column of the mode it was checked in), then the
+and #wrong (elements that differ from the value the inputs imply, summed over
+ranks, in the column of the mode it was checked in), then the
 time relative to torch's: the median over calls of (this call / torch's call
 of the same round), in-place where there is one. It closes with nccl-tests'
-"# Avg bus bandwidth" (per row: the mean busbw over every size and mode) and
-a summary per size: dt's fastest row, auto among them, against torch's on the
-same wire where dt ran on torch's (labelled "across wires" where it did not),
-and auto's pick.
+"# Out of bounds values" (the results with any #wrong: OK or FAILED, and the
+exit status 1 when any), "# Avg bus bandwidth" (per row: the mean busbw over
+every size and mode) and a summary per size: dt's fastest row, auto among
+them, against torch's on the same wire where dt ran on torch's (labelled
+"across wires" where it did not), and auto's pick.
+
+As in nccl-tests: -r is the root of broadcast, reduce, gather and scatter;
+-d takes int8, uint8, int32, int64, half, bfloat16, float, double; -o all runs
+the sweep once per reduction (sum, prod, max, min, and avg on a floating type).
+The check (-c 1, the default) runs after each size's timed calls: every call once
+more on the pattern's inputs, with the result buffer poisoned first, against
+the exact result (dt.bench.harness.BenchCase.expected); -c 0 prints N/A.
 
 Sizes: -b, -b*f, -b*f^2, ... and -e itself (always measured, the last row).
 Units as dt.units reads them: KB, MB, GB are 1000s, KiB, MiB, GiB 1024s, and
@@ -64,8 +72,15 @@ import torch
 
 import dt
 from dt import args as args_
-from dt.bench.collectives_sweep import DTYPES, collective_worker, forget_deepspeed, sweep_sizes
-from dt.bench.collectives_table import plot, print_avg, print_header, summary
+from dt.bench.collectives_sweep import (
+    DTYPES,
+    REDUCTIONS,
+    collective_worker,
+    forget_deepspeed,
+    reductions,
+    sweep_sizes,
+)
+from dt.bench.collectives_table import out_of_bounds, plot, print_avg, print_header, summary
 from dt.bench.harness import COLLECTIVES, registry_name
 from dt.collectives import auto
 from dt.device import DEVICES, backend_for
@@ -84,8 +99,10 @@ def sweep_config(args: argparse.Namespace) -> dict[str, Any]:
         auto.candidates(registry_name(coll), shared_memory="shm" in transports) + ["auto"]
     deepspeed = "deepspeed" in (args.compare or "").split(",") and deepspeed_builds()
     sizes = [0] if coll == "barrier" else sweep_sizes(args.b, args.e, args.f)
+    ops = reductions(args.o, coll, args.d)
     return {"collective": coll, "algorithms": algos, "sizes": sizes, "iters": args.n,
-            "warmup": args.w, "check": bool(args.c), "op": args.o.upper(), "dtype": args.d,
+            "warmup": args.w, "check": bool(args.c), "op": ops[0], "ops": ops, "root": args.r,
+            "dtype": args.d,
             "progress": not args.quiet and len(sizes) > 3, "in_place_only": args.in_place_only,
             "transports": transports, "shared": args.shared, "deepspeed": deepspeed,
             "token": str(os.getpid() % 50000 + 10000), "stream": True}
@@ -157,11 +174,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("-n", type=args_.at_least(1), default=20, help="timed calls per size (default 20)")
     parser.add_argument("-w", type=args_.at_least(0), default=3, help="warm-up calls per size (default 3)")
     parser.add_argument("-c", type=int, choices=(0, 1), default=1,
-                        help="check results against torch (default 1)")
-    parser.add_argument("-o", default="sum", type=str.lower, choices=("sum", "prod", "product", "min",
-                                                                      "max", "avg"),
-                        help="reduction op: sum, prod, min, max, avg")
-    parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type")
+                        help="check each timed call's result against the exact one (default 1)")
+    parser.add_argument("-o", default="sum", type=str.lower, choices=(*REDUCTIONS, "product", "all"),
+                        help="reduction op: sum, prod, min, max, avg, or all of them in turn (default sum)")
+    parser.add_argument("-d", default="float", choices=sorted(DTYPES), help="data type (default float)")
+    parser.add_argument("-r", type=args_.at_least(0), default=0,
+                        help="root rank of broadcast, reduce, gather, scatter (default 0)")
     parser.add_argument("--world", type=args_.world, default=None,
                         help="ranks (default 2; under torchrun: the launched ones)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
@@ -182,6 +200,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="'deepspeed': add DeepSpeed's shared-memory all-reduce (if installed)")
     args = parser.parse_args(argv)
     args.world = resolve_world(args.world, 2)
+    if args.r >= args.world:
+        parser.error(f"-r {args.r}: the root must be one of the ranks, 0 to {args.world - 1} "
+                     f"(--world {args.world})")
     deepspeed = "deepspeed" in (args.compare or "").split(",")
     if deepspeed and (args.collective != "all_reduce" or args.d not in ("float", "float32", "bfloat16",
                                                                          "half", "float16")
@@ -220,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.plot:
         plot(data, args.plot)
         print(f"# plot written to {args.plot}")
-    return 0 if all(r["wrong"] == 0 for r in data["results"]) else 1
+    return 0 if out_of_bounds(data["results"]) == 0 else 1
 
 
 if __name__ == "__main__":

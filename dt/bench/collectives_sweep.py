@@ -1,11 +1,13 @@
 """The ranks' side of `dt bench collectives`: one size at a time, measured, gathered, printed.
 
-Every rank builds the buffers of a size (dt/bench/harness.py), checks each
-algorithm's result against torch's (#wrong, per mode), times the calls
-interleaved, then sends its samples to rank 0 (dt.gather_object). Rank 0 turns
-them into that size's rows (a call's time is its slowest rank's) and prints
-them at once, as nccl-tests does: a run stopped after three sizes of four has
-printed three.
+Every rank builds the buffers of a size (dt/bench/harness.py), times the
+calls interleaved, then checks each timed call as nccl-tests does: the inputs
+put back, one more call, its result against the value the inputs imply
+(#wrong, per mode), and sends its figures to rank 0 (dt.gather_object). Rank 0
+turns them into that size's rows (a call's time is its slowest rank's) and
+prints them at once, as nccl-tests does: a run stopped after three sizes of
+four has printed three. With several reduction ops (-o all) the sweep runs
+once per op, in nccl-tests' order.
 """
 
 from __future__ import annotations
@@ -28,13 +30,24 @@ from dt.bench.harness import ROOTED, TORCH, BenchCase, group_wires, registry_nam
 from dt.collectives import auto
 from dt.collectives.registry import needs_shared_memory
 
-__all__ = ["DTYPES", "collective_worker", "row_names", "size_rows", "sweep_sizes", "wire_algorithms"]
+__all__ = ["DTYPES", "REDUCING", "REDUCTIONS", "collective_worker", "reductions", "row_names", "size_rows",
+           "sweep_sizes", "wire_algorithms"]
 
 DTYPES = {"float": torch.float32, "float32": torch.float32, "double": torch.float64,
           "float64": torch.float64, "half": torch.float16, "float16": torch.float16,
-          "bfloat16": torch.bfloat16, "int32": torch.int32, "int": torch.int32,
-          "int64": torch.int64}
+          "bfloat16": torch.bfloat16, "int8": torch.int8, "uint8": torch.uint8, "int32": torch.int32,
+          "int": torch.int32, "int64": torch.int64}
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")  # the rows that name a redop
+REDUCTIONS = ("sum", "prod", "max", "min", "avg")  # nccl-tests' -o names, in its order for -o all
+
+
+def reductions(op: str, collective: str, dtype: str) -> list[str]:
+    """The ReduceOp names a sweep runs: -o's one, or every one for `all` (avg only on a floating
+    dtype, as torch allows it); a collective that reduces nothing runs once."""
+    names = [op] if op != "all" else [o for o in REDUCTIONS if o != "avg" or DTYPES[dtype].is_floating_point]
+    if collective not in REDUCING:
+        names = names[:1]
+    return ["PRODUCT" if o == "prod" else o.upper() for o in names]
 
 
 def sweep_sizes(lo: int, hi: int, factor: float) -> list[int]:
@@ -56,6 +69,11 @@ def sweep_sizes(lo: int, hi: int, factor: float) -> list[int]:
     return out
 
 
+def _redop(op: str) -> str:
+    """A ReduceOp's name as nccl-tests prints it: sum, prod, max, min, avg."""
+    return "prod" if op == "PRODUCT" else op.lower()
+
+
 def wire_algorithms(cfg: dict[str, Any]) -> list[tuple[str, str]]:
     """(algorithm, wire) pairs timed: load/store algorithms only on the shm wire."""
     coll = registry_name(cfg["collective"])
@@ -68,23 +86,6 @@ def row_names(cfg: dict[str, Any]) -> list[str]:
     both = len(cfg["transports"]) > 1
     names = [f"{a}@{w}" if both else a for a, w in wire_algorithms(cfg)]
     return names + [TORCH] + (["deepspeed"] if cfg.get("deepspeed") else [])
-
-
-def _wrong(case: BenchCase, algorithm: str, inplace: bool, group: Any = None) -> int:
-    """Elements of this rank's result that differ from torch's on the same input."""
-    ref_case = BenchCase(case.collective, case.count, case.dtype, case.op, case.p, case.r)
-    ref_case.reset()
-    fn = ref_case.call(TORCH, inplace)
-    if fn is None:
-        return 0
-    fn()
-    ref = ref_case.result(inplace).clone()
-    mine = BenchCase(case.collective, case.count, case.dtype, case.op, case.p, case.r)
-    mine.reset()
-    mine.call(algorithm, inplace, group=group)()
-    if not mine.has_result:
-        return 0  # reduce, gather: only the root's buffer is defined
-    return int((mine.result(inplace) != ref).sum())
 
 
 def memcpy_seconds(nbytes: int, reps: int = 5) -> float:
@@ -135,7 +136,8 @@ def _measure(cfg: dict[str, Any], nbytes: int, wires: dict[str, Any], ds: Any) -
     dtype = DTYPES[cfg["dtype"]]
     itemsize = torch.empty(0, dtype=dtype).element_size()
     shared = wires.get("shm") if cfg.get("shared") else None
-    case = BenchCase(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared)
+    case = BenchCase(cfg["collective"], max(1, nbytes // itemsize), dtype, cfg["op"], p, r, shared=shared,
+                root=cfg.get("root", 0))
     mine: dict[str, Any] = {"times": {}, "wrong": {}, "picked": {}, "count": case.count}
     calls = {}
     for a, w in wire_algorithms(cfg) + [(TORCH, None)] + ([("deepspeed", None)] if ds else []):
@@ -149,10 +151,13 @@ def _measure(cfg: dict[str, Any], nbytes: int, wires: dict[str, Any], ds: Any) -
             if fn is None:
                 continue
             calls[(name, inplace)] = fn
-            if cfg["check"] and a != "deepspeed":
-                mine["wrong"][(name, inplace)] = _wrong(case, a, inplace, wires.get(w))
     case.reset()
     mine["times"] = time_calls(calls, cfg["iters"], cfg["warmup"], reset=case.reset if ds else None)
+    if cfg["check"]:  # each timed call once more on fresh inputs, its result against the expected
+        for (name, inplace), fn in calls.items():
+            case.prepare_check(inplace)
+            fn()
+            mine["wrong"][(name, inplace)] = case.wrong(inplace)
     mine["memcpy"] = memcpy_seconds(case.nbytes)
     return mine
 
@@ -173,8 +178,9 @@ def size_rows(cfg: dict[str, Any], per_rank: list[dict[str, Any]]) -> list[dict[
     rows = []
     for name in row_names(cfg):
         row: dict[str, Any] = {"size": size, "count": count, "type": cfg["dtype"],
-                               "redop": cfg["op"].lower() if coll in REDUCING else "none",
-                               "root": 0 if coll in ROOTED else -1, "algorithm": name, "wrong": 0}
+                               "redop": _redop(cfg["op"]) if coll in REDUCING else "none",
+                               "root": cfg.get("root", 0) if coll in ROOTED else -1, "algorithm": name,
+                               "wrong": 0 if cfg["check"] else None}
         if size:
             row["memcpy_gbps"] = size / memcpy / 1e9
         if name in per_rank[0]["picked"]:
@@ -185,10 +191,11 @@ def size_rows(cfg: dict[str, Any], per_rank: list[dict[str, Any]]) -> list[dict[
                 continue
             slowest = [max(samples) for samples in zip(*(rk["times"][key] for rk in per_rank))]
             algbw, busbw = cost.bus_bandwidth(coll, size, statistics.median(slowest), p)
-            wrong = sum(rk["wrong"].get(key, 0) for rk in per_rank)
+            wrong = sum(rk["wrong"][key] for rk in per_rank) if cfg["check"] else None
             row["in" if inplace else "out"] = {**_stats(slowest), "samples": slowest, "wrong": wrong,
                                                "algbw": algbw / 1e9, "busbw": busbw / 1e9}
-            row["wrong"] += wrong
+            if wrong is not None:
+                row["wrong"] += wrong
         rows.append(row)
     ref = next(x for x in rows if x["algorithm"] == TORCH)
     for row in rows:
@@ -212,14 +219,18 @@ def collective_worker(cfg: dict[str, Any]) -> dict[str, Any]:
     wires = {w: wire_group(w) for w in cfg["transports"]}
     ds = deepspeed_all_reduce(p, r, cfg["token"]) if cfg.get("deepspeed") else None
     sizes, rows = cfg["sizes"], []
-    for i, nbytes in enumerate(sizes):
+    ops = cfg.get("ops", [cfg["op"]])
+    runs = [(op, nbytes) for op in ops for nbytes in sizes]
+    for i, (op, nbytes) in enumerate(runs):
         if r == 0 and cfg["progress"]:
-            print(f"[{i + 1}/{len(sizes)}] {nbytes:,} B ...", file=sys.stderr, flush=True)
-        mine = _measure(cfg, nbytes, wires, ds)
+            print(f"[{i + 1}/{len(runs)}] {nbytes:,} B{f' {op.lower()}' if len(ops) > 1 else ''} ...",
+                  file=sys.stderr, flush=True)
+        this = {**cfg, "op": op}
+        mine = _measure(this, nbytes, wires, ds)
         gathered: list[Any] | None = [None] * p if r == 0 else None
         dt.gather_object(mine, gathered, dst=0)
         if gathered is not None:
-            here = size_rows(cfg, gathered)
+            here = size_rows(this, gathered)
             rows += here
             if cfg.get("stream", True):
                 print_size_rows(here, sys.stdout, first=i == 0)

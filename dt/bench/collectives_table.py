@@ -2,8 +2,9 @@
 
 Rows are printed one size at a time as they are measured (by rank 0, from
 dt/bench/collectives_sweep.py); the launcher prints the header before and the
-"# Avg bus bandwidth" lines and the summary after. Each mode's #wrong sits in
-its own column: out-of-place under out-of-place, in-place under in-place.
+"# Out of bounds values", "# Avg bus bandwidth" lines and the summary after.
+Each mode's #wrong sits in its own column: out-of-place under out-of-place,
+in-place under in-place (N/A when not checked, -c 0).
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any, TextIO
 
 from dt.cost import loadstore
 
-__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "print_avg", "print_header",
-           "print_size_rows", "plot", "row_wire", "summary"]
+__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "out_of_bounds", "print_avg",
+           "print_header", "print_size_rows", "plot", "row_wire", "summary"]
 
 NOT_DT = ("torch", "deepspeed")  # the reference rows: every other row is one of dt's
 WIRES = {"shm": "shared memory", "torch": "torch's wire"}  # --transport's names, as the summary says them
@@ -54,8 +55,9 @@ def format_row(row: dict[str, Any]) -> str:
     for mode in ("out", "in"):
         if mode in row:
             s = row[mode]
+            wrong = "N/A" if s["wrong"] is None else s["wrong"]
             cols.append(f"{s['median'] * 1e6:9.1f} {s['spread'] * 100:5.0f}% {s['algbw']:7.3f} "
-                        f"{s['busbw']:7.3f} {s['wrong']:>6}")
+                        f"{s['busbw']:7.3f} {wrong:>6}")
         else:
             cols.append(f"{'N/A':>9} {'':>6} {'':>7} {'':>7} {'':>6}")
     bound = f"{row['memcpy_gbps']:7.2f}" if "memcpy_gbps" in row else ""
@@ -82,13 +84,22 @@ def avg_bus_bandwidth(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     return {name: statistics.fmean(xs) for name, xs in figures.items()}
 
 
+def out_of_bounds(rows: Sequence[dict[str, Any]]) -> int:
+    """nccl-tests' count of results with a wrong element: one per (row, size, op, mode) checked."""
+    return sum(1 for row in rows for mode in ("out", "in") if (row.get(mode) or {}).get("wrong"))
+
+
 def print_avg(data: dict[str, Any], out: TextIO) -> None:
-    """The wires the groups connected, then nccl-tests' closing line once per row name."""
+    """The wires the groups connected, then nccl-tests' closing lines: the results out of bounds
+    (as it prints them: OK or FAILED), the average bus bandwidth once per row name."""
     connected = data["machine"].get("connected_wires", {})
     if connected:
         print("# wires connected: " + "; ".join(
             f"--transport {name} group over {' + '.join(wires) or 'no peer'}"
             for name, wires in connected.items()), file=out)
+    bad = out_of_bounds(data["results"])
+    unchecked = "" if data["config"].get("check", True) else " (not checked: -c 0)"
+    print(f"# Out of bounds values : {bad} {'FAILED' if bad else 'OK'}{unchecked}", file=out)
     if data["collective"] == "barrier":
         print("# Avg bus bandwidth    : N/A (a barrier moves no data)", file=out)
         return
@@ -126,8 +137,9 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
           "another for those on shared memory" + ("" if "torch" in transports else
                                                   " (--transport both adds dt's rows on torch's wire)"),
           file=out)
-    for size in dict.fromkeys(r["size"] for r in rows):
-        here = {r["algorithm"]: r for r in rows if r["size"] == size}
+    ops = dict.fromkeys(r["redop"] for r in rows)
+    for redop, size in dict.fromkeys((r["redop"], r["size"]) for r in rows):
+        here = {r["algorithm"]: r for r in rows if r["size"] == size and r["redop"] == redop}
         mode = "in" if "in" in here["torch"] else "out"
         fastest = fastest_dt(here, mode)
         if fastest is None:
@@ -144,7 +156,8 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
         same = fastest_dt(here, mode, transports, "torch")  # dt's rows on torch's own wire, if any
         across = f" (across wires: dt on {WIRES.get(row_wire(fastest, transports), 'its wire')}, torch on " \
                  f"{_torch_wire(data)})"
-        head = f"#   {size:>10} B  fastest"
+        which = f"{redop:>4} " if len(ops) > 1 else ""  # -o all: the sizes again for each op
+        head = f"#   {which}{size:>10} B  fastest"
         if same is not None:
             line = f"{head} on the same wire {named(same):<22} {ratio(same, 'torch'):5.2f}x torch"
             if fastest != same:
@@ -204,7 +217,7 @@ def busbw_figure(data: dict[str, Any]) -> Any:
     ax.set_ylabel("busbw (GB/s)")
     m = data["machine"]
     ax.set_title(f"{data['collective']}, world {m['world']}, {'+'.join(m['transports'])}, "
-                 f"{m['cores']} cores")
+                 f"{m['cores']} cores", wrap=True)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.tight_layout()

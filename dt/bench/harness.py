@@ -18,10 +18,16 @@ the same measurement in all four:
 Sizes follow nccl-tests: `count` is the elements of the whole buffer, which for
 all-gather, reduce-scatter, all-to-all, gather and scatter is p blocks of
 count // p. A barrier moves no data: its count is 0 whatever was asked.
+
+Results are checked as nccl-tests checks them: against the value the inputs
+imply (`BenchCase.expected`), computed here from the same pattern, not against
+another library's call. `BenchCase.wrong(inplace)` counts the elements that differ
+after `BenchCase.prepare_check(inplace)` and one call.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
@@ -38,7 +44,7 @@ from dt.device import Stopwatch
 from dt.transport import default_device, resolve_group
 from dt.transport.connect import shm_ready
 
-__all__ = ["COLLECTIVES", "TORCH", "BenchCase", "Reduction", "barrier", "group_wires",
+__all__ = ["COLLECTIVES", "ROOTED", "TORCH", "BenchCase", "Reduction", "barrier", "group_wires", "pattern",
            "reduction_seconds_per_byte", "registry_name", "rotated", "slope", "time_calls", "wire_group"]
 
 TORCH = "torch"  # the algorithm name that runs torch.distributed's own collective
@@ -46,7 +52,7 @@ COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduc
                "gather", "scatter", "barrier")
 IN_PLACE_ONLY = ("all_reduce", "broadcast", "reduce")  # torch's APIs for these have no output buffer
 BLOCKED = ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter")  # p blocks of count // p
-ROOTED = ("broadcast", "reduce", "gather", "scatter")  # rank 0 is the root (nccl-tests' root 0)
+ROOTED = ("broadcast", "reduce", "gather", "scatter")  # one rank is the root (nccl-tests' -r, default 0)
 ROOT_RESULT = ("reduce", "gather")  # only the root's buffer holds a result
 
 K = TypeVar("K", bound=Hashable)
@@ -102,16 +108,37 @@ def barrier() -> None:
     dt_barrier(algorithm="one_shot" if shm else "dissemination")
 
 
+def pattern(count: int, rank: int, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """Rank `rank`'s input: (i + 3 rank) mod 5, less 2 where the dtype has negatives.
+
+    Small integers that differ by rank, so a result is checked element by element:
+    sums, products, minima and maxima of them are exact in every dtype (an integer
+    type's overflow wraps, and wrapping arithmetic gives one answer in any order), and an
+    average is one division of an exact sum.
+    """
+    values = (torch.arange(count, device=device) + 3 * rank) % 5
+    return (values - 2 if dtype.is_signed or dtype.is_floating_point else values).to(dtype)
+
+
+def _reduce(a: torch.Tensor, b: torch.Tensor, op: str) -> torch.Tensor:
+    if op in ("SUM", "AVG"):
+        return a + b
+    if op == "PRODUCT":
+        return a * b
+    return torch.minimum(a, b) if op == "MIN" else torch.maximum(a, b)
+
+
 class BenchCase:
     """This rank's buffers for one (collective, size), and one call of it by any algorithm.
 
-    The input holds a small pattern that differs by rank ((i + 3r) mod 5 - 2), so
-    a result can be checked element by element against torch's.
+    The input holds a small pattern that differs by rank (`pattern`), so a result is
+    checked element by element against the value it implies (`expected`). `root`: the
+    rank broadcast, reduce, gather and scatter are rooted at.
     """
 
     def __init__(self, collective: str, count: int, dtype: torch.dtype = torch.float32,
                  op: str = "SUM", p: int | None = None, r: int | None = None,
-                 shared: Any = None):
+                 shared: Any = None, root: int = 0):
         c = family(collective)
         if c not in COLLECTIVES:
             raise ValueError(f"no harness for {collective!r}; one of {COLLECTIVES}")
@@ -123,7 +150,10 @@ class BenchCase:
         per = max(1, count // self.p) if c in BLOCKED else count
         self.per, self.count = per, per * self.p if c in BLOCKED else count
         self.device = _device()  # the rank's GPU under NCCL, else the CPU
-        self.input = ((torch.arange(self.count, device=self.device) + 3 * self.r) % 5 - 2).to(dtype)
+        if not 0 <= root < self.p:
+            raise ValueError(f"root {root} is no rank of a world of {self.p}")
+        self.root = root
+        self.input = pattern(self.count, self.r, dtype, self.device)
         self.output = torch.empty(per if c in ("reduce_scatter", "scatter") else self.count, dtype=dtype,
                                   device=self.device)
         if shared is not None:  # a group: the buffers live in its shared memory (dt.shm_empty)
@@ -138,7 +168,7 @@ class BenchCase:
     @property
     def has_result(self) -> bool:
         """Whether this rank's result buffer is defined (reduce and gather fill only the root's)."""
-        return self.collective not in ROOT_RESULT or self.r == 0
+        return self.collective not in ROOT_RESULT or self.r == self.root
 
     def reset(self) -> None:
         """Put the input back where the in-place calls work (they overwrite it every call)."""
@@ -155,7 +185,7 @@ class BenchCase:
         in-place API. `group`: the process group dt's call runs on (its wire), default
         the world; torch's always runs on the world.
         """
-        c, x, y, r = self.collective, self.input, self.output, self.r
+        c, x, y, r, root = self.collective, self.input, self.output, self.r, self.root
         if inplace is None:
             inplace = c in IN_PLACE_ONLY
         lib: Any = dist if algorithm == TORCH else dt
@@ -168,9 +198,9 @@ class BenchCase:
                 if c == "all_reduce":
                     lib.all_reduce(y, op, **kw)
                 elif c == "broadcast":
-                    lib.broadcast(y, 0, **kw)
+                    lib.broadcast(y, root, **kw)
                 else:
-                    lib.reduce(y, 0, op, **kw)
+                    lib.reduce(y, root, op, **kw)
             return run
         if c == "all_gather":
             src = y[r * self.per:(r + 1) * self.per] if inplace else x[: self.per]
@@ -185,11 +215,11 @@ class BenchCase:
         if inplace:  # all_to_all, gather, scatter: out of place only (torch's APIs)
             return None
         if c == "gather":
-            parts = list(y.split(self.per)) if r == 0 else None
-            return lambda: lib.gather(x[: self.per], parts, 0, **kw)
+            parts = list(y.split(self.per)) if r == root else None
+            return lambda: lib.gather(x[: self.per], parts, root, **kw)
         if c == "scatter":
-            parts = list(x.split(self.per)) if r == 0 else None
-            return lambda: lib.scatter(y, parts, 0, **kw)
+            parts = list(x.split(self.per)) if r == root else None
+            return lambda: lib.scatter(y, parts, root, **kw)
         return lambda: lib.all_to_all_single(y, x, **kw)
 
     def result(self, inplace: bool) -> torch.Tensor:
@@ -197,6 +227,62 @@ class BenchCase:
         if self.collective == "reduce_scatter" and inplace:
             return self.input[self.r * self.per:(self.r + 1) * self.per]
         return self.output
+
+    def prepare_check(self, inplace: bool) -> None:
+        """The buffers as before a first call: the inputs the pattern, the result buffer poisoned
+        (NaN, or an integer the pattern never holds), so a call that leaves an element unwritten
+        gets it counted wrong."""
+        self.input.copy_(pattern(self.count, self.r, self.dtype, self.device))
+        self.output.fill_(math.nan if self.dtype.is_floating_point else 99)
+        if self.collective in IN_PLACE_ONLY:
+            self.output.copy_(self.input)
+        if self.collective == "all_gather" and inplace:  # this rank's block is its input there
+            self.output[self.r * self.per:(self.r + 1) * self.per].copy_(self.input[: self.per])
+
+    def expected(self) -> torch.Tensor | None:
+        """What this rank's result buffer must hold after one call; None where it holds nothing
+        (a barrier, reduce's and gather's other ranks)."""
+        c, p, r, per = self.collective, self.p, self.r, self.per
+        if c == "barrier" or not self.has_result:
+            return None
+
+        def block(rank: int, i: int) -> torch.Tensor:
+            return pattern(self.count, rank, self.dtype, self.device)[i * per:(i + 1) * per]
+
+        if c == "broadcast":
+            return pattern(self.count, self.root, self.dtype, self.device)
+        if c == "scatter":
+            return block(self.root, r)
+        if c in ("all_gather", "gather"):
+            return torch.cat([block(q, 0) for q in range(p)])
+        if c == "all_to_all":
+            return torch.cat([block(q, r) for q in range(p)])
+        reduced = self._reduced()  # all_reduce, reduce, reduce_scatter
+        return reduced[r * per:(r + 1) * per] if c == "reduce_scatter" else reduced
+
+    def _reduced(self) -> torch.Tensor:
+        """Every rank's input reduced by the op: exactly (float64, or int64 that wraps as the
+        dtype does when cast), then rounded once to the dtype."""
+        exact = torch.float64 if self.dtype.is_floating_point else torch.int64
+        acc = pattern(self.count, 0, self.dtype, self.device).to(exact)
+        for q in range(1, self.p):
+            acc = _reduce(acc, pattern(self.count, q, self.dtype, self.device).to(exact), self.op)
+        if self.op == "AVG":
+            acc = acc / self.p
+        return acc.to(self.dtype)
+
+    def wrong(self, inplace: bool) -> int:
+        """Elements of this rank's result that differ from `expected` (after prepare_check and
+        one call). An average may round once more than the exact one: within p ulps."""
+        want = self.expected()
+        if want is None:
+            return 0
+        got = self.result(inplace)
+        if self.op == "AVG" and self.dtype.is_floating_point:
+            bad = ~torch.isclose(got, want, rtol=self.p * torch.finfo(self.dtype).eps, atol=0.0)
+        else:
+            bad = got != want
+        return int(bad.sum())
 
 
 def _shared_copy(t: torch.Tensor, group: Any) -> torch.Tensor:

@@ -27,8 +27,14 @@ dropout (two sbh masks and the softmax's mask and output, 3 a s^2 b bytes).
 
 Tensor parallel (t > 1): everything inside attention and the MLP divides by t (whole
 heads, a slice of f); the norms' inputs and outputs are replicated, 4 e sbh per rank,
-as Korthikanti's 10 sbh (at e = 2 less the dropout masks). Sequence parallel divides those
-by t as well (Korthikanti's rule; dt's trainer does not run it, so it is not measured).
+as Korthikanti's 10 sbh (at e = 2 less the dropout masks). Sequence parallel (dt's
+ColwiseParallel / RowwiseParallel with sequence_parallel) runs the norms on s / t tokens,
+so their inputs and statistics divide by t; but each column-parallel layer all-gathers its
+input to the whole sequence and keeps that copy for its weight's gradient (Megatron instead
+keeps the s / t shard and gathers again in backward, Korthikanti's 4.2.2): the matmul
+inputs stay whole, 2 e sbh per GPT block, and 5 e sbh per Llama block (q, k, v, gate and up
+each gather their own copy). The head keeps ln_f's input on s / t tokens and its gathered
+output whole.
 
 Context parallel (cp > 1): a rank holds s / cp tokens, and dt.parallel.context's ring
 attention and Ulysses (which dt.parallelize swaps in for the model's kernel) work
@@ -39,23 +45,29 @@ output: 17 e s b h / cp in all.
 Llama (dt/models/llama.py): its RMSNorm computes in at least float32 (w = max(e, 4) bytes:
 the input's wide copy, its rsqrt per token), and keeps its normed and weighted outputs
 (2 e sbh); attention keeps q, k, v (k and v repeated to every head) and the output
-(4 e sbh) plus the log-sum-exp; SwiGLU keeps gate, silu, up and their product (4 e s b f).
+(4 e sbh; under cp, as GPT's, 5 e sbh) plus the log-sum-exp; SwiGLU keeps gate, silu, up
+and their product (4 e s b f). Parallelized, each of its pipeline layers looks up its
+rotary rows (dt.parallel.plan.llama_blocks: cos and sin, 2 e s head_dim, s / cp under cp),
+which rotary's multiplies keep.
 
-Recompute: "full" keeps only each block's input (e sbh, / t with sequence parallel); its
-activations come back, one block at a time, in its backward: recompute_peak_bytes is that
-one block's. "selective" (Korthikanti) drops the s^2 terms (softmax and mask) and keeps
-the rest: only attention="dt" has any.
+Recompute: "full" keeps only each block's input (e sbh, / t with sequence parallel; a
+parallelized Llama layer's rotary rows too: they are its inputs); its activations come
+back, one block at a time, in its backward: recompute_peak_bytes is that one block's.
+"selective" (Korthikanti) recomputes the attention core alone (dt.parallel.recompute):
+what the core keeps goes, the scores term (the softmax and mask written out; torch's
+kernel and ring attention: their log-sum-exp) and under cp the output (its copy into the
+projection stays); q, k, v stay, as the core's inputs. recompute_peak_bytes is then what
+one core rebuilds.
 
-The embedding keeps the token ids (int64) and the positions (int64; Llama: its rotary tables'
-rows at these positions, cos and sin [s, head_dim]); parallelized (the default: the model as
-dt.parallelize's plans split it, even at tp = 1) the vocab-parallel embedding also keeps the
-mask of ids outside the rank's slice (bool), and Llama's pipeline layers read the rotary
-tables as views of its buffers (dt.parallel.plan.llama_blocks), so no rows are saved. The
-head keeps ln_f's input and output, the loss's softmax over the whole vocabulary (the head
-gathers the logits; the loss upcasts: max(e, 4) bytes), and the targets (int64); attention="dt"
-is the vocabulary-parallel loss instead (dt.parallel.tensor.vocab_parallel_cross_entropy):
-the softmax of the rank's slice in the activation dtype, the targets and their
-outside-the-slice mask.
+The embedding keeps the token ids (int64) and the positions (int64; a plain Llama: its
+rotary tables' rows at these positions, cos and sin [s, head_dim], looked up once for all
+its layers); parallelized (the default: the model as dt.parallelize's plans split it, even
+at tp = 1) the vocab-parallel embedding also keeps the mask of ids outside the rank's slice
+(bool). The head keeps ln_f's input and output, the loss's softmax over the whole
+vocabulary (the head gathers the logits; the loss upcasts: max(e, 4) bytes), and the
+targets (int64); attention="dt" is the vocabulary-parallel loss instead
+(dt.parallel.tensor.vocab_parallel_cross_entropy): the softmax of the rank's slice in the
+activation dtype, the targets and their outside-the-slice mask.
 
 Mixture of experts (dt.parallel.expert.ShardedMoE, which dt.parallelize's ExpertParallel swaps in
 for the plain model's; replicated over tp, so never divided by it), T = b s / cp tokens,
@@ -70,14 +82,13 @@ routing; pass received_rows for a measured routing), in place of the MLP:
 
 from __future__ import annotations
 
-from dt.cost.flops import Decoder
+from dt.cost.flops import RECOMPUTE, Decoder
 
 __all__ = ["ATTENTION", "block_activation_bytes", "layer_activation_bytes", "moe_activation_bytes",
            "recompute_peak_bytes", "stage_activation_bytes"]
 
 ATTENTION = ("sdpa", "dt")  # torch's fused kernel (the plain models, dt train); dt.parallel.tensor's
 INDEX_BYTES = 8  # int64 token ids, positions and targets
-RECOMPUTE = ("none", "selective", "full")
 
 
 def _check(a: Decoder, attention: str, recompute: str, parallelized: bool = True) -> None:
@@ -133,24 +144,41 @@ def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, se
                  parallelized: bool) -> dict[str, float]:
     _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
-    lse = max(e, 4)  # the log-sum-exp: float32, or the activations' dtype when wider
     s = a.seq_len / cp
     sbh, bs = s * sequences * a.n_embd, s * sequences
     rep = t if sequence_parallel else 1  # what tp alone replicates, sp splits
-    if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU
+    if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU; parallelized, each layer's rotary rows
         w = max(e, 4)
-        return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep, "matmul_inputs": 2 * e * sbh / rep,
-                "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t,
-                "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
-    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / rep}
+        rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
+        core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
+        return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep,
+                "matmul_inputs": (5 if sequence_parallel else 2) * e * sbh, **core,
+                "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
+    # under sequence parallel the matmul inputs stay whole: each column-parallel layer keeps its gathered copy
+    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh}
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
+    return {**norms, **_attention_core(a, e, s, sequences, t, cp, attention), "mlp": mlp}
+
+
+def _attention_core(a: Decoder, e: int, s: float, sequences: int, t: int, cp: int,
+                    attention: str) -> dict[str, float]:
+    """attention: q, k, v, the output (the projection's input); scores: what only the core keeps."""
+    sbh, bs = s * sequences * a.n_embd, s * sequences
     if cp > 1:  # ring attention / Ulysses, block-wise: q, k, v, output, its copy into the projection; lse
-        return {**norms, "attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t, "mlp": mlp}
+        return {"attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t}
     if attention == "sdpa":  # one qkv storage, the output (the projection's input), log-sum-exp
-        return {**norms, "attention": 4 * e * sbh / t, "scores": lse * a.n_head * bs / t, "mlp": mlp}
+        return {"attention": 4 * e * sbh / t, "scores": max(e, 4) * a.n_head * bs / t}
     scores = e * a.n_head * s * s * sequences / t + s * s  # the softmax, and the causal mask (bool)
-    return {**norms, "attention": 4 * e * sbh / t, "scores": scores, "mlp": mlp}
+    return {"attention": 4 * e * sbh / t, "scores": scores}
+
+
+def _selective(a: Decoder, parts: dict[str, float], e: int, sequences: int, tp: int,
+               cp: int) -> dict[str, float]:
+    """What the attention core alone keeps, which selective recompute drops: its scores term, and
+    under cp its output (ring attention's; the projection keeps its own copy)."""
+    output = e * a.seq_len / cp * sequences * a.n_embd / tp if cp > 1 else 0.0
+    return {"scores": parts["scores"], "attention": output}
 
 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
@@ -169,14 +197,14 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
     if layer == 0:
         return _embedding_bytes(a, e, s, sequences, parallelized)
     if layer == a.n_layer + 1:
-        return _head_bytes(a, e, st, s, sequences, tp, attention)
-    if recompute == "full":
-        return e * sbh / (tp if sequence_parallel else 1)
+        return _head_bytes(a, e, st, s, sequences, tp, attention, tp if sequence_parallel else 1)
+    if recompute == "full":  # the block's input (and a parallelized Llama layer's rotary rows)
+        rotary = 2 * e * s * (a.n_embd // a.n_head) if a.gated and parallelized else 0
+        return e * sbh / (tp if sequence_parallel else 1) + rotary
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
                                    parallelized=parallelized, dropout=dropout)
-    if recompute == "selective" and attention == "dt" and cp == 1:
-        parts["scores"] = 0.0
-    return sum(parts.values())
+    dropped = _selective(a, parts, e, sequences, tp, cp) if recompute == "selective" else {}
+    return sum(parts.values()) - sum(dropped.values())
 
 
 def _embedding_bytes(a: Decoder, e: int, s: float, sequences: int, vocab_parallel: bool) -> float:
@@ -188,13 +216,16 @@ def _embedding_bytes(a: Decoder, e: int, s: float, sequences: int, vocab_paralle
     return INDEX_BYTES * bs + (INDEX_BYTES * s if a.position_table else rotary)
 
 
-def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, attention: str) -> float:
+def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, attention: str,
+                rep: int = 1) -> float:
+    """The final norm (its input and statistics on s / rep tokens under sequence parallel; its
+    output, the logits' input, gathered whole), the loss's softmax and the targets."""
     bs, sbh = s * sequences, s * sequences * a.n_embd
     if a.gated:  # final RMSNorm: wide input, rsqrt, normed, weighted
         w = max(e, 4)
-        norm = w * sbh + w * bs + 2 * e * sbh
+        norm = (w * sbh + w * bs + e * sbh) / rep + e * sbh
     else:  # ln_f's input, mean and rstd, output
-        norm = 2 * e * sbh + 2 * st * bs
+        norm = (e * sbh + 2 * st * bs) / rep + e * sbh
     if attention == "sdpa":  # the loss's float32 (or wider) log-softmax and weight total, targets
         return norm + max(e, 4) * (bs * a.vocab_size + 1) + INDEX_BYTES * bs
     return norm + e * bs * a.vocab_size / tp + INDEX_BYTES * bs + bs  # softmax slice, targets, mask
@@ -202,10 +233,18 @@ def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, 
 
 def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                          sequence_parallel: bool = False, attention: str = "sdpa",
-                         stats_bytes: int | None = None, parallelized: bool = True) -> float:
-    """What full recompute adds at its peak: one block's activations, rebuilt for its backward."""
-    return sum(block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      stats_bytes, parallelized=parallelized).values())
+                         stats_bytes: int | None = None, parallelized: bool = True,
+                         recompute: str = "full") -> float:
+    """What recompute adds at its peak: one block's activations rebuilt for its backward ("full"),
+    or one attention core's ("selective": what it dropped); "none": nothing."""
+    _check(a, attention, recompute, parallelized)
+    if recompute == "none":
+        return 0.0
+    parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention,
+                                   stats_bytes, parallelized=parallelized)
+    if recompute == "selective":
+        return sum(_selective(a, parts, itemsize, sequences, tp, cp).values())
+    return sum(parts.values())
 
 
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,

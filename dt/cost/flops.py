@@ -39,9 +39,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "StepFlops", "expert_params",
-           "forward_flops_per_token", "layer_forward", "layer_params", "matmul_params", "optimizer_flops",
-           "step_flops", "train_flops_per_token"]
+__all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "RECOMPUTE", "StepFlops",
+           "expert_params", "forward_flops_per_token", "layer_forward", "layer_params", "matmul_params",
+           "optimizer_flops", "step_flops", "train_flops_per_token"]
 
 # dt's Adam per parameter: m = b1 m + (1-b1) g (3), v = b2 v + (1-b2) g^2 (4), the two bias
 # corrections (2), sqrt, + eps, divide, lr x, subtract (5).
@@ -49,7 +49,7 @@ OPTIMIZER_FLOPS_PER_PARAM = 14
 
 BLOCK_KINDS = ("qkv", "scores", "attend", "out_proj", "router", "mlp")
 KINDS = ("embedding", *BLOCK_KINDS, "head")
-RECOMPUTE = ("none", "selective", "full")
+RECOMPUTE = ("none", "selective", "full")  # what recompute reruns: nothing, the attention core, every block
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """`dt quiz`: the chapter's self-test, in the terminal.
 
     dt quiz                              asks each question, checks each answer, explains it
-    dt quiz --answers b,c,b,a,1.5MiB,14,175,a,a,b     all at once (or one per line on stdin)
+    dt quiz --answers b,c,b,a,1.5MiB,14,175,a,a,d     all at once (or one per line on stdin)
 
 What each primitive leaves on each rank, why all-reduce is reduce-scatter +
 all-gather, what a ring sends per rank, busbw against algbw, and why small

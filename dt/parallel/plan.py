@@ -22,7 +22,7 @@ A ParallelPlan applies every kind of parallelism, always in ORDER (torchtitan's,
     tensor     swap modules for their tensor/sequence-parallel selves (grid "tp")
     context    swap attention's core for ring attention / Ulysses (grid "cp")
     experts    swap MoE MLPs for expert-parallel ones over the grid's "ep" split
-    recompute  wrap each block so its activations are recomputed in backward
+    recompute  wrap each block (or attention core) so its activations are recomputed in backward
     pipeline   cut the model's block list (`blocks`) into this rank's stage(s) (grid "pp")
     data       DDP (overlapped), ZeRO 1-2 or FSDP (ZeRO 3, per chunk) over the grid's dp x cp plane
 
@@ -31,10 +31,12 @@ to parameters and modules, and must hold the final ones (a pipeline cut made
 before a swap would keep the old layer; DDP's buckets and ZeRO's flat buffer
 are views of the parameters they were given). Tensor before context and
 experts: those replace the core of a module tensor parallelism has already
-split by heads, so they see the split shapes. Recompute wraps whole blocks,
-after every swap inside them (a wrapped block hides its parts' names from the
-plan) and before the cut, which takes the wrapped blocks from the model; a
-recompute region is one block, so it never spans a stage boundary either way.
+split by heads, so they see the split shapes. Recompute wraps whole blocks
+(or only their attention cores: ring attention, when context parallelism
+swapped it in), after every swap inside them (a wrapped block hides its parts'
+names from the plan) and before the cut, which takes the wrapped blocks from
+the model; a recompute region is at most one block, so it never spans a stage
+boundary either way.
 Data parallel last, as in torchtitan: it is per stage (each synchronises its
 own gradients), its buckets follow the final parameters' order and sizes, and
 its hooks must be the last ones registered.
@@ -69,8 +71,8 @@ from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.expert.style import EXPERT_GROUP, ExpertParallel, ExpertParallelMoE, split_parameters
 from dt.parallel.grid import GRADIENT_SYNC, Grid
 from dt.parallel.pipeline.cut import StageCut, cut, drop_other_stages
-from dt.parallel.recompute import Recompute
-from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss
+from dt.parallel.recompute import recompute_plan
+from dt.parallel.tensor.loss import SequenceParallelRMSNorm, VocabParallelLoss, sequence_shards
 from dt.parallel.tensor.styles import (
     ColwiseParallel,
     FusedAttentionParallel,
@@ -110,6 +112,7 @@ class ParallelPlan:
     stage_sizes: Sequence[int] | None = None  # layers per part; None: as even as the layers allow
     recompute: Mapping[str, Style] = field(default_factory=dict)
     data_parallel: str = "ddp"
+    prefetch: bool = True  # zero3: each FSDP unit's all-gather issued behind the one before it
 
 
 Plan = ParallelPlan  # the older public name, kept importable (README's examples use it)
@@ -253,12 +256,12 @@ def _apply(model: nn.Module, grid: Grid, plan: ParallelPlan) -> Parallel:
     if plan.data_parallel == "ddp" and grid.size(*dp_axes) > 1 and not with_experts:  # overlapped
         chunks = [DistributedDataParallel(c, grid.group(*dp_axes, purpose=GRADIENT_SYNC)) for c in chunks]
     if plan.data_parallel == "zero3":
-        chunks = _fully_sharded(model, grid, dp_axes, stage, with_experts)
+        chunks = _fully_sharded(model, grid, dp_axes, stage, with_experts, plan.prefetch)
     return Parallel(model, grid, stage, chunks, plan.data_parallel, dp_axes, device, with_experts)
 
 
 def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], stage: StageCut,
-                   with_experts: bool) -> list[FullyShardedDataParallel]:
+                   with_experts: bool, prefetch: bool) -> list[FullyShardedDataParallel]:
     """Each of this stage's chunks under FSDP over the dp x cp plane (per stage, as torchtitan
     composes FSDP with a pipeline); each shard's pieces named as the plain model names its
     parameters (tensor-parallel slices included; a shared weight saved by its first stage), for
@@ -275,7 +278,8 @@ def _fully_sharded(model: nn.Module, grid: Grid, dp_axes: tuple[str, ...], stage
               for t, pieces in tensor_parallel_places(model)}
     return [FullyShardedDataParallel(c, grid.group(*dp_axes), place_of=lambda p: places[id(p)],
                                      separate=stage.shared, experts=experts, expert_group=edp,
-                                     expert_divisor=grid.size(*dp_axes)) for c in stage.chunks]
+                                     expert_divisor=grid.size(*dp_axes), prefetch=prefetch)
+            for c in stage.chunks]
 
 
 def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | None) -> nn.Module:
@@ -318,11 +322,6 @@ def _loss_parallel(cfg: Any, on: bool) -> dict[str, Style]:
     return {"loss.per_token": VocabParallelLoss(cfg.vocab_size)} if on else {}
 
 
-def _recompute(blocks: range) -> dict[str, Style]:
-    """Every block recomputed in backward (dt.parallel.recompute)."""
-    return {f"layers.{i}": Recompute() for i in blocks}
-
-
 def gpt_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
     """dt.models.gpt.GPT's context-parallel entries (styles on "cp"; empty at cp 1)."""
     return _context(cfg, tp, cp, cp_attention, "layers.*.attn.attend", "layers.0.wpe")
@@ -333,9 +332,9 @@ def gpt_experts(cfg: Any) -> dict[str, Style]:
     return {"layers.*.mlp": ExpertParallel(cfg.block_size)} if getattr(cfg, "n_experts", 0) else {}
 
 
-def gpt_recompute(cfg: Any) -> dict[str, Style]:
-    """Every block of dt.models.gpt.GPT recomputed in backward."""
-    return _recompute(range(1, cfg.n_layer + 1))
+def gpt_recompute(cfg: Any, kind: bool | str = "full") -> dict[str, Style]:
+    """dt.models.gpt.GPT's recompute: every block ("full", True) or every attention core ("selective")."""
+    return recompute_plan(kind, [f"layers.{i}" for i in range(1, cfg.n_layer + 1)], "layers.*.attn.attend")
 
 
 def llama_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dict[str, Style]:
@@ -343,13 +342,13 @@ def llama_context(cfg: Any, tp: int, cp: int, cp_attention: str = "ring") -> dic
     return _context(cfg, tp, cp, cp_attention, "layers.*.self_attn.attend", "rotary")
 
 
-def llama_recompute(cfg: Any) -> dict[str, Style]:
-    """Every decoder layer of dt.models.llama.Llama recomputed in backward."""
-    return _recompute(range(cfg.n_layer))
+def llama_recompute(cfg: Any, kind: bool | str = "full") -> dict[str, Style]:
+    """dt.models.llama.Llama's recompute: every layer ("full", True) or attention core ("selective")."""
+    return recompute_plan(kind, [f"layers.{i}" for i in range(cfg.n_layer)], "layers.*.self_attn.attend")
 
 
 def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
-             cp_attention: str = "ring", recompute: bool = False, loss_parallel: bool = False,
+             cp_attention: str = "ring", recompute: bool | str = False, loss_parallel: bool = False,
              experts: bool = True) -> dict[str, Style]:
     """The plan of dt.models.gpt.GPT: Megatron's split; the logits gathered for the loss.
 
@@ -358,8 +357,9 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
     Mixture-of-experts blocks (cfg.n_experts > 0) are expert parallel over the
     grid's "ep" group (replicated over tp: their tokens are). cp > 1: context
     parallel over "cp" (cp_attention "ring" or "ulysses"; inputs split by
-    dt.parallel.context.style.shard_sequence). recompute: every block's
-    activations recomputed in backward. loss_parallel: the loss reads
+    dt.parallel.context.style.shard_sequence). recompute: "full" (or True) every
+    block's activations recomputed in backward, "selective" the attention cores'
+    (dt.parallel.recompute). loss_parallel: the loss reads
     vocabulary-sharded logits (the model returns this rank's vocabulary slice).
     Each mode is one line below, from a function of its own (gpt_context,
     gpt_experts, gpt_recompute), so a caller applying the modes one at a time
@@ -401,7 +401,7 @@ def gpt_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
     plan |= gpt_experts(cfg) if experts else {}
     plan |= gpt_context(cfg, tp, cp, cp_attention)
     plan |= _loss_parallel(cfg, loss_parallel)
-    plan |= gpt_recompute(cfg) if recompute else {}
+    plan |= gpt_recompute(cfg, recompute)
     return plan
 
 
@@ -423,7 +423,7 @@ def _llama(n_head: int, n_kv_head: int, tp: int, body: str, sp: bool = False,
 
 
 def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 1,
-               cp_attention: str = "ring", recompute: bool = False,
+               cp_attention: str = "ring", recompute: bool | str = False,
                loss_parallel: bool = False) -> dict[str, Style]:
     """The plan of dt.models.llama.Llama; the options are gpt_plan's.
 
@@ -438,7 +438,7 @@ def llama_plan(cfg: Any, tp: int, sequence_parallel: bool = False, *, cp: int = 
         plan["norm"] = SequenceParallelRMSNorm()
     plan |= llama_context(cfg, tp, cp, cp_attention)
     plan |= _loss_parallel(cfg, loss_parallel)
-    plan |= llama_recompute(cfg) if recompute else {}
+    plan |= llama_recompute(cfg, recompute)
     return plan
 
 
@@ -451,7 +451,9 @@ class _Rotated(nn.Module):
     """A Llama decoder layer as a pipeline layer x -> x: the model's rotary module held beside it.
 
     The tables are looked up through the module (as Llama.forward does), so a context-parallel
-    plan's SharePositions hands every layer this rank's zig-zag positions, on any stage.
+    plan's SharePositions hands every layer this rank's zig-zag positions, on any stage. Under
+    sequence parallelism x holds this rank's share of the tokens, but attention's projections
+    gather the whole sequence: the tables are the whole sequence's.
     """
 
     def __init__(self, layer: nn.Module, rotary: nn.Module):
@@ -460,7 +462,8 @@ class _Rotated(nn.Module):
         object.__setattr__(self, "rotary", rotary)  # the model's, not this layer's: not a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.rotary(torch.arange(x.shape[1], device=x.device))
+        tokens = x.shape[1] * sequence_shards(self.layer.input_layernorm)
+        cos, sin = self.rotary(torch.arange(tokens, device=x.device))
         return self.layer(x, cos, sin)
 
 

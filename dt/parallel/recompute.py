@@ -1,6 +1,7 @@
-"""Activation recompute (checkpointing) per block, as a plan entry.
+"""Activation recompute (checkpointing), full (per block) or selective (the attention core), as plan entries.
 
-    plan |= {f"layers.{i}": Recompute() for i in range(1, cfg.n_layer + 1)}   # gpt_plan(recompute=True)
+    plan |= {f"layers.{i}": Recompute() for i in range(1, cfg.n_layer + 1)}   # gpt_plan(recompute="full")
+    plan |= {"layers.*.attn.attend": Recompute()}                      # gpt_plan(recompute="selective")
 
 A block's forward normally keeps every intermediate it will need in
 backward (attention scores, the MLP's 4h activations, ...). Recompute()
@@ -9,6 +10,14 @@ only the block's inputs, and backward runs the block's forward again to
 rebuild the rest just before it is needed. Saved activations fall from
 every block's intermediates to one [b, s, h] input per block, for one more
 forward of compute per step (Chen et al. 2016; Megatron's full recompute).
+
+Selective recompute (Korthikanti et al. 2022, arXiv 2205.05198) wraps only the
+attention core, softmax(q k^T) v, whose saved tensors grow with the sequence
+(the s^2 scores when written out; torch's fused kernel keeps its output and
+log-sum-exp instead) while its FLOPs are a small share of the block's: the
+linear layers keep their inputs as without recompute, the core keeps only its
+q, k, v, and backward reruns the core alone. The same style does it, applied
+to the core module (`recompute_plan` says which modules each kind wraps).
 
 Gradients are bit for bit those without recompute: the same operations run
 on the same values (no dropout here; a block drawing random numbers would
@@ -36,9 +45,11 @@ from typing import Any
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from dt.cost.flops import RECOMPUTE
 from dt.parallel.tensor.styles import Style, Ties
 
-__all__ = ["AGAIN", "FIRST", "Recompute", "recompute_phase", "recomputed"]
+__all__ = ["AGAIN", "FIRST", "RECOMPUTE", "Recompute", "recompute_kind", "recompute_phase", "recompute_plan",
+           "recomputed"]
 
 MARK = "recomputes"  # set on a block whose forward Recompute wrapped
 # a module's dict of per-forward totals (dt.parallel.expert.ShardedMoE, dt.models.moe.MoE)
@@ -112,3 +123,21 @@ class Recompute(Style):
         module.forward = recompute
         setattr(module, MARK, True)
         return module
+
+
+def recompute_kind(value: bool | str) -> str:
+    """One of RECOMPUTE ("none", "selective", "full") from a name or a bool (True: "full", False: "none")."""
+    if isinstance(value, bool):
+        return "full" if value else "none"
+    if value not in RECOMPUTE:
+        raise ValueError(f"recompute must be one of {', '.join(RECOMPUTE)} (or a bool), got {value!r}")
+    return value
+
+
+def recompute_plan(kind: bool | str, blocks: list[str], cores: str) -> dict[str, Style]:
+    """The plan entries of a recompute kind: "full" wraps each of `blocks` (module names), "selective"
+    the attention cores (`cores`, a pattern), "none" nothing."""
+    kind = recompute_kind(kind)
+    if kind == "full":
+        return {name: Recompute() for name in blocks}
+    return {cores: Recompute()} if kind == "selective" else {}

@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dt.parallel.recompute import recompute_kind
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.compute import rank_threads
 from dt.plan.layouts import CLIP, Layout
@@ -91,8 +92,9 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
             "--layout", "tp-across" if lay.tp_across else "tp-inside"]  # where the planner put tp
     if lay.clip:
         argv += ["--clip", str(CLIP)]
-    if lay.recompute != "none":
-        argv += ["--recompute", lay.recompute]
+    recompute = recompute_kind(lay.recompute)  # a bool (True: full) or the kind's name
+    if recompute != "none":
+        argv += ["--recompute", recompute]
     if lay.sequence_parallel:
         argv.append("--sequence-parallel")
     if model.n_kv_head:

@@ -64,9 +64,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--clip", action="store_true", help="every layout clips by the global norm (--clip)")
     p.add_argument("--global-batch", type=one, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq", type=one, default=32, help="tokens per sequence (default 32)")
-    p.add_argument("--precision", type=_precision, default=None,
-                   help="this machine: float32 (default) or float64; a catalogue device: bf16 (default), fp16, "
-                        "tf32, fp32")
+    p.add_argument("--precision", type=args_.precision, default=None,
+                   help="this machine: float32 (default) or float64; a catalogue device: bf16 (default), "
+                        "fp16, tf32, fp32 (each also as torch names it: bfloat16, float16, float32)")
     p.add_argument("--world", type=args_.ranks, default=2, help="ranks on this machine (default 2)")
     p.add_argument("--hosts", type=one, default=1,
                    help="hosts (with --device: catalogue; without: dt cluster) (default 1)")
@@ -114,11 +114,8 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         p.error(f"--efficiency must be in (0, 1], got {a.efficiency}")
     if not 0 <= a.headroom < 1:
         p.error(f"--headroom must be in [0, 1), got {a.headroom}")
-    if a.device is None and a.precision in PRECISIONS:
-        p.error(f"--precision {a.precision} needs --device: this machine trains in float32 or float64")
-    if a.device is not None and a.precision in ("float32", "float64"):
-        p.error(f"--precision {a.precision} is this machine's; a catalogue device takes "
-                f"{', '.join(PRECISIONS)}")
+    if a.precision is not None:
+        a.precision = _precision(p, a.precision, a.device)
     if a.check and a.device and a.hosts > 1:
         p.error("--check --device runs dt train on this host's GPUs: drop --hosts")
     if a.check and a.device:
@@ -137,6 +134,18 @@ def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
         _can_simulate(p, a.hosts * a.per_host)
     if a.recompute is None:
         a.recompute = "any" if a.device else "none"
+
+
+def _precision(p: argparse.ArgumentParser, name: str, device: str | None) -> str:
+    """--precision (dt.args.precision's torch name) as the cluster prices it: this machine's
+    float32 or float64, or a catalogue device's datasheet name (bf16, ...)."""
+    if device is None:
+        if name not in ("float32", "float64"):
+            p.error(f"--precision {name} needs --device: this machine trains in float32 or float64")
+        return name
+    if args_.short_precision(name) not in PRECISIONS:
+        p.error(f"--precision {name} is this machine's; a catalogue device takes {', '.join(PRECISIONS)}")
+    return args_.short_precision(name)
 
 
 def _check_on_gpus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
@@ -185,15 +194,6 @@ def _can_simulate(p: argparse.ArgumentParser, world: int) -> None:
         check_tools()
     except (args_.InputError, ClusterError) as exc:
         p.error(f"--check with --hosts runs under dt cluster: {exc}")
-
-
-def _precision(text: str) -> str:
-    """A precision's name, torch's spelling taken too (bfloat16 = bf16)."""
-    name = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16"}.get(text.lower(), text.lower())
-    if name not in ("float32", "float64", *PRECISIONS):
-        raise argparse.ArgumentTypeError(f"no precision {text!r}: float32, float64 (this machine) or "
-                                         f"{', '.join(PRECISIONS)} (a catalogue device)")
-    return name
 
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab": TRAIN_VOCAB}

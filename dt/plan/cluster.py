@@ -20,6 +20,7 @@ from dt.cost.devices import device as catalogue_device
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine, machine
 from dt.cost.stack import Stack, stack
+from dt.units import plural
 
 __all__ = ["TRAIN_PRECISION", "Cluster", "catalogue_cluster", "local_cluster"]
 
@@ -137,8 +138,8 @@ def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Clu
         levels, source = levels_of(fig), f"collectives {fig['source']}{note}"
     mem = intra.mem or 0.21e-9
     total = available_memory() or 0
-    where = f"{hosts} simulated hosts x {per_host}" if hosts > 1 else f"{world}"
-    return Cluster(f"this machine ({os.cpu_count()} cores, {where} ranks)", hosts, per_host, 0.0,
+    where = f"{hosts} simulated hosts x {plural(per_host, 'rank')}" if hosts > 1 else plural(world, "rank")
+    return Cluster(f"this machine ({plural(os.cpu_count() or 1, 'core')}, {where})", hosts, per_host, 0.0,
                    levels, total, 1 / mem, precision, 1.0, 0.0,
                    f"measured here: {source}; compute timed per layer shape", shared_memory=True,
                    timed="cpu")

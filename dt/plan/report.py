@@ -138,7 +138,7 @@ def scatter_plot(rows: list[Row], path: str, title: str) -> None:
     ax.set_xlabel("predicted peak memory per rank (GiB)")
     ax.set_ylabel("predicted step (ms)")
     ax.set_yscale("log")
-    ax.set_title(title)
+    ax.set_title(title, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -25,8 +25,9 @@ from dt import cost, transport
 from dt.device import DEVICES, backend_for
 from dt.launcher import launch
 from dt.layout import split_sizes
+from dt.units import plural
 
-__all__ = ["COLLECTIVES", "ROOT", "main", "primitives", "render", "start_of"]
+__all__ = ["COLLECTIVES", "ROOT", "byte_count", "main", "primitives", "render", "start_of"]
 
 ROOT = 0  # broadcast's and scatter's source, reduce's and gather's destination
 ELEMENTS = 4
@@ -115,6 +116,7 @@ def primitives(payload_bytes: int) -> dict[str, Any]:
     out["ring_bytes_sent"] = t.bytes_sent
     out["ring_messages_sent"] = t.messages_sent
     out["model_bytes_sent"] = cost.ring_all_reduce(big.numel(), 4, p, r).bytes_sent
+    out["ring_bytes"] = big.numel() * big.element_size()  # S: --bytes in whole float32 elements
     return out
 
 
@@ -125,10 +127,16 @@ def _cell(pieces: list[list[float]] | None) -> str:
     return "[" + " | ".join(", ".join(f"{v:g}" for v in piece) or "-" for piece in pieces) + "]"
 
 
+def byte_count(n: float) -> str:
+    """A count of bytes as the ring's table prints it, header and rows alike: whole ones with
+    separators (1,398,100), a mean or a formula's fraction to one decimal (1,398,101.3)."""
+    return f"{n:,.0f}" if float(n).is_integer() else f"{n:,.1f}"
+
+
 def render(results: list[dict[str, Any]], payload_bytes: int) -> tuple[list[str], bool]:
     """The demo's report from every rank's `primitives` result, and whether its checks hold."""
     p = len(results)
-    lines = [f"{p} ranks; rank r starts with [10r, 10r+1, 10r+2, 10r+3], split into pieces of "
+    lines = [f"{plural(p, 'rank')}; rank r starts with [10r, 10r+1, 10r+2, 10r+3], split into pieces of "
              f"{', '.join(map(str, results[0]['sizes']))} elements (dt.layout.split_sizes)"]
     for name, title in COLLECTIVES.items():
         rows = [(str(r), _cell(res[name]["before"]), _cell(res[name]["after"]))
@@ -141,12 +149,16 @@ def render(results: list[dict[str, Any]], payload_bytes: int) -> tuple[list[str]
              for res in results)
     lines += ["", f"reduce_scatter + all_gather == all_reduce on every rank: {'yes' if ok else 'NO'}"]
 
-    lines += ["", f"ring all-reduce of {payload_bytes:,} bytes on {p} ranks: bytes sent per rank "
-                  f"(model: 2(p-1)/p * S = {2 * (p - 1) / p * payload_bytes:,.0f})",
+    size = results[0]["ring_bytes"]
+    lines += ["", f"ring all-reduce of {size:,} bytes on {plural(p, 'rank')}: bytes sent per rank "
+                  f"(model: 2(p-1)/p * S = {byte_count(2 * (p - 1) / p * size)}: the ranks' mean, as each "
+                  "sends whole elements)",
               f"  {'rank':>4}  {'measured':>12}  {'model':>12}  {'messages':>8}"]
     for r, res in enumerate(results):
-        lines.append(f"  {r:>4}  {res['ring_bytes_sent']:>12,}  {res['model_bytes_sent']:>12,}  "
-                     f"{res['ring_messages_sent']:>8}")
+        lines.append(f"  {r:>4}  {byte_count(res['ring_bytes_sent']):>12}  "
+                     f"{byte_count(res['model_bytes_sent']):>12}  {res['ring_messages_sent']:>8}")
+    means = [sum(res[k] for res in results) / p for k in ("ring_bytes_sent", "model_bytes_sent")]
+    lines.append(f"  {'mean':>4}  {byte_count(means[0]):>12}  {byte_count(means[1]):>12}")
     exact = all(res["ring_bytes_sent"] == res["model_bytes_sent"] for res in results)
     lines.append(f"  measured == model: {'yes' if exact else 'NO'}")
     return lines, ok and exact

@@ -49,7 +49,7 @@ from dt import cost
 from dt.cost.overheads import Overheads
 from dt.device import DEVICES, backend_for
 from dt.tools import whatif_hosts, whatif_terms
-from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time  # noqa: F401 (dt model's units)
+from dt.units import fmt_bytes, fmt_time, parse_rate, parse_size, parse_time, plural  # noqa: F401 (dt model's units)
 
 COLLECTIVES = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce", "all_to_all",
                "gather", "scatter", "barrier")
@@ -96,7 +96,7 @@ TERM_COLUMNS = (("software", "software"), ("wake", "wake"), ("sharing", "sharing
 def print_table(collective: str, nbytes: int, world: int, rows: list, measured: dict | None = None,
                 out: Any = None) -> None:
     out = out or sys.stdout  # looked up per call: a captured stdout may be replaced
-    print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {world} ranks", file=out)
+    print(f"\n{collective}, {fmt_bytes(nbytes, 3)} ({nbytes:,} B), {plural(world, 'rank')}", file=out)
     with_terms = any(e.terms.total or e.terms.oversubscription for _, e in rows)
     head = (f"  {'algorithm':<19} {'steps':>5} {'bytes/rank':>11} {'latency':>11} "
             f"{'bandwidth':>11} {'reduction':>11}"

@@ -22,8 +22,9 @@ steps) into DIR/step-NNNNNNNN/: each rank writes its own shard, rank 0 a
 manifest, and the folder appears complete or not at all; the newest --keep
 are kept. A run started on a DIR that holds checkpoints resumes from the
 newest good one, on any mesh (dp, tp, pp may change), falling back past a
-corrupt one with a warning. Under `torchrun --max-restarts N` a group restarted
-after a worker died resumes the same way. One machine, or a shared filesystem.
+corrupt one with a warning; the model options left out are read from it
+(resume.py). Under `torchrun --max-restarts N` a group restarted after a
+worker died resumes the same way. One machine, or a shared filesystem.
 
 - cli.py         the command line: parse_args, main, the report rank 0 prints
 - loop.py        one rank's training loop (train_worker)
@@ -32,6 +33,7 @@ after a worker died resumes the same way. One machine, or a shared filesystem.
 - clip.py        gradient clipping by the global norm over every axis
 - optim.py       Adam, written out
 - checkpoint.py  save_checkpoint / load_checkpoint (format: dt.parallel.checkpoint)
+- resume.py      the model options a checkpoint was saved with, read before any process starts
 
 The trainer around the step (each a module, two hooks in loop.py):
 - options.py     --data, validation, schedule, precision, metrics flags (checked before any process)

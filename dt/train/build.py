@@ -89,13 +89,14 @@ def build(args: argparse.Namespace, vocab_size: int) -> Built:
     grid = grid_of(args)
     model, cfg = plain_model(args, vocab_size)
     llama = isinstance(model, Llama)
-    recompute = (llama_recompute if llama else gpt_recompute)(cfg) if getattr(args, "recompute", False) \
-        else {}
+    # --recompute: "none", "selective", "full"; a bool where a layout gives one (True: "full")
+    recompute = (llama_recompute if llama else gpt_recompute)(cfg, getattr(args, "recompute", False))
     context = (llama_context if llama else gpt_context)(cfg, args.tp, args.cp, args.cp_attention)
-    tensor = llama_plan(cfg, args.tp) if llama else gpt_plan(cfg, args.tp, experts=False)
+    sp = getattr(args, "sequence_parallel", False)
+    tensor = llama_plan(cfg, args.tp, sp) if llama else gpt_plan(cfg, args.tp, sp, experts=False)
     plan = ParallelPlan(tensor=tensor, context=context, experts={} if llama else gpt_experts(cfg),
                         recompute=recompute, blocks=llama_blocks if llama else gpt_blocks,
-                        virtual=args.virtual,
+                        virtual=args.virtual, prefetch=not getattr(args, "no_prefetch", False),
                         data_parallel="ddp" if not args.zero else f"zero{args.zero}")
     par = parallelize(model, grid, plan)
     optimizer = make_optimizer(par, Adam, zero=args.zero, lr=args.lr)

@@ -20,25 +20,33 @@ from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
 from dt.parallel.pipeline import bubble_fraction
+from dt.parallel.recompute import RECOMPUTE
 from dt.train.dataset import prepare_data
 from dt.train.diverged import Diverged
 from dt.train.fits import why_it_cannot_fit
 from dt.train.layouts import layout_error, world
 from dt.train.loop import train_worker
 from dt.train.metrics import curve_records, mfu, plot_loss, read_metrics
-from dt.train.options import add_trainer_options, trainer_options_problem
+from dt.train.options import add_trainer_options, settle_trainer_options
 from dt.train.peak import format_mfu, job_peak_flops
+from dt.train.precision import autocast_dtype
+from dt.train.resume import adopt_checkpoint_model
 from dt.train.threads import default_threads
+from dt.units import fmt_optional, plural
 
-__all__ = ["main", "parse_args", "report"]
+__all__ = ["main", "make_parser", "parse_args", "report"]
 
 _USAGE = """examples:
     dt train --dp 2 --tp 2 --pp 2 --steps 100
     dt train --pp 4 --micro-batches 8 --schedule gpipe --checkpoint ckpt      # resumes if it holds one
+    dt train --steps 200 --checkpoint ckpt      # resumes: the model's options read from the checkpoint
+    dt train --data corpus/ --eval-every 50     # every text file in corpus/, validated every 50 steps
     dt train --pp 2 --schedule interleaved --virtual 2                       # 2 chunks per stage
     torchrun --nproc-per-node 8 -m dt.train --dp 2 --tp 2 --pp 2 --threads 1 # same code, torchrun
     dt train --dp 2 --cp 2 --ep 2 --tp 2 --experts 4 --top-k 2          # context + expert parallel
     dt train --cp 4 --long-context --cp-attention ulysses                  # 1024-token sequences
+    dt train --tp 2 --sequence-parallel --recompute selective             # Korthikanti et al. 2022
+    dt train --dp 2 --zero 3 --no-prefetch                                # FSDP, each gather blocking
 """
 
 LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's defaults
@@ -47,11 +55,10 @@ LONG_CONTEXT = {"block_size": 1024, "batch_size": 4}  # --long-context's default
 _ONE_LINE_ERRORS = {"CheckpointError": 2, Diverged.__name__: 1}
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """The options, every one checked (dt.args) before any process starts: bad input is one
-    line and exit status 2."""
+def make_parser() -> args_.Parser:
+    """dt train's options, each with its help and default."""
     p = args_.Parser(prog="dt train", description=__doc__.split("\n\n")[0], epilog=_USAGE,
-                     formatter_class=argparse.RawDescriptionHelpFormatter)
+                     formatter_class=args_.HelpFormatter)
     one = args_.at_least(1)
     p.add_argument("--device", choices=DEVICES, default="auto",
                    help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
@@ -76,17 +83,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--long-context", action="store_true",
                    help=f"sequences of {LONG_CONTEXT['block_size']} tokens, global batch "
                         f"{LONG_CONTEXT['batch_size']} (unless given): a setting for --cp")
-    p.add_argument("--steps", type=one, default=50)
+    p.add_argument("--steps", type=one, default=50, help="the step the run ends at (a resumed run: in all)")
     p.add_argument("--batch-size", type=one, default=None, help="global batch (sequences; default 16)")
     p.add_argument("--block-size", type=one, default=None, help="sequence length (default 32)")
     p.add_argument("--micro-batches", type=one, default=None,
                    help="per pipeline step (default: 2 * pp, capped at the per-rank batch)")
-    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b")
+    p.add_argument("--schedule", choices=["1f1b", "gpipe", "interleaved"], default="1f1b",
+                   help="the pipeline's order of micro-batch forwards and backwards (with --pp > 1)")
     p.add_argument("--virtual", type=one, default=1,
                    help="model chunks per pipeline stage (with --schedule interleaved)")
-    p.add_argument("--n-layer", type=one, default=4)
-    p.add_argument("--n-head", type=one, default=4)
-    p.add_argument("--n-embd", type=one, default=64)
+    p.add_argument("--n-layer", type=one, default=4, help="transformer blocks")
+    p.add_argument("--n-head", type=one, default=4, help="attention heads per block")
+    p.add_argument("--n-embd", type=one, default=64, help="the model's width (a multiple of --n-head)")
     p.add_argument("--untied", action="store_true", help="separate output projection")
     p.add_argument("--model", choices=["gpt", "llama"], default="gpt",
                    help="the plain model to train (dt.models.gpt, dt.models.llama)")
@@ -95,16 +103,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--zero", type=int, choices=[0, 1, 2, 3], default=0,
                    help="gradient sync over the data-parallel group: 0 overlapped DDP, 1 ZeRO (Adam's "
                         "state sharded), 2 ZeRO (gradients too), 3 FSDP (parameters too; one stage)")
-    p.add_argument("--recompute", action="store_true",
-                   help="recompute every block's activations in backward (the same losses, less memory)")
+    p.add_argument("--recompute", nargs="?", choices=RECOMPUTE, const="full", default="none",
+                   help="activations recomputed in backward (the same losses, less memory): full, every "
+                        "block's (what --recompute alone means); selective, only the attention core's "
+                        "(softmax(q k^T) v, Korthikanti et al. 2022); none (default)")
+    p.add_argument("--sequence-parallel", action="store_true",
+                   help="with --tp > 1: the norms and the residual stream on block/tp tokens per rank "
+                        "(Megatron's sequence parallelism; not with --experts)")
+    p.add_argument("--no-prefetch", action="store_true",
+                   help="with --zero 3: gather each FSDP unit only when it runs (default: the next unit's "
+                        "all-gather is issued behind the current unit's forward and backward)")
     p.add_argument("--clip", type=args_.positive, default=None,
-                   help="clip gradients to this global norm (over every axis)")
-    p.add_argument("--lr", type=args_.positive, default=3e-3)
-    p.add_argument("--seed", type=args_.at_least(0), default=0)
-    p.add_argument("--dtype", choices=["float32", "float64"], default="float32")
+                   help="clip gradients to this global norm (over every axis; default: no clipping)")
+    p.add_argument("--lr", type=args_.positive, default=3e-3,
+                   help="Adam's learning rate (the peak, with --warmup and --lr-min)")
+    p.add_argument("--seed", type=args_.at_least(0), default=0,
+                   help="the model's initial weights and the batches drawn")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="the weights' dtype (and the activations', unless --precision narrows them)")
     p.add_argument("--checkpoint", default=None, metavar="DIR",
                    help="checkpoint directory: save into it; resume from its newest good checkpoint, "
-                        "on any mesh")
+                        "on any mesh, the model options left out read from it (default: none saved)")
     p.add_argument("--save-every", type=args_.at_least(0), default=0,
                    help="also checkpoint every N steps")
     p.add_argument("--keep", type=args_.at_least(1), default=3,
@@ -115,9 +134,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--threads", type=args_.at_least(0), default=0,
                    help="torch threads per process (default: 1 while the model's products are small, "
                         "else cores // processes: dt/train/threads.py)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
     add_trainer_options(p)
+    return p
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options, every one checked (dt.args) before any process starts: bad input is one
+    line and exit status 2."""
+    p = make_parser()
     args = p.parse_args(argv)
+    args.model_from = adopt_checkpoint_model(p, args, argv)  # --checkpoint holding one: its model
     defaults = LONG_CONTEXT if args.long_context else {"block_size": 32, "batch_size": 16}
     for key, value in defaults.items():
         if getattr(args, key) is None:
@@ -139,7 +166,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error(f"--aux-loss-coef must be >= 0, got {args.aux_loss_coef}")
     if (error := layout_error(args)) is not None:  # the rule dt plan enumerates by
         p.error(error)
-    problem = trainer_options_problem(args)
+    problem = settle_trainer_options(args)
     if problem:
         p.error(problem)
     ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if args_.launched_by_torchrun() else world(args)
@@ -161,12 +188,16 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         lay = r0["resumed"]["layout"]
         saved = " ".join(f"{k}={lay[k]}" for k in ("dp", "cp", "ep", "tp", "pp", "zero") if k in lay)
         lines.append(f"resumed from {r0['resumed']['path']} (step {r0['start']}, saved on {saved})")
-    zero = f", ZeRO-{args.zero}" if args.zero else ""
+    zero = f", ZeRO-{args.zero}" + (" (no prefetch)" if args.zero == 3 and args.no_prefetch else "") \
+        if args.zero else ""
+    zero += f", recompute {args.recompute}" if args.recompute != "none" else ""
+    sp = " (sequence parallel)" if args.sequence_parallel else ""
     cp = f" cp={args.cp} ({args.cp_attention})" if args.cp > 1 else ""
     ep = f" ep={args.ep}" if args.experts else ""
     # A schedule and micro-batches mean something only with a pipeline to run them through.
     pipeline = f"{args.schedule}{chunks}, {args.micro_batches} micro-batches, " if args.pp > 1 else ""
-    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp} pp={args.pp}{zero} ({world(args)} processes), "
+    processes = plural(world(args), "process")
+    lines += [f"mesh dp={args.dp}{cp}{ep} tp={args.tp}{sp} pp={args.pp}{zero} ({processes}), "
              f"{pipeline}global batch {args.batch_size} x {args.block_size} tokens",
              f"steps {r0['start']}..{r0['start'] + len(r0['losses'])}: loss "
              f"{r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f}",
@@ -186,8 +217,9 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
         routed = [r["moe"] for r in results if r["moe"] and r["coords"][1] == 0]  # tp replicas once
         assigned = sum(r["assignments"] for r in routed)
         dropped = sum(r["dropped"] for r in routed)
+        capacity = fmt_optional(args.capacity_factor, "none (no drops)")
         lines.append(f"mixture of experts: {args.experts} experts, top-{args.top_k}, capacity factor "
-                     f"{args.capacity_factor}; {dropped} of {assigned} token assignments dropped "
+                     f"{capacity}; {dropped} of {assigned} token assignments dropped "
                      f"({100 * dropped / max(assigned, 1):.2f}%, all steps, ranks and layers)")
     if r0.get("placement"):
         lines += placement_lines(args, r0["placement"], results)
@@ -253,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     on_gpu = backend_for(args.device) == "nccl"
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
         args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
-        torch.bfloat16 if args.precision == "float32" and on_gpu else getattr(torch, args.precision),
+        torch.bfloat16 if args.precision == "float32" and on_gpu else autocast_dtype(args.precision),
         args.threads, args.ranks_per_host)
     try:  # --data: tokenized once, here, before any process starts (None: generated text)
         args.data_dir = prepare_data(args)
@@ -279,6 +311,6 @@ def main(argv: list[str] | None = None) -> int:
         print(report(args, results))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
             records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
-            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}"[:100])
+            plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}")  # wrapped to fit
             print(f"loss curve: {args.plot}")
     return 0

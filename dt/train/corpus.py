@@ -26,6 +26,7 @@ draws what the interrupted one would have. No sampler state to checkpoint.
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 from collections.abc import Iterator, Sequence
@@ -37,10 +38,55 @@ import torch
 
 from dt.train.tokenizer import Tokenizer, load_tokenizer
 
-__all__ = ["SPLITS", "Corpus", "open_corpus", "prepare", "split_offset", "token_dtype"]
+__all__ = ["SPLITS", "Corpus", "is_text_file", "open_corpus", "prepare", "split_offset", "text_files",
+           "token_dtype"]
 
 SPLITS = ("train", "val")
 CHUNK_CHARS = 1 << 20  # text encoded per call: large enough to amortise, small enough to stream
+SNIFF_BYTES = 8192  # what is_text_file reads: enough to tell text from a binary file's header
+
+
+def is_text_file(path: Path) -> bool:
+    """Whether `path` is a file whose first SNIFF_BYTES are UTF-8 text (no NUL byte).
+
+    The first bytes only, so a folder of large files is sorted out quickly; a file
+    that turns out not to be UTF-8 further on is refused by prepare, naming it.
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(SNIFF_BYTES)
+    except OSError:
+        return False
+    if b"\0" in head:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head)  # a character cut at the end is fine
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def text_files(names: Sequence[str | Path]) -> list[Path]:
+    """--data's files: each file as given, each folder as its text files, sorted by name.
+
+    Only the files directly in a folder (not its subfolders, not hidden ones): a
+    checkout's .git or a folder of images next to the text stays out. ValueError
+    naming a path that does not exist, or a folder holding no text file.
+    """
+    out: list[Path] = []
+    for name in names:
+        path = Path(name)
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir()
+                           if not p.name.startswith(".") and p.is_file() and is_text_file(p))
+            if not found:
+                raise ValueError(f"{name} is a directory with no text files (UTF-8, directly inside it)")
+            out += found
+        elif path.is_file():
+            out.append(path)
+        else:
+            raise ValueError(f"{name}: no such file or directory")
+    return out
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -21,7 +21,8 @@ from typing import Any
 
 from dt.train.dataset import TrainData
 from dt.train.evaluate import ForwardLoss, validation_loss
-from dt.train.metrics import MetricsLog, mfu
+from dt.train.layouts import world
+from dt.train.metrics import MetricsLog, mfu, run_marker
 from dt.train.peak import format_mfu
 from dt.train.progress import Progress
 from dt.train.schedule import WarmupCosine
@@ -45,7 +46,8 @@ class StepHooks:
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self.tokens_per_step = args.batch_size * args.block_size
         self.eval_every = getattr(args, "eval_every", 0)
-        self.log = MetricsLog(getattr(args, "metrics", None) if rank == 0 else None)
+        self.log = MetricsLog(getattr(args, "metrics", None) if rank == 0 else None,
+                              run_marker(args, world(args), start) if rank == 0 else None)
         self.bar = Progress(args.steps, start, desc) if rank == 0 and not args.no_progress else None
         self.val_losses: list[tuple[int, float]] = []
         self.eval_s = 0.0
@@ -76,7 +78,7 @@ class StepHooks:
             self.val_losses.append((done, record["val_loss"]))
         self.log.write(record)
         if self.bar is not None:
-            self.bar.update(loss, _postfix(record, self.val_losses))
+            self.bar.update(loss, _postfix(record, self.val_losses, done))
 
     def close(self) -> None:
         self.log.close()
@@ -84,11 +86,13 @@ class StepHooks:
             self.bar.close()
 
 
-def _postfix(record: dict[str, Any], val_losses: list[tuple[int, float]]) -> dict[str, str]:
-    """What the progress line shows beside the loss: the newest validation loss, speed, MFU, norm."""
+def _postfix(record: dict[str, Any], val_losses: list[tuple[int, float]], done: int) -> dict[str, str]:
+    """What the progress line shows beside the loss: the newest validation loss (with the step it
+    was measured at, once older than this step), speed, MFU, norm."""
     out = {}
     if val_losses:
-        out["val"] = f"{val_losses[-1][1]:.4f}"
+        at, val = val_losses[-1]
+        out["val"] = f"{val:.4f}" + ("" if at == done else f" (step {at})")
     out["lr"] = f"{record['lr']:.2e}"
     if record.get("grad_norm") is not None:
         out["norm"] = f"{record['grad_norm']:.3f}"

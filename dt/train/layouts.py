@@ -15,12 +15,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from dt.parallel.recompute import RECOMPUTE
+
 __all__ = ["layout_error", "world"]
 
 
 def world(a: Any) -> int:
     """Processes the mesh needs: ep lives inside dp x cp."""
     return a.dp * a.cp * a.tp * a.pp
+
+
+def _sequence_parallel_error(a: Any) -> str | None:
+    if not getattr(a, "sequence_parallel", False):
+        return None
+    if a.tp == 1:
+        return "--sequence-parallel splits each sequence over the tensor-parallel ranks: it needs --tp > 1"
+    if a.experts:
+        return ("--sequence-parallel splits a sequence's tokens over tp, but a mixture of experts routes "
+                "whole sequences: drop --experts or --sequence-parallel")
+    if a.block_size % (a.cp * a.tp):
+        return (f"--sequence-parallel splits each rank's {a.block_size} / cp tokens over tp: --block-size "
+                f"must be divisible by cp * tp = {a.cp * a.tp}")
+    return None
 
 
 def _mesh_error(a: Any) -> str | None:
@@ -70,4 +86,7 @@ def layout_error(a: Any) -> str | None:
         return "--virtual > 1 needs --schedule interleaved"
     if a.n_layer + 2 < a.pp * a.virtual:
         return f"{a.n_layer} blocks + embedding + head cannot fill {a.pp} stages x {a.virtual} chunks"
-    return _mesh_error(a)
+    recompute = getattr(a, "recompute", False)
+    if not isinstance(recompute, bool) and recompute not in RECOMPUTE:
+        return f"--recompute must be one of {', '.join(RECOMPUTE)}, got {recompute!r}"
+    return _mesh_error(a) or _sequence_parallel_error(a)

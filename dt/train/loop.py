@@ -20,16 +20,18 @@ import torch.distributed as dist
 
 from dt import transport
 from dt.device import clock
-from dt.train.build import Built, build
+from dt.train.build import Built, build, plain_model
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
 from dt.train.dataset import open_data
 from dt.train.diverged import Diverged, check_loss, check_weights
 from dt.train.evaluate import forward_loss_of
 from dt.train.hooks import StepHooks
 from dt.train.metrics import model_flops_per_token
+from dt.train.options import data_source
 from dt.train.placement import predict
+from dt.train.precision import float32_matmuls
 
-__all__ = ["make_model", "train_worker"]
+__all__ = ["make_model", "start_line", "train_worker"]
 
 
 def make_model(args: argparse.Namespace, vocab_size: int) -> Built:
@@ -47,7 +49,8 @@ def train_worker(args: argparse.Namespace) -> dict[str, Any]:
         transport.set_validation(args.validate)
         if args.checkpoint:  # before any training: a directory we cannot use is an error now
             lock = lock_directory(args.checkpoint)
-        return _train(args)
+        with float32_matmuls(getattr(args, "precision", "float32")):
+            return _train(args)
     finally:
         if lock is not None:
             lock.release()
@@ -80,6 +83,17 @@ def _placement(args: argparse.Namespace, run: Built) -> dict[str, Any] | None:
             "predicted": predict(args, hosts, fig.levels, grad_bytes, itemsize)}
 
 
+def start_line(args: argparse.Namespace, vocab_size: int) -> str:
+    """What the run trains, said before its first step: the model's size, a step's tokens, the data."""
+    with torch.device("meta"):  # the plain model's shapes only: no memory, no initialisation
+        model, _ = plain_model(args, vocab_size)
+    tokens = args.batch_size * args.block_size
+    given = getattr(args, "model_from", None)
+    return (f"dt train: {type(model).__name__} of {model.num_params():,} parameters"
+            f"{f' ({given})' if given else ''}; {tokens:,} tokens per step (global batch "
+            f"{args.batch_size} x {args.block_size}); data: {data_source(args)}")
+
+
 def _save(args: argparse.Namespace, run: Built, step: int, loss: float, saved_with: dict[str, Any]) -> None:
     """Collective: checkpoint after `step`, once every rank's weights are finite (dt.train.diverged)."""
     check_weights(step, loss, run.parameters, run.world, run.device)
@@ -98,6 +112,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
             if run.rank == 0:
                 for w in loaded.warnings:
                     print(f"dt train: warning: {w}", file=sys.stderr, flush=True)
+    if run.rank == 0:  # once the checkpoint loaded: a refused one is its error line alone
+        print(start_line(args, data.vocab_size), file=sys.stderr, flush=True)  # beside the progress
     saved_with = {"tokenizer": data.tokenizer.to_json()}  # in the manifest: dt sample reads it
     per_rank = args.batch_size // args.dp
     dp_rank = run.coords[0]

@@ -6,8 +6,14 @@
 
 `step` counts steps done (1 after the first); `time` is the step's seconds by
 part (dt.train.loop's split), `tokens_per_s` the global batch's tokens over the
-step's wall time. A resumed run appends to the file: the steps continue. Only
-rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
+step's wall time. Each run first writes one line that marks where it starts:
+
+    {"run": {"started": "<UTC, ISO 8601>", "world": 4, "from_step": 0, "dp": 2, ...}}
+
+its options (every one, as the run settled them), when it started (UTC), its
+processes and the step it starts after (a resumed run's: its checkpoint's).
+A resumed run appends to the file: the steps continue after its own marker.
+Only rank 0 writes. Lines are flushed as they are written, so `tail -f` follows a run.
 
 MFU = model FLOPs per token (dt.cost.flops.train_flops_per_token: forward and
 backward, no recompute) x tokens/s / peak FLOP/s of the cores or devices the job computes
@@ -20,13 +26,15 @@ from __future__ import annotations
 
 import json
 import math
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, Any
 
 from dt.cost.flops import train_flops_per_token
 
-__all__ = ["MetricsLog", "curve_records", "mfu", "model_flops_per_token", "plot_loss", "read_metrics"]
+__all__ = ["MetricsLog", "curve_records", "mfu", "model_flops_per_token", "plot_loss", "read_metrics",
+           "run_marker"]
 
 
 def model_flops_per_token(cfg: Any) -> float | None:
@@ -43,16 +51,24 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float) -> float
 
 
 class MetricsLog:
-    """Appends one JSON object per record to `path` (None: keeps them in memory only)."""
+    """Appends one JSON object per record to `path` (None: keeps them in memory only).
 
-    def __init__(self, path: str | Path | None):
+    `run`: the run's marker, written first ({"run": run}); `records` holds the steps' only.
+    """
+
+    def __init__(self, path: str | Path | None, run: dict[str, Any] | None = None):
         self.records: list[dict[str, Any]] = []
         self.file: IO[str] | None = open(path, "a") if path else None
+        if run is not None:
+            self._line({"run": run})
 
     def write(self, record: dict[str, Any]) -> None:
         self.records.append(record)
+        self._line(record)
+
+    def _line(self, record: dict[str, Any]) -> None:
         if self.file is not None:
-            self.file.write(json.dumps(record) + "\n")
+            self.file.write(json.dumps(record, default=str) + "\n")  # a path, a dtype: as text
             self.file.flush()
 
     def close(self) -> None:
@@ -61,8 +77,15 @@ class MetricsLog:
             self.file = None
 
 
+def run_marker(args: Any, world: int, from_step: int) -> dict[str, Any]:  # noqa: ANN401 - a Namespace
+    """What a metrics file says before a run's steps: its options, start (UTC), world, first step."""
+    return {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "world": world,
+            "from_step": from_step, **{k: v for k, v in sorted(vars(args).items())}}
+
+
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
-    """The records of a metrics file; ValueError naming the line that is not one."""
+    """The step records of a metrics file, every run's (the runs' markers left out); ValueError
+    naming the line that is neither."""
     out = []
     with open(path) as f:
         for n, line in enumerate(f, 1):
@@ -72,6 +95,8 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
                 rec = json.loads(line)
             except ValueError:
                 raise ValueError(f"{path}:{n}: not a JSON line") from None
+            if isinstance(rec, dict) and set(rec) == {"run"}:
+                continue
             if not isinstance(rec, dict) or "step" not in rec or "loss" not in rec:
                 raise ValueError(f"{path}:{n}: not a dt train metrics record (no step and loss)")
             out.append(rec)
@@ -101,7 +126,7 @@ def plot_loss(records: Sequence[dict[str, Any]], png: str | Path, title: str = "
             ax.plot([r["step"] for r in val], [r["val_loss"] for r in val], "o-", ms=3, label="validation")
         ax.set_xlabel("step")
         ax.set_ylabel("loss (nats per token)")
-        ax.set_title(title, fontsize=9)
+        ax.set_title(title, fontsize=9, wrap=True)
         ax.grid(alpha=0.3)
         ax.legend()
         fig.tight_layout()

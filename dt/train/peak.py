@@ -29,6 +29,7 @@ import torch
 
 from dt.cost.compute_rate import cores_used, tuned_core_rate
 from dt.device import clock
+from dt.units import plural
 
 __all__ = ["REPEATS", "format_mfu", "job_peak_flops", "measure_core_rate"]
 
@@ -64,11 +65,11 @@ def job_peak_flops(per_device: float | None, world: int, device: str, dtype: tor
     """MFU's denominator for a run of `world` processes, `ranks_per_host` to a host, each on
     `threads` threads; and a line saying where it came from (the module doc says how)."""
     if per_device is not None:
-        return per_device * world, f"--peak-flops {per_device:.3g} x {world} processes"
+        return per_device * world, f"--peak-flops {per_device:.3g} x {plural(world, 'process')}"
     if device == "cuda":
         rate = _fastest_rate(torch.device("cuda"), dtype, 4096, 5)
         return rate * world, (f"the fastest of 5 {dtype} 4096^2 matmuls, {rate / 1e12:.1f} TFLOP/s "
-                              f"x {world} devices")
+                              f"x {plural(world, 'device')}")
     cores = cores or os.cpu_count() or 1
     hosts = max(1, world // max(1, ranks_per_host))
     used = cores_used(threads, ranks_per_host, cores, hosts)

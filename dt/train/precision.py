@@ -1,4 +1,4 @@
-"""Mixed precision: `--precision float32|bfloat16|float16`, what a training step wraps itself in.
+"""Mixed precision: `--precision float32|tf32|bfloat16|float16`, what a training step wraps itself in.
 
     prec = Precision("float16", device)
     with prec.autocast():
@@ -26,6 +26,10 @@ that stepped alone would leave the replicas apart) and the scale halves; after
 `growth_interval` good steps it doubles (torch's GradScaler's policy). CPU
 autocast supports float16 in this torch (2.13), so it runs on the CPU too,
 slowly: it is for GPUs.
+
+tf32 casts nothing: the tensors stay float32 and a GPU's float32 matmuls run on
+its TF32 tensor cores (inputs rounded to a 10-bit significand, float32 sums), for
+the whole run (`float32_matmuls`). A CPU has no such mode, so `dt train` refuses it there.
 """
 
 from __future__ import annotations
@@ -41,9 +45,28 @@ import torch.distributed as dist
 from dt.collectives import all_reduce
 from dt.collectives.ops import ReduceOp
 
-__all__ = ["PRECISIONS", "Precision"]
+__all__ = ["PRECISIONS", "Precision", "autocast_dtype", "float32_matmuls"]
 
-PRECISIONS = ("float32", "bfloat16", "float16")
+PRECISIONS = ("float32", "tf32", "bfloat16", "float16")  # dt.args.precision's names
+
+
+def autocast_dtype(kind: str) -> torch.dtype:
+    """The dtype a precision's matmul inputs are cast to (tf32: float32 tensors, TF32 matmuls)."""
+    return torch.float32 if kind == "tf32" else getattr(torch, kind)
+
+
+@contextlib.contextmanager
+def float32_matmuls(kind: str) -> Iterator[None]:
+    """Inside: float32 matmuls on TF32 tensor cores when kind is tf32 (as they were, after)."""
+    if kind != "tf32":
+        yield
+        return
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # "high": TF32 where the device has it
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(before)
 
 
 class Precision:
@@ -52,7 +75,7 @@ class Precision:
         if kind not in PRECISIONS:
             raise ValueError(f"unknown precision {kind!r}; choose one of {', '.join(PRECISIONS)}")
         self.kind, self.device = kind, torch.device(device)
-        self.dtype = getattr(torch, kind)
+        self.dtype = autocast_dtype(kind)
         self.loss_scale = init_scale if kind == "float16" else 1.0
         self.growth_interval = growth_interval
         self.good_steps = 0  # since the scale last changed
@@ -60,8 +83,8 @@ class Precision:
 
     @contextlib.contextmanager
     def autocast(self) -> Iterator[None]:
-        """The forward in 16 bits (float32: as it is)."""
-        if self.kind == "float32":
+        """The forward in 16 bits (float32 and tf32: as it is)."""
+        if self.kind in ("float32", "tf32"):
             yield
             return
         with torch.autocast(self.device.type, dtype=self.dtype):

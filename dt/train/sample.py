@@ -28,6 +28,7 @@ from dt.models.llama import Llama, LlamaConfig
 from dt.models.lm import LanguageModel
 from dt.parallel.checkpoint import CheckpointError, latest, read_full
 from dt.train.tokenizer import Tokenizer, tokenizer_from_json
+from dt.units import fmt_optional
 
 __all__ = ["load_model", "main", "parse_args"]
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     prompt = torch.tensor([ids[-model.cfg.block_size:]], dtype=torch.int64)  # host: a few ids
     gen = torch.Generator().manual_seed(args.seed)
     print(f"# {args.checkpoint} step {step}, {model.num_params():,} parameters, temperature "
-          f"{args.temperature}, top-k {args.top_k}", file=sys.stderr)
+          f"{args.temperature}, top-k {fmt_optional(args.top_k, '- (every token)')}", file=sys.stderr)
     for i in range(args.samples):
         out = model.generate(prompt, args.max_new_tokens, args.temperature, args.top_k, generator=gen)
         if args.samples > 1:

@@ -24,7 +24,7 @@ from typing import Any
 
 __all__ = ["RECORDERS", "Counts", "Recorders", "TrafficRecord", "account", "account_call", "blocking",
            "charge_target",
-           "charged_to", "in_setup", "label", "open_records", "setup", "traffic"]
+           "charged_as", "charged_to", "in_setup", "label", "open_records", "setup", "traffic"]
 
 
 @dataclass
@@ -158,6 +158,19 @@ def charged_to(collective: str, algorithm: str) -> Iterator[None]:
     if prev is None:
         _scope.name = (collective, algorithm)
         account(collective, algorithm, sent=-1, received=-1, calls=1)
+    try:
+        yield
+    finally:
+        _scope.name = prev
+
+
+@contextlib.contextmanager
+def charged_as(name: tuple[str, str] | None) -> Iterator[None]:
+    """Charge this thread's traffic in the block to `name`: the label (charge_target) the thread
+    that issued the work had open, carried to the thread that runs it (a group's communication
+    thread). No call is counted: the issuer's charged_to counted it. None: no label, as issued."""
+    prev = getattr(_scope, "name", None)
+    _scope.name = name
     try:
         yield
     finally:

@@ -4,7 +4,8 @@
 async_op=True the call is queued on the group's thread and a `Work` comes
 back at once, which is what data parallel overlaps with backward; a
 synchronous call runs inline when nothing is queued, else waits its turn, so
-every rank sees the same order.
+every rank sees the same order. A queued call's traffic is charged to the
+label its caller had open (accounting.charged_to), as if it had run inline.
 
 On a GPU the thread works on the group's device, on a stream of its own:
 a CUDA event recorded on the caller's stream at submit time makes the
@@ -139,16 +140,17 @@ class _CommThread:
             torch.cuda.set_device(self.device)  # a new thread starts on cuda:0
             stream = torch.cuda.Stream(self.device)
         while (job := self.jobs.get()) is not None:  # None: stop (CommThreads.reset)
-            work, fn, ready = job
+            work, fn, ready, label = job
             work.started_at = time.perf_counter()
             try:
                 if stream is None:
-                    result = fn()
+                    with accounting.charged_as(label):
+                        result = fn()
                 else:
                     stream.wait_event(ready)
                     work.cuda_start = torch.cuda.Event(enable_timing=True)
                     work.cuda_start.record(stream)
-                    with torch.cuda.stream(stream):
+                    with torch.cuda.stream(stream), accounting.charged_as(label):
                         result = fn()
                     work.cuda_done = torch.cuda.Event(enable_timing=True)
                     work.cuda_done.record(stream)
@@ -216,7 +218,8 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
         ready.record()
     with thread.lock:
         thread.pending += 1
-    thread.jobs.put((work, fn, ready))
+    # Its bytes are charged where it was issued (a layer's label), not to the thread that runs it.
+    thread.jobs.put((work, fn, ready, accounting.charge_target()))
     if async_op:
         return work
     return accounting.blocking(work.result)

@@ -35,7 +35,7 @@ def _machine_title(st: Any) -> str:
 
 def _save(fig: Any, st: Any, path: Path) -> Path:
     """Title every figure with the machine it was measured on, write it, free it."""
-    fig.suptitle(_machine_title(st), fontsize=9)
+    fig.suptitle(_machine_title(st), fontsize=9, wrap=True)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -65,14 +65,14 @@ def allreduce(st: Any, out: Path) -> Path | None:
             ax_b.plot(worlds, [r["naive_bytes_sent_max"] / 1e6 for r in rows], "-o",
                       color=COLORS["naive"], label="naive root (measured)")
             ax_b.plot(worlds, [r["naive_bytes_model"] / 1e6 for r in rows], "x", color="black", ms=9)
-            ax_b.set_title(f"bytes sent by the busiest rank, {size:.2f} MB")
+            ax_b.set_title(f"bytes sent by the busiest rank, {size:.2f} MB", wrap=True)
     ax_t.set_yscale("log")
     worlds = sorted({r["world"] for t in tables for r in t.data})
     for ax in axes:
         ax.set_xticks(worlds)
     ax_t.set_xlabel("world size")
     ax_t.set_ylabel("time (ms, median)")
-    ax_t.set_title("all-reduce time")
+    ax_t.set_title("all-reduce time", wrap=True)
     ax_t.legend(fontsize=8)
     ax_b.set_xlabel("world size")
     ax_b.set_ylabel("MB")
@@ -106,7 +106,7 @@ def busbw(st: Any, out: Path) -> Path | None:
     ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s) = size/time x 2(p-1)/p")
-    ax.set_title("all-reduce bus bandwidth (gloo: torch.distributed's own)")
+    ax.set_title("all-reduce bus bandwidth (gloo: torch.distributed's own)", wrap=True)
     ax.legend(fontsize=6, ncol=len(worlds))
     ax.grid(alpha=0.3)
     return _save(fig, st, out / "busbw_vs_size.png")
@@ -130,7 +130,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
         ax.set_ylim(0, None)
         ax.set_xlabel("global batch")
         ax.set_ylabel("%")
-        ax.set_title(f"batch sweep at world {t4.data[0]['world']}")
+        ax.set_title(f"batch sweep at world {t4.data[0]['world']}", wrap=True)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     if t3 is not None and t3.data:
@@ -149,7 +149,7 @@ def efficiency(st: Any, out: Path) -> Path | None:
         ax.set_ylim(0, None)
         ax.set_xlabel("world size")
         ax.set_ylabel("efficiency (%)")
-        ax.set_title(f"data-parallel efficiency, global batch {t3.data[0]['global_batch']}")
+        ax.set_title(f"data-parallel efficiency, global batch {t3.data[0]['global_batch']}", wrap=True)
         ax.legend(fontsize=8)
         ax.grid(alpha=0.3)
     return _save(fig, st, out / "efficiency.png")
@@ -172,7 +172,7 @@ def breakdown(st: Any, out: Path) -> Path | None:
     ax.set_yticklabels([r["configuration"] for r in rows], fontsize=7)
     ax.set_xlim(0, 100)
     ax.set_xlabel("% of step time")
-    ax.set_title("where the step time went")
+    ax.set_title("where the step time went", wrap=True)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.6 / (0.35 * len(rows) + 1.6)),
               ncol=len(BREAKDOWN_PARTS), frameon=False)
     return _save(fig, st, out / "breakdown.png")
@@ -201,7 +201,7 @@ def bubble(st: Any, out: Path) -> Path | None:
     ax.set_xticks([r["micro_batches"] for r in rows], [str(r["micro_batches"]) for r in rows])
     ax.set_xlabel("micro-batches m")
     ax.set_ylabel("bubble (% of step)")
-    ax.set_title(f"pipeline bubble, {t.data[0]['stages']} stages")
+    ax.set_title(f"pipeline bubble, {t.data[0]['stages']} stages", wrap=True)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     return _save(fig, st, out / "bubble.png")

@@ -28,6 +28,7 @@ from typing import Any
 
 from dt.learn.judge.cases import JudgeCase
 from dt.learn.judge.specs import SPECS
+from dt.units import plural
 
 __all__ = ["EXERCISES", "Exercise", "all_exercises", "cost_lines", "find", "marker", "starter",
            "unlock_rule"]
@@ -111,7 +112,8 @@ def cost_lines(ex: Exercise, nbytes: int = 1 << 20, worlds: tuple[int, ...] = (2
     for p in worlds:
         ts = [spec.target(case, p, r, ex.target) for r in range(p)]
         out.append(f"  p={p}: {max(t.bytes_sent for t in ts):>12,} bytes in "
-                   f"{max(t.messages_sent for t in ts)} messages, {max(t.steps for t in ts)} steps")
+                   f"{plural(max(t.messages_sent for t in ts), 'message')}, "
+                   f"{plural(max(t.steps for t in ts), 'step')}")
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from dt import cost
 from dt.learn.judge.judge import CaseResult, Report
-from dt.units import fmt_bytes, fmt_time
+from dt.units import fmt_bytes, fmt_time, plural
 
 __all__ = ["LABELS", "as_json", "target_text", "text"]
 
@@ -106,7 +106,7 @@ def _bench(bench: dict[str, Any]) -> list[str]:
     if bench.get("error"):
         return [f"bench: {bench['error']}"]
     who = bench["who"]
-    out = [f"bench: {bench['collective']} on {bench['world']} processes, median of {bench['reps']} "
+    out = [f"bench: {bench['collective']} on {plural(bench['world'], 'process')}, median of {bench['reps']} "
            "interleaved calls (a call's time is its slowest rank's); busbw = algbw x "
            "dt.cost.BUSBW_FACTOR",
            "  " + f"{'size':>10}" + "".join(f"{w:>24}" for w in who) + f"{'yours/torch':>13}"]

@@ -31,7 +31,14 @@ from dt.parallel.tensor.styles import Style, Ties
 from dt.parallel.tensor.vocab import vocab_parallel_cross_entropy
 from dt.transport import Group
 
-__all__ = ["SequenceParallelRMSNorm", "VocabParallelCrossEntropy", "VocabParallelLoss"]
+__all__ = ["SequenceParallelRMSNorm", "VocabParallelCrossEntropy", "VocabParallelLoss", "sequence_shards"]
+
+SHARDS = "sequence_shards"  # set on a norm SequenceParallelRMSNorm styled: over how many ranks
+
+
+def sequence_shards(norm: nn.Module) -> int:
+    """Over how many ranks the tokens a norm sees are split (SequenceParallelRMSNorm's group; else 1)."""
+    return getattr(norm, SHARDS, 1)
 
 
 class VocabParallelCrossEntropy(nn.Module):
@@ -74,4 +81,5 @@ class SequenceParallelRMSNorm(Style):
             raise ValueError(f"{name}: SequenceParallelRMSNorm takes an RMSNorm with a weight and no "
                              f"bias, found {type(module).__name__} with {sorted(params) or 'no weights'}")
         params["weight"].register_hook(lambda grad: all_reduced(grad, group))
+        setattr(module, SHARDS, group.size)
         return module

@@ -33,6 +33,7 @@ shard only.
 - optimizer.py  ZeroOptimizer: stages 1 and 2
 - parts.py      ZeroParts: ZeroOptimizers over several groups as one (experts over their replicas)
 - fsdp.py       FullyShardedDataParallel: stage 3
+- prefetch.py   stage 3's all-gathers issued one unit ahead, behind the unit before
 """
 
 from dt.parallel.zero.fsdp import FullyShardedDataParallel

@@ -3,7 +3,9 @@
 Per step, per rank, with the ring: an all-gather of each module's parameters
 before its forward, another before its backward, and a reduce-scatter of its
 gradient: about 3 * 4 Psi bytes, 1.5x DDP, the price of holding only 1/N of
-the parameters (zero_traffic_formula).
+the parameters (zero_traffic_formula). Each all-gather is issued one unit
+ahead, behind the unit before it (dt.parallel.zero.prefetch), unless
+prefetch=False: then each blocks right before its unit runs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dt.collectives import all_gather, broadcast, reduce_scatter
+from dt.collectives import broadcast, reduce_scatter
 from dt.collectives.ops import ReduceOp
 from dt.collectives.scratch import held_bytes
 from dt.layout import edges, split_sizes
@@ -29,8 +31,10 @@ from dt.parallel.zero.memory import (
     zero_memory_formula,
     zero_traffic_formula,
 )
+from dt.parallel.zero.prefetch import Finished, Prefetch
 from dt.parallel.zero.shards import cut_optimizer_state, full_optimizer_state, gather_flat
 from dt.transport import Group, charged_to, resolve_group
+from dt.transport.accounting import blocking
 
 __all__ = ["FullyShardedDataParallel"]
 
@@ -70,8 +74,7 @@ class _Unshard(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, shard: torch.Tensor, unit: _Unit, fsdp: FullyShardedDataParallel) -> Any:
         ctx.unit, ctx.fsdp = unit, fsdp
-        with charged_to(DATA_LABEL, fsdp.algorithm):  # data parallel's bytes (dt.train.step's LABELS)
-            full = gather_flat(shard, unit.sizes, unit.group, fsdp.algorithm)
+        full = fsdp.gathered(unit)
         ctx.full = full  # this forward's: each forward (a micro-batch) frees its own in backward
         return full
 
@@ -80,9 +83,14 @@ class _Unshard(torch.autograd.Function):
         unit = ctx.unit
         grad_shard = torch.empty_like(unit.shard)
         op = ReduceOp.AVG if unit.divisor is None else ReduceOp.SUM
+        # With prefetch it runs where the gathers ahead run, on the group's thread (it would queue
+        # there behind one anyway): its scratch is one thread's pool (comm_scratch_formula), not two.
+        ahead = ctx.fsdp.prefetch.enabled
         with charged_to(DATA_LABEL, ctx.fsdp.algorithm):
-            reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), op, unit.group,
-                           algorithm=ctx.fsdp.algorithm)
+            work = reduce_scatter(grad_shard, list(grad_full.contiguous().split(unit.sizes)), op, unit.group,
+                                  algorithm=ctx.fsdp.algorithm, async_op=ahead)
+        if work is not None:
+            blocking(work.wait)
         if unit.divisor is not None:
             grad_shard.div_(unit.divisor)
         _free(ctx.full)
@@ -138,16 +146,20 @@ class FullyShardedDataParallel(nn.Module):
     Inside a recomputed block (dt.parallel.recompute) a unit gathers in the forward, frees,
     and gathers again in the rerun that backward makes, whose copy backward then uses: the
     same two gathers and one scatter per micro-batch as without recompute.
+    `prefetch`: each all-gather issued one unit ahead (dt.parallel.zero.prefetch: in forward
+    behind the unit before, in backward behind the unit after); False: each blocks right
+    before its unit. The same gathers either way, so the same bytes.
     """
 
     def __init__(self, module: nn.Module, group: Any = None, algorithm: str = SHARD_ALGORITHM,
                  place_of: Callable[[nn.Parameter], Place] | None = None,
                  separate: Sequence[nn.Parameter] = (), experts: Sequence[nn.Parameter] = (),
-                 expert_group: Any = None, expert_divisor: int = 1):
+                 expert_group: Any = None, expert_divisor: int = 1, prefetch: bool = True):
         super().__init__()
         self.module = module
         self.group = resolve_group(group)
         self.algorithm = algorithm
+        self.prefetch = Prefetch(algorithm, enabled=prefetch)
         expert_ids = {id(p) for p in experts}
         self._expert = (resolve_group(expert_group), expert_divisor, expert_ids) if experts else None
         with torch.no_grad():
@@ -209,14 +221,16 @@ class FullyShardedDataParallel(nn.Module):
         mod.register_forward_hook(lambda m, a, out, u=unit: self._after_forward(u, out))
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        return self.module(*args, **kwargs)
+        with self.prefetch.forward():
+            return self.module(*args, **kwargs)
+
+    def gathered(self, unit: _Unit) -> torch.Tensor:
+        """`unit`'s full flat parameters for the forward starting now (prefetched, or gathered now),
+        charged to data parallel's label (dt.train.step's LABELS)."""
+        return self.prefetch.before_forward(unit)
 
     def _before_forward(self, unit: _Unit) -> None:
-        if torch.is_grad_enabled():
-            unit.full = _Unshard.apply(unit.shard, unit, self)
-        else:
-            with charged_to(DATA_LABEL, self.algorithm):
-                unit.full = gather_flat(unit.shard, unit.sizes, unit.group, self.algorithm)
+        unit.full = _Unshard.apply(unit.shard, unit, self) if torch.is_grad_enabled() else self.gathered(unit)
         unit.set_views(unit.full)
 
     def _after_forward(self, unit: _Unit, out: Any) -> None:
@@ -225,22 +239,18 @@ class FullyShardedDataParallel(nn.Module):
             unit.full = None
             return
         _free(full)  # the saved views now point at an empty storage until backward
-        if phase == FIRST:  # nothing is saved: backward reruns the forward, which gathers again
-            return
         needs = [t for t in _tensors(out) if t.requires_grad]
-        regathered = [False]  # this forward's: its backward regathers its own copy, once
+        if phase == FIRST or full is None or not needs:
+            return  # FIRST: nothing is saved, backward reruns the forward, which gathers again
+        copies = self.prefetch.finishing()  # this forward's copies, in the order the units finished
+        copies.append(Finished(unit, full, [False]))  # regathered once, by the first hook that fires
+        k = len(copies) - 1
         for t in needs:
-            t.register_hook(lambda grad, u=unit, f=full, done=regathered: self._before_backward(u, f, done))
+            t.register_hook(lambda grad, c=copies, k=k: self._before_backward(c, k))
 
-    def _before_backward(self, unit: _Unit, full: torch.Tensor | None, done: list[bool]) -> None:
-        if done[0] or full is None:
-            return
-        done[0] = True
-        full.untyped_storage().resize_(full.numel() * full.element_size())
-        # Into .data: refilling the storage must not bump the version autograd checks.
-        with charged_to(DATA_LABEL, self.algorithm):
-            all_gather(list(full.data.split(unit.sizes)), unit.shard.detach(), group=unit.group,
-                       algorithm=self.algorithm)
+    def _before_backward(self, copies: list[Finished], k: int) -> None:
+        if not copies[k].done[0]:
+            self.prefetch.before_backward(copies, k)
 
     def shards_of(self, params: Sequence[nn.Parameter]) -> list[nn.Parameter]:
         """The shards of the units made of each of `params` alone (given in `separate`), those here."""

@@ -40,12 +40,16 @@ def zero_memory_formula(psi: int, n: int, stage: int, k: int = 8, shard: float |
     return {"params": param_bytes * p, "grads": grad_bytes * g, "optimizer": k * o}
 
 
-def fsdp_gathered_formula(root: float, others: list[float], itemsize: int = 4) -> float:
+def fsdp_gathered_formula(root: float, others: list[float], itemsize: int = 4,
+                          prefetch: bool = True) -> float:
     """Bytes stage 3 (dt.parallel.zero.fsdp) holds whole on top of its shards at a step's worst
     moment: the root unit (a tied weight, gathered for the whole forward and the whole backward)
-    and the largest other unit, each with its full gradient before the reduce-scatter.
-    `root`, `others`: the units' element counts."""
-    return 2 * itemsize * (root + max(others, default=0))
+    and the largest other unit, each with its full gradient before the reduce-scatter; with
+    prefetch (dt.parallel.zero.prefetch) one more unit gathered ahead, never the one computing:
+    at most the second largest. `root`, `others`: the units' element counts."""
+    ranked = sorted(others, reverse=True)
+    ahead = ranked[1] if prefetch and len(ranked) > 1 else 0
+    return 2 * itemsize * (root + (ranked[0] if ranked else 0)) + itemsize * ahead
 
 
 def zero_memory_parts(parts: list[tuple[float, int]], stage: int, k: int = 8, param_bytes: int = 4,
