@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from dt.collectives.auto import candidates
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine
 from dt.cost.time import estimate
@@ -13,7 +14,6 @@ from dt.parallel.pipeline import bubble_fraction
 from dt.plan.check import train_argv
 from dt.plan.cli import main
 from dt.plan.cluster import catalogue_cluster
-from dt.collectives.auto import candidates
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
 from dt.plan.memory import peak_bytes

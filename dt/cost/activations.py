@@ -129,10 +129,13 @@ def _dropout_bytes(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, 
 def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, attention: str = "sdpa",
                            stats_bytes: int | None = None, received_rows: float | None = None,
-                           parallelized: bool = True, dropout: bool = False) -> dict[str, float]:
-    """Bytes one block keeps for backward on one rank, by part, with no recompute."""
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> dict[str, float]:
+    """Bytes one block keeps for backward on one rank, by part, with no recompute. shard_inputs:
+    under sequence parallel the column-parallel layers keep their input's shard and gather it
+    again in backward (Megatron's way), not the gathered whole (dt's)."""
     parts = _block_parts(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                         received_rows, parallelized)
+                         received_rows, parallelized, shard_inputs)
     if dropout:
         for key, v in _dropout_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention).items():
             parts[key] = parts.get(key, 0.0) + v
@@ -141,21 +144,22 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
 
 def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
                  attention: str, stats_bytes: int | None, received_rows: float | None,
-                 parallelized: bool) -> dict[str, float]:
+                 parallelized: bool, shard_inputs: bool = False) -> dict[str, float]:
     _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
     s = a.seq_len / cp
     sbh, bs = s * sequences * a.n_embd, s * sequences
     rep = t if sequence_parallel else 1  # what tp alone replicates, sp splits
+    inputs = rep if shard_inputs else 1  # the matmuls' inputs: whole as gathered, or their shard
     if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU; parallelized, each layer's rotary rows
         w = max(e, 4)
         rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
         core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
         return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep,
-                "matmul_inputs": (5 if sequence_parallel else 2) * e * sbh, **core,
+                "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs, **core,
                 "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
     # under sequence parallel the matmul inputs stay whole: each column-parallel layer keeps its gathered copy
-    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh}
+    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / inputs}
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
     return {**norms, **_attention_core(a, e, s, sequences, t, cp, attention), "mlp": mlp}
@@ -184,7 +188,7 @@ def _selective(a: Decoder, parts: dict[str, float], e: int, sequences: int, tp: 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True, dropout: bool = False) -> float:
+                           parallelized: bool = True, dropout: bool = False, shard_inputs: bool = False) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
     backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
     as dt.parallelize splits it (what dt train runs), else the plain model whole."""
@@ -202,7 +206,7 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
         rotary = 2 * e * s * (a.n_embd // a.n_head) if a.gated and parallelized else 0
         return e * sbh / (tp if sequence_parallel else 1) + rotary
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                                   parallelized=parallelized, dropout=dropout)
+                                   parallelized=parallelized, dropout=dropout, shard_inputs=shard_inputs)
     dropped = _selective(a, parts, e, sequences, tp, cp) if recompute == "selective" else {}
     return sum(parts.values()) - sum(dropped.values())
 
@@ -250,7 +254,7 @@ def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1,
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True, dropout: bool = False) -> float:
+                           parallelized: bool = True, dropout: bool = False, shard_inputs: bool = False) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes, parallelized, dropout) for i in layers)
+                                      recompute, stats_bytes, parallelized, dropout, shard_inputs) for i in layers)

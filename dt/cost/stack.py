@@ -39,6 +39,9 @@ class Stack:
     overlap_tp: bool  # tensor parallel's collectives run behind its GEMMs
     zero1_in_backward: bool = False  # ZeRO 1 reduce-scatters backward's buckets (else one flat call after)
     fsdp_prefetch: bool = False  # ZeRO 3 gathers the next unit behind the current unit's compute
+    fsdp_scatter_behind: bool = True  # ZeRO 3's gradient reduce-scatters run behind backward
+    sp_shard_inputs: bool = True  # under sequence parallel a GEMM keeps its input's shard, gathered again
+    # in backward (Megatron's); dt's layers keep the gathered input
     reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
     scatter_gather_p2p: bool = False  # a pipeline send carries 1/tp of the activation (all-gathered after)
     reduce_once: bool = False  # ZeRO 2 reduce-scatters the gradients once a step, after the last micro-batch
@@ -91,11 +94,13 @@ STACKS: dict[str, Stack] = {
     "dt": Stack(
         "dt", "dt train --device cuda --precision bf16: float32 weights and Adam state, bf16 autocast "
               "(its cast weights cached for the step), torch's SDPA (FlashAttention-2 kernels), eager "
-              "elementwise ops, no dropout, DDP's buckets behind backward; " + _CUDA_RUNTIME,
+              "elementwise ops, no dropout, DDP's buckets behind backward, FSDP's next unit gathered "
+              "behind the current one's compute (its reduce-scatters blocking); " + _CUDA_RUNTIME,
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
-        fragmentation=1.05, partition="layers"),
+        fragmentation=1.05, partition="layers", fsdp_prefetch=True, fsdp_scatter_behind=False,
+        sp_shard_inputs=False),
     "megatron": Stack(
         "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
                     "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "
@@ -104,7 +109,7 @@ STACKS: dict[str, Stack] = {
                     "reduce-scatters behind backward (--overlap-grad-reduce) and parameters gathered behind "
                     "forward (--overlap-param-gather), tensor parallel's collectives behind its GEMMs "
                     "(--tp-comm-overlap); " + _CUDA_RUNTIME,
-        schedules=("1f1b", "interleaved"), zero_stages=(0, 1), 
+        schedules=("1f1b", "interleaved"), zero_stages=(0, 1),
         attention="cudnn", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=True, zero1_in_backward=True, runtime_bytes=1.5 * GIB,
@@ -116,7 +121,7 @@ STACKS: dict[str, Stack] = {
                          "values), fused bias-GeLU and bias-dropout-add, mixed precision with fp32 master "
                          "weights, Adam state and gradient buffers, the data-parallel all-reduce after "
                          "backward (its local DDP), tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
-        schedules=("1f1b", "interleaved"), zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False, 
+        schedules=("1f1b", "interleaved"), zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False,
         attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05,
@@ -135,7 +140,7 @@ STACKS |= {
                               "fp32 gradient accumulation), the data-parallel reduction after the last "
                               "micro-batch, tensor parallel's all-reduces exposed, the pipeline's sends and "
                               "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
-        schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False, 
+        schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False,
         attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
@@ -145,7 +150,7 @@ STACKS |= {
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
                     "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the data-parallel "
                     "reduction in buckets behind backward; " + _CUDA_RUNTIME,
-        schedules=("1f1b", "gpipe"), zero_stages=(0, 1), recomputes=("none",), context_parallel=False, 
+        schedules=("1f1b", "gpipe"), zero_stages=(0, 1), recomputes=("none",), context_parallel=False,
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
@@ -155,7 +160,7 @@ STACKS |= {
                        "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
                        "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
                        "current one's compute; " + _CUDA_RUNTIME,
-        schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False, sequence_parallel=False, context_parallel=False, 
+        schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False, sequence_parallel=False, context_parallel=False,
         attention="triton", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
@@ -164,7 +169,7 @@ STACKS |= {
         "torchtitan", "pytorch/torchtitan (FSDP2, 2024-25): SDPA's flash kernels, no dropout, float32 "
                       "weights sharded (FSDP2's fully_shard), bf16 compute, gradients reduce-scattered in "
                       "float32, the next unit's all-gather prefetched; " + _CUDA_RUNTIME,
-        zero_stages=(0, 3), 
+        zero_stages=(0, 3),
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
@@ -175,7 +180,7 @@ STACKS |= {
                   "gathered from forward to backward, gradients reduce-scattered in fp32, bf16 compute with "
                   "fused attention kernels, no dropout, the data-parallel collectives behind compute; "
                   + _CUDA_RUNTIME,
-        schedules=("1f1b", "interleaved"), zero_stages=(2,), 
+        schedules=("1f1b", "interleaved"), zero_stages=(2,),
         attention="flash3", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, zero1_in_backward=True, fsdp_prefetch=True,

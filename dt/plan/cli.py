@@ -23,6 +23,7 @@ from dt.plan.cluster import Cluster, catalogue_cluster, local_cluster
 from dt.plan.layouts import NAME_GRAMMAR, parse_name, train_args
 from dt.plan.memory import peak_bytes
 from dt.plan.model import PRESETS, ModelShape, llama_shape
+from dt.plan.published import SOURCES
 from dt.plan.report import as_json, explain_plot, explain_text, scatter_plot, table
 from dt.plan.search import HEADROOM, Ranking, rank_layouts
 from dt.plan.step_model import predict
@@ -94,8 +95,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--scatter", metavar="PNG", default=None, help="step time against memory, every layout")
     p.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
     p.add_argument("--published", nargs="*", metavar="SOURCE", default=None,
-                   help="the planner beside published runs (every source, or those named): "
-                        "dt.plan.published")
+                   help="the planner beside published runs (every source, or those named: "
+                        f"{', '.join(SOURCES)})")
+    p.add_argument("--rank", action="store_true",
+                   help="with --published: rank each sweep's fastest published layout among every layout "
+                        "of its model and cluster (minutes)")
+    p.add_argument("--fit", action="store_true",
+                   help="with --published: fit each device's GEMM efficiency, leaving each source out in turn")
     p.add_argument("--check", action="store_true", help="run the top layouts and a spread with dt train")
     p.add_argument("--runs", type=one, default=6, help="layouts --check runs (the top 3 and a spread)")
     p.add_argument("--steps", type=one, default=8,
@@ -106,6 +112,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(default 1Gbit, the rate the cluster's dt tune figures are taken at)")
     a = p.parse_args(argv)
     _check_options(p, a)
+    if a.published is not None:
+        unknown = [s for s in a.published if s not in SOURCES]
+        if unknown:
+            p.error(f"--published {' '.join(unknown)}: no such source; one of {', '.join(SOURCES)}")
+    elif a.rank or a.fit:
+        p.error("--rank and --fit go with --published")
     return a
 
 
@@ -240,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.published is not None:
         from dt.plan.suite import main as published_main
 
-        return published_main(a.published, a.json)
+        return published_main(a.published, a.json, a.rank, a.fit)
     model, cluster = a.shape, _cluster(a)
     if a.explain is not None:
         return _explain(a, cluster, model)

@@ -17,8 +17,8 @@ A layout's name (NAME_GRAMMAR) is the key of `dt plan --explain` and the rows of
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 import re
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import SimpleNamespace
 

@@ -56,12 +56,13 @@ def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -
 @functools.lru_cache(maxsize=65536)
 def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, b: int, item: int,
                        tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
-                       attention: str = "sdpa", dropout: bool = False, partition: str = "layers") -> list[float]:
+                       attention: str = "sdpa", dropout: bool = False, partition: str = "layers",
+                       shard_inputs: bool = False) -> list[float]:
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
     a = _decoder(model, seq)
     cut = layer_cut(model, pp, virtual, partition)
     return [stage_activation_bytes(a, r, b, item, tp, cp, sequence_parallel, attention, recompute,
-                                   dropout=dropout)
+                                   dropout=dropout, shard_inputs=shard_inputs)
             for r in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
@@ -145,7 +146,7 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
         kept = model.vocab // lay.tp * model.n_embd if tied and lay.zero == 2 else 0
         state = _state(c, lay, dense, experts, n, kept)
         chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp,
-                                    lay.recompute, sp, attention, dropout, cut)
+                                    lay.recompute, sp, attention, dropout, cut, c.stack.sp_shard_inputs)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
         if lay.recompute == "full":  # one block's whole set, rebuilt for its backward
             acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp, sp, attention)

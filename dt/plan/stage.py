@@ -26,8 +26,8 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dt.layout import split_sizes
 from dt.cost.stack import Stack
+from dt.layout import split_sizes
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
@@ -264,7 +264,7 @@ def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int, 
 def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
-    reduce-scatters its gradient, each blocking (dt's FSDP does not prefetch); 0 without zero 3."""
+    reduce-scatters its gradient (what of them the compute hides: _fsdp_exposed); 0 without zero 3."""
     if units is None:
         return 0.0, 0.0
 
@@ -340,10 +340,12 @@ def _fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: flo
     gathers every unit, a backward gathers them again (unless the stack keeps them gathered from
     forward to backward) and reduce-scatters their gradients; with prefetch each runs behind the
     neighbouring unit's compute, so only what outlasts the compute waits."""
-    backward = (gather if st.reshard_after_forward else 0.0) + scatter
+    regather = gather if st.reshard_after_forward else 0.0
     if not st.fsdp_prefetch:
-        return gather, backward
-    return max(0.0, gather - fwd), max(0.0, backward - bwd)
+        return gather, regather + scatter
+    if st.fsdp_scatter_behind:
+        return max(0.0, gather - fwd), max(0.0, regather + scatter - bwd)
+    return max(0.0, gather - fwd), max(0.0, regather - bwd) + scatter
 
 
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch: int, seq: int,

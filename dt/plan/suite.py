@@ -184,13 +184,32 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
                     authors_rank, first, first_step)
 
 
+def sweep_winners(rows: list[PublishedRow]) -> set[int]:
+    """Indices of each sweep's fastest published row (and of each row its source calls the authors'
+    pick outside any sweep): the layouts whose rank among every layout the suite checks."""
+    best: dict[str, int] = {}
+    for i, r in enumerate(rows):
+        if r.sweep is None:
+            if r.authors_choice:
+                best[f"row {i}"] = i
+            continue
+        speed = -r.published if r.metric == "s_per_iter" else r.published
+        j = best.get(r.sweep)
+        if j is None or speed > (-rows[j].published if rows[j].metric == "s_per_iter" else rows[j].published):
+            best[r.sweep] = i
+    return set(best.values())
+
+
 def priced_rows(sources: Iterable[str] | None = None, rank: bool = True,
                 efficiency: dict[str, float] | None = None) -> tuple[list[Compared], list[tuple]]:
-    """(the rows priced, (row, why) of those that cannot be); `efficiency`: per device, the fit's."""
+    """(the rows priced, (row, why) of those that cannot be); `rank`: each sweep's fastest row is
+    ranked (sweep_winners); `efficiency`: per device, the fit's."""
     done, skipped = [], []
-    for row in load(sources):
+    rows = load(sources)
+    winners = sweep_winners(rows) if rank else set()
+    for i, row in enumerate(rows):
         try:
-            done.append(compare(row, rank, (efficiency or {}).get(row.cluster.device or "")))
+            done.append(compare(row, i in winners, (efficiency or {}).get(row.cluster.device or "")))
         except ValueError as exc:
             skipped.append((row, str(exc)))
     return done, skipped
@@ -216,26 +235,62 @@ def _as_json(c: Compared) -> dict:
     return {"source": r.source, "model": r.model.name, "layout": c.layout, "gpus": r.cluster.gpus,
             "metric": r.metric, "published": r.published, "predicted": c.predicted, "step_s": c.step,
             "published_memory_gb": r.published_memory_gb, "predicted_memory_gb": c.predicted_memory_gb,
-            "authors_rank": c.authors_rank, "first_layout": c.first_layout, "sweep": r.sweep}
+            "authors_rank": c.authors_rank, "first_layout": c.first_layout,
+            "behind_first": c.behind_first, "sweep": r.sweep}
 
 
-def main(sources: list[str], as_json: bool = False) -> int:
-    rows, skipped = priced_rows(sources or None)
+WITHIN = 0.05  # a sweep's fastest published layout is "placed" when ranked first or this close to the first
+
+
+def sweeps(rows: list[Compared]) -> dict[str, float | int]:
+    """How the ranked sweep winners placed: how many, how many first, how many within WITHIN."""
+    ranked = [c for c in rows if c.authors_rank is not None]
+    return {"ranked": len(ranked), "first": sum(c.authors_rank == 1 for c in ranked),
+            "within": sum((c.behind_first or 0.0) <= WITHIN for c in ranked)}
+
+
+def main(sources: list[str], as_json: bool = False, rank: bool = False, fit: bool = False) -> int:
+    rows, skipped = priced_rows(sources or None, rank)
     stats = summary(rows)
+    fitted = _fit(sources) if fit else None
     if as_json:
         print(json.dumps({"rows": [_as_json(c) for c in rows], "summary": stats,
+                          "sweeps": sweeps(rows) if rank else None, "fit": fitted,
                           "not_priced": [{"source": r.source, "model": r.model.name, "why": why}
                                          for r, why in skipped]}, indent=1))
         return 0
     print(_table(rows))
     print()
     print(_summary_table(stats))
+    if rank:
+        s = sweeps(rows)
+        print(f"\nsweeps: {s['ranked']} fastest published layouts ranked among every layout of their model "
+              f"and cluster: {s['first']} first, {s['within']} first or within {WITHIN:.0%} of the first")
     if skipped:
         reasons: dict[str, int] = {}
         for _, why in skipped:
             reasons[why] = reasons.get(why, 0) + 1
         print("not priced: " + "; ".join(f"{n} rows: {why}" for why, n in reasons.items()))
+    if fitted is not None:
+        print("\n" + _fit_table(fitted))
     return 0
+
+
+def _fit(sources: list[str]) -> dict:
+    from dt.plan.fit import fit, leave_one_out, lines
+
+    priced = lines(sources or None)
+    return {"all": fit(priced), "leave_one_out": leave_one_out(priced)}
+
+
+def _fit_table(fitted: dict) -> str:
+    out = ["each device's GEMM efficiency fitted on every source: " +
+           ", ".join(f"{d} {e:.2f}" for d, e in fitted["all"].items()),
+           f"{'left out':<28} {'fitted on the others':<24} {'rows':>5} {'median':>8} {'worst':>8}"]
+    for r in fitted["leave_one_out"]:
+        eff = ", ".join(f"{d} {e:.2f}" for d, e in r["fitted_without"].items())
+        out.append(f"{r['source']:<28} {eff:<24} {r['rows']:>5} {100 * r['median']:7.1f}% {100 * r['worst']:7.1f}%")
+    return "\n".join(out)
 
 
 def _table(rows: list[Compared]) -> str:
