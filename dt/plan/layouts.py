@@ -115,14 +115,15 @@ def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNa
                            sequence_parallel=lay.sequence_parallel)
 
 
-MIN_CP_TOKENS = 512  # context parallel is enumerated while each rank keeps this many of a sequence's tokens
+MIN_CP_TOKENS = 512  # past EVERY_CP ranks, cp is enumerated while a rank keeps this many tokens of a sequence
+EVERY_CP = 64  # worlds up to this size enumerate every cp dt train runs
 
 
 def meshes(world: int, experts: int, seq: int) -> Iterator[tuple[int, int, int, int, int]]:
-    """(dp, tp, pp, cp, ep) multiplying to the world; cp while a rank keeps MIN_CP_TOKENS tokens of
-    a sequence (shorter shares are latency, not arithmetic: dt train runs them, the planner skips
-    them) or 2 on short sequences."""
-    cp_limit = max(2, seq // MIN_CP_TOKENS)
+    """(dp, tp, pp, cp, ep) multiplying to the world; on a world of more than EVERY_CP ranks, cp
+    while a rank keeps MIN_CP_TOKENS tokens of a sequence, or 2 (shorter shares are latency, not
+    arithmetic, and would multiply a big world's grid: dt train runs them, the planner skips them)."""
+    cp_limit = world if world <= EVERY_CP else max(2, seq // MIN_CP_TOKENS)
     for tp in divisors(world):
         for pp in divisors(world // tp):
             for cp in (c for c in divisors(world // tp // pp) if c <= cp_limit):
