@@ -265,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": model.__dict__, "global_batch": a.global_batch, "seq": a.seq, "cluster": cluster.name,
             "source": cluster.source, "grid": ranking.grid, "accepted": ranking.accepted,
             "skipped": ranking.skipped, "dropped": ranking.dropped, "seconds": took, "cpu_seconds": cpu,
-            "headroom": a.headroom}
+            "headroom": a.headroom, "untimed": _untimed(cluster)}
     measured = None
     if a.check:
         from dt.plan.check import check
@@ -280,16 +280,27 @@ def main(argv: list[str] | None = None) -> int:
         print("note: this host has a GPU: --timed times dt train's own layers on it instead of pricing "
               "their kernels from the catalogue")
     print(_counts(ranking, a))
+    if meta["untimed"]:
+        print(meta["untimed"])
     if not rows:
         print("nothing fits: raise --per-host or --hosts, lower --global-batch or --seq, or add --recompute")
         return 1
-    print(table(rows, a.top, cluster.memory if cluster.gpu is not None else 0))
+    print(table(rows, a.top, cluster.memory if cluster.device is not None else 0))
     if a.scatter:
         scatter_plot(rows, a.scatter, title)
         print(f"scatter: {a.scatter}")
     if measured is not None:
         print(text)
     return 0
+
+
+def _untimed(cluster: Cluster) -> str | None:
+    """What this machine priced without timing it, past the timing budget (dt.plan.timed)."""
+    if cluster.timed != "cpu":
+        return None
+    from dt.plan import timed
+
+    return timed.BUDGET.note()
 
 
 def _counts(r: Ranking, a: argparse.Namespace) -> str:
@@ -321,5 +332,7 @@ def _explain(a: argparse.Namespace, cluster: Cluster, model: ModelShape) -> int:
     out = a.out or f"plan-{a.explain}.png"
     explain_plot(p, out, f"{a.explain} ({model.name} on {cluster.name})")
     print(explain_text(p, memory, cluster, a.headroom))
+    if _untimed(cluster):
+        print(_untimed(cluster))
     print(f"timeline: {out}")
     return 0

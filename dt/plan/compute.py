@@ -1,20 +1,17 @@
-"""What a stage's arithmetic costs: FLOPs of each layer, priced on the cluster.
+"""What a stage's compute costs: on a catalogue GPU its kernels priced, on this machine its layers timed.
 
-FLOPs are dt.cost.flops' (step_flops of the layers, one rank's tp x cp
-share: Megatron's count; backward twice the forward, recompute one more
-forward of every block).
-
-On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency),
-unless it is timed on this host's GPU (`dt plan --device h200 --timed`): then
-dt's GPT stages are timed there as below, under the precision's autocast.
-On this machine, for dt's GPT, a stage's real layers are timed together
-(dt.plan.timed: dt train's modules at this rank's tp shard) with the threads
-each rank gets (cores / world), split between forward and backward by their
-FLOPs (recompute adds the blocks' forward share to backward). Elsewhere on
-this machine (Llama, experts, context parallel) one stand-in block (Shard)
-and the head are timed and the FLOPs above divided by that time; tiny
-layers are bound by the ops' fixed costs, not by arithmetic, and timing
-catches both.
+On a catalogue cluster each kernel of the stage (dt.cost.kernels: GEMMs, attention, the
+memory-bound ops, as the cluster's stack runs them) is priced by dt.plan.pricing, forward and
+backward apart (recompute's rerun kernels in the backward), unless it is timed on this host's
+GPU (`dt plan --device h200 --timed`): then dt's GPT stages are timed there as below, under
+the precision's autocast. On this machine, for dt's GPT, a stage's real layers are timed
+together (dt.plan.timed: dt train's modules at this rank's tp shard) with the threads each rank
+gets (cores / world), split between forward and backward by their FLOPs (dt.cost.flops;
+recompute adds the blocks' forward share to backward), within the process's timing budget
+(past it, a stage's FLOPs at the rate the timed ones ran at). Elsewhere on this machine (Llama,
+experts, context parallel of an uneven split) one stand-in block (Shard) and the head are timed
+and the FLOPs divided by that time; tiny layers are bound by the ops' fixed costs, not by
+arithmetic, and timing catches both.
 """
 
 from __future__ import annotations
@@ -247,15 +244,20 @@ def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: flo
         from dt.plan.timed import stage_seconds
 
         return stage_seconds(*shape)
-    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if head or embed else 0)
-    acts = b * t * (model.n_embd * 20 * blocks + (model.vocab // tp if head else 0)) * cluster.itemsize
-    nbytes = 3 * layers * cluster.itemsize + acts  # weights, gradients, their copies; activations
-    seconds = timed_within_budget(shape, flops, nbytes)
+    seconds = timed_within_budget(shape, flops, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
     if seconds is not None:
         return seconds
     threads = shape[9]
     rate = BUDGET.rate() or (matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads)
     return flops / rate
+
+
+def _stage_bytes(cluster: Cluster, model: ModelShape, b: int, t: int, tp: int, blocks: int, head: bool,
+                 embed: bool) -> float:
+    """About what timing the stage holds: its weights, gradients and their copies, its activations."""
+    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if head or embed else 0)
+    acts = b * t * (model.n_embd * 20 * blocks + (model.vocab // tp if head else 0)) * cluster.itemsize
+    return 3 * layers * cluster.itemsize + acts
 
 
 def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -286,11 +288,16 @@ def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp
     not timed there yet)."""
     if cluster.timed != "cpu" or not _timed_here(cluster, model, t, keys):
         return 0.0
-    from dt.plan.timed import ddp_hook_seconds
+    from dt.plan.timed import ddp_hooks_within_budget, was_timed
 
+    stage = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
+    if not was_timed(stage):  # the stage itself past the timing budget: its hooks are not timed either
+        return 0.0
     dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    return ddp_hook_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
-                            rank_threads(world), dtype, keys // t, cp_kind) * oversubscribed(world)
+    shape = (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world), dtype,
+             keys // t, cp_kind)
+    seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
+    return 0.0 if seconds is None else seconds * oversubscribed(world)
 
 
 def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, cp: int, blocks: int,
