@@ -2,8 +2,10 @@
 
     state        parameters, gradients and Adam's two moments of this rank's
                  tensors (dt.parallel.zero.zero_memory_parts: ZeRO-1 shards
-                 the moments over dp); mixed precision (bf16/fp16): 2 + 2 bytes
-                 of weight and gradient and 12 of fp32 master and moments
+                 the moments over dp); on a catalogue GPU the stack's bytes per
+                 parameter (dt.cost.stack: dt's float32 weights, gradients and
+                 moments, 4 + 4 + 8, and autocast's 2-byte copy; Megatron's
+                 2 + 4 + 4 + 8), here dt's own float32 (or float64)
     activations  what autograd keeps per layer and micro-batch (below, the head's
                  logits included), times the micro-batches the schedule holds at
                  once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
@@ -100,20 +102,19 @@ def _fsdp_scratch(units: FsdpUnits, n: int, replicas: int, item: int) -> int:
 
 
 def _state(c: Cluster, lay: Layout, dense: list[int], experts: int, n: int, kept: int) -> float:
-    """Weights, gradients and the optimizer's state of this rank's tensors: on a catalogue GPU the
-    stack's bytes per parameter (dt.cost.stack) and its autocast copies; here dt's float32 (or 64)."""
-    mixed = c.precision in ("bf16", "fp16")
-    if c.gpu is not None:
+    """Weights, gradients and the optimizer's state of this rank's tensors: on a GPU (a catalogue
+    one, or this host's under --timed: dt train's stack there) the stack's bytes per parameter
+    (dt.cost.stack) and its autocast copies (ZeRO 3's of its shards: a unit's whole copy is made
+    while it is gathered); here dt's float32 (or float64)."""
+    groups = [(sum(dense), n), (experts, n // lay.ep)]  # the dense part over dp x cp, experts over edp
+    if c.device is not None:
         st = c.stack
-        parts = zero_memory_parts([(sum(dense), n), (experts, n // lay.ep)], lay.zero,
-                                  k=st.master_bytes + st.moment_bytes, param_bytes=st.weight_bytes,
-                                  grad_bytes=st.grad_bytes, kept=kept)
-        shards = n if lay.zero == 3 else 1
-        return sum(parts.values()) + st.cast_bytes * (sum(dense) + experts) / shards
+        parts = zero_memory_parts(groups, lay.zero, k=st.master_bytes + st.moment_bytes,
+                                  param_bytes=st.weight_bytes, grad_bytes=st.grad_bytes, kept=kept)
+        copies = sum(numbers / (ranks if lay.zero == 3 else 1) for numbers, ranks in groups)
+        return sum(parts.values()) + st.cast_bytes * copies
     item = c.itemsize
-    parts = zero_memory_parts([(sum(dense), n), (experts, n // lay.ep)], lay.zero,
-                              k=12 if mixed else 2 * item, param_bytes=2 if mixed else item,
-                              grad_bytes=2 if mixed else item, kept=kept)
+    parts = zero_memory_parts(groups, lay.zero, k=2 * item, param_bytes=item, grad_bytes=item, kept=kept)
     return sum(parts.values())
 
 
@@ -164,8 +165,8 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
             acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), c.param_itemsize)
         row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
         live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
-        runtime = c.stack.runtime_bytes if c.gpu is not None else 0.0
-        fragmentation = c.stack.fragmentation if c.gpu is not None else 1.0
+        runtime = c.stack.runtime_bytes if c.device is not None else 0.0
+        fragmentation = c.stack.fragmentation if c.device is not None else 1.0
         row["runtime"] = int(runtime + (fragmentation - 1) * live)
         row["peak"] = live + row["runtime"]
         out.append(row)

@@ -62,7 +62,7 @@ def explain_text(p: Prediction, memory: list[dict[str, int]], cluster: Cluster, 
         terms = ", ".join(f"{k} {fmt_bytes(row[k])}" for k in MEMORY_PARTS if row.get(k))
         lines.append(f"  stage {s}: peak {fmt_bytes(row['peak'])} per rank = {terms}")
     peak = max(r["peak"] for r in memory)
-    if cluster.gpu is not None:
+    if cluster.device is not None:
         usable = cluster.memory * (1 - headroom)
         verdict = "fits" if peak <= usable else "does not fit"
         lines.append(f"  {verdict}: {fmt_bytes(peak)} of the device's {fmt_bytes(cluster.memory)} "

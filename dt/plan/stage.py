@@ -26,6 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from dt.cost import ring_reduce_scatter
 from dt.cost.stack import Stack
 from dt.layout import split_sizes
 from dt.parallel.buckets import MB, make_buckets
@@ -38,7 +39,7 @@ from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
 __all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors",
+           "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed", "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors",
            "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
@@ -264,7 +265,7 @@ def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int, 
 def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
-    reduce-scatters its gradient (what of them the compute hides: _fsdp_exposed); 0 without zero 3."""
+    reduce-scatters its gradient (what of them the compute hides: fsdp_exposed); 0 without zero 3."""
     if units is None:
         return 0.0, 0.0
 
@@ -280,24 +281,31 @@ def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[f
 
 
 def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro_batches: int,
-                    dp_cp_rank: int = 0, edp_rank: int = 0) -> tuple[int, int]:
+                    dp_cp_rank: int = 0, edp_rank: int = 0, grad_itemsize: int | None = None) -> tuple[int, int]:
     """Bytes one rank sends per step in FSDP's collectives, (over dp x cp, over edp): per unit and
-    micro-batch two ring all-gathers and a ring reduce-scatter of its shards over its group
-    (zero_traffic_formula, as dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's
-    place in each group (the shards of a unit its group does not divide differ by one)."""
+    micro-batch two ring all-gathers of its `itemsize` weights and a ring reduce-scatter of its
+    gradient (`grad_itemsize`, default the weights') over its group (zero_traffic_formula, as
+    dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's place in each group (the
+    shards of a unit its group does not divide differ by one)."""
+    grad = itemsize if grad_itemsize is None else grad_itemsize
+
     def over(sizes: tuple[int, ...], ranks: int, rank: int) -> int:
         if ranks < 2:
             return 0  # the formula sums over the units: each distinct size once, times its count
-        return sum(k * _unit_bytes(n, ranks, rank, itemsize, micro_batches)
+        return sum(k * _unit_bytes(n, ranks, rank, itemsize, grad, micro_batches)
                    for n, k in Counter(sizes).items())
 
     return over(units.plane, dp_cp, dp_cp_rank), over(units.experts, edp, edp_rank)
 
 
 @functools.lru_cache(maxsize=65536)
-def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, micro_batches: int) -> int:
-    """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards)."""
-    return zero_traffic_formula([split_sizes(numel, ranks)], rank, 3, itemsize, micro_batches)
+def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize: int, micro_batches: int) -> int:
+    """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards), its
+    reduce-scatters' elements counted at the gradient's itemsize."""
+    shards = split_sizes(numel, ranks)
+    total = zero_traffic_formula([shards], rank, 3, itemsize, micro_batches)
+    scattered = ring_reduce_scatter(shards, 1, rank).bytes_sent * micro_batches  # elements
+    return total + scattered * (grad_itemsize - itemsize)
 
 
 def micro_batch_sizes(batch: int, dp: int, micro_batches: int) -> list[int]:
@@ -335,7 +343,7 @@ def _exposed(messages: float, compute: float, overlapped: bool) -> float:
     return max(0.0, messages - compute) if overlapped else messages
 
 
-def _fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
+def fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
     """(forward, backward) seconds of ZeRO 3's collectives the compute does not hide: a forward
     gathers every unit, a backward gathers them again (unless the stack keeps them gathered from
     forward to backward) and reduce-scatters their gradients; with prefetch each runs behind the
@@ -369,7 +377,7 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch:
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
     tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + (2 * blocks * tp1 if lay.recompute == "full" else 0.0)
     overlap = c.gpu is not None and c.stack.overlap_tp
-    fsdp_fwd, fsdp_bwd = _fsdp_exposed(c.stack, gather, scatter, cf, cb)
+    fsdp_fwd, fsdp_bwd = fsdp_exposed(c.stack, gather, scatter, cf, cb)
     fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
            "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_fwd}
     bwd = {"compute": cb, "tp": _exposed(tp_bwd, cb, overlap),

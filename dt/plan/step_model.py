@@ -220,8 +220,8 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, b: fl
     """Bytes one rank of stage 0 sends per step, by the level its groups sit on (ring counts)."""
     from dt.plan.comm import group_hosts
 
-    item = c.itemsize
-    act = b * (seq // lay.cp) * model.n_embd * item
+    act = b * (seq // lay.cp) * model.n_embd * c.itemsize
+    grad, param = c.grad_itemsize, c.param_itemsize  # the sync's gradients and ZeRO's weights, as kept
     out = {"intra": 0.0, "inter": 0.0}
 
     def add(ranks: tuple[int, ...], nbytes: float) -> None:
@@ -236,12 +236,16 @@ def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, b: fl
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)
+    share = (len(g.dp_cp) - 1) / len(g.dp_cp)  # of the whole a ring's rank sends, per pass
     if w.fsdp is not None:  # FSDP: each unit's two all-gathers and reduce-scatter a micro-batch
-        plane, experts = fsdp_bytes_sent(w.fsdp, len(g.dp_cp), len(g.edp), item, m)
+        plane, experts = fsdp_bytes_sent(w.fsdp, len(g.dp_cp), len(g.edp), param, m, grad_itemsize=grad)
         add(g.dp_cp, plane)
         add(g.edp, experts)
-    else:
-        add(g.dp_cp, 2 * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
+    elif lay.zero == 0:  # DDP: one all-reduce of the gradients (a reduce-scatter and an all-gather)
+        add(g.dp_cp, 2 * share * sum(w.dense) * grad)
+    else:  # ZeRO 1-2: the gradients reduce-scattered (ZeRO 2: every micro-batch), the weights gathered
+        once = lay.zero == 1 or c.gpu is not None and c.stack.reduce_once
+        add(g.dp_cp, share * sum(w.dense) * ((1 if once else m) * grad + param))
     if lay.pp > 1:
         add(g.pp[:2], 2 * m * act)
     return out

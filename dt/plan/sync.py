@@ -14,8 +14,9 @@
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
     ZeRO 3        FSDP per stage (each chunk's units over the stage's dp x cp, experts' over
                   edp): each unit all-gathered before its forward, again before its backward,
-                  its gradient reduce-scattered there, each blocking (no prefetch): priced in
-                  the stage's forward and backward (dt.plan.stage.fsdp_units), none here
+                  its gradient reduce-scattered there; what of them the compute does not hide
+                  (the stack's prefetch: dt.plan.stage.fsdp_exposed) is priced in the stage's
+                  forward and backward (dt.plan.stage.fsdp_units), none here
     experts       without ZeRO, TrainStep's own sync (no DDP wraps the chunks): the buckets
                   all-reduced one after another after the last backward, then the experts' over
                   their replicas; with ZeRO 1-2, ZeroParts: each collective above on the dense
