@@ -181,7 +181,7 @@ def test_this_machine_prices_what_dt_runs_at_the_swept_time(monkeypatch):
 
 
 def test_clipping_under_zero_reads_the_experts_shard_over_their_replicas():
-    """dp4 ep2 ZeRO 1 with --clip: the clip pass reads the dense numbers over dp x cp = 4 and the
+    """dp4 ep2 ZeRO 1 with --clip: the clip pass reads the dense gradients over dp x cp = 4 and the
     experts' over their replicas (edp = 2), as ZeroParts holds them, at the catalogue's bandwidth."""
     from dt.plan.cluster import catalogue_cluster
     from dt.plan.stage import stage_work
@@ -193,5 +193,7 @@ def test_clipping_under_zero_reads_the_experts_shard_over_their_replicas():
     w = stage_work(c, model, lay, stage_groups(lay)[0], 16, 32, 0)
     assert w.experts > 0
     clip = [s for s in predict(c, model, lay, 16, 32, timelines=True).timelines[0] if s.label == "clip"]
-    want = 3 * (sum(w.dense) / 4 + w.experts / 2) * c.itemsize / c.mem_bw
+    # the gradients as dt keeps them on a GPU, float32 (Cluster.grad_itemsize), not the bf16 compute's
+    want = 3 * (sum(w.dense) / 4 + w.experts / 2) * c.grad_itemsize / c.mem_bw
+    assert c.grad_itemsize == 4
     assert len(clip) == 1 and clip[0].end - clip[0].start == pytest.approx(want)

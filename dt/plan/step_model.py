@@ -185,9 +185,9 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[RankGroups]) 
     """The collectives every stage waits on after the pipeline: tied sum, loss, clipping's norm."""
     item = c.itemsize
     tail = []
-    if model.tied and lay.pp > 1:
-        tail.append(("tied", collective_seconds(c, "all_reduce", model.vocab // lay.tp * model.n_embd * item,
-                                                groups[0].embed), "tied embedding all-reduce"))
+    if model.tied and lay.pp > 1:  # the word table's gradient, as the data-parallel sync reduces it
+        table = model.vocab // lay.tp * model.n_embd * c.grad_itemsize
+        tail.append(("tied", collective_seconds(c, "all_reduce", table, groups[0].embed), "tied embedding all-reduce"))
     tail.append(("loss", collective_seconds(c, "all_reduce", item, groups[-1].dp_cp)
                  + (collective_seconds(c, "all_reduce", item, groups[0].pp) if lay.pp > 1 else 0.0),
                  "loss all-reduce, broadcast"))
@@ -209,8 +209,8 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tup
     out = [("dp", d, label) for label, d in before]
     if lay.clip and shards > 1:
         out.append(("norm", collective_seconds(c, "all_reduce", c.itemsize, g.dp_cp), "clip: shards' norm"))
-    if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
-        out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
+    if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each (as kept)
+        out.append(("compute", 3 * numbers * c.grad_itemsize / c.mem_bw, "clip"))
     out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp), len(g.edp)), "Adam"))
     return out + [("dp", d, label) for label, d in after]
 
