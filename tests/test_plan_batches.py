@@ -76,14 +76,15 @@ def test_a_stage_prices_the_mean_of_its_micro_batches():
     w = stage_work(H100X8, GPT_7B, lay, stage_groups(lay)[0], 60, 2048, 0)
 
     def priced(size: int) -> tuple[float, float]:
-        return catalogue_stage(H100X8, GPT_7B, StageShape(size, 2048, blocks=w.blocks, head=w.head, embed=w.embed))
+        shape = StageShape(size, 2048, blocks=w.blocks, head=w.head, embed=w.embed)
+        return catalogue_stage(H100X8, GPT_7B, shape)
 
     two, one = priced(2), priced(1)
     assert w.fwd["compute"] == pytest.approx((7 * two[0] + one[0]) / 8)
     assert w.bwd["compute"] == pytest.approx((7 * two[1] + one[1]) / 8)
 
 
-@pytest.mark.parametrize("lay", [Layout(dp=4, pp=2, micro_batches=8),  # the issue's: the same step at 32, 48, 60
+@pytest.mark.parametrize("lay", [Layout(dp=4, pp=2, micro_batches=8),  # once priced alike at 32, 48 and 60
                                  Layout(dp=8, zero=1, micro_batches=4),  # gradient accumulation at pp 1
                                  Layout(dp=2, tp=2, pp=2, micro_batches=16, sequence_parallel=True)],
                          ids=lambda lay: lay.name())
@@ -100,7 +101,8 @@ def _highest_mfu(cluster, model: ModelShape, batch: int, seq: int) -> float:
     return max(r.mfu for r in ranking.rows)
 
 
-@pytest.mark.parametrize("model,seq", [(preset("llama-7b"), 4096), (GPT_7B, 2048)], ids=["llama-7b", "gpt-7b"])
+@pytest.mark.parametrize("model,seq", [(preset("llama-7b"), 4096), (GPT_7B, 2048)],
+                         ids=["llama-7b", "gpt-7b"])
 def test_uneven_micro_batches_rank_no_layout_past_the_ceiling(model, seq):
     """The floored-micro-batch bug: 60 sequences over dp 4 or 8 ranks priced as 60 // dp // m
     per micro-batch while tokens/s counted all 60 ranked layouts at 88-118% MFU."""

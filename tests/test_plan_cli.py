@@ -40,7 +40,7 @@ def test_explicit_flags_override_a_preset(capsys):
     a = parse_args(["--preset", "llama-70b", "--n-layer", "40", "--ffn", "20480", "--n-kv-head", "16"])
     want = replace(PRESETS["llama-70b"], n_layer=40, ffn=20480, n_kv_head=16)
     assert a.shape == replace(want, name=a.shape.name) and "n_layer=40" in a.shape.name
-    assert parse_args(["--preset", "llama-70b"]).shape == PRESETS["llama-70b"]  # nothing given, nothing changed
+    assert parse_args(["--preset", "llama-70b"]).shape == PRESETS["llama-70b"]  # nothing given: the preset
     llama = parse_args(["--model", "llama", "--n-head", "8", "--n-kv-head", "2", "--ffn", "96"]).shape
     assert (llama.family, llama.n_kv_head, llama.ffn, llama.gated) == ("llama", 2, 96, True)
     assert parse_args(["--ffn", "100"]).shape.hidden == 100  # dt's GPT too
@@ -89,7 +89,8 @@ def test_headroom_refuses_layouts_past_its_share_of_the_device(capsys):
     model = PRESETS["llama-7b"]
     usual = rank_layouts(c, model, 16, 4096, ("none",))
     half = rank_layouts(c, model, 16, 4096, ("none",), headroom=0.5)
-    assert all(r.peak <= 0.95 * c.memory for r in usual.rows) and all(r.peak <= 0.5 * c.memory for r in half.rows)
+    assert all(r.peak <= 0.95 * c.memory for r in usual.rows)
+    assert all(r.peak <= 0.5 * c.memory for r in half.rows)
     kept = {r.layout for r in half.rows}
     assert kept < {r.layout for r in usual.rows}  # what fits half the device fits 95% of it
     assert any(r.peak > 0.5 * c.memory for r in usual.rows)  # and some use more than half
@@ -133,7 +134,8 @@ def test_a_ring_over_hosts_puts_only_its_crossing_links_on_the_nic():
     w = stage_work(c, model, lay, stage_groups(lay)[0], 64, 256, 0)
     total = 2 * 31 / 32 * sum(w.dense) * 4
     levels = predict(c, model, lay, 64, 256).bytes_per_level
-    assert levels["intra"] == pytest.approx(total * 28 / 32) and levels["inter"] == pytest.approx(total * 4 / 32)
+    assert levels["intra"] == pytest.approx(total * 28 / 32)
+    assert levels["inter"] == pytest.approx(total * 4 / 32)
     inside = predict(catalogue_cluster("h100", 4, 8), model, Layout(dp=4, tp=8), 64, 256).bytes_per_level
     assert inside["inter"] > 0 and predict(catalogue_cluster("h100", 1, 8), model, Layout(dp=8), 64,
                                             256).bytes_per_level["inter"] == 0
@@ -185,7 +187,8 @@ def test_a_small_budget_times_the_first_stage_then_prices_the_rest_by_its_rate(m
     monkeypatch.setattr(timed, "TIMING_BUDGET", 1e-9)
     monkeypatch.setattr(timed, "BUDGET", timed.TimingBudget())
     monkeypatch.setattr(timed, "stage_timing", counted)
-    argv = ["--world", "2", "--n-layer", "2", "--n-embd", "32", "--seq", "16", "--global-batch", "8", "--json"]
+    argv = ["--world", "2", "--n-layer", "2", "--n-embd", "32", "--seq", "16", "--global-batch", "8",
+            "--json"]
     assert main(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert len(set(timings)) == 1 and timed.BUDGET.rate() is not None

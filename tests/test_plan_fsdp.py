@@ -25,7 +25,8 @@ from tests.test_train_layouts import EXPERTS, _stepped
 VOCAB = 44  # dt train's corpus (CharData)
 RUNS = [("gpt", {"dp": 2, "pp": 2, "zero": 3}), ("gpt", {"dp": 4, "ep": 2, "zero": 3, **EXPERTS}),
         ("gpt", {"dp": 2, "pp": 2, "ep": 2, "zero": 3, **EXPERTS}),
-        ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2, "recompute": "full"}),
+        ("llama", {"dp": 2, "pp": 2, "zero": 3, "schedule": "interleaved", "virtual": 2,
+                   "recompute": "full"}),
         ("llama", {"dp": 2, "pp": 2, "zero": 3, "untied": True}), ("gpt", {"dp": 2, "tp": 2, "zero": 3}),
         ("gpt", {"cp": 2, "dp": 2, "zero": 3})]
 

@@ -76,8 +76,8 @@ def test_the_first_ranked_layout_beside_the_authors():
         assert c.first_step <= c.step, (row.model.name, c.layout, c.first_layout)
         assert (c.authors_rank == 1) == (c.behind_first == 0.0), (row.model.name, c.authors_rank)
         placed += c.behind_first <= suite.WITHIN
-        print(f"{row.source} {row.model.name} on {row.cluster.gpus}: authors {c.layout} rank {c.authors_rank}, "
-              f"{100 * c.behind_first:.1f}% behind {c.first_layout}")
+        print(f"{row.source} {row.model.name} on {row.cluster.gpus}: authors {c.layout} rank "
+              f"{c.authors_rank}, {100 * c.behind_first:.1f}% behind {c.first_layout}")
     assert placed >= PLACED_HERE
 
 
@@ -99,7 +99,8 @@ def test_megatron_2021_rows_agree_with_the_papers_own_formulas():
             assert r.published / 312 == pytest.approx(r.also["percent_of_peak"] / 100, abs=0.006)
         if "days_for_300B_tokens" in r.also:
             seconds = 8 * 300e9 * m.params_b * 1e9 / (r.cluster.gpus * r.published * 1e12)
-            assert seconds / 86400 == pytest.approx(r.also["days_for_300B_tokens"], rel=0.05), (m.name, r.cluster.gpus)
+            days = r.also["days_for_300B_tokens"]
+            assert seconds / 86400 == pytest.approx(days, rel=0.05), (m.name, r.cluster.gpus)
 
 
 def test_llama3_rows_and_the_6n_check():
