@@ -361,7 +361,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch:
     cf, cb = _compute(c, model, lay, sizes, seq, blocks, head, embed)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", mean * t * c.itemsize, g.tp)
-    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
+    # k and v cross the cp ranks: n_kv_head heads of them (grouped-query attention sends fewer)
+    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp * model.kv_heads / model.n_head)
     routed = mean * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
     units = _units(model, lay, g, seq, stage, cut)
