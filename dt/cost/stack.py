@@ -40,6 +40,7 @@ class Stack:
     zero1_in_backward: bool = False  # ZeRO 1 reduce-scatters backward's buckets (else one flat call after)
     fsdp_prefetch: bool = False  # ZeRO 3 gathers the next unit behind the current unit's compute
     fsdp_scatter_behind: bool = True  # ZeRO 3's gradient reduce-scatters run behind backward
+    fp16_grad_bytes: int = 0  # in fp16, gradients accumulated and reduced in fp16 (0: as in bf16)
     sp_shard_inputs: bool = True  # under sequence parallel a GEMM keeps its input's shard, gathered again
     # in backward (Megatron's); dt's layers keep the gathered input
     reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
@@ -71,10 +72,13 @@ class Stack:
                 and recompute in self.recomputes and (tp == 1 or self.tensor_parallel)
                 and (not sequence_parallel or self.sequence_parallel) and (cp == 1 or self.context_parallel))
 
-    def at(self, itemsize: int) -> Stack:
-        """The stack training in full precision (`itemsize` 4, fp32 or tf32): the weights are their
-        own master, nothing is cast, gradients are reduced as they are."""
+    def at(self, itemsize: int, precision: str = "bf16") -> Stack:
+        """The stack training in `precision`: in full precision (`itemsize` 4, fp32 or tf32) the
+        weights are their own master, nothing is cast, gradients are reduced as they are; in fp16,
+        where the stack keeps its gradients in fp16 (fp16_grad_bytes), those."""
         if itemsize < 4:
+            if precision == "fp16" and self.fp16_grad_bytes:
+                return replace(self, grad_bytes=self.fp16_grad_bytes, reduce_bytes=self.fp16_grad_bytes)
             return self
         return replace(self, weight_bytes=itemsize, grad_bytes=itemsize, master_bytes=0, cast_bytes=0,
                        reduce_bytes=itemsize)
@@ -138,13 +142,15 @@ STACKS |= {
                               "fused bias-GeLU and bias-dropout-add, dropout 0 (tr11's configs), DeepSpeed's "
                               "pipeline engine and ZeRO 1 (fp32 master and Adam state sharded over dp, "
                               "fp32 gradient accumulation), the data-parallel reduction after the last "
-                              "micro-batch, tensor parallel's all-reduces exposed, the pipeline's sends and "
+                              "micro-batch (fp16 runs accumulate and reduce their gradients in fp16, "
+                              "bf16 runs in fp32: its BF16 optimizer), tensor parallel's all-reduces "
+                              "exposed, the pipeline's sends and "
                               "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
         schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False,
         attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
-        blocking_p2p=True),
+        blocking_p2p=True, fp16_grad_bytes=2),
     "nanotron": Stack(
         "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops, bf16 "
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "

@@ -59,7 +59,7 @@ class Cluster:
     @property
     def stack(self) -> Stack:
         """The stack, as it trains at this cluster's precision."""
-        return _stack_at(self.stack_name, self.itemsize)
+        return _stack_at(self.stack_name, self.itemsize, self.precision)
 
     @property
     def param_itemsize(self) -> int:
@@ -85,8 +85,8 @@ class Cluster:
 
 
 @functools.cache
-def _stack_at(name: str, itemsize: int) -> Stack:
-    return stack(name).at(itemsize)
+def _stack_at(name: str, itemsize: int, precision: str) -> Stack:
+    return stack(name).at(itemsize, precision)
 
 
 def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",

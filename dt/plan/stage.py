@@ -242,18 +242,21 @@ def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: in
     return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
 
 
-def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's context-parallel attention messages."""
+def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float,
+                        kv_share: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's context-parallel attention messages; act: one
+    rank's activation bytes of all heads, kv_share: the keys' and values' heads over all heads."""
     if lay.cp == 1:
         return 0.0, 0.0
     if lay.cp_attention == "ulysses":
-        qkv = collective_seconds(c, "all_to_all", 3 * act, g.cp)
+        qkv = collective_seconds(c, "all_to_all", (1 + 2 * kv_share) * act, g.cp)
         out = collective_seconds(c, "all_to_all", act, g.cp)
         return qkv + out, qkv + out
     from dt.plan.comm import send_seconds
 
-    hop = send_seconds(c, 2 * act, g.cp[0], g.cp[1])
-    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
+    kv = kv_share * act
+    hop = send_seconds(c, 2 * kv, g.cp[0], g.cp[1])
+    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * kv, g.cp[0], g.cp[1])
 
 
 def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int, partition: str) -> FsdpUnits | None:
@@ -369,7 +372,7 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch:
     cf, cb = _compute(c, model, lay, sizes, seq, blocks, head, embed)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
     small = collective_seconds(c, "all_reduce", mean * t * c.itemsize, g.tp)
-    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
+    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp, model.kv_heads / model.n_head)
     routed = mean * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
     units = _units(model, lay, g, seq, stage, cut)

@@ -100,7 +100,8 @@ def _model(row: PublishedRow, assume: dict) -> ModelShape:
 def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> Cluster:
     per_host = row.cluster.gpus_per_host or 8
     per_host = min(per_host, row.cluster.gpus)
-    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, "bf16", efficiency,
+    precision = "fp16" if row.precision == "fp16" else "bf16"  # the rest ran bf16 (or as "mixed": 16-bit)
+    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, precision, efficiency,
                              stack_name=stack)
 
 
