@@ -67,7 +67,8 @@ def _memory(name: str, nbytes: float) -> Kernel:
 
 def _gemm_backward(g: Kernel) -> list[Kernel]:
     """The input's gradient [m, n] x [n, k] and the weight's [k, m] x [m, n]: each g's FLOPs."""
-    return [_gemm(g.name + " dgrad", g.m, g.k, g.n, g.batch), _gemm(g.name + " wgrad", g.k, g.n, g.m, g.batch)]
+    return [_gemm(g.name + " dgrad", g.m, g.k, g.n, g.batch),
+            _gemm(g.name + " wgrad", g.k, g.n, g.m, g.batch)]
 
 
 QUERY_BLOCK = 128  # a fused attention kernel's query rows per tile (FlashAttention's block)

@@ -47,7 +47,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      epilog=__doc__.split("\n\n", 1)[1] + LAYOUT_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     one = args_.at_least(1)
-    shape = p.add_argument_group("the model (a preset, or dt train's GPT; a flag given overrides the preset's)")
+    shape = p.add_argument_group(
+        "the model (a preset, or dt train's GPT; a flag given overrides the preset's)")
     shape.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a public model's shape")
     shape.add_argument("--model", choices=["gpt", "llama"], default=None,
                        help="the family without a preset: dt train's --model (default gpt)")
@@ -58,8 +59,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     shape.add_argument("--n-embd", type=one, default=None, help="hidden size (default 64)")
     shape.add_argument("--ffn", type=one, default=None,
                        help="the MLP's hidden width (default: 4 x --n-embd; llama: 8/3 x rounded up to 32)")
-    shape.add_argument("--vocab", type=one, default=None, help=f"vocabulary (default {TRAIN_VOCAB}: dt train's text)")
-    shape.add_argument("--experts", type=args_.at_least(0), default=None, help="MoE experts per block (default 0)")
+    shape.add_argument("--vocab", type=one, default=None,
+                       help=f"vocabulary (default {TRAIN_VOCAB}: dt train's text)")
+    shape.add_argument("--experts", type=args_.at_least(0), default=None,
+                       help="MoE experts per block (default 0)")
     shape.add_argument("--top-k", type=one, default=None, help="experts per token (default 1)")
     shape.add_argument("--untied", action="store_true", help="a head of its own (a preset says its own)")
     p.add_argument("--clip", action="store_true", help="every layout clips by the global norm (--clip)")
@@ -101,7 +104,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="with --published: rank each sweep's fastest published layout among every layout "
                         "of its model and cluster (minutes)")
     p.add_argument("--fit", action="store_true",
-                   help="with --published: fit each device's GEMM efficiency, leaving each source out in turn")
+                   help="with --published: fit each device's GEMM efficiency, leaving each source out in "
+                        "turn")
     p.add_argument("--check", action="store_true", help="run the top layouts and a spread with dt train")
     p.add_argument("--runs", type=one, default=6, help="layouts --check runs (the top 3 and a spread)")
     p.add_argument("--steps", type=one, default=8,
@@ -214,7 +218,8 @@ DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab": TRAIN_VOCAB}
 def _model(a: argparse.Namespace) -> ModelShape:
     """The preset (or dt train's small GPT), every flag given overriding it; ValueError naming a clash."""
     if a.preset and a.model:
-        raise ValueError(f"--model names a family; --preset {a.preset} has its own ({PRESETS[a.preset].family})")
+        raise ValueError(f"--model names a family; --preset {a.preset} has its own "
+                         f"({PRESETS[a.preset].family})")
     given = {k: getattr(a, k) for k in ("n_layer", "n_head", "n_embd", "vocab", "ffn", "experts", "top_k",
                                          "n_kv_head") if getattr(a, k) is not None}
     if a.preset:

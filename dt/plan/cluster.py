@@ -90,7 +90,8 @@ def _stack_at(name: str, itemsize: int, precision: str) -> Stack:
 
 
 def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
-                      efficiency: float | None = None, timed_gpu: str = "", stack_name: str = "dt") -> Cluster:
+                      efficiency: float | None = None, timed_gpu: str = "",
+                      stack_name: str = "dt") -> Cluster:
     """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
 
     efficiency: the sustained fraction of peak (default: the catalogue's stated one).

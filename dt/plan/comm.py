@@ -2,8 +2,8 @@
 
 A group inside one host is priced by dt.cost.time.estimate with the intra
 figures (the cheapest of the registered algorithms dt's `auto` chooses among,
-dt.collectives.auto.candidates, as auto picks the model's lowest); one spanning hosts by dt.cost.levels.two_level
-on its hosts. A point-to-point send is one step: alpha + bytes * beta.
+dt.collectives.auto.candidates, as auto picks the model's lowest); one spanning hosts by
+dt.cost.levels.two_level on its hosts. A point-to-point send is one step: alpha + bytes * beta.
 
 On this machine (one host, shared memory) a call is priced as dt runs it:
 the algorithm is the one the caller names (ZeRO's and FSDP's "ring") or the

@@ -140,7 +140,8 @@ def _parts(model: ModelShape, shape: StageShape,
     return parts
 
 
-def stage_kernels(model: ModelShape, shape: StageShape, cluster: Cluster) -> tuple[list[Kernel], list[Kernel]]:
+def stage_kernels(model: ModelShape, shape: StageShape,
+                  cluster: Cluster) -> tuple[list[Kernel], list[Kernel]]:
     """(forward, backward) kernels of one micro-batch through the stage on one rank (dt.cost.kernels),
     as the cluster's stack runs them, in the order they run."""
     parts = _parts(model, shape, cluster)
@@ -222,7 +223,8 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
     cp = keys // t
     flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    total = _stage_seconds(cluster, model, shape, sum(flops), b, t, tp, blocks, head, embed) * turns(cluster, world)
+    total = (_stage_seconds(cluster, model, shape, sum(flops), b, t, tp, blocks, head, embed)
+             * turns(cluster, world))
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
@@ -248,7 +250,7 @@ def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: flo
     if seconds is not None:
         return seconds
     threads = shape[9]
-    rate = BUDGET.rate() or (matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads)
+    rate = BUDGET.rate() or matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads
     return flops / rate
 
 
@@ -294,8 +296,8 @@ def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp
     if not was_timed(stage):  # the stage itself past the timing budget: its hooks are not timed either
         return 0.0
     dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    shape = (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world), dtype,
-             keys // t, cp_kind)
+    shape = (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world),
+             dtype, keys // t, cp_kind)
     seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
     return 0.0 if seconds is None else seconds * oversubscribed(world)
 

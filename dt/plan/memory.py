@@ -163,7 +163,8 @@ def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int)
         if lay.zero == 3 and n > 1:  # this stage's units gathered whole as they run
             units = fsdp_units(model, lay, seq, s, cut)
             acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), c.param_itemsize)
-        row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
+        row = {"state": int(state), "scratch": int(scratch), "activations": int(acts),
+               "buffers": int(buffers)}
         live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
         runtime = c.stack.runtime_bytes if c.device is not None else 0.0
         fragmentation = c.stack.fragmentation if c.device is not None else 1.0

@@ -66,7 +66,8 @@ class ModelShape:
         return embed + self.n_layer * self.block_params() + final_norm
 
 
-def _llama(name: str, n_layer: int, n_head: int, n_embd: int, ffn: int, vocab: int, n_kv_head: int) -> ModelShape:
+def _llama(name: str, n_layer: int, n_head: int, n_embd: int, ffn: int, vocab: int,
+           n_kv_head: int) -> ModelShape:
     return ModelShape(n_layer, n_head, n_embd, vocab, ffn=ffn, gated=True, tied=False, name=name,
                       family="llama", n_kv_head=n_kv_head)
 

@@ -80,7 +80,8 @@ def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]], headroom: float
             f"the ranks' peaks add up to more than this machine's {fmt_bytes(c.memory)}: {fmt_bytes(total)}")
     usable = c.memory * (1 - headroom)
     return None if peak <= usable else (
-        f"peak per rank over the device's {fmt_bytes(c.memory)} less {headroom:.0%} headroom: {fmt_bytes(peak)}")
+        f"peak per rank over the device's {fmt_bytes(c.memory)} less {headroom:.0%} headroom: "
+        f"{fmt_bytes(peak)}")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -96,9 +97,9 @@ def _pipeline_bound(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay:
         total = smallest = 0.0
         for layers in stage_layers(n, lay.pp, s, cut, lay.virtual):
             blocks = sum(1 for i in layers if 0 < i < n - 1)
-            chunk = [sum(catalogue_stage(c, model, StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers,
-                                                               0 in layers, lay.sequence_parallel, lay.recompute)))
-                     for size in sizes]
+            shapes = [StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers, 0 in layers,
+                                 lay.sequence_parallel, lay.recompute) for size in sizes]
+            chunk = [sum(catalogue_stage(c, model, shape)) for shape in shapes]
             total += sum(chunk)
             smallest = min(chunk) if not smallest else min(smallest, *chunk)
         bound = max(bound, before + total)
@@ -122,7 +123,8 @@ def _progress(total: int) -> Callable[[int], None]:
 
     def show(done: int) -> None:
         if done % 100 == 0 or done == total:
-            sys.stderr.write(f"\rdt plan: {done}/{total} layouts priced ({time.perf_counter() - start:.0f} s)")
+            took = time.perf_counter() - start
+            sys.stderr.write(f"\rdt plan: {done}/{total} layouts priced ({took:.0f} s)")
             if done == total:
                 sys.stderr.write("\n")
             sys.stderr.flush()

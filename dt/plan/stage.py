@@ -38,9 +38,9 @@ from dt.plan.compute import StageShape, catalogue_stage, ddp_hooks, slowest_rank
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes", "bucket_ready",
-           "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed", "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors",
-           "stage_work"]
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes",
+           "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed", "fsdp_units", "layer_cut",
+           "micro_batch_sizes", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -191,7 +191,8 @@ def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq:
     block, experts = _block_units(model, tp, ep)
     dense: list[int] = []
     moe: list[int] = []
-    for i in (i for r in stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual) for i in r):
+    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
+    for i in (i for r in chunks for i in r):
         if i == 0:
             dense += word + ([] if llama else [seq * c])  # rotary: no position table
         elif i == n - 1:
@@ -209,14 +210,15 @@ def stage_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
     return ([n for c in chunks for n in c], *rest)
 
 
-def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int, partition: str = "layers") -> list[list[int]]:
+def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
+                  partition: str = "layers") -> list[list[int]]:
     """Dense tensor sizes of each model chunk of `stage` (each chunk has its own DDP buckets)."""
     return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)[0]]
 
 
 @functools.lru_cache(maxsize=16384)
-def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-             stage: int, partition: str = "layers") -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
+def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int, stage: int,
+             partition: str = "layers") -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
     n = model.n_layer + 2
     chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
     layers = [i for r in chunks for i in r]
@@ -259,7 +261,8 @@ def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float,
     return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * kv, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int, partition: str) -> FsdpUnits | None:
+def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int,
+           partition: str) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return None
     return fsdp_units(model, lay, seq, stage, partition)
@@ -284,7 +287,8 @@ def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[f
 
 
 def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro_batches: int,
-                    dp_cp_rank: int = 0, edp_rank: int = 0, grad_itemsize: int | None = None) -> tuple[int, int]:
+                    dp_cp_rank: int = 0, edp_rank: int = 0,
+                    grad_itemsize: int | None = None) -> tuple[int, int]:
     """Bytes one rank sends per step in FSDP's collectives, (over dp x cp, over edp): per unit and
     micro-batch two ring all-gathers of its `itemsize` weights and a ring reduce-scatter of its
     gradient (`grad_itemsize`, default the weights') over its group (zero_traffic_formula, as
@@ -302,7 +306,8 @@ def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro
 
 
 @functools.lru_cache(maxsize=65536)
-def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize: int, micro_batches: int) -> int:
+def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize: int,
+                micro_batches: int) -> int:
     """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards), its
     reduce-scatters' elements counted at the gradient's itemsize."""
     shards = split_sizes(numel, ranks)
@@ -378,7 +383,8 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch:
     units = _units(model, lay, g, seq, stage, cut)
     gather, scatter = _fsdp_seconds(c, units, g)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
-    tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + (2 * blocks * tp1 if lay.recompute == "full" else 0.0)
+    rerun = 2 * blocks * tp1 if lay.recompute == "full" else 0.0  # recompute's forward all-reduces again
+    tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + rerun
     overlap = c.gpu is not None and c.stack.overlap_tp
     fsdp_fwd, fsdp_bwd = fsdp_exposed(c.stack, gather, scatter, cf, cb)
     fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
@@ -390,5 +396,5 @@ def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch:
     hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
                       lay.cp_attention) if ddp else 0.0
     slowest = slowest_rank(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.cp_attention)
-    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage, cut), experts, blocks, head, embed,
-                     units, tied, hooks, slowest)
+    chunks = chunk_tensors(model, lay, seq, stage, cut)
+    return StageWork(fwd, bwd, dense, chunks, experts, blocks, head, embed, units, tied, hooks, slowest)

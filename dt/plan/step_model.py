@@ -181,13 +181,15 @@ def _skew(lay: Layout, works: list[StageWork]) -> tuple[str, float, str]:
     return "skew", wait, "waiting for the slowest rank's compute (its spread)"
 
 
-def _tail(c: Cluster, model: ModelShape, lay: Layout, groups: list[RankGroups]) -> list[tuple[str, float, str]]:
+def _tail(c: Cluster, model: ModelShape, lay: Layout,
+          groups: list[RankGroups]) -> list[tuple[str, float, str]]:
     """The collectives every stage waits on after the pipeline: tied sum, loss, clipping's norm."""
     item = c.itemsize
     tail = []
     if model.tied and lay.pp > 1:  # the word table's gradient, as the data-parallel sync reduces it
         table = model.vocab // lay.tp * model.n_embd * c.grad_itemsize
-        tail.append(("tied", collective_seconds(c, "all_reduce", table, groups[0].embed), "tied embedding all-reduce"))
+        tail.append(("tied", collective_seconds(c, "all_reduce", table, groups[0].embed),
+                     "tied embedding all-reduce"))
     tail.append(("loss", collective_seconds(c, "all_reduce", item, groups[-1].dp_cp)
                  + (collective_seconds(c, "all_reduce", item, groups[0].pp) if lay.pp > 1 else 0.0),
                  "loss all-reduce, broadcast"))

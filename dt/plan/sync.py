@@ -68,7 +68,8 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts:
 
     exposed = 0.0
     for chunk, dense in enumerate(_bucketed(lay, w)):
-        buckets = [(seconds(nbytes, g.dp_cp), ready) for nbytes, ready in bucket_ready(dense, c.grad_itemsize)]
+        buckets = [(seconds(nbytes, g.dp_cp), ready)
+                   for nbytes, ready in bucket_ready(dense, c.grad_itemsize)]
         buckets += [(seconds(nbytes, g.edp), ready) for nbytes, ready in _expert_buckets(c, w, g)]
         buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
         if not behind:
