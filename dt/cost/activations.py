@@ -156,7 +156,8 @@ def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, se
         rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
         core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
         return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep,
-                "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs, **core,
+                "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs,
+                **core,
                 "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
     # under sequence parallel the matmul inputs stay whole: each column-parallel layer keeps its gathered copy
     norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / inputs}
@@ -188,7 +189,8 @@ def _selective(a: Decoder, parts: dict[str, float], e: int, sequences: int, tp: 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True, dropout: bool = False, shard_inputs: bool = False) -> float:
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
     backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
     as dt.parallelize splits it (what dt train runs), else the plain model whole."""
@@ -254,7 +256,9 @@ def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1,
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True, dropout: bool = False, shard_inputs: bool = False) -> float:
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes, parallelized, dropout, shard_inputs) for i in layers)
+                                      recompute, stats_bytes, parallelized, dropout, shard_inputs)
+               for i in layers)
