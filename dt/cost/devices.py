@@ -43,16 +43,19 @@ _NDR = "NVIDIA ConnectX-7 NDR InfiniBand: 400 Gb/s per port, https://www.nvidia.
 _EFFICIENCY = ("fitted to the published runs (dt plan --published --fit; dt.plan.fit): bf16 and fp16 on the "
                "A100 0.69, on the H100 (and H200, its chip) 0.57; tf32 0.7 and fp32 0.9 assumed")
 
-_FLASH = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691): forward 50-73% and backward up to 63% of the A100's "
+_FLASH = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691): forward 50-73% and backward up to 63% of the "
+          "A100's "
           "peak; on the H100 it reaches 35% (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608), "
           "FlashAttention-3 up to 75% forward (740 TFLOP/s bf16); the backward about 0.8x the forward rate; "
           "the 2022 Triton FlashAttention (the kernel MPT's attn_impl='triton' runs) assumed at two thirds "
           "of FlashAttention-2's rate, the ratio of the two in the FlashAttention-2 paper's A100 benchmarks")
-_STREAM = ("assumed: a streaming kernel (copy, add, norm) sustains about 85% of the datasheet's HBM bandwidth "
+_STREAM = ("assumed: a streaming kernel (copy, add, norm) sustains about 85% of the datasheet's HBM "
+           "bandwidth "
            "(the figure CUDA's bandwidthTest and STREAM-like kernels reach on A100 and H100)")
 _WAVES = ("the SM count from NVIDIA's architecture whitepapers (A100: 108 SMs; H100 SXM: 132); the "
           "output tile cuBLAS's large bf16 kernels use (128 x 128 on Ampere, 128 x 256 on Hopper)")
-_LINKS = ("assumed: NCCL's all-reduce bus bandwidth reaches about 80% of NVLink's one-way figure (nccl-tests on "
+_LINKS = ("assumed: NCCL's all-reduce bus bandwidth reaches about 80% of NVLink's one-way figure "
+          "(nccl-tests on "
           "DGX A100: about 230 of 300 GB/s) and 90% of a NIC's line rate")
 _GAP = "assumed: 3 us between two kernels of a step (launch and tail), the order CUDA's launch latency has"
 
@@ -105,7 +108,8 @@ def _fitted(chip: str) -> dict[str, float]:
 
 
 _AMPERE_ATTENTION = {"flash2": (0.6, 0.5), "triton": (0.4, 0.3)}
-_HOPPER_ATTENTION = {"flash2": (0.35, 0.3), "flash3": (0.6, 0.48), "cudnn": (0.6, 0.48), "triton": (0.25, 0.2)}
+_HOPPER_ATTENTION = {"flash2": (0.35, 0.3), "flash3": (0.6, 0.48), "cudnn": (0.6, 0.48),
+                     "triton": (0.25, 0.2)}
 
 
 _HOPPER_FLOPS = {"fp32": 66.9 * TERA, "tf32": 494.7 * TERA, "bf16": 989.4 * TERA, "fp16": 989.4 * TERA}

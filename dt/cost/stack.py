@@ -125,20 +125,24 @@ STACKS: dict[str, Stack] = {
                          "values), fused bias-GeLU and bias-dropout-add, mixed precision with fp32 master "
                          "weights, Adam state and gradient buffers, the data-parallel all-reduce after "
                          "backward (its local DDP), tensor parallel's all-reduces exposed; " + _CUDA_RUNTIME,
-        schedules=("1f1b", "interleaved"), zero_stages=(0,), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False,
+        schedules=("1f1b", "interleaved"), zero_stages=(0,), recomputes=("none", "full"),
+        sequence_parallel=False, context_parallel=False,
         attention="unfused", dropout=True, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05,
         scatter_gather_p2p=True),
 }
 STACKS["megatron-2022"] = replace(
-    STACKS["megatron-2021"], name="megatron-2022", recomputes=("none", "selective", "full"), sequence_parallel=True,
-    source="Megatron-LM as Korthikanti et al. 2022 ran it: Narayanan et al.'s stack with sequence parallel and "
+    STACKS["megatron-2021"], name="megatron-2022", recomputes=("none", "selective", "full"),
+    sequence_parallel=True,
+    source="Megatron-LM as Korthikanti et al. 2022 ran it: Narayanan et al.'s stack with sequence parallel "
+           "and "
            "selective recompute (the attention core's) added")
 STACKS |= {
     "megatron-deepspeed": Stack(
         "megatron-deepspeed", "bigscience-workshop/Megatron-DeepSpeed as BLOOM's tr11 ran it (2022): "
-                              "Megatron's unfused attention (batched GEMMs and its fused scale-mask-softmax), "
+                              "Megatron's unfused attention (batched GEMMs and its fused "
+                              "scale-mask-softmax), "
                               "fused bias-GeLU and bias-dropout-add, dropout 0 (tr11's configs), DeepSpeed's "
                               "pipeline engine and ZeRO 1 (fp32 master and Adam state sharded over dp, "
                               "fp32 gradient accumulation), the data-parallel reduction after the last "
@@ -146,7 +150,8 @@ STACKS |= {
                               "bf16 runs in fp32: its BF16 optimizer), tensor parallel's all-reduces "
                               "exposed, the pipeline's sends and "
                               "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
-        schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False, context_parallel=False,
+        schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False,
+        context_parallel=False,
         attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
@@ -154,7 +159,8 @@ STACKS |= {
     "nanotron": Stack(
         "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops, bf16 "
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
-                    "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the data-parallel "
+                    "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the "
+                    "data-parallel "
                     "reduction in buckets behind backward; " + _CUDA_RUNTIME,
         schedules=("1f1b", "gpipe"), zero_stages=(0, 1), recomputes=("none",), context_parallel=False,
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=2, grad_bytes=4,
@@ -166,7 +172,8 @@ STACKS |= {
                        "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
                        "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
                        "current one's compute; " + _CUDA_RUNTIME,
-        schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False, sequence_parallel=False, context_parallel=False,
+        schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False,
+        sequence_parallel=False, context_parallel=False,
         attention="triton", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,

@@ -255,9 +255,14 @@ RECOMPUTES = {"none": ("none",), "selective": ("selective",), "full": ("full",),
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(list(sys.argv[1:] if argv is None else argv))
     if a.published is not None:
+        from dt.plan.fit import fit_table, report
         from dt.plan.suite import main as published_main
 
-        return published_main(a.published, a.json, a.rank, a.fit)
+        fitted = report(a.published) if a.fit else None
+        status = published_main(a.published, a.json, a.rank, fitted)
+        if fitted is not None and not a.json:
+            print("\n" + fit_table(fitted))
+        return status
     model, cluster = a.shape, _cluster(a)
     if a.explain is not None:
         return _explain(a, cluster, model)

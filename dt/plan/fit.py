@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from dt.plan.suite import Compared, priced_rows
 
-__all__ = ["PROBES", "Line", "fit", "leave_one_out", "lines"]
+__all__ = ["PROBES", "Line", "fit", "fit_table", "leave_one_out", "lines", "report"]
 
 PROBES = (0.45, 0.85)  # the two efficiencies each row is priced at
 GRID = [e / 100 for e in range(30, 96)]
@@ -89,7 +89,26 @@ def leave_one_out(rows: list[Line]) -> list[dict]:
         fitted = fit(others)
         mine = [r for r in rows if r.source == source]
         errors = [abs(r.error(fitted.get(r.device, PROBES[0]))) for r in mine]
-        out.append({"source": source, "fitted_without": {d: fitted[d] for d in sorted({r.device for r in mine})
+        devices = sorted({r.device for r in mine})
+        out.append({"source": source, "fitted_without": {d: fitted[d] for d in devices
                                                           if d in fitted},
                     "rows": len(mine), "median": statistics.median(errors), "worst": max(errors)})
     return out
+
+
+def report(sources: list[str] | None = None) -> dict:
+    """The fit on every source, and each source left out in turn (`dt plan --published --fit`)."""
+    priced = lines(sources or None)
+    return {"all": fit(priced), "leave_one_out": leave_one_out(priced)}
+
+
+def fit_table(fitted: dict) -> str:
+    """report() as the terminal shows it."""
+    out = ["each device's GEMM efficiency fitted on every source: "
+           + ", ".join(f"{d} {e:.2f}" for d, e in fitted["all"].items()),
+           f"{'left out':<28} {'fitted on the others':<24} {'rows':>5} {'median':>8} {'worst':>8}"]
+    for r in fitted["leave_one_out"]:
+        eff = ", ".join(f"{d} {e:.2f}" for d, e in r["fitted_without"].items())
+        out.append(f"{r['source']:<28} {eff:<24} {r['rows']:>5} {100 * r['median']:7.1f}% "
+                   f"{100 * r['worst']:7.1f}%")
+    return "\n".join(out)

@@ -101,7 +101,8 @@ def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> 
     per_host = row.cluster.gpus_per_host or 8
     per_host = min(per_host, row.cluster.gpus)
     precision = "fp16" if row.precision == "fp16" else "bf16"  # the rest ran bf16 (or as "mixed": 16-bit)
-    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, precision, efficiency,
+    return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, precision,
+                             efficiency,
                              stack_name=stack)
 
 
@@ -120,12 +121,14 @@ def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int, stack: Sta
     chunks = given("virtual_stages", lay.virtual_stages, (1, 2, 3, 4) if interleaved else (1,))
     for m, v, rc, sp, zero in itertools.product(
             micro, chunks, given("recompute", lay.recompute, stack.recomputes),
-            given("sequence_parallel", lay.sequence_parallel, (False, True) if stack.sequence_parallel else (False,)),
+            given("sequence_parallel", lay.sequence_parallel,
+                  (False, True) if stack.sequence_parallel else (False,)),
             given("zero_stage", lay.zero_stage, stack.zero_stages)):
         yield {"micro_batches": m, "virtual": v, "recompute": rc, "sequence_parallel": sp, "zero": zero}
 
 
-def authors_layout(row: PublishedRow, model: ModelShape, c: Cluster, assume: dict) -> tuple[Layout, float, int]:
+def authors_layout(row: PublishedRow, model: ModelShape, c: Cluster,
+                   assume: dict) -> tuple[Layout, float, int]:
     """The authors' layout with its unprinted fields filled (the fastest filling that fits, else the
     fastest), its predicted step and its peak bytes per GPU."""
     lay, batch, seq = row.layout, row.layout.global_batch, row.model.seq_len
@@ -250,10 +253,10 @@ def sweeps(rows: list[Compared]) -> dict[str, float | int]:
             "within": sum((c.behind_first or 0.0) <= WITHIN for c in ranked)}
 
 
-def main(sources: list[str], as_json: bool = False, rank: bool = False, fit: bool = False) -> int:
+def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: dict | None = None) -> int:
+    """Print the suite (`fitted`: dt.plan.fit.report's, carried in the JSON; the caller prints its table)."""
     rows, skipped = priced_rows(sources or None, rank)
     stats = summary(rows)
-    fitted = _fit(sources) if fit else None
     if as_json:
         print(json.dumps({"rows": [_as_json(c) for c in rows], "summary": stats,
                           "sweeps": sweeps(rows) if rank else None, "fit": fitted,
@@ -272,26 +275,7 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fit: boo
         for _, why in skipped:
             reasons[why] = reasons.get(why, 0) + 1
         print("not priced: " + "; ".join(f"{n} rows: {why}" for why, n in reasons.items()))
-    if fitted is not None:
-        print("\n" + _fit_table(fitted))
     return 0
-
-
-def _fit(sources: list[str]) -> dict:
-    from dt.plan.fit import fit, leave_one_out, lines
-
-    priced = lines(sources or None)
-    return {"all": fit(priced), "leave_one_out": leave_one_out(priced)}
-
-
-def _fit_table(fitted: dict) -> str:
-    out = ["each device's GEMM efficiency fitted on every source: " +
-           ", ".join(f"{d} {e:.2f}" for d, e in fitted["all"].items()),
-           f"{'left out':<28} {'fitted on the others':<24} {'rows':>5} {'median':>8} {'worst':>8}"]
-    for r in fitted["leave_one_out"]:
-        eff = ", ".join(f"{d} {e:.2f}" for d, e in r["fitted_without"].items())
-        out.append(f"{r['source']:<28} {eff:<24} {r['rows']:>5} {100 * r['median']:7.1f}% {100 * r['worst']:7.1f}%")
-    return "\n".join(out)
 
 
 def _table(rows: list[Compared]) -> str:
@@ -303,16 +287,19 @@ def _table(rows: list[Compared]) -> str:
         pmem = f"{c.predicted_memory_gb:7.1f}" if c.predicted_memory_gb else "      -"
         rank = str(c.authors_rank) if c.authors_rank else "-"
         out.append(f"{r.source:<20} {r.model.name[:22]:<22} {r.cluster.gpus:>5} {c.layout[:40]:<40} "
-                   f"{r.metric:<21} {r.published:10.2f} {c.predicted:10.2f} {100 * c.error:+6.1f}% {mem} {pmem} "
+                   f"{r.metric:<21} {r.published:10.2f} {c.predicted:10.2f} {100 * c.error:+6.1f}% "
+                   f"{mem} {pmem} "
                    f"{rank:>5}")
     return "\n".join(out)
 
 
 def _summary_table(stats: dict[str, dict]) -> str:
-    out = [f"{'source':<28} {'rows':>5} {'median':>8} {'worst':>8}   {'memory rows':>11} {'median':>8} {'worst':>8}"]
+    out = [f"{'source':<28} {'rows':>5} {'median':>8} {'worst':>8}   "
+           f"{'memory rows':>11} {'median':>8} {'worst':>8}"]
     for source, s in stats.items():
         st, mem = s["step"], s["memory"]
-        step = f"{st['rows']:>5} {100 * st['median']:7.1f}% {100 * st['worst']:7.1f}%" if st["rows"] else "    0"
+        step = (f"{st['rows']:>5} {100 * st['median']:7.1f}% {100 * st['worst']:7.1f}%" if st["rows"]
+                else "    0")
         m = (f"{mem['rows']:>11} {100 * mem['median']:7.1f}% {100 * mem['worst']:7.1f}%" if mem["rows"]
              else f"{0:>11}")
         out.append(f"{source:<28} {step}   {m}")

@@ -20,7 +20,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["FFN_ACTIVATIONS", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS", "SOURCES", "RunCluster",
+__all__ = ["FFN_ACTIVATIONS", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS", "SOURCES",
+           "RunCluster",
            "RunLayout", "RunModel", "PublishedRow", "Source", "describe", "load", "source_file"]
 
 _HERE = Path(__file__).resolve().parent
