@@ -54,6 +54,16 @@ def no_leaked_temp_dirs():
     assert not left, f"the suite left {len(left)} dt-* temporary directories behind: {', '.join(left[:5])}"
 
 
+@pytest.fixture(autouse=True)
+def whole_timing_budget(monkeypatch):
+    """Each test plans with the planner's whole timing budget (dt.plan.timed.BUDGET): it is spent per
+    process, and a whole suite's plans would otherwise spend it, leaving later tests' stages priced
+    by rate instead of timed. The timings themselves stay cached (each shape timed once a process)."""
+    from dt.plan import timed
+
+    monkeypatch.setattr(timed, "BUDGET", timed.TimingBudget())
+
+
 @pytest.fixture(scope="session")
 def pools():
     cache: dict[int, WorkerPool] = {}

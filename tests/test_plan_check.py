@@ -23,7 +23,7 @@ TINY = ModelShape(2, 2, 32, 44)
 def test_a_small_check_at_world_2(run, tmp_path, monkeypatch):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no shared tune figures read or written
     cluster = local_cluster(2)
-    rows, _, _ = rank_layouts(cluster, TINY, 8, 16)
+    rows = rank_layouts(cluster, TINY, 8, 16).rows
     picked = chosen(rows, 2)
     assert len(picked) == 2
     measured = {}

@@ -56,7 +56,7 @@ def test_a_small_check_across_two_simulated_hosts(tmp_path, monkeypatch):
     assert plan_args(["--hosts", "2", "--per-host", "1", "--check"]).check  # root: accepted
     shm, left, dirs = dt_segments(), set(jobs()), set(glob.glob(JOB_DIRS))
     cluster = local_cluster(2, hosts=2)
-    rows, _, _ = rank_layouts(cluster, TINY, 8, 16)
+    rows = rank_layouts(cluster, TINY, 8, 16).rows
     runs: list[list[dict]] = []  # every rank's result of every run, as the cluster brought them back
     real = check_module.launcher
 

@@ -47,8 +47,11 @@ def test_ddp_syncs_the_last_micro_batch_zero_2_every_one_and_zero_1_after_backwa
     ddp, z1, z2 = Layout(dp=4), Layout(dp=4, zero=1), Layout(dp=4, zero=2)
     g = stage_groups(ddp)[0]
     w = stage_work(c, TINY, ddp, g, 16, 32, 0)
-    total = sum(w.dense) * c.itemsize  # a tiny model: one bucket, ready at backward's end
-    assert bucket_bytes(w.dense, c.itemsize) == [total]
+    # dt on a GPU keeps float32 weights under bf16 autocast: its gradients, and so the buckets and
+    # ZeRO's collectives, are float32 (Cluster.grad_itemsize 4), not the compute's bf16
+    assert (c.itemsize, c.grad_itemsize, c.param_itemsize) == (2, 4, 4)
+    total = sum(w.dense) * c.grad_itemsize  # a tiny model: one bucket, ready at backward's end
+    assert bucket_bytes(w.dense, c.grad_itemsize) == [total]
     ar = collective_seconds(c, "all_reduce", total, g.dp_cp)
     assert backward_exposed(c, ddp, w, g, acts) == pytest.approx(ar)
     rs = collective_seconds(c, "reduce_scatter", total, g.dp_cp)
@@ -56,6 +59,8 @@ def test_ddp_syncs_the_last_micro_batch_zero_2_every_one_and_zero_1_after_backwa
     assert backward_exposed(c, z1, w, g, acts) == 0.0
     before, after = optimizer_collectives(c, z1, w, g)
     assert [d for _, d in before] == [pytest.approx(rs)] and len(after) == 1
+    gather = collective_seconds(c, "all_gather", sum(w.dense) * c.param_itemsize, g.dp_cp, "ring")
+    assert [d for _, d in after] == [pytest.approx(gather)]  # the float32 weights, gathered after Adam
     assert optimizer_collectives(c, z2, w, g)[0] == [] and optimizer_collectives(c, ddp, w, g) == ([], [])
 
 
@@ -64,9 +69,10 @@ def test_overlap_hides_the_early_buckets_of_a_wide_model():
     lay = Layout(dp=8)
     g = stage_groups(lay)[0]
     w = stage_work(c, WIDE, lay, g, 64, 512, 0)
-    assert len(bucket_bytes(w.dense, c.itemsize)) > 1
+    buckets = bucket_bytes(w.dense, c.grad_itemsize)  # dt's float32 gradients
+    assert len(buckets) > 1
     acts = [("B", 0, 0, 0.0, 1.0)]  # a long backward: every bucket but the last is hidden
-    last = bucket_bytes(w.dense, c.itemsize)[-1]
+    last = buckets[-1]
     assert backward_exposed(c, lay, w, g, acts) == pytest.approx(
         collective_seconds(c, "all_reduce", last, g.dp_cp))
 
@@ -111,23 +117,33 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     block = [64, 3 * 32 * 32 + 96, 32 * 32 + 32, 64, 4 * 32 * 32 + 128, 4 * 32 * 32 + 32]
     assert fsdp_units(TINY, lay, 32, 0) == FsdpUnits(44 * 32, (32 * 32, *block, *block, 64))
     assert w.fsdp.every == (44 * 32, 32 * 32, *block, *block, 64) and sum(w.fsdp.every) == sum(w.dense)
-    item = c.itemsize
-    ag = sum(collective_seconds(c, "all_gather", n * item, g.dp_cp) for n in w.fsdp.every)
-    rs = sum(collective_seconds(c, "reduce_scatter", n * item, g.dp_cp) for n in w.fsdp.every)
-    assert w.fwd["dp"] == pytest.approx(ag) and w.bwd["dp"] == pytest.approx(ag + rs)  # 15 each way
+    # dt's FSDP gathers its float32 weights and reduce-scatters float32 gradients (Cluster.param_itemsize,
+    # grad_itemsize: the weights autocast reads are the optimizer's own)
+    gather, grad = c.param_itemsize, c.grad_itemsize
+    assert (gather, grad) == (4, 4)
+    ag = sum(collective_seconds(c, "all_gather", n * gather, g.dp_cp) for n in w.fsdp.every)
+    rs = sum(collective_seconds(c, "reduce_scatter", n * grad, g.dp_cp) for n in w.fsdp.every)
+    # dt's FSDP prefetches (dt.parallel.zero.prefetch): each unit's all-gather, in forward and again in
+    # backward, runs behind the compute of the unit before it, so only what outlasts the compute is
+    # exposed; its reduce-scatters block (the stack's fsdp_scatter_behind is False)
+    cf, cb = w.fwd["compute"], w.bwd["compute"]
+    assert w.fwd["dp"] == pytest.approx(max(0.0, ag - cf))
+    assert w.bwd["dp"] == pytest.approx(max(0.0, ag - cb) + rs) and rs > 0
     acts = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 1.0, 2.0)]
     assert backward_exposed(c, lay, w, g, acts) == 0.0 and optimizer_collectives(c, lay, w, g) == ([], [])
     p = predict(c, TINY, lay, 16, 32)
-    assert p.parts["dp"] == pytest.approx(2 * ag + rs)  # on the forward and backward path: exposed
+    assert p.parts["dp"] == pytest.approx(w.fwd["dp"] + w.bwd["dp"])  # one micro-batch: what is exposed
     psi = sum(w.dense)
     mem = peak_bytes(c, TINY, lay, 16, 32)[0]
-    assert mem["state"] == int(16 * psi / 4) and mem["buffers"] == 0  # bf16: 2 + 2 + 12 bytes
+    # dt's float32 weights, gradients and Adam's two moments (4 + 4 + 8 bytes) and autocast's bf16 copy
+    # (2), all sharded over the 4 ranks
+    assert mem["state"] == int((4 + 4 + 8 + 2) * psi / 4) and mem["buffers"] == 0
     units = fsdp_units(TINY, lay, 32, 0)
-    gathered = fsdp_gathered_formula(units.root, list(units.dense), item)
+    gathered = fsdp_gathered_formula(units.root, list(units.dense), gather)
     # the table and an h_to_4h, with gradients; with prefetch the other block's h_to_4h gathered ahead
-    blocking = 2 * item * (44 * 32 + 4 * 32 * 32 + 128)
-    assert gathered == blocking + item * (4 * 32 * 32 + 128)
-    assert fsdp_gathered_formula(units.root, list(units.dense), item, prefetch=False) == blocking
+    blocking = 2 * gather * (44 * 32 + 4 * 32 * 32 + 128)
+    assert gathered == blocking + gather * (4 * 32 * 32 + 128)
+    assert fsdp_gathered_formula(units.root, list(units.dense), gather, prefetch=False) == blocking
     zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]  # the same activations, no buckets
     assert mem["activations"] == int(zero1["activations"] + gathered)
 
@@ -142,12 +158,11 @@ def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
     g = stage_groups(z1)[0]
     assert len(g.dp_cp) == 4 and len(g.edp) == 2  # each expert on 2 of the plane's 4 ranks
     w = stage_work(c, moe, z1, g, 16, 32, 0)
-    dense, experts = sum(w.dense) * c.itemsize, w.experts * c.itemsize
     assert w.experts == 2 * 2 * (2 * 32 * 128 + 128 + 32)  # 2 blocks x 2 of the 4 experts
-    rs = [collective_seconds(c, "reduce_scatter", dense, g.dp_cp),
-          collective_seconds(c, "reduce_scatter", experts, g.edp)]
-    ag = [collective_seconds(c, "all_gather", dense, g.dp_cp),
-          collective_seconds(c, "all_gather", experts, g.edp)]
+    numbers = [(sum(w.dense), g.dp_cp), (w.experts, g.edp)]
+    # float32 gradients scattered, float32 weights gathered: dt keeps both in float32 under autocast
+    rs = [collective_seconds(c, "reduce_scatter", n * c.grad_itemsize, group) for n, group in numbers]
+    ag = [collective_seconds(c, "all_gather", n * c.param_itemsize, group) for n, group in numbers]
     before, after = optimizer_collectives(c, z1, w, g)
     assert [d for _, d in before] == pytest.approx(rs) and [d for _, d in after] == pytest.approx(ag)
     assert after_backward(c, z1, w, g) == [] and after_backward(c, z2, w, g) == []  # not priced twice
@@ -157,9 +172,11 @@ def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
     assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * sum(rs))
     assert backward_exposed(c, z1, w, g, acts) == 0.0
     assert optimizer_collectives(c, z2, w, g)[0] == []
-    mixed = peak_bytes(c, moe, z1, 16, 32)[0]["state"]  # bf16: 2 + 2 weight and gradient, 12 state
+    mixed = peak_bytes(c, moe, z1, 16, 32)[0]["state"]
     psi_d, psi_e = sum(w.dense), w.experts
-    assert mixed == int(4 * (psi_d + psi_e) + 12 * (psi_d / 4 + psi_e / 2))
+    # dt under bf16 autocast: float32 weights and gradients (4 + 4) and the cast bf16 copy (2) whole,
+    # Adam's two float32 moments (8) sharded, the dense part over dp x cp, the experts' over edp
+    assert mixed == int((4 + 4 + 2) * (psi_d + psi_e) + 8 * (psi_d / 4 + psi_e / 2))
 
 
 def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
@@ -168,7 +185,7 @@ def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
 
     c = catalogue_cluster("h100", 1, 4)
     lay = Layout(dp=2, pp=2, zero=2, micro_batches=2)
-    item, table = c.itemsize, 44 * 32  # TINY's word table: the embedding's on stage 0, the head's on 1
+    item, table = c.grad_itemsize, 44 * 32  # TINY's word table: the embedding's on stage 0, the head's on 1
     mem = peak_bytes(c, TINY, lay, 16, 32)
     for s, g in enumerate(stage_groups(lay)):
         w = stage_work(c, TINY, lay, g, 16, 32, s)
@@ -181,9 +198,11 @@ def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
         assert [d for _, d in before] == [pytest.approx(collective_seconds(c, "reduce_scatter", table * item,
                                                                            g.dp_cp))]
         assert len(after) == 1  # the all-gather of the whole shard
-        z = zero_memory_parts([(sum(w.dense), 2), (0, 2)], 2, k=12, param_bytes=2, grad_bytes=2, kept=table)
-        assert mem[s]["state"] == int(sum(z.values()))  # 2 + 2 + 12 bytes, the table's gradient whole
-        assert z["grads"] == 2 * (sum(w.dense) / 2 + table)
+        # dt's float32 weights and gradients, Adam's two moments (4 + 4 + 8 bytes), the table's
+        # gradient whole, and autocast's bf16 copy of every weight (2)
+        z = zero_memory_parts([(sum(w.dense), 2), (0, 2)], 2, k=8, param_bytes=4, grad_bytes=4, kept=table)
+        assert mem[s]["state"] == int(sum(z.values()) + 2 * sum(w.dense))
+        assert z["grads"] == 4 * (sum(w.dense) / 2 + table)
     z1 = Layout(dp=2, pp=2, zero=1, micro_batches=2)
     g1 = stage_groups(z1)[0]
     before, _ = optimizer_collectives(c, z1, stage_work(c, TINY, z1, g1, 16, 32, 0), g1)

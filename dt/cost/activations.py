@@ -114,25 +114,53 @@ def moe_activation_bytes(a: Decoder, sequences: int, itemsize: int, cp: int = 1,
     return router + dispatch + 2 * e * got * f + e * rows + 2 * e * rows * h
 
 
+def _dropout_bytes(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
+                   attention: str) -> dict[str, float]:
+    """What dropout adds to a block (the stacks that train with it; dt's layers have none): a one-byte
+    mask after attention's projection and after the MLP (on the residual stream: split over tp only
+    with sequence parallel) and, where the score matrix is materialized (attention="dt"), the
+    probabilities' mask and their dropped-out copy (a fused kernel keeps only its random state)."""
+    s = a.seq_len / cp
+    masks = 2 * s * sequences * a.n_embd / (tp if sequence_parallel else 1)
+    probs = a.n_head * s * s * sequences / tp if attention == "dt" and cp == 1 else 0.0
+    return {"dropout": masks, "scores": (1 + itemsize) * probs}
+
+
 def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                            sequence_parallel: bool = False, attention: str = "sdpa",
                            stats_bytes: int | None = None, received_rows: float | None = None,
-                           parallelized: bool = True) -> dict[str, float]:
-    """Bytes one block keeps for backward on one rank, by part, with no recompute."""
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> dict[str, float]:
+    """Bytes one block keeps for backward on one rank, by part, with no recompute. shard_inputs:
+    under sequence parallel the column-parallel layers keep their input's shard and gather it
+    again in backward (Megatron's way), not the gathered whole (dt's)."""
+    parts = _block_parts(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
+                         received_rows, parallelized, shard_inputs)
+    if dropout:
+        for key, v in _dropout_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention).items():
+            parts[key] = parts.get(key, 0.0) + v
+    return parts
+
+
+def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
+                 attention: str, stats_bytes: int | None, received_rows: float | None,
+                 parallelized: bool, shard_inputs: bool = False) -> dict[str, float]:
     _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
     s = a.seq_len / cp
     sbh, bs = s * sequences * a.n_embd, s * sequences
     rep = t if sequence_parallel else 1  # what tp alone replicates, sp splits
+    inputs = rep if shard_inputs else 1  # the matmuls' inputs: whole as gathered, or their shard
     if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU; parallelized, each layer's rotary rows
         w = max(e, 4)
         rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
         core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
         return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep,
-                "matmul_inputs": (5 if sequence_parallel else 2) * e * sbh, **core,
+                "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs,
+                **core,
                 "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
     # under sequence parallel the matmul inputs stay whole: each column-parallel layer keeps its gathered copy
-    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh}
+    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / inputs}
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
     return {**norms, **_attention_core(a, e, s, sequences, t, cp, attention), "mlp": mlp}
@@ -161,7 +189,8 @@ def _selective(a: Decoder, parts: dict[str, float], e: int, sequences: int, tp: 
 def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True) -> float:
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
     backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
     as dt.parallelize splits it (what dt train runs), else the plain model whole."""
@@ -179,7 +208,7 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
         rotary = 2 * e * s * (a.n_embd // a.n_head) if a.gated and parallelized else 0
         return e * sbh / (tp if sequence_parallel else 1) + rotary
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                                   parallelized=parallelized)
+                                   parallelized=parallelized, dropout=dropout, shard_inputs=shard_inputs)
     dropped = _selective(a, parts, e, sequences, tp, cp) if recompute == "selective" else {}
     return sum(parts.values()) - sum(dropped.values())
 
@@ -227,7 +256,9 @@ def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1,
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
-                           parallelized: bool = True) -> float:
+                           parallelized: bool = True, dropout: bool = False,
+                           shard_inputs: bool = False) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes, parallelized) for i in layers)
+                                      recompute, stats_bytes, parallelized, dropout, shard_inputs)
+               for i in layers)

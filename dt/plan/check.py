@@ -95,6 +95,8 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
     recompute = recompute_kind(lay.recompute)  # a bool (True: full) or the kind's name
     if recompute != "none":
         argv += ["--recompute", recompute]
+    if lay.sequence_parallel:
+        argv.append("--sequence-parallel")
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
     return argv + (["--untied"] if not model.tied else [])

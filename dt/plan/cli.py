@@ -2,7 +2,9 @@
 
     dt plan                                         # dt train's default GPT on 2 ranks of this machine
     dt plan --world 4 --explain dp2.tp1.pp2.z0.1f1b.m4
-    dt plan --preset llama-7b --hosts 8 --per-host 8 --device h100 --global-batch 512 --seq 4096
+    dt plan --preset llama3-8b --hosts 8 --device h100 --global-batch 512 --seq 4096
+    dt plan --preset llama-70b --n-layer 40 --device h100 --hosts 4 --stack megatron
+    dt plan --published                               # the planner beside published runs
     dt plan --world 2 --check --steps 10 --trace plan-trace.json
     dt plan --hosts 2 --per-host 2 --check            # each run on a fresh `dt cluster` (root)
 """
@@ -17,69 +19,119 @@ from dataclasses import replace
 from dt import args as args_
 from dt import record
 from dt.cost.devices import DEVICES
+from dt.cost.stack import STACKS
 from dt.plan.cluster import Cluster, catalogue_cluster, local_cluster
+from dt.plan.layouts import NAME_GRAMMAR, parse_name, train_args
+from dt.plan.memory import peak_bytes
 from dt.plan.model import PRESETS, ModelShape, llama_shape
-from dt.plan.report import as_json, explain_plot, scatter_plot, table
-from dt.plan.search import rank_layouts
+from dt.plan.published import SOURCES
+from dt.plan.report import as_json, explain_plot, explain_text, scatter_plot, table
+from dt.plan.search import HEADROOM, Ranking, rank_layouts
 from dt.plan.step_model import predict
-from dt.units import fmt_bytes
+from dt.train.layouts import layout_error
 
 __all__ = ["main", "parse_args"]
 
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")  # a catalogue device's
 TRAIN_VOCAB = 44  # dt train's corpus (dt.models.data.CharData) has 44 symbols
+LAYOUT_HELP = f"""
+
+A layout's name (the table's rows, --explain's key):
+  {NAME_GRAMMAR}
+  z: ZeRO stage; m: micro-batches per step (gradient accumulation at pp 1); v: chunks per stage of the
+  interleaved schedule; sp: sequence parallel; across: tp's ranks on different hosts; rc: full
+  recompute, rcsel: selective (attention's core)."""
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    p = args_.Parser(prog="dt plan", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n")[1],
+    p = args_.Parser(prog="dt plan", description=__doc__.split("\n\n")[0],
+                     epilog=__doc__.split("\n\n", 1)[1] + LAYOUT_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     one = args_.at_least(1)
-    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a public model shape")
-    p.add_argument("--n-layer", type=one, default=4)
-    p.add_argument("--n-head", type=one, default=4)
-    p.add_argument("--n-embd", type=one, default=64)
-    p.add_argument("--vocab", type=one, default=TRAIN_VOCAB)
-    p.add_argument("--experts", type=args_.at_least(0), default=0)
-    p.add_argument("--top-k", type=one, default=1)
-    p.add_argument("--untied", action="store_true")
-    p.add_argument("--model", choices=["gpt", "llama"], default="gpt", help="dt train's --model")
-    p.add_argument("--n-kv-head", type=one, default=None, help="--model llama's key/value heads")
+    shape = p.add_argument_group(
+        "the model (a preset, or dt train's GPT; a flag given overrides the preset's)")
+    shape.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a public model's shape")
+    shape.add_argument("--model", choices=["gpt", "llama"], default=None,
+                       help="the family without a preset: dt train's --model (default gpt)")
+    shape.add_argument("--n-layer", type=one, default=None, help="blocks (default 4)")
+    shape.add_argument("--n-head", type=one, default=None, help="attention heads (default 4)")
+    shape.add_argument("--n-kv-head", type=one, default=None,
+                       help="llama's key/value heads: grouped-query attention (default: --n-head)")
+    shape.add_argument("--n-embd", type=one, default=None, help="hidden size (default 64)")
+    shape.add_argument("--ffn", type=one, default=None,
+                       help="the MLP's hidden width (default: 4 x --n-embd; llama: 8/3 x rounded up to 32)")
+    shape.add_argument("--vocab", type=one, default=None,
+                       help=f"vocabulary (default {TRAIN_VOCAB}: dt train's text)")
+    shape.add_argument("--experts", type=args_.at_least(0), default=None,
+                       help="MoE experts per block (default 0)")
+    shape.add_argument("--top-k", type=one, default=None, help="experts per token (default 1)")
+    shape.add_argument("--untied", action="store_true", help="a head of its own (a preset says its own)")
     p.add_argument("--clip", action="store_true", help="every layout clips by the global norm (--clip)")
-    p.add_argument("--global-batch", type=one, default=16, help="sequences per step")
-    p.add_argument("--seq", type=one, default=32, help="tokens per sequence")
+    p.add_argument("--global-batch", type=one, default=16, help="sequences per step (default 16)")
+    p.add_argument("--seq", type=one, default=32, help="tokens per sequence (default 32)")
     p.add_argument("--precision", type=args_.precision, default=None,
                    help="this machine: float32 (default) or float64; a catalogue device: bf16 (default), "
                         "fp16, tf32, fp32 (each also as torch names it: bfloat16, float16, float32)")
-    p.add_argument("--world", type=args_.ranks, default=2, help="ranks on this machine")
+    p.add_argument("--world", type=args_.ranks, default=2, help="ranks on this machine (default 2)")
     p.add_argument("--hosts", type=one, default=1,
-                   help="hosts (with --device: catalogue; without: dt cluster)")
-    p.add_argument("--per-host", type=one, default=None, help="ranks per host")
+                   help="hosts (with --device: catalogue; without: dt cluster) (default 1)")
+    p.add_argument("--per-host", type=one, default=None, help="ranks per host (default: --world; GPUs: 8)")
     p.add_argument("--device", choices=sorted(DEVICES), default=None,
-                   help="a catalogue GPU (dt.cost.devices)")
+                   help="a catalogue GPU (dt.cost.devices): each kernel priced")
+    p.add_argument("--stack", choices=sorted(STACKS), default="dt",
+                   help="with --device: the software running the step (dt.cost.stack: its kernels, bytes "
+                        "per parameter and overlaps) (default dt)")
     p.add_argument("--efficiency", type=args_.positive, default=None,
-                   help="sustained fraction of the device's peak (default: the catalogue's stated one)")
+                   help="a large GEMM's sustained fraction of peak (default: the catalogue's)")
+    p.add_argument("--headroom", type=args_.positive, default=HEADROOM,
+                   help=f"with --device: the fraction of each GPU's memory a layout must leave free "
+                        f"(default {HEADROOM:g})")
     p.add_argument("--timed", action="store_true",
                    help="with --device: time dt train's layers and Adam on this host's GPU (its autocast) "
-                        "instead of pricing their FLOPs and bytes; the links stay the catalogue's")
-    p.add_argument("--recompute", action="store_true", help="also consider full activation recompute "
-                   "(dt train --recompute)")
-    p.add_argument("--top", type=one, default=15, help="rows of the table")
-    p.add_argument("--explain", metavar="LAYOUT", default=None, help="draw this layout's per-rank timeline")
+                        "instead of pricing their kernels; the links stay the catalogue's")
+    p.add_argument("--recompute", nargs="?", const="any", choices=("none", "selective", "full", "any"),
+                   default=None, help="activation recompute to consider: none, selective, full, or any "
+                                      "(the flag alone) (default: any with --device, none here)")
+    p.add_argument("--top", type=one, default=15, help="rows of the table (default 15)")
+    p.add_argument("--explain", metavar="LAYOUT", default=None,
+                   help="this layout's per-rank timeline and every term of its step and memory")
     p.add_argument("--out", default=None, help="the --explain PNG (default plan-LAYOUT.png)")
     p.add_argument("--scatter", metavar="PNG", default=None, help="step time against memory, every layout")
     p.add_argument("--json", action="store_true", help="JSON on stdout instead of the table")
+    p.add_argument("--published", nargs="*", metavar="SOURCE", default=None,
+                   help="the planner beside published runs (every source, or those named: "
+                        f"{', '.join(SOURCES)})")
+    p.add_argument("--rank", action="store_true",
+                   help="with --published: rank each sweep's fastest published layout among every layout "
+                        "of its model and cluster (minutes)")
+    p.add_argument("--fit", action="store_true",
+                   help="with --published: fit each device's GEMM efficiency, leaving each source out in "
+                        "turn")
     p.add_argument("--check", action="store_true", help="run the top layouts and a spread with dt train")
     p.add_argument("--runs", type=one, default=6, help="layouts --check runs (the top 3 and a spread)")
     p.add_argument("--steps", type=one, default=8,
-                   help="dt train steps per --check run (the first is warm-up)")
+                   help="dt train steps per --check run (the first is warm-up) (default 8)")
     p.add_argument("--trace", metavar="JSON", default=None, help="--check: Chrome trace of the first run")
     p.add_argument("--link", type=args_.link, default=args_.link("1Gbit"),
                    help="--check across hosts: each simulated host's link, as `dt cluster up --link` "
-                        "(default 1Gbit, the rate the README's cluster figures were tuned at)")
+                        "(default 1Gbit, the rate the cluster's dt tune figures are taken at)")
     record.add_option(p)
     a = p.parse_args(argv)
+    _check_options(p, a)
+    if a.published is not None:
+        unknown = [s for s in a.published if s not in SOURCES]
+        if unknown:
+            p.error(f"--published {' '.join(unknown)}: no such source; one of {', '.join(SOURCES)}")
+    elif a.rank or a.fit:
+        p.error("--rank and --fit go with --published")
+    return a
+
+
+def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     if a.efficiency is not None and not 0 < a.efficiency <= 1:
         p.error(f"--efficiency must be in (0, 1], got {a.efficiency}")
+    if not 0 <= a.headroom < 1:
+        p.error(f"--headroom must be in [0, 1), got {a.headroom}")
     if a.precision is not None:
         a.precision = _precision(p, a.precision, a.device)
     if a.check and a.device and a.hosts > 1:
@@ -87,8 +139,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if a.check and a.device:
         _check_on_gpus(p, a)
     a.timed_gpu = _timed_gpu(p, a) if a.timed else ""
-    if a.n_kv_head and a.model != "llama":
-        p.error("--n-kv-head is --model llama's")
+    try:
+        a.shape = _model(a)
+    except ValueError as exc:
+        p.error(str(exc))
     if a.per_host is None:
         a.per_host = a.world if a.device is None and a.hosts == 1 else 8
     if a.device is None and a.hosts * a.per_host > args_.MAX_WORLD:
@@ -96,7 +150,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                 f"{args_.MAX_WORLD}")
     if a.check and a.hosts > 1:
         _can_simulate(p, a.hosts * a.per_host)
-    return a
+    if a.recompute is None:
+        a.recompute = "any" if a.device else "none"
 
 
 def _precision(p: argparse.ArgumentParser, name: str, device: str | None) -> str:
@@ -159,41 +214,74 @@ def _can_simulate(p: argparse.ArgumentParser, world: int) -> None:
         p.error(f"--check with --hosts runs under dt cluster: {exc}")
 
 
+DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab": TRAIN_VOCAB}
+
+
 def _model(a: argparse.Namespace) -> ModelShape:
+    """The preset (or dt train's small GPT), every flag given overriding it; ValueError naming a clash."""
+    if a.preset and a.model:
+        raise ValueError(f"--model names a family; --preset {a.preset} has its own "
+                         f"({PRESETS[a.preset].family})")
+    given = {k: getattr(a, k) for k in ("n_layer", "n_head", "n_embd", "vocab", "ffn", "experts", "top_k",
+                                         "n_kv_head") if getattr(a, k) is not None}
     if a.preset:
-        return PRESETS[a.preset]
-    if a.model == "llama":
-        return llama_shape(a.n_layer, a.n_head, a.n_embd, a.vocab, a.n_kv_head or 0, tied=not a.untied)
-    return ModelShape(a.n_layer, a.n_head, a.n_embd, a.vocab, tied=not a.untied, experts=a.experts,
-                      top_k=a.top_k)
+        base = PRESETS[a.preset]
+    elif a.model == "llama":
+        g = {**DEFAULT_SHAPE, **given}
+        base = llama_shape(g["n_layer"], g["n_head"], g["n_embd"], g["vocab"], tied=not a.untied)
+    else:
+        base = ModelShape(**DEFAULT_SHAPE, tied=not a.untied)
+    if "n_kv_head" in given and base.family != "llama":
+        raise ValueError("--n-kv-head (grouped-query attention) is the llama family's: dt's GPT has none "
+                         "(--model llama, or a llama preset)")
+    if base.family == "llama" and "n_embd" in given and "ffn" not in given and not a.preset:
+        given["ffn"] = base.ffn
+    shape = replace(base, **given, tied=base.tied and not a.untied)
+    if given and a.preset:
+        shape = replace(shape, name=f"{a.preset} ({', '.join(f'{k}={v}' for k, v in given.items())})")
+    return shape
 
 
 def _cluster(a: argparse.Namespace) -> Cluster:
     if a.device:
         return catalogue_cluster(a.device, a.hosts, a.per_host, a.precision or "bf16", a.efficiency,
-                                 a.timed_gpu)
+                                 a.timed_gpu, a.stack)
     world = a.hosts * a.per_host if a.hosts > 1 else a.world
     return local_cluster(world, a.precision or "float32", a.hosts)
+
+
+RECOMPUTES = {"none": ("none",), "selective": ("selective",), "full": ("full",),
+              "any": ("none", "selective", "full")}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
-    recorded = record.rerun("dt plan", argv, a.record, "plan", "check" if a.check else "rank")
-    if recorded is not None:
+    entity = "published" if a.published is not None else "check" if a.check else "rank"
+    if (recorded := record.rerun("dt plan", argv, a.record, "plan", entity)) is not None:
         return recorded
-    model, cluster = _model(a), _cluster(a)
-    t0, cpu0 = time.perf_counter(), time.process_time()
-    rows, enumerated, dropped = rank_layouts(cluster, model, a.global_batch, a.seq,
-                                             (False, True) if a.recompute else (False,), a.clip)
-    took, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-    title = (f"{model.name} ({model.params(a.seq) / 1e6:.1f}M parameters), global batch {a.global_batch} x "
+    if a.published is not None:
+        from dt.plan.fit import fit_table, report
+        from dt.plan.suite import main as published_main
+
+        fitted = report(a.published) if a.fit else None
+        status = published_main(a.published, a.json, a.rank, fitted)
+        if fitted is not None and not a.json:
+            print("\n" + fit_table(fitted))
+        return status
+    model, cluster = a.shape, _cluster(a)
+    if a.explain is not None:
+        return _explain(a, cluster, model)
+    cpu0 = time.process_time()
+    ranking = rank_layouts(cluster, model, a.global_batch, a.seq, RECOMPUTES[a.recompute], a.clip,
+                           top=max(a.top, a.runs if a.check else 0), headroom=a.headroom)
+    rows, took, cpu = ranking.rows, ranking.seconds, time.process_time() - cpu0
+    title = (f"{model.name} ({model.params(a.seq) / 1e9:.2f}B parameters), global batch {a.global_batch} x "
              f"{a.seq} tokens, on {cluster.name}")
     meta = {"model": model.__dict__, "global_batch": a.global_batch, "seq": a.seq, "cluster": cluster.name,
-            "source": cluster.source, "enumerated": enumerated, "dropped": dropped, "seconds": took,
-            "cpu_seconds": cpu}
-    if a.explain is not None:
-        return _explain(a, rows, cluster, model, title)
+            "source": cluster.source, "grid": ranking.grid, "accepted": ranking.accepted,
+            "skipped": ranking.skipped, "dropped": ranking.dropped, "seconds": took, "cpu_seconds": cpu,
+            "headroom": a.headroom, "untimed": _untimed(cluster)}
     measured = None
     if a.check:
         from dt.plan.check import check
@@ -207,14 +295,14 @@ def main(argv: list[str] | None = None) -> int:
     print(f"cluster: {cluster.source}")
     if a.device and not a.timed and _gpu_here():
         print("note: this host has a GPU: --timed times dt train's own layers on it instead of pricing "
-              "FLOPs (on an H200, FLOPs at 70% of peak put GPT-2 small's step 75% short: README, GPUs)")
-    gone = "; ".join(f"{n} dropped: {why}" for why, n in dropped.items())
-    print(f"{enumerated} layouts dt train accepts, {len(rows)} fit{'; ' + gone if gone else ''} "
-          f"({took:.2f} s to plan, {cpu:.2f} s of CPU)")
+              "their kernels from the catalogue")
+    print(_counts(ranking, a))
+    if meta["untimed"]:
+        print(meta["untimed"])
     if not rows:
         print("nothing fits: raise --per-host or --hosts, lower --global-batch or --seq, or add --recompute")
         return 1
-    print(table(rows, a.top))
+    print(table(rows, a.top, cluster.memory if cluster.device is not None else 0))
     if a.scatter:
         scatter_plot(rows, a.scatter, title)
         print(f"scatter: {a.scatter}")
@@ -237,18 +325,45 @@ def _headline(model: ModelShape, cluster: Cluster, rows: list, measured: dict | 
     return said
 
 
-def _explain(a: argparse.Namespace, rows: list, cluster: Cluster, model: ModelShape, title: str) -> int:
-    names = {r.layout.name(): r for r in rows}
-    if a.explain not in names:
-        near = ", ".join(r.layout.name() for r in rows[:3])
-        print(f"dt plan: error: --explain {a.explain} is not one of the {len(rows)} fitting layouts "
-              f"(the first ranked: {near})", file=sys.stderr)
+def _untimed(cluster: Cluster) -> str | None:
+    """What this machine priced without timing it, past the timing budget (dt.plan.timed)."""
+    if cluster.timed != "cpu":
+        return None
+    from dt.plan import timed
+
+    return timed.BUDGET.note()
+
+
+def _counts(r: Ranking, a: argparse.Namespace) -> str:
+    gone = "; ".join(f"{n} dropped: {why}" for why, n in r.dropped.items())
+    skipped = (f"; {r.skipped} more bounded slower than the rows shown (their busiest stage's compute "
+               "alone), not priced") if r.skipped else ""
+    headroom = f"; {a.headroom:.0%} of each GPU's memory kept free (--headroom)" if a.device else ""
+    return (f"{r.grid} layouts in the grid, {r.accepted} dt train accepts, {len(r.rows)} fit"
+            f"{'; ' + gone if gone else ''}{skipped}{headroom} ({r.seconds:.2f} s to plan)")
+
+
+def _explain(a: argparse.Namespace, cluster: Cluster, model: ModelShape) -> int:
+    """Any layout by name: its step's and memory's every term, whether dt train runs it, whether it fits."""
+    try:
+        lay = parse_name(a.explain)
+    except ValueError as exc:
+        print(f"dt plan: error: --explain: {exc}", file=sys.stderr)
         return 2
-    row = names[a.explain]
-    p = predict(cluster, model, replace(row.layout), a.global_batch, a.seq, timelines=True)
+    if lay.world != cluster.world:
+        print(f"dt plan: error: --explain {a.explain} has {lay.world} ranks; the cluster has {cluster.world}",
+              file=sys.stderr)
+        return 2
+    why = layout_error(train_args(lay, model, a.global_batch, a.seq))
+    if why is not None:
+        print(f"dt plan: error: --explain {a.explain}: dt train does not run it: {why}", file=sys.stderr)
+        return 2
+    p = predict(cluster, model, lay, a.global_batch, a.seq, timelines=True)
+    memory = peak_bytes(cluster, model, lay, a.global_batch, a.seq)
     out = a.out or f"plan-{a.explain}.png"
-    explain_plot(p, out, f"{a.explain} ({title})")
-    parts = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in p.parts.items() if v > 0)
-    print(f"{a.explain}: predicted step {p.step * 1e3:.2f} ms = {parts}; peak {fmt_bytes(row.peak)} per rank")
+    explain_plot(p, out, f"{a.explain} ({model.name} on {cluster.name})")
+    print(explain_text(p, memory, cluster, a.headroom))
+    if _untimed(cluster):
+        print(_untimed(cluster))
     print(f"timeline: {out}")
     return 0

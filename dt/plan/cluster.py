@@ -11,12 +11,15 @@ its stated matmul efficiency is the default sustained fraction of peak.
 
 from __future__ import annotations
 
+import functools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from dt.cost.devices import Device
 from dt.cost.devices import device as catalogue_device
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine, machine
+from dt.cost.stack import Stack, stack
 from dt.units import plural
 
 __all__ = ["TRAIN_PRECISION", "Cluster", "catalogue_cluster", "local_cluster"]
@@ -28,7 +31,7 @@ ITEMSIZE = {"bf16": 2, "fp16": 2, "fp32": 4, "tf32": 4, "float32": 4, "float64":
 TRAIN_PRECISION = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32", "tf32": "float32"}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # hashed by identity: every price is cached per cluster, cheaply
 class Cluster:
     name: str
     hosts: int
@@ -43,8 +46,31 @@ class Cluster:
     source: str = ""
     shared_memory: bool = False  # CPU: every rank's bytes come out of one machine's memory
     # where dt train's own layers are timed for the stage's compute (dt.plan.timed): "cpu" this
-    # machine, "cuda" this host's GPU (a catalogue device with --timed), "" nowhere (FLOPs priced)
+    # machine, "cuda" this host's GPU (a catalogue device with --timed), "" nowhere (kernels priced)
     timed: str = ""
+    device: Device | None = None  # a catalogue GPU (dt.cost.devices)
+    stack_name: str = "dt"  # the software that runs the step (dt.cost.stack): its kernels, bytes, overlaps
+
+    @property
+    def gpu(self) -> Device | None:
+        """The catalogue device, where the step is priced kernel by kernel (not timed on this host)."""
+        return self.device if not self.timed else None
+
+    @property
+    def stack(self) -> Stack:
+        """The stack, as it trains at this cluster's precision."""
+        return _stack_at(self.stack_name, self.itemsize, self.precision)
+
+    @property
+    def param_itemsize(self) -> int:
+        """Bytes per weight as the optimizer keeps it (what FSDP gathers): the stack's on a GPU."""
+        return self.stack.weight_bytes if self.device else self.itemsize
+
+    @property
+    def grad_itemsize(self) -> int:
+        """Bytes per gradient element the data-parallel reduction moves: the stack's on a GPU; this
+        machine's (and dt train's under autocast) are the weights' own float32."""
+        return self.stack.reduce_bytes if self.device else self.itemsize
 
     @property
     def world(self) -> int:
@@ -58,24 +84,37 @@ class Cluster:
         return rank // self.per_host
 
 
+@functools.cache
+def _stack_at(name: str, itemsize: int, precision: str) -> Stack:
+    return stack(name).at(itemsize, precision)
+
+
 def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
-                      efficiency: float | None = None, timed_gpu: str = "") -> Cluster:
+                      efficiency: float | None = None, timed_gpu: str = "",
+                      stack_name: str = "dt") -> Cluster:
     """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
 
     efficiency: the sustained fraction of peak (default: the catalogue's stated one).
     timed_gpu: this host's GPU's name, where dt train's layers and Adam are to be timed on it
-    (`dt plan --timed`) instead of priced from FLOPs and bytes; the links stay the catalogue's."""
+    (`dt plan --timed`) instead of priced kernel by kernel; the links stay the catalogue's.
+    stack_name: the software running the step (dt.cost.stack), dt's own by default."""
     d = catalogue_device(name)
     peak = d.peak_flops[precision]
-    eff = d.matmul_efficiency[precision] if efficiency is None else efficiency
-    intra = Machine(d.nvlink_latency, 1 / d.nvlink_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NVLink")
-    inter = Machine(d.nic_latency, 1 / d.nic_bandwidth, 1 / d.hbm_bandwidth, source=d.name + " NIC")
+    if efficiency is not None:  # the user's figure for a large GEMM's fraction of peak
+        d = replace(d, matmul_efficiency={**d.matmul_efficiency, precision: efficiency})
+    eff = d.matmul_efficiency[precision]
+    nvlink, nic = d.link_efficiency
+    intra = Machine(d.nvlink_latency, 1 / (d.nvlink_bandwidth * nvlink), 1 / d.hbm_bandwidth,
+                    source=d.name + " NVLink")
+    inter = Machine(d.nic_latency, 1 / (d.nic_bandwidth * nic), 1 / d.hbm_bandwidth, source=d.name + " NIC")
     compute = (f"dt train's layers and Adam timed on this host's {timed_gpu} ({precision} autocast)"
-               if timed_gpu else f"sustained {eff:.0%} of {peak / 1e12:.0f} TFLOP/s {precision} peak "
-               "(stated, not measured)")
+               if timed_gpu else f"each kernel priced: GEMMs at {eff:.0%} of {peak / 1e12:.0f} TFLOP/s "
+               f"{precision} less their waves' fill, attention at its kernel's rate, the rest at "
+               f"{d.hbm_efficiency:.0%} of HBM bandwidth (dt.plan.pricing); stack {stack_name}")
     return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * eff, Levels(intra, inter),
-                   int(d.hbm_bytes), d.hbm_bandwidth, precision, eff, peak,
-                   f"catalogue ({d.name}, dt.cost.devices), {compute}", timed="cuda" if timed_gpu else "")
+                   int(d.hbm_bytes), d.hbm_bandwidth * d.hbm_efficiency, precision, eff, peak,
+                   f"catalogue ({d.name}, dt.cost.devices), {compute}", timed="cuda" if timed_gpu else "",
+                   device=d, stack_name=stack_name)
 
 
 def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:

@@ -1,9 +1,9 @@
 """The price of one collective on a group of the cluster's ranks, on the level(s) it sits on.
 
 A group inside one host is priced by dt.cost.time.estimate with the intra
-figures (the cheapest of the algorithms dt's `auto` chooses among, as auto
-picks the model's lowest); one spanning hosts by dt.cost.levels.two_level
-on its hosts. A point-to-point send is one step: alpha + bytes * beta.
+figures (the cheapest of the registered algorithms dt's `auto` chooses among,
+dt.collectives.auto.candidates, as auto picks the model's lowest); one spanning hosts by
+dt.cost.levels.two_level on its hosts. A point-to-point send is one step: alpha + bytes * beta.
 
 On this machine (one host, shared memory) a call is priced as dt runs it:
 the algorithm is the one the caller names (ZeRO's and FSDP's "ring") or the
@@ -21,6 +21,7 @@ import functools
 import math
 import os
 
+from dt.collectives.auto import candidates
 from dt.collectives.registry import needs_shared_memory
 from dt.cost.levels import LEVELED, Levels, two_level
 from dt.cost.machine import Machine, machine, winners
@@ -30,11 +31,6 @@ from dt.plan.cluster import Cluster
 
 __all__ = ["collective_seconds", "group_hosts", "send_seconds"]
 
-ONE_HOST = {"all_reduce": ("ring", "naive", "rabenseifner", "recursive_doubling"),
-            "reduce_scatter": ("ring",), "all_gather": ("ring", "bruck", "recursive_doubling"),
-            "all_to_all": ("pairwise",)}
-LOADSTORE = {"all_reduce": ("one_shot", "two_shot"), "reduce_scatter": ("one_shot",),
-             "all_gather": ("one_shot",), "all_to_all": ("one_shot",)}
 
 
 def group_hosts(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, ...]:
@@ -107,8 +103,8 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     big = p * itemsize * max(1, PROBE[1] // (p * itemsize))
     if p > BIG_GROUP and max(hosts) > 0:
         algos = ("hierarchical",)
-    elif max(hosts) == 0:
-        algos = ONE_HOST[collective] + (LOADSTORE[collective] if shared_memory else ())
+    elif max(hosts) == 0:  # every registered algorithm auto would consider (dt.collectives.auto)
+        algos = tuple(candidates(collective, shared_memory))
     else:
         algos = ("pairwise",) if collective == "all_to_all" else LEVELED[collective]
     out = []

@@ -1,20 +1,17 @@
-"""What a stage's arithmetic costs: FLOPs of each layer, priced on the cluster.
+"""What a stage's compute costs: on a catalogue GPU its kernels priced, on this machine its layers timed.
 
-FLOPs are dt.cost.flops' (step_flops of the layers, one rank's tp x cp
-share: Megatron's count; backward twice the forward, recompute one more
-forward of every block).
-
-On a catalogue cluster the seconds are FLOPs / (peak x stated efficiency),
-unless it is timed on this host's GPU (`dt plan --device h200 --timed`): then
-dt's GPT stages are timed there as below, under the precision's autocast.
-On this machine, for dt's GPT, a stage's real layers are timed together
-(dt.plan.timed: dt train's modules at this rank's tp shard) with the threads
-each rank gets (cores / world), split between forward and backward by their
-FLOPs (recompute adds the blocks' forward share to backward). Elsewhere on
-this machine (Llama, experts, context parallel) one stand-in block (Shard)
-and the head are timed and the FLOPs above divided by that time; tiny
-layers are bound by the ops' fixed costs, not by arithmetic, and timing
-catches both.
+On a catalogue cluster each kernel of the stage (dt.cost.kernels: GEMMs, attention, the
+memory-bound ops, as the cluster's stack runs them) is priced by dt.plan.pricing, forward and
+backward apart (recompute's rerun kernels in the backward), unless it is timed on this host's
+GPU (`dt plan --device h200 --timed`): then dt's GPT stages are timed there as below, under
+the precision's autocast. On this machine, for dt's GPT, a stage's real layers are timed
+together (dt.plan.timed: dt train's modules at this rank's tp shard) with the threads each rank
+gets (cores / world), split between forward and backward by their FLOPs (dt.cost.flops;
+recompute adds the blocks' forward share to backward), within the process's timing budget
+(past it, a stage's FLOPs at the rate the timed ones ran at). Elsewhere on this machine (Llama,
+experts, context parallel of an uneven split) one stand-in block (Shard) and the head are timed
+and the FLOPs divided by that time; tiny layers are bound by the ops' fixed costs, not by
+arithmetic, and timing catches both.
 """
 
 from __future__ import annotations
@@ -24,17 +21,21 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dt.cost.compute_rate import matmul_rate
 from dt.cost.flops import step_flops
+from dt.cost.kernels import Kernel, block_kernels, embedding_kernels, head_kernels
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.model import ModelShape
+from dt.plan.pricing import kernels_seconds
 
-__all__ = ["Shard", "ddp_hooks", "layer_flops", "layer_seconds", "oversubscribed", "rank_threads",
-           "stage_compute"]
+__all__ = ["Shard", "StageShape", "catalogue_stage", "ddp_hooks", "layer_flops", "layer_seconds",
+           "oversubscribed", "rank_threads", "stage_compute", "stage_kernels"]
 
 
 @functools.cache
@@ -108,6 +109,59 @@ def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, 
         torch.set_num_threads(old)
 
 
+@dataclass(frozen=True)
+class StageShape:
+    """What one rank of a pipeline stage computes per micro-batch: its layers and how they are split."""
+
+    sequences: int  # sequences in the micro-batch
+    seq: int  # tokens per sequence (the whole sequence: cp splits it)
+    tp: int = 1
+    cp: int = 1
+    blocks: int = 0
+    head: bool = False
+    embed: bool = False
+    sequence_parallel: bool = False
+    recompute: str = "none"
+
+
+def _parts(model: ModelShape, shape: StageShape,
+           cluster: Cluster) -> list[tuple[int, tuple[list[Kernel], list[Kernel]]]]:
+    """(how many, (forward, backward) kernels) of each kind of layer the stage holds."""
+    a, item, st = model.decoder(shape.seq), cluster.itemsize, cluster.stack
+    sp = shape.sequence_parallel and shape.tp > 1
+    parts = []
+    if shape.embed:
+        parts.append((1, embedding_kernels(a, shape.sequences, shape.cp, item)))
+    if shape.blocks:
+        parts.append((shape.blocks, block_kernels(a, shape.sequences, st, shape.tp, shape.cp, sp,
+                                                  shape.recompute, item)))
+    if shape.head:
+        parts.append((1, head_kernels(a, shape.sequences, shape.tp, shape.cp, item)))
+    return parts
+
+
+def stage_kernels(model: ModelShape, shape: StageShape,
+                  cluster: Cluster) -> tuple[list[Kernel], list[Kernel]]:
+    """(forward, backward) kernels of one micro-batch through the stage on one rank (dt.cost.kernels),
+    as the cluster's stack runs them, in the order they run."""
+    parts = _parts(model, shape, cluster)
+    fwd = [k for n, (f, _) in parts for k in f * n]
+    bwd = [k for n, (_, b) in reversed(parts) for k in b * n]
+    return fwd, bwd
+
+
+@functools.lru_cache(maxsize=1 << 15)
+def catalogue_stage(cluster: Cluster, model: ModelShape, shape: StageShape) -> tuple[float, float]:
+    """(forward, backward) seconds of one micro-batch through the stage on a catalogue GPU, each
+    kernel priced (dt.plan.pricing); backward includes recompute's rerun forward kernels."""
+    d, precision, attention, item = cluster.gpu, cluster.precision, cluster.stack.attention, cluster.itemsize
+    fwd = bwd = 0.0
+    for n, (f, b) in _parts(model, shape, cluster):
+        fwd += n * kernels_seconds(f, d, precision, attention, item)
+        bwd += n * kernels_seconds(b, d, precision, attention, item)
+    return fwd, bwd
+
+
 def rank_threads(world: int) -> int:
     """Torch threads a rank of `world` gets here: dt train's default, cores // processes."""
     return max(1, (os.cpu_count() or 1) // world)
@@ -166,18 +220,46 @@ def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int
         bf, bb = layer_seconds(cluster, "block", model, b, t, keys, tp, world, recompute)
         hf, hb = layer_seconds(cluster, "head", model, b, t, keys, tp, world) if head else (0.0, 0.0)
         return blocks * bf + hf, blocks * bb + hb
-    from dt.plan.timed import stage_seconds
-
     cp = keys // t
     flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    total = stage_seconds(*shape) * turns(cluster, world)
+    total = (_stage_seconds(cluster, model, shape, sum(flops), b, t, tp, blocks, head, embed)
+             * turns(cluster, world))
     share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
         block_fwd = blocks * layer_flops(model, keys, 1, b, tp, cp, False)[0]
         bwd += fwd * block_fwd / flops[0]
     return fwd, bwd
+
+
+FALLBACK_RATE = 1e10  # FLOP/s per thread assumed before any stage was timed and with no dt tune figure
+
+
+def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: float, b: int, t: int, tp: int,
+                   blocks: int, head: bool, embed: bool) -> float:
+    """The stage timed (dt.plan.timed.timed_within_budget), or, past the timing budget or over its
+    memory share, its FLOPs at the rate the timed stages ran at (else dt tune's, else FALLBACK_RATE)."""
+    from dt.plan.timed import BUDGET, timed_within_budget
+
+    if cluster.timed == "cuda":
+        from dt.plan.timed import stage_seconds
+
+        return stage_seconds(*shape)
+    seconds = timed_within_budget(shape, flops, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
+    if seconds is not None:
+        return seconds
+    threads = shape[9]
+    rate = BUDGET.rate() or matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads
+    return flops / rate
+
+
+def _stage_bytes(cluster: Cluster, model: ModelShape, b: int, t: int, tp: int, blocks: int, head: bool,
+                 embed: bool) -> float:
+    """About what timing the stage holds: its weights, gradients and their copies, its activations."""
+    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if head or embed else 0)
+    acts = b * t * (model.n_embd * 20 * blocks + (model.vocab // tp if head else 0)) * cluster.itemsize
+    return 3 * layers * cluster.itemsize + acts
 
 
 def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
@@ -191,8 +273,10 @@ def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int,
     shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
     if world < 2 or shape is None:
         return 1.0
-    from dt.plan.timed import slowest_of, stage_timing
+    from dt.plan.timed import slowest_of, stage_timing, was_timed
 
+    if not was_timed(shape):  # priced by rate (the timing budget): no repetitions to spread
+        return 1.0
     times = stage_timing(*shape)
     middle = statistics.median(times)
     return slowest_of(times, world) / middle if middle > 0 else 1.0
@@ -206,11 +290,16 @@ def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp
     not timed there yet)."""
     if cluster.timed != "cpu" or not _timed_here(cluster, model, t, keys):
         return 0.0
-    from dt.plan.timed import ddp_hook_seconds
+    from dt.plan.timed import ddp_hooks_within_budget, was_timed
 
+    stage = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
+    if not was_timed(stage):  # the stage itself past the timing budget: its hooks are not timed either
+        return 0.0
     dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    return ddp_hook_seconds(model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed,
-                            rank_threads(world), dtype, keys // t, cp_kind) * oversubscribed(world)
+    shape = (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world),
+             dtype, keys // t, cp_kind)
+    seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
+    return 0.0 if seconds is None else seconds * oversubscribed(world)
 
 
 def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, cp: int, blocks: int,

@@ -2,8 +2,10 @@
 
     state        parameters, gradients and Adam's two moments of this rank's
                  tensors (dt.parallel.zero.zero_memory_parts: ZeRO-1 shards
-                 the moments over dp); mixed precision (bf16/fp16): 2 + 2 bytes
-                 of weight and gradient and 12 of fp32 master and moments
+                 the moments over dp); on a catalogue GPU the stack's bytes per
+                 parameter (dt.cost.stack: dt's float32 weights, gradients and
+                 moments, 4 + 4 + 8, and autocast's 2-byte copy; Megatron's
+                 2 + 4 + 4 + 8), here dt's own float32 (or float64)
     activations  what autograd keeps per layer and micro-batch (below, the head's
                  logits included), times the micro-batches the schedule holds at
                  once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
@@ -39,7 +41,7 @@ from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula,
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, stage_tensors
+from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, layer_cut, micro_batch_sizes, stage_tensors
 
 __all__ = ["peak_bytes"]
 
@@ -55,11 +57,15 @@ def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -
 
 @functools.lru_cache(maxsize=65536)
 def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, b: int, item: int,
-                       tp: int, cp: int, recompute: str) -> list[float]:
+                       tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
+                       attention: str = "sdpa", dropout: bool = False, partition: str = "layers",
+                       shard_inputs: bool = False) -> list[float]:
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
     a = _decoder(model, seq)
-    return [stage_activation_bytes(a, r, b, item, tp, cp, recompute=recompute)
-            for r in stage_layers(model.n_layer + 2, pp, stage, None, virtual)]
+    cut = layer_cut(model, pp, virtual, partition)
+    return [stage_activation_bytes(a, r, b, item, tp, cp, sequence_parallel, attention, recompute,
+                                   dropout=dropout, shard_inputs=shard_inputs)
+            for r in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
 def _without(dense: list[int], kept: int) -> list[int]:
@@ -95,42 +101,74 @@ def _fsdp_scratch(units: FsdpUnits, n: int, replicas: int, item: int) -> int:
     return comm_scratch_formula(cuts, item, 0)
 
 
-def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
-    """Per pipeline stage: {state, scratch, activations, buffers, peak} bytes of one of its ranks."""
+def _state(c: Cluster, lay: Layout, dense: list[int], experts: int, n: int, kept: int) -> float:
+    """Weights, gradients and the optimizer's state of this rank's tensors: on a GPU (a catalogue
+    one, or this host's under --timed: dt train's stack there) the stack's bytes per parameter
+    (dt.cost.stack) and its autocast copies (ZeRO 3's of its shards: a unit's whole copy is made
+    while it is gathered); here dt's float32 (or float64)."""
+    groups = [(sum(dense), n), (experts, n // lay.ep)]  # the dense part over dp x cp, experts over edp
+    if c.device is not None:
+        st = c.stack
+        parts = zero_memory_parts(groups, lay.zero, k=st.master_bytes + st.moment_bytes,
+                                  param_bytes=st.weight_bytes, grad_bytes=st.grad_bytes, kept=kept)
+        copies = sum(numbers / (ranks if lay.zero == 3 else 1) for numbers, ranks in groups)
+        return sum(parts.values()) + st.cast_bytes * copies
     item = c.itemsize
-    mixed = c.precision in ("bf16", "fp16")
-    b = batch // lay.dp // lay.micro_batches
+    parts = zero_memory_parts(groups, lay.zero, k=2 * item, param_bytes=item, grad_bytes=item, kept=kept)
+    return sum(parts.values())
+
+
+def _activation_kind(c: Cluster) -> tuple[str, bool]:
+    """(dt.cost.activations' attention, dropout) as the cluster's stack runs them: a fused kernel
+    keeps no score matrix ("sdpa"), an unfused one keeps it ("dt"); here dt's own layers."""
+    if c.gpu is None:
+        return "sdpa", False
+    return ("dt" if c.stack.attention == "unfused" else "sdpa"), c.stack.dropout
+
+
+def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
+    """Per pipeline stage: {state, scratch, activations, buffers, runtime, peak} bytes of one of its
+    ranks. On a catalogue GPU the peak is what the caching allocator reserves (the stack's
+    fragmentation over the live bytes) plus the runtime's own (CUDA context, NCCL's buffers)."""
+    item = c.itemsize
+    b = max(micro_batch_sizes(batch, lay.dp, lay.micro_batches))  # the largest micro-batch
     a = _decoder(model, seq)
-    recompute = "full" if lay.recompute else "none"
+    attention, dropout = _activation_kind(c)
+    sp = lay.sequence_parallel and lay.tp > 1
+    cut = c.stack.partition
     out = []
     for s in range(lay.pp):
-        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s)
+        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s, cut)
         # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
         # the experts over their replicas (dt.parallel.zero.parts)
         n = lay.dp * lay.cp
         # ZeRO 2 keeps a word table's full gradient two stages sum (dt.parallel.zero.optimizer)
         tied = model.tied and lay.pp > 1 and head != embed
         kept = model.vocab // lay.tp * model.n_embd if tied and lay.zero == 2 else 0
-        state = zero_memory_parts([(sum(dense), n), (experts, n // lay.ep)], lay.zero,
-                                  k=12 if mixed else 2 * item, param_bytes=2 if mixed else item,
-                                  grad_bytes=2 if mixed else item, kept=kept)
-        chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp, recompute)
+        state = _state(c, lay, dense, experts, n, kept)
+        chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp,
+                                    lay.recompute, sp, attention, dropout, cut, c.stack.sp_shard_inputs)
         acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
-        if lay.recompute:  # one block's whole set, rebuilt for its backward
-            acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp)
-        buffers, scratch = max(bucket_bytes(dense, item), default=0) if n > 1 else 0, 0
+        if lay.recompute == "full":  # one block's whole set, rebuilt for its backward
+            acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp, sp, attention)
+        grad_item = c.grad_itemsize
+        buffers, scratch = max(bucket_bytes(dense, grad_item), default=0) if n > 1 else 0, 0
         if lay.zero and n > 1:
             buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
             parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
-            scratch = _zero_scratch(lay.zero, parts, kept, n, item) if lay.zero < 3 else \
-                _fsdp_scratch(fsdp_units(model, lay, seq, s), n, n // lay.ep, item)
+            scratch = _zero_scratch(lay.zero, parts, kept, n, grad_item) if lay.zero < 3 else \
+                _fsdp_scratch(fsdp_units(model, lay, seq, s, cut), n, n // lay.ep, grad_item)
         if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
-            acts += (sum(dense) - kept + experts) * item
+            acts += (sum(dense) - kept + experts) * grad_item
         if lay.zero == 3 and n > 1:  # this stage's units gathered whole as they run
-            units = fsdp_units(model, lay, seq, s)
-            acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), item)  # and grads
-        row = {"state": int(sum(state.values())), "scratch": int(scratch), "activations": int(acts),
+            units = fsdp_units(model, lay, seq, s, cut)
+            acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), c.param_itemsize)
+        row = {"state": int(state), "scratch": int(scratch), "activations": int(acts),
                "buffers": int(buffers)}
-        row["peak"] = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+        live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+        runtime = c.stack.runtime_bytes if c.device is not None else 0.0
+        fragmentation = c.stack.fragmentation if c.device is not None else 1.0
+        row["runtime"] = int(runtime + (fragmentation - 1) * live)
+        row["peak"] = live + row["runtime"]
         out.append(row)
     return out

@@ -66,14 +66,26 @@ class ModelShape:
         return embed + self.n_layer * self.block_params() + final_norm
 
 
-# Public shapes (GPT-2: Radford et al. 2019; Llama: Touvron et al. 2023), as dt's block.
+def _llama(name: str, n_layer: int, n_head: int, n_embd: int, ffn: int, vocab: int,
+           n_kv_head: int) -> ModelShape:
+    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=ffn, gated=True, tied=False, name=name,
+                      family="llama", n_kv_head=n_kv_head)
+
+
+# Public shapes, each as its paper or released config gives it: GPT-2 (Radford et al. 2019; the
+# Hugging Face configs), GPT-3 175B (Brown et al. 2020, Table 2.1), Llama 1/2 (Touvron et al.
+# 2023; Llama 2 70B: 8 key/value heads), Llama 3 / 3.1 (Grattafiori et al. 2024, Table 3).
 PRESETS = {
     "gpt2": ModelShape(12, 12, 768, 50257, name="gpt2"),
     "gpt2-350m": ModelShape(24, 16, 1024, 50257, name="gpt2-350m"),
     "gpt2-1.5b": ModelShape(48, 25, 1600, 50257, name="gpt2-1.5b"),
-    "llama-7b": ModelShape(32, 32, 4096, 32000, ffn=11008, gated=True, tied=False, name="llama-7b"),
-    "llama-13b": ModelShape(40, 40, 5120, 32000, ffn=13824, gated=True, tied=False, name="llama-13b"),
-    "llama-70b": ModelShape(80, 64, 8192, 32000, ffn=28672, gated=True, tied=False, name="llama-70b"),
+    "gpt3-175b": ModelShape(96, 96, 12288, 50257, name="gpt3-175b"),
+    "llama-7b": _llama("llama-7b", 32, 32, 4096, 11008, 32000, 32),
+    "llama-13b": _llama("llama-13b", 40, 40, 5120, 13824, 32000, 40),
+    "llama-70b": _llama("llama-70b", 80, 64, 8192, 28672, 32000, 8),
+    "llama3-8b": _llama("llama3-8b", 32, 32, 4096, 14336, 128256, 8),
+    "llama3-70b": _llama("llama3-70b", 80, 64, 8192, 28672, 128256, 8),
+    "llama3-405b": _llama("llama3-405b", 126, 128, 16384, 53248, 128256, 8),
 }
 
 

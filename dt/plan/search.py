@@ -1,24 +1,46 @@
 """Every layout priced and ranked: enumerate (dt.plan.layouts), drop what does not fit, predict the rest.
 
-Memory first: a layout's peak (dt.plan.memory) needs only the schedule's
-order, not its durations, so layouts that cannot fit are dropped before
-their step is priced. A catalogue GPU holds its own HBM; on this machine
-(CPU) every rank's bytes come out of one machine's memory.
+Memory first: a layout's peak (dt.plan.memory) needs only the schedule's order, not its
+durations, so layouts that cannot fit are dropped before their step is priced. A catalogue
+GPU holds its own HBM less the headroom asked for; on this machine (CPU) every rank's bytes
+come out of one machine's memory.
+
+On a catalogue cluster the grid runs to millions of layouts at thousands of GPUs, so it is
+searched by bound: a layout's step is at least its busiest stage's compute over the step's
+micro-batches (and the tensor-parallel messages its stack does not hide), which costs a few
+cached kernel sums. Layouts are priced in the order of that bound, and the search stops where
+the bound passes the step of the last row asked for: every layout it skips is slower than
+every row it shows, so the ranking of what is shown is exact.
+
+Rows whose steps differ by less than the ranking's noise (TIE on a catalogue cluster; the
+spread of the timed stages on this machine) are ties: they are ordered by memory, and marked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+import heapq
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 
 from dt.cost.flops import train_flops_per_token
+from dt.parallel.pipeline.schedules import stage_layers
 from dt.plan.cluster import Cluster
-from dt.plan.layouts import Layout, enumerate_layouts
+from dt.plan.compute import StageShape, catalogue_stage
+from dt.plan.layouts import Layout, grid, train_args
 from dt.plan.memory import peak_bytes
 from dt.plan.model import ModelShape
+from dt.plan.stage import layer_cut, micro_batch_sizes
 from dt.plan.step_model import Prediction, predict
+from dt.train.layouts import layout_error
 from dt.units import fmt_bytes
 
-__all__ = ["Row", "model_flops", "rank_layouts"]
+__all__ = ["HEADROOM", "TIE", "Ranking", "Row", "lower_bound", "model_flops", "rank_layouts"]
+
+TIE = 0.02  # catalogue steps closer than this are ties: below what the model's inputs are known to
+HEADROOM = 0.05  # the fraction of a GPU's memory kept free by default (allocator spikes, other processes)
 
 
 @dataclass
@@ -28,10 +50,21 @@ class Row:
     memory: list[dict[str, int]]  # per stage
     tokens_per_s: float
     mfu: float | None  # None where the cluster's peak is unknown (this machine)
+    tie: bool = False  # within the ranking's noise of the row above it
 
     @property
     def peak(self) -> int:
         return max(r["peak"] for r in self.memory)
+
+
+@dataclass
+class Ranking:
+    rows: list[Row]  # fitting layouts, fastest first (ties by memory)
+    grid: int  # layouts the grid holds
+    accepted: int  # of them, the layouts dt train accepts
+    dropped: dict[str, int] = field(default_factory=dict)  # why the others were dropped, how many
+    skipped: int = 0  # bounded slower than every row shown: never priced
+    seconds: float = 0.0
 
 
 def model_flops(model: ModelShape, batch: int, seq: int) -> float:
@@ -39,32 +72,138 @@ def model_flops(model: ModelShape, batch: int, seq: int) -> float:
     return train_flops_per_token(model.decoder(seq)) * batch * seq
 
 
-def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]]) -> str | None:
+def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]], headroom: float) -> str | None:
     peak = max(r["peak"] for r in memory)
     if c.shared_memory:
         total = sum(r["peak"] for r in memory) * lay.world // lay.pp
         return None if not c.memory or total <= c.memory else (
             f"the ranks' peaks add up to more than this machine's {fmt_bytes(c.memory)}: {fmt_bytes(total)}")
-    return None if peak <= c.memory else (
-        f"peak per rank over the device's {fmt_bytes(c.memory)}: {fmt_bytes(peak)}")
+    usable = c.memory * (1 - headroom)
+    return None if peak <= usable else (
+        f"peak per rank over the device's {fmt_bytes(c.memory)} less {headroom:.0%} headroom: "
+        f"{fmt_bytes(peak)}")
 
 
-def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int,
-                 recompute: tuple[bool, ...] = (False,),
-                 clip: bool = False) -> tuple[list[Row], int, dict[str, int]]:
-    """(the fitting layouts' rows, fastest first; how many were enumerated; why the others were dropped)."""
-    layouts = enumerate_layouts(model, c.world, batch, seq, c.hosts, recompute, clip)
+@functools.lru_cache(maxsize=1 << 16)
+def _pipeline_bound(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay: Layout) -> float:
+    """A step no layout of this family undercuts: for each stage, the forwards and backwards of one
+    micro-batch-chunk on every stage before it (its input comes through them first, and its last
+    gradient goes back through them last) plus its own compute over the step; the largest."""
+    sizes = micro_batch_sizes(per_rank, 1, lay.micro_batches)
+    n = model.n_layer + 2
+    cut = layer_cut(model, lay.pp, lay.virtual, c.stack.partition)
+    before = bound = 0.0
+    for s in range(lay.pp):
+        total = smallest = 0.0
+        for layers in stage_layers(n, lay.pp, s, cut, lay.virtual):
+            blocks = sum(1 for i in layers if 0 < i < n - 1)
+            shapes = [StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers, 0 in layers,
+                                 lay.sequence_parallel, lay.recompute) for size in sizes]
+            chunk = [sum(catalogue_stage(c, model, shape)) for shape in shapes]
+            total += sum(chunk)
+            smallest = min(chunk) if not smallest else min(smallest, *chunk)
+        bound = max(bound, before + total)
+        before += smallest
+    return bound
+
+
+def lower_bound(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> float:
+    """A step no shorter than the layout's (catalogue clusters only): _pipeline_bound."""
+    family = replace(Layout(), pp=lay.pp, virtual=lay.virtual, tp=lay.tp, cp=lay.cp,
+                     micro_batches=lay.micro_batches, sequence_parallel=lay.sequence_parallel,
+                     recompute=lay.recompute)
+    return _pipeline_bound(c, model, seq, batch // lay.dp, family)
+
+
+def _progress(total: int) -> Callable[[int], None]:
+    """A progress line on stderr when it is a terminal (none in pipes and logs)."""
+    if not sys.stderr.isatty() or total < 200:
+        return lambda done: None
+    start = time.perf_counter()
+
+    def show(done: int) -> None:
+        if done % 100 == 0 or done == total:
+            took = time.perf_counter() - start
+            sys.stderr.write(f"\rdt plan: {done}/{total} layouts priced ({took:.0f} s)")
+            if done == total:
+                sys.stderr.write("\n")
+            sys.stderr.flush()
+    return show
+
+
+def _stack_runs(c: Cluster, lay: Layout) -> bool:
+    """Whether the cluster's stack runs the layout (dt train runs every layout of the grid)."""
+    return c.stack.runs(lay.schedule, lay.pp, lay.tp, lay.cp, lay.zero, lay.recompute, lay.sequence_parallel)
+
+
+def _accepted(model: ModelShape, lay: Layout, batch: int, seq: int) -> bool:
+    return layout_error(train_args(lay, model, batch, seq)) is None
+
+
+def _price(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int, flops: float,
+           headroom: float, dropped: dict[str, int]) -> Row | None:
+    mem = peak_bytes(c, model, lay, batch, seq)
+    why = _fits(c, lay, mem, headroom)
+    if why is not None:
+        key = why.split(":")[0]
+        dropped[key] = dropped.get(key, 0) + 1
+        return None
+    p = predict(c, model, lay, batch, seq)
+    mfu = flops / (p.step * c.world * c.peak) if c.peak else None
+    return Row(lay, p, mem, batch * seq / p.step, mfu)
+
+
+def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int, recompute: tuple[str, ...] = ("none",),
+                 clip: bool = False, top: int | None = None, headroom: float = HEADROOM,
+                 tie: float | None = None, until: float | None = None) -> Ranking:
+    """Every layout of the grid dt train accepts, priced and ranked, fastest first.
+
+    top: on a catalogue cluster, price in the order of lower_bound and stop once the bound passes
+    the `top`-th fastest step found (None: price every layout); until: stop once it passes this
+    step instead (a rank among all: every skipped layout is slower)."""
+    t0 = time.perf_counter()
     flops = model_flops(model, batch, seq)
-    rows: list[Row] = []
+    every = list(grid(c.world, batch, c.hosts, model.experts, recompute, clip, seq))
+    layouts = [lay for lay in every if _stack_runs(c, lay) and _accepted(model, lay, batch, seq)]
     dropped: dict[str, int] = {}
-    for lay in layouts:
-        mem = peak_bytes(c, model, lay, batch, seq)
-        why = _fits(c, lay, mem)
-        if why is not None:
-            dropped[why.split(":")[0]] = dropped.get(why.split(":")[0], 0) + 1
-            continue
-        p = predict(c, model, lay, batch, seq)
-        mfu = flops / (p.step * c.world * c.peak) if c.peak else None
-        rows.append(Row(lay, p, mem, batch * seq / p.step, mfu))
-    rows.sort(key=lambda r: (r.prediction.step, r.peak))
-    return rows, len(layouts), dropped
+    rows: list[Row] = []
+    skipped = 0
+    bounded = c.gpu is not None and (top is not None or until is not None)
+    order: Iterator[tuple[float, int, Layout]] = (
+        iter(sorted(((lower_bound(c, model, lay, batch, seq), i, lay) for i, lay in enumerate(layouts)),
+                    key=lambda x: x[:2])) if bounded else ((0.0, i, lay) for i, lay in enumerate(layouts)))
+    best: list[float] = []  # a max-heap (negated) of the `top` fastest steps found
+    show = _progress(len(layouts))
+    for done, (bound, _, lay) in enumerate(order, 1):
+        limit = until if until is not None else (-best[0] if top and len(best) >= top else None)
+        if bounded and limit is not None and bound > limit * (1 + (tie or TIE)):
+            skipped = len(layouts) - done + 1
+            break
+        show(done)
+        row = _price(c, model, lay, batch, seq, flops, headroom, dropped)
+        if row is not None:
+            rows.append(row)
+            if top:
+                heapq.heappush(best, -row.prediction.step)
+                if len(best) > top:
+                    heapq.heappop(best)
+    return Ranking(_with_ties(rows, tie if tie is not None else (TIE if c.gpu is not None else 0.0)),
+                   len(every), len(layouts), dropped, skipped, time.perf_counter() - t0)
+
+
+def _with_ties(rows: list[Row], tolerance: float) -> list[Row]:
+    """Fastest first; rows within `tolerance` of the first of their group are ties, by memory."""
+    rows = sorted(rows, key=lambda r: (r.prediction.step, r.peak))
+    out: list[Row] = []
+    i = 0
+    while i < len(rows):
+        lead = rows[i].prediction.step
+        j = i
+        while j < len(rows) and rows[j].prediction.step <= lead * (1 + tolerance):
+            j += 1
+        group = sorted(rows[i:j], key=lambda r: (r.peak, r.prediction.step))
+        for k, r in enumerate(group):
+            r.tie = k > 0
+        out += group
+        i = j
+    return out

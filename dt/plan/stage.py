@@ -23,20 +23,24 @@ from __future__ import annotations
 
 import functools
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from dt.cost import ring_reduce_scatter
+from dt.cost.stack import Stack
 from dt.layout import split_sizes
 from dt.parallel.buckets import MB, make_buckets
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.zero.memory import SHARD_ALGORITHM, zero_traffic_formula
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
-from dt.plan.compute import ddp_hooks, slowest_rank, stage_compute
+from dt.plan.compute import StageShape, catalogue_stage, ddp_hooks, slowest_rank, stage_compute
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
 __all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes",
-           "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_units", "stage_tensors", "stage_work"]
+           "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed", "fsdp_units", "layer_cut",
+           "micro_batch_sizes", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -108,6 +112,19 @@ class StageWork:
     slowest: float = 1.0  # the slowest rank's compute over the median's (compute.slowest_rank)
 
 
+def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers") -> tuple[int, ...] | None:
+    """Layers of each of the pp x virtual model chunks (dt.parallel.pipeline.stage_layers' `sizes`):
+    None for dt train's cut (every layer counts one, the embedding and head included); "blocks" for
+    Megatron's: the blocks split evenly, the embedding with the first chunk and the head with the last."""
+    chunks = pp * virtual
+    if partition == "layers" or chunks == 1 or chunks > model.n_layer:
+        return None
+    sizes = split_sizes(model.n_layer, chunks)
+    sizes[0] += 1
+    sizes[-1] += 1
+    return tuple(sizes)
+
+
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
     c, f = model.n_embd, model.hidden
@@ -159,22 +176,23 @@ def _block_units(model: ModelShape, tp: int, ep: int) -> tuple[list[int], list[i
     return block + [dense[-1]], [c * f + f, f * c + c] * -(-model.experts // ep)
 
 
-def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int) -> FsdpUnits:
+def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int, partition: str = "layers") -> FsdpUnits:
     """The FSDP units of `stage`'s rank: its chunks' layers' (embedding, blocks, head). A tied word
     table is the root's on one stage; with pp > 1 a unit of its own on both its stages."""
-    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
 
 
 @functools.lru_cache(maxsize=4096)
 def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-                stage: int) -> FsdpUnits:
+                stage: int, partition: str) -> FsdpUnits:
     c, n, llama = model.n_embd, model.n_layer + 2, model.family == "llama"
     root = model.vocab // tp * c if model.tied and pp == 1 else 0
     word = [] if root else [model.vocab // tp * c]  # the embedding's, and the head's (tied: its copy)
     block, experts = _block_units(model, tp, ep)
     dense: list[int] = []
     moe: list[int] = []
-    for i in (i for r in stage_layers(n, pp, stage, None, virtual) for i in r):
+    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
+    for i in (i for r in chunks for i in r):
         if i == 0:
             dense += word + ([] if llama else [seq * c])  # rotary: no position table
         elif i == n - 1:
@@ -185,23 +203,24 @@ def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq:
     return FsdpUnits(root, tuple(dense), tuple(moe))
 
 
-def stage_tensors(model: ModelShape, lay: Layout, seq: int,
-                  stage: int) -> tuple[list[int], int, int, bool, bool]:
+def stage_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
+                  partition: str = "layers") -> tuple[list[int], int, int, bool, bool]:
     """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
-    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)
+    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
     return ([n for c in chunks for n in c], *rest)
 
 
-def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int) -> list[list[int]]:
+def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
+                  partition: str = "layers") -> list[list[int]]:
     """Dense tensor sizes of each model chunk of `stage` (each chunk has its own DDP buckets)."""
-    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage)[0]]
+    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)[0]]
 
 
 @functools.lru_cache(maxsize=16384)
-def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
-             stage: int) -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
+def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int, stage: int,
+             partition: str = "layers") -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
     n = model.n_layer + 2
-    chunks = stage_layers(n, pp, stage, None, virtual)
+    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
     layers = [i for r in chunks for i in r]
     out: list[tuple[int, ...]] = []
     experts = 0
@@ -225,89 +244,157 @@ def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: in
     return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
 
 
-def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float) -> tuple[float, float]:
-    """(forward, backward) seconds of one block's context-parallel attention messages."""
+def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float,
+                        kv_share: float) -> tuple[float, float]:
+    """(forward, backward) seconds of one block's context-parallel attention messages; act: one
+    rank's activation bytes of all heads, kv_share: the keys' and values' heads over all heads."""
     if lay.cp == 1:
         return 0.0, 0.0
     if lay.cp_attention == "ulysses":
-        qkv = collective_seconds(c, "all_to_all", 3 * act, g.cp)
+        qkv = collective_seconds(c, "all_to_all", (1 + 2 * kv_share) * act, g.cp)
         out = collective_seconds(c, "all_to_all", act, g.cp)
         return qkv + out, qkv + out
     from dt.plan.comm import send_seconds
 
-    hop = send_seconds(c, 2 * act, g.cp[0], g.cp[1])
-    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * act, g.cp[0], g.cp[1])
+    kv = kv_share * act
+    hop = send_seconds(c, 2 * kv, g.cp[0], g.cp[1])
+    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * kv, g.cp[0], g.cp[1])
 
 
-def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int) -> FsdpUnits | None:
+def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int,
+           partition: str) -> FsdpUnits | None:
     if lay.zero != 3 or len(g.dp_cp) < 2:
         return None
-    return fsdp_units(model, lay, seq, stage)
+    return fsdp_units(model, lay, seq, stage, partition)
 
 
 def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
-    reduce-scatters its gradient, each blocking (dt's FSDP does not prefetch); 0 without zero 3."""
+    reduce-scatters its gradient (what of them the compute hides: fsdp_exposed); 0 without zero 3."""
     if units is None:
         return 0.0, 0.0
 
     def each(op: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
         ring = SHARD_ALGORITHM  # a model's units repeat (every block alike): each size priced once
-        return (sum(k * collective_seconds(c, op, n * c.itemsize, g.dp_cp, ring)
+        item = c.param_itemsize if op == "all_gather" else c.grad_itemsize
+        return (sum(k * collective_seconds(c, op, n * item, g.dp_cp, ring)
                     for n, k in Counter(units.plane).items())
-                + sum(k * collective_seconds(c, op, n * c.itemsize, g.edp, ring)
+                + sum(k * collective_seconds(c, op, n * item, g.edp, ring)
                       for n, k in Counter(units.experts).items()))
 
     return each("all_gather"), each("reduce_scatter")
 
 
 def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro_batches: int,
-                    dp_cp_rank: int = 0, edp_rank: int = 0) -> tuple[int, int]:
+                    dp_cp_rank: int = 0, edp_rank: int = 0,
+                    grad_itemsize: int | None = None) -> tuple[int, int]:
     """Bytes one rank sends per step in FSDP's collectives, (over dp x cp, over edp): per unit and
-    micro-batch two ring all-gathers and a ring reduce-scatter of its shards over its group
-    (zero_traffic_formula, as dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's
-    place in each group (the shards of a unit its group does not divide differ by one)."""
+    micro-batch two ring all-gathers of its `itemsize` weights and a ring reduce-scatter of its
+    gradient (`grad_itemsize`, default the weights') over its group (zero_traffic_formula, as
+    dt.parallel.zero.fsdp's expected_bytes_sent); `*_rank`: the rank's place in each group (the
+    shards of a unit its group does not divide differ by one)."""
+    grad = itemsize if grad_itemsize is None else grad_itemsize
+
     def over(sizes: tuple[int, ...], ranks: int, rank: int) -> int:
         if ranks < 2:
             return 0  # the formula sums over the units: each distinct size once, times its count
-        return sum(k * _unit_bytes(n, ranks, rank, itemsize, micro_batches)
+        return sum(k * _unit_bytes(n, ranks, rank, itemsize, grad, micro_batches)
                    for n, k in Counter(sizes).items())
 
     return over(units.plane, dp_cp, dp_cp_rank), over(units.experts, edp, edp_rank)
 
 
 @functools.lru_cache(maxsize=65536)
-def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, micro_batches: int) -> int:
-    """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards)."""
-    return zero_traffic_formula([split_sizes(numel, ranks)], rank, 3, itemsize, micro_batches)
+def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize: int,
+                micro_batches: int) -> int:
+    """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards), its
+    reduce-scatters' elements counted at the gradient's itemsize."""
+    shards = split_sizes(numel, ranks)
+    total = zero_traffic_formula([shards], rank, 3, itemsize, micro_batches)
+    scattered = ring_reduce_scatter(shards, 1, rank).bytes_sent * micro_batches  # elements
+    return total + scattered * (grad_itemsize - itemsize)
+
+
+def micro_batch_sizes(batch: int, dp: int, micro_batches: int) -> list[int]:
+    """Sequences in each micro-batch of one rank, as dt train cuts them: the rank's batch / dp
+    split by tensor_split into `micro_batches` (the first ones one longer where it does not divide)."""
+    return split_sizes(batch // dp, micro_batches)
+
+
+def _mean_over(sizes: list[int], price: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
+    """(forward, backward) seconds of a micro-batch averaged over the step's sizes (at most two)."""
+    total_f = total_b = 0.0
+    for size, count in Counter(sizes).items():
+        f, b = price(size)
+        total_f, total_b = total_f + count * f, total_b + count * b
+    return total_f / len(sizes), total_b / len(sizes)
+
+
+def _compute(c: Cluster, model: ModelShape, lay: Layout, sizes: list[int], seq: int, blocks: int, head: bool,
+             embed: bool) -> tuple[float, float]:
+    """(forward, backward) compute seconds of the stage's mean micro-batch: kernel by kernel on a
+    catalogue GPU (dt.plan.compute.catalogue_stage), else timed or from FLOPs (stage_compute)."""
+    t = seq // lay.cp
+    if c.gpu is not None:
+        shape = lambda b: StageShape(b, seq, lay.tp, lay.cp, blocks, head, embed,  # noqa: E731
+                                     lay.sequence_parallel, lay.recompute)
+        return _mean_over(sizes, lambda b: catalogue_stage(c, model, shape(b)))
+    full = lay.recompute == "full"
+    return _mean_over(sizes, lambda b: stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head,
+                                                     embed, full, lay.cp_attention))
+
+
+def _exposed(messages: float, compute: float, overlapped: bool) -> float:
+    """Seconds of tensor parallel's messages the compute does not hide: all of them, unless the
+    stack overlaps them with its GEMMs (then what runs past the compute)."""
+    return max(0.0, messages - compute) if overlapped else messages
+
+
+def fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
+    """(forward, backward) seconds of ZeRO 3's collectives the compute does not hide: a forward
+    gathers every unit, a backward gathers them again (unless the stack keeps them gathered from
+    forward to backward) and reduce-scatters their gradients; with prefetch each runs behind the
+    neighbouring unit's compute, so only what outlasts the compute waits."""
+    regather = gather if st.reshard_after_forward else 0.0
+    if not st.fsdp_prefetch:
+        return gather, regather + scatter
+    if st.fsdp_scatter_behind:
+        return max(0.0, gather - fwd), max(0.0, regather + scatter - bwd)
+    return max(0.0, gather - fwd), max(0.0, regather - bwd) + scatter
 
 
 def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch: int, seq: int,
                stage: int) -> StageWork:
-    """One micro-batch through every chunk of `stage`, forward and backward, by kind."""
-    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage)
-    b = batch // lay.dp // lay.micro_batches
+    """One (mean) micro-batch through every chunk of `stage`, forward and backward, by kind."""
+    cut = c.stack.partition
+    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage, cut)
+    sizes = micro_batch_sizes(batch, lay.dp, lay.micro_batches)
+    b = max(1, min(sizes))  # the integer micro-batch the timed paths measure
+    mean = sum(sizes) / len(sizes)
     t = seq // lay.cp
-    act = b * t * model.n_embd * c.itemsize
-    cf, cb = stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.recompute,
-                           lay.cp_attention)
+    act = mean * t * model.n_embd * c.itemsize
+    cf, cb = _compute(c, model, lay, sizes, seq, blocks, head, embed)
     tp1 = collective_seconds(c, "all_reduce", act, g.tp)
-    small = collective_seconds(c, "all_reduce", b * t * c.itemsize, g.tp)
-    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp)
-    routed = b * t * model.top_k * model.n_embd * c.itemsize
+    small = collective_seconds(c, "all_reduce", mean * t * c.itemsize, g.tp)
+    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp, model.kv_heads / model.n_head)
+    routed = mean * t * model.top_k * model.n_embd * c.itemsize
     ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
-    units = _units(model, lay, g, seq, stage)
+    units = _units(model, lay, g, seq, stage, cut)
     gather, scatter = _fsdp_seconds(c, units, g)
     tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
-    fwd = {"compute": cf, "tp": tp_fwd,
-           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": gather}
-    bwd = {"compute": cb, "tp": 2 * blocks * tp1 + (tp1 if head else 0.0),
-           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": gather + scatter}
+    rerun = 2 * blocks * tp1 if lay.recompute == "full" else 0.0  # recompute's forward all-reduces again
+    tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + rerun
+    overlap = c.gpu is not None and c.stack.overlap_tp
+    fsdp_fwd, fsdp_bwd = fsdp_exposed(c.stack, gather, scatter, cf, cb)
+    fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
+           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_fwd}
+    bwd = {"compute": cb, "tp": _exposed(tp_bwd, cb, overlap),
+           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_bwd}
     tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
     ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
     hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
                       lay.cp_attention) if ddp else 0.0
     slowest = slowest_rank(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.cp_attention)
-    return StageWork(fwd, bwd, dense, chunk_tensors(model, lay, seq, stage), experts, blocks, head, embed,
-                     units, tied, hooks, slowest)
+    chunks = chunk_tensors(model, lay, seq, stage, cut)
+    return StageWork(fwd, bwd, dense, chunks, experts, blocks, head, embed, units, tied, hooks, slowest)

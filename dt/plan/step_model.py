@@ -80,7 +80,7 @@ def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> l
     pipe = set(g["pp"][0])  # stage s's rank of the first pipeline, and its tp peers: pp x tp
     norm = tuple(sorted(r for t in g["tp"] if pipe & set(t) for r in t))
     return [RankGroups(first["tp"][s], first["cp"][s], first["ep"][s], first["dp_cp"][s], first["edp"][s],
-                       g["pp"][0], g["embed"][0], norm) for s in range(lay.pp)]
+                   g["pp"][0], g["embed"][0], norm) for s in range(lay.pp)]
 
 
 def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list, t0: float) -> list[Span]:
@@ -118,12 +118,13 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     per pipeline stage (the other ranks of a stage do the same work at the same times)."""
     groups = stage_groups(lay)
     works = [stage_work(c, model, lay, groups[s], batch, seq, s) for s in range(lay.pp)]
-    b = batch // lay.dp // lay.micro_batches
+    b = batch / lay.dp / lay.micro_batches  # the mean micro-batch (dt train's may differ by one)
     act = b * (seq // lay.cp) * model.n_embd * c.itemsize
-    send = send_seconds(c, act, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
+    carried = act / lay.tp if c.gpu is not None and c.stack.scatter_gather_p2p else act
+    send = send_seconds(c, carried, groups[0].pp[0], groups[0].pp[1]) if lay.pp > 1 else 0.0
     fwd = tuple(sum(w.fwd.values()) / lay.virtual for w in works)
     bwd = tuple(sum(w.bwd.values()) / lay.virtual for w in works)
-    terms = _message_terms(c)
+    terms = _message_terms(c, send)
     played, stash = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send, *terms)
     # The fill and the drain cross every stage boundary of the virtual pipeline once each way;
     # the sends of the steady state overlap other stages' work, but not what each message costs
@@ -163,11 +164,12 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     return Prediction(lay, step, parts, lines, levels, stash)
 
 
-def _message_terms(c: Cluster) -> tuple[float, float, float]:
+def _message_terms(c: Cluster, send: float) -> tuple[float, float, float]:
     """(post, wake, spin) of a pipeline message on this machine's shared-memory wire, as `dt tune`
-    measured them (dt.cost.overheads); none on a catalogue cluster (NCCL's sends are the GPU's)."""
+    measured them (dt.cost.overheads); on a catalogue cluster none (NCCL's sends run beside the
+    compute), unless the stack's sends block its stage: then each end is held the message's time."""
     if not c.shared_memory:
-        return 0.0, 0.0, float("inf")
+        return (send if c.stack.blocking_p2p else 0.0), 0.0, float("inf")
     t = overheads("shm", c.per_host)
     return t.post, t.wake, t.spin
 
@@ -184,9 +186,10 @@ def _tail(c: Cluster, model: ModelShape, lay: Layout,
     """The collectives every stage waits on after the pipeline: tied sum, loss, clipping's norm."""
     item = c.itemsize
     tail = []
-    if model.tied and lay.pp > 1:
-        tail.append(("tied", collective_seconds(c, "all_reduce", model.vocab // lay.tp * model.n_embd * item,
-                                                groups[0].embed), "tied embedding all-reduce"))
+    if model.tied and lay.pp > 1:  # the word table's gradient, as the data-parallel sync reduces it
+        table = model.vocab // lay.tp * model.n_embd * c.grad_itemsize
+        tail.append(("tied", collective_seconds(c, "all_reduce", table, groups[0].embed),
+                     "tied embedding all-reduce"))
     tail.append(("loss", collective_seconds(c, "all_reduce", item, groups[-1].dp_cp)
                  + (collective_seconds(c, "all_reduce", item, groups[0].pp) if lay.pp > 1 else 0.0),
                  "loss all-reduce, broadcast"))
@@ -208,34 +211,43 @@ def _optimizer(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tup
     out = [("dp", d, label) for label, d in before]
     if lay.clip and shards > 1:
         out.append(("norm", collective_seconds(c, "all_reduce", c.itemsize, g.dp_cp), "clip: shards' norm"))
-    if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each
-        out.append(("compute", 3 * numbers * c.itemsize / c.mem_bw, "clip"))
+    if lay.clip:  # the squares' sum reads every gradient; the scaling reads and writes each (as kept)
+        out.append(("compute", 3 * numbers * c.grad_itemsize / c.mem_bw, "clip"))
     out.append(("compute", adam_step_seconds(c, lay, w, len(g.dp_cp), len(g.edp)), "Adam"))
     return out + [("dp", d, label) for label, d in after]
 
 
-def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, b: int, seq: int,
+def _bytes_per_level(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, b: float, seq: int,
                      model: ModelShape) -> dict[str, float]:
     """Bytes one rank of stage 0 sends per step, by the level its groups sit on (ring counts)."""
     from dt.plan.comm import group_hosts
 
-    item = c.itemsize
-    act = b * (seq // lay.cp) * model.n_embd * item
+    act = b * (seq // lay.cp) * model.n_embd * c.itemsize
+    grad, param = c.grad_itemsize, c.param_itemsize  # the sync's gradients and ZeRO's weights, as kept
     out = {"intra": 0.0, "inter": 0.0}
 
     def add(ranks: tuple[int, ...], nbytes: float) -> None:
+        """A ring over the group in rank order: of its p links, those joining two hosts carry the
+        inter-host share of every rank's bytes (each rank sends alike around the ring)."""
         p = len(ranks)
         if p > 1:
-            out["inter" if max(group_hosts(c, ranks)) > 0 else "intra"] += nbytes
+            hosts = group_hosts(c, ranks)
+            across = sum(hosts[i] != hosts[(i + 1) % p] for i in range(p)) / p
+            out["inter"] += nbytes * across
+            out["intra"] += nbytes * (1 - across)
 
     m = lay.micro_batches
     add(g.tp, m * 4 * w.blocks * 2 * (lay.tp - 1) / lay.tp * act)
+    share = (len(g.dp_cp) - 1) / len(g.dp_cp)  # of the whole a ring's rank sends, per pass
     if w.fsdp is not None:  # FSDP: each unit's two all-gathers and reduce-scatter a micro-batch
-        plane, experts = fsdp_bytes_sent(w.fsdp, len(g.dp_cp), len(g.edp), item, m)
+        plane, experts = fsdp_bytes_sent(w.fsdp, len(g.dp_cp), len(g.edp), param, m, grad_itemsize=grad)
         add(g.dp_cp, plane)
         add(g.edp, experts)
-    else:
-        add(g.dp_cp, 2 * (len(g.dp_cp) - 1) / len(g.dp_cp) * sum(w.dense) * item)
+    elif lay.zero == 0:  # DDP: one all-reduce of the gradients (a reduce-scatter and an all-gather)
+        add(g.dp_cp, 2 * share * sum(w.dense) * grad)
+    else:  # ZeRO 1-2: the gradients reduce-scattered (ZeRO 2: every micro-batch), the weights gathered
+        once = lay.zero == 1 or c.gpu is not None and c.stack.reduce_once
+        add(g.dp_cp, share * sum(w.dense) * ((1 if once else m) * grad + param))
     if lay.pp > 1:
         add(g.pp[:2], 2 * m * act)
     return out

@@ -14,8 +14,9 @@
                   after backward (nothing overlaps it), Adam on the shard, the all-gather
     ZeRO 3        FSDP per stage (each chunk's units over the stage's dp x cp, experts' over
                   edp): each unit all-gathered before its forward, again before its backward,
-                  its gradient reduce-scattered there, each blocking (no prefetch): priced in
-                  the stage's forward and backward (dt.plan.stage.fsdp_units), none here
+                  its gradient reduce-scattered there; what of them the compute does not hide
+                  (the stack's prefetch: dt.plan.stage.fsdp_exposed) is priced in the stage's
+                  forward and backward (dt.plan.stage.fsdp_units), none here
     experts       without ZeRO, TrainStep's own sync (no DDP wraps the chunks): the buckets
                   all-reduced one after another after the last backward, then the experts' over
                   their replicas; with ZeRO 1-2, ZeroParts: each collective above on the dense
@@ -52,10 +53,12 @@ def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> floa
 
 def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list[Action]) -> float:
     """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
-    if len(g.dp_cp) < 2 or lay.zero in (1, 3) or w.experts and not lay.zero:
+    if len(g.dp_cp) < 2 or lay.zero == 3 or lay.zero == 1 and not _zero1_bucketed(c) \
+            or w.experts and not lay.zero:
         return 0.0
     op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
     algorithm = "auto" if lay.zero == 0 else SHARD_ALGORITHM  # DDP's auto, ZeRO 2's ring
+    behind = c.gpu is None or c.stack.overlap_grad_reduce  # else each bucket waits for backward's end
     priced: dict[tuple[int, int], float] = {}  # most buckets are the cap's size: price each size once
 
     def seconds(nbytes: int, group: tuple[int, ...]) -> float:
@@ -65,17 +68,27 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts:
 
     exposed = 0.0
     for chunk, dense in enumerate(_bucketed(lay, w)):
-        buckets = [(seconds(nbytes, g.dp_cp), ready) for nbytes, ready in bucket_ready(dense, c.itemsize)]
+        buckets = [(seconds(nbytes, g.dp_cp), ready)
+                   for nbytes, ready in bucket_ready(dense, c.grad_itemsize)]
         buckets += [(seconds(nbytes, g.edp), ready) for nbytes, ready in _expert_buckets(c, w, g)]
         buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
+        if not behind:
+            buckets = [(seconds_, 1.0) for seconds_, _ in buckets]
         backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
-        if lay.zero == 0 and backs:
+        once = lay.zero in (0, 1) or c.gpu is not None and c.stack.reduce_once  # else every micro-batch
+        if once and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
         durations: dict[float, int] = {}  # a chunk's backwards mostly last alike: play each once
         for _, d in backs:
             durations[d] = durations.get(d, 0) + 1
         exposed += sum(k * max(0.0, thread_end(0.0, d, buckets) - d) for d, k in durations.items())
     return exposed
+
+
+def _zero1_bucketed(c: Cluster) -> bool:
+    """Whether ZeRO 1's reduce-scatter runs in backward's buckets (Megatron's distributed optimizer,
+    DeepSpeed's stage 1) rather than in the optimizer's step on one flat gradient (dt's)."""
+    return c.gpu is not None and c.stack.zero1_in_backward
 
 
 def _bucketed(lay: Layout, w: StageWork) -> list[list[int]]:
@@ -97,7 +110,7 @@ def _expert_buckets(c: Cluster, w: StageWork, g: RankGroups) -> list[tuple[int, 
     if not w.experts or len(g.edp) < 2 or not w.blocks:
         return []
     per_block = w.experts // w.blocks
-    return bucket_ready([per_block] * (w.blocks // len(w.chunks) or 1), c.itemsize)
+    return bucket_ready([per_block] * (w.blocks // len(w.chunks) or 1), c.grad_itemsize)
 
 
 def after_backward(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tuple[str, float]]:
@@ -105,7 +118,7 @@ def after_backward(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list
     their own: optimizer_collectives): nothing overlaps it."""
     if not w.experts or lay.zero:
         return []
-    item = c.itemsize
+    item = c.grad_itemsize
     out = [(f"bucket {i} all-reduce", collective_seconds(c, "all_reduce", nbytes, g.dp_cp))
            for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else [])]
     if len(g.edp) > 1:
@@ -119,15 +132,18 @@ def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
     With experts, per part (dt.parallel.zero.parts): the dense over dp x cp, the experts over edp."""
     if lay.zero in (0, 3) or len(g.dp_cp) < 2:  # zero 3's collectives are in forward and backward
         return [], []
-    parts = [("", sum(w.dense) * c.itemsize, g.dp_cp)]
+    parts = [("", sum(w.dense), g.dp_cp)]
     if w.experts and len(g.edp) > 1:
-        parts.append((" (experts)", w.experts * c.itemsize, g.edp))
+        parts.append((" (experts)", w.experts, g.edp))
     ring = SHARD_ALGORITHM
-    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", nbytes, group, ring))
-              for tag, nbytes, group in parts] if lay.zero == 1 else []
+    grad, param = c.grad_itemsize, c.param_itemsize
+    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", n * grad, group, ring))
+              for tag, n, group in parts] if lay.zero == 1 and not _zero1_bucketed(c) else []
     if lay.zero == 2 and w.tied:  # the kept word table's summed gradient, scattered once a step
         before.append(("ZeRO-2 tied reduce-scatter",
-                       collective_seconds(c, "reduce_scatter", w.tied * c.itemsize, g.dp_cp, ring)))
-    after = [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", nbytes, group, ring))
-             for tag, nbytes, group in parts]
+                       collective_seconds(c, "reduce_scatter", w.tied * grad, g.dp_cp, ring)))
+    if c.gpu is not None and c.stack.overlap_param_gather:  # behind the next step's forward
+        return before, []
+    after = [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", n * param, group, ring))
+             for tag, n, group in parts]
     return before, after

@@ -53,8 +53,9 @@ from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
 
-__all__ = ["adam_seconds", "ddp_hook_seconds", "samples", "slowest_of", "stage_module", "stage_seconds",
-           "stage_timing", "time_stage", "timed"]
+__all__ = ["BUDGET", "MEMORY_SHARE", "TIMING_BUDGET", "TimingBudget", "adam_seconds", "adam_within_budget",
+           "ddp_hook_seconds", "ddp_hooks_within_budget", "samples", "slowest_of", "stage_module",
+           "stage_seconds", "stage_timing", "time_stage", "timed", "timed_within_budget", "was_timed"]
 
 REPS = 9
 MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
@@ -188,6 +189,82 @@ def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
 
 stage_timing = functools.cache(time_stage)  # the planner's: each shape timed once a process
 
+TIMING_BUDGET = 60.0  # seconds a process spends timing here; past it, the rest is priced without timing
+MEMORY_SHARE = 0.25  # a stage is timed only while its weights, gradients and activations fit this share
+
+UNTIMED = {  # what is priced without timing past the budget, by kind
+    "stage": "stage shapes priced at the timed stages' FLOP rate",
+    "adam": "Adam steps priced by their bytes at the memcpy rate",
+    "ddp": "DDP hook costs left out",
+}
+
+
+class TimingBudget:
+    """What the planner has spent timing on this machine in this process: every measurement (a stage,
+    DDP's hooks, Adam) is made once, while the time spent stays under TIMING_BUDGET and its bytes fit
+    MEMORY_SHARE of the available memory; what is past either is priced without timing, counted here.
+
+    `dt plan --preset gpt2` here would otherwise time a 50,257-word head at every micro-batch size,
+    minutes each, holding gigabytes."""
+
+    def __init__(self) -> None:
+        self.spent = 0.0
+        self.rates: list[float] = []  # FLOP/s of the stages timed
+        self.timed: set[tuple] = set()
+        self.untimed: dict[str, set[tuple]] = {kind: set() for kind in UNTIMED}
+
+    def rate(self) -> float | None:
+        """The median FLOP/s of the stages timed so far (None before any)."""
+        return statistics.median(self.rates) if self.rates else None
+
+    def allows(self, key: tuple, nbytes: float) -> bool:
+        """Whether `key` is timed: it was (the cache answers), or the budget lasts and its bytes fit."""
+        from dt.args import available_memory
+
+        if key in self.timed:
+            return True
+        memory = available_memory() or 0
+        return self.spent < TIMING_BUDGET and not (memory and nbytes > MEMORY_SHARE * memory)
+
+    def measure(self, key: tuple, nbytes: float, kind: str, fn: Callable[[], float]) -> float | None:
+        """fn's seconds where the budget allows `key` (its time charged to the budget), else None."""
+        if not self.allows(key, nbytes):
+            self.untimed[kind].add(key)
+            return None
+        known = key in self.timed
+        t0 = time.perf_counter()
+        seconds = fn()
+        if not known:
+            self.timed.add(key)
+            self.spent += time.perf_counter() - t0
+        return seconds
+
+    def note(self) -> str | None:
+        """One line saying what was priced without timing (None when everything was timed)."""
+        counts = [f"{len(keys)} {UNTIMED[kind]}" for kind, keys in self.untimed.items() if keys]
+        if not counts:
+            return None
+        return (f"timing budget: {self.spent:.0f} s spent timing here (at most {TIMING_BUDGET:g} s, stages "
+                f"of at most {MEMORY_SHARE:.0%} of memory: dt.plan.timed); " + ", ".join(counts))
+
+
+BUDGET = TimingBudget()
+
+
+def timed_within_budget(shape: tuple, flops: float, nbytes: float) -> float | None:
+    """The stage's median seconds (stage_timing) where the budget allows it; None where it is not
+    timed (the caller prices its FLOPs at BUDGET.rate())."""
+    known = shape in BUDGET.timed
+    seconds = BUDGET.measure(shape, nbytes, "stage", lambda: statistics.median(stage_timing(*shape)))
+    if seconds is not None and not known and seconds > 0 and flops > 0:
+        BUDGET.rates.append(flops / seconds)
+    return seconds
+
+
+def was_timed(shape: tuple) -> bool:
+    """Whether this stage's shape was timed (not priced by rate past the budget)."""
+    return shape in BUDGET.timed
+
 
 def stage_seconds(*shape: object, **kw: object) -> float:
     """Seconds of one micro-batch's forward and backward through a stage (stage_timing's median)."""
@@ -240,3 +317,15 @@ def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str, device: str =
         return timed(step, threads, device=device)
     finally:
         torch.set_num_threads(old)
+
+
+def ddp_hooks_within_budget(shape: tuple, nbytes: float) -> float | None:
+    """ddp_hook_seconds(*shape) where the budget allows it, else None (the hooks left out)."""
+    return BUDGET.measure(("ddp", *shape), nbytes, "ddp", lambda: ddp_hook_seconds(*shape))
+
+
+def adam_within_budget(sizes: tuple[int, ...], threads: int, dtype: str) -> float | None:
+    """adam_seconds on this machine where the budget allows it, else None (priced by its bytes)."""
+    nbytes = 4 * sum(sizes) * {"float32": 4, "float64": 8}[dtype]  # weights, gradients, two moments
+    return BUDGET.measure(("adam", sizes, threads, dtype), nbytes, "adam",
+                          lambda: adam_seconds(sizes, threads, dtype))

@@ -20,8 +20,9 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["FFN_ACTIVATIONS", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS", "SOURCES", "Cluster",
-           "Layout", "ModelShape", "PublishedRow", "Source", "describe", "load", "source_file"]
+__all__ = ["FFN_ACTIVATIONS", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS", "SOURCES",
+           "RunCluster",
+           "RunLayout", "RunModel", "PublishedRow", "Source", "describe", "load", "source_file"]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -38,7 +39,7 @@ SECONDARY_METRICS = frozenset(METRICS) | {
 RECOMPUTE = ("none", "selective", "full")
 FFN_ACTIVATIONS = ("gelu", "swiglu")
 
-_SOURCE_KEYS = ("source", "citation", "url", "table", "verified", "notes", "defaults", "rows")
+_SOURCE_KEYS = ("source", "citation", "url", "table", "verified", "notes", "defaults", "pricing", "rows")
 _SHAPE = ("model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "ffn_activation",
           "vocab_size", "seq_len", "tied_embeddings", "shape_source")
 _CLUSTER = ("gpu", "device", "gpu_memory_gb", "gpus", "gpus_per_host", "interconnect")
@@ -50,7 +51,7 @@ ROW_KEYS = _SHAPE + _CLUSTER + _LAYOUT + _RESULT
 
 
 @dataclass(frozen=True)
-class ModelShape:
+class RunModel:
     """The transformer as trained: from the source or the model's own published config (`source`)."""
 
     name: str
@@ -68,7 +69,7 @@ class ModelShape:
 
 
 @dataclass(frozen=True)
-class Cluster:
+class RunCluster:
     """The machines the run used; `device` is dt's catalogue name when the GPU is in it, else None."""
 
     gpu: str
@@ -80,7 +81,7 @@ class Cluster:
 
 
 @dataclass(frozen=True)
-class Layout:
+class RunLayout:
     """How the run was split; None where the source does not say."""
 
     dp: int | None
@@ -103,9 +104,9 @@ class PublishedRow:
     """One printed row: the run in one vocabulary, the source's figure and the source's own columns."""
 
     source: str
-    model: ModelShape
-    cluster: Cluster
-    layout: Layout
+    model: RunModel
+    cluster: RunCluster
+    layout: RunLayout
     precision: str | None
     metric: str  # a key of METRICS
     published: float  # in `metric`'s unit, as printed
@@ -128,6 +129,8 @@ class Source:
     table: str
     verified: str
     notes: str
+    pricing: Mapping[str, Any]  # how dt plan prices its rows: the stack, the FLOPs its figures count, and
+    # what it takes for a field the source leaves unprinted ("assume"), with why
 
 
 SOURCES: tuple[str, ...] = tuple(sorted(p.stem for p in _HERE.glob("*.json")))
@@ -153,7 +156,8 @@ def _read(source: str) -> dict[str, Any]:
 def describe(source: str) -> Source:
     """The citation, verification and conventions of one source."""
     doc = _read(source)
-    return Source(doc["source"], doc["citation"], doc["url"], doc["table"], doc["verified"], doc["notes"])
+    return Source(doc["source"], doc["citation"], doc["url"], doc["table"], doc["verified"], doc["notes"],
+                  MappingProxyType(doc["pricing"]))
 
 
 def _row(source: str, index: int, fields: dict[str, Any]) -> PublishedRow:
@@ -168,9 +172,9 @@ def _row(source: str, index: int, fields: dict[str, Any]) -> PublishedRow:
         raise ValueError(f"{where}: recompute {fields['recompute']!r} is not one of {RECOMPUTE} or null")
     return PublishedRow(
         source=source,
-        model=ModelShape(*(fields[k] for k in _SHAPE)),
-        cluster=Cluster(*(fields[k] for k in _CLUSTER)),
-        layout=Layout(*(fields[k] for k in _LAYOUT)),
+        model=RunModel(*(fields[k] for k in _SHAPE)),
+        cluster=RunCluster(*(fields[k] for k in _CLUSTER)),
+        layout=RunLayout(*(fields[k] for k in _LAYOUT)),
         precision=fields["precision"],
         metric=fields["metric"],
         published=float(fields["published"]),

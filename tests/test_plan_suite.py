@@ -1,0 +1,119 @@
+"""The planner beside published runs (`dt plan --published`, dt.plan.suite) in CI, and the published
+tables' own arithmetic.
+
+Every source's median and worst |predicted / published - 1| (the step in the source's unit, and the
+memory per GPU where the source printed one) is held to the value the suite printed in its record:
+a change that makes any of them worse fails, and one that improves them lowers the figure here.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from dt.cost.flops import train_flops_per_token
+from dt.plan.layouts import parse_name
+from dt.plan.model import ModelShape
+from dt.plan.published import SOURCES, load
+from dt.plan.suite import compare, priced_rows, summary, sweep_winners
+
+# The values of benchmarks/plan_catalogue_20261206_published.md (`dt plan --published`): per
+# source (rows priced, median, worst) of the step's |error| and of the memory's; a change that makes
+# any worse fails. Rounded up in the fourth decimal.
+HELD = {
+    "bloom-176b": {"step": (100, 0.1126, 0.3414), "memory": (60, 0.1491, 0.3848)},
+    "korthikanti-2022": {"step": (9, 0.051, 0.1285), "memory": (0, 0.0, 0.0)},
+    "llama3-2024": {"step": (3, 0.1477, 0.1726), "memory": (0, 0.0, 0.0)},
+    "llm-foundry": {"step": (131, 0.0655, 0.2626), "memory": (0, 0.0, 0.0)},
+    "megatron-2021": {"step": (16, 0.0403, 1.0211), "memory": (0, 0.0, 0.0)},
+    "megatron-h100-2024": {"step": (9, 0.0608, 0.2391), "memory": (0, 0.0, 0.0)},
+    "nanotron-2025": {"step": (26, 0.0686, 1.979), "memory": (26, 0.0642, 0.5204)},
+    "torchtitan-2024-12": {"step": (0, 0.0, 0.0), "memory": (0, 0.0, 0.0)},
+    "torchtitan-asynctp-2025-06": {"step": (0, 0.0, 0.0), "memory": (0, 0.0, 0.0)},
+    "torchtitan-h200-2025-06": {"step": (0, 0.0, 0.0), "memory": (0, 0.0, 0.0)},
+}
+# Sweep winners on up to RANKED_HERE GPUs (cheap to rank): how many the planner ranks first or
+# within dt.plan.suite.WITHIN of the first, in the same record.
+RANKED_HERE = 16
+PLACED_HERE = 2
+
+
+def _held(stats: dict) -> tuple[int, float, float]:
+    return (stats["rows"], stats.get("median", 0.0), stats.get("worst", 0.0))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("source", SOURCES)
+def test_no_source_is_predicted_worse_than_its_record(source):
+    assert set(HELD) == set(SOURCES), "every source's figures are held (add a new source's)"
+    rows, _ = priced_rows([source], rank=False)
+    stats = summary(rows).get(source, {"step": {"rows": 0}, "memory": {"rows": 0}})  # none priced
+    for kind in ("step", "memory"):
+        rows_now, median, worst = _held(stats[kind])
+        rows_held, median_held, worst_held = HELD[source][kind]
+        print(f"{source} {kind}: {rows_now} rows, median {median:.4f}, worst {worst:.4f}")
+        assert rows_now == rows_held, f"{source}: {kind} priced on {rows_now} rows, the record's {rows_held}"
+        assert median <= median_held, f"{source}: {kind} median |error| {median:.4f} > {median_held}"
+        assert worst <= worst_held, f"{source}: {kind} worst |error| {worst:.4f} > {worst_held}"
+
+
+def test_the_first_ranked_layout_beside_the_authors():
+    """Each small sweep's fastest published layout, ranked among every layout of its model and
+    cluster: the first-ranked is a layout the planner prices at that step, never slower than the
+    authors'; the authors' rank is 1 exactly when nothing is faster."""
+    from dt.plan import suite
+
+    rows = load()
+    placed = 0
+    for i in sorted(sweep_winners(rows)):
+        row = rows[i]
+        if row.cluster.gpus > RANKED_HERE or row.cluster.device is None:
+            continue
+        c = compare(row, rank=True)
+        assert c.authors_rank is not None and c.first_layout is not None
+        parse_name(c.first_layout)  # a name of the grammar, as every row's
+        assert c.first_step <= c.step, (row.model.name, c.layout, c.first_layout)
+        assert (c.authors_rank == 1) == (c.behind_first == 0.0), (row.model.name, c.authors_rank)
+        placed += c.behind_first <= suite.WITHIN
+        print(f"{row.source} {row.model.name} on {row.cluster.gpus}: authors {c.layout} rank "
+              f"{c.authors_rank}, {100 * c.behind_first:.1f}% behind {c.first_layout}")
+    assert placed >= PLACED_HERE
+
+
+def _megatron_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:
+    """Narayanan et al. 2021, equation (2): 12 l h^2 (1 + 13 / (12 h) + (V + s) / (12 l h))."""
+    return 12 * layers * hidden**2 * (1 + 13 / (12 * hidden) + (vocab + seq) / (12 * layers * hidden))
+
+
+def test_megatron_2021_rows_agree_with_the_papers_own_formulas():
+    """Table 1: % of peak = TFLOP/s / 312; every row's parameter count is equation (2)'s to its one
+    printed decimal; Table 2's training days for 300B tokens are equation (4)'s 8 T P / (n X)."""
+    rows = load(["megatron-2021"])
+    assert len(rows) >= 20
+    for r in rows:
+        m = r.model
+        count = _megatron_parameters(m.layers, m.hidden, m.vocab_size, m.seq_len)
+        assert count == pytest.approx(m.params_b * 1e9, abs=0.051e9), m.name
+        if "percent_of_peak" in r.also:
+            assert r.published / 312 == pytest.approx(r.also["percent_of_peak"] / 100, abs=0.006)
+        if "days_for_300B_tokens" in r.also:
+            seconds = 8 * 300e9 * m.params_b * 1e9 / (r.cluster.gpus * r.published * 1e12)
+            days = r.also["days_for_300B_tokens"]
+            assert seconds / 86400 == pytest.approx(days, rel=0.05), (m.name, r.cluster.gpus)
+
+
+def test_llama3_rows_and_the_6n_check():
+    """Table 4: 16M tokens per batch; MFU = TFLOP/s over the H100's 989.4 bf16 peak; dt's model
+    FLOPs per token for the 405B at 8K are 6N + 12 l h s (PaLM's count) to 2%."""
+    rows = load(["llama3-2024"])
+    for r in rows:
+        assert r.layout.global_batch * r.model.seq_len == pytest.approx(16e6, rel=0.05)
+        assert r.published / 989.4 == pytest.approx(r.also["mfu_percent"] / 100, abs=0.01)
+    r = next(r for r in rows if r.model.seq_len == 8192)
+    m = r.model
+    shape = ModelShape(m.layers, m.heads, m.hidden, m.vocab_size, ffn=m.ffn_hidden, gated=True, tied=False,
+                       family="llama", n_kv_head=m.kv_heads)
+    flops = train_flops_per_token(shape.decoder(m.seq_len))
+    assert flops == pytest.approx(6 * m.params_b * 1e9 + 12 * m.layers * m.hidden * m.seq_len, rel=0.02)
+    assert math.isclose(shape.params(m.seq_len) / 1e9, 405, rel_tol=0.01)  # GQA's 8 kv heads: 405B
