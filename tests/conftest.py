@@ -118,7 +118,8 @@ QUICK_FILES: dict[str, tuple[str, ...]] = {  # file: its tests left out (slow on
     "test_plain_models.py": ("test_llama_is_causal_learns_and_refuses_bad_configs",
                              "test_plain_gpt_learns_and_samples"),
     "test_plan.py": (),  # the planner: its enumeration, pricing and command line
-    "test_plan_published.py": ("test_the_first_ranked_layout_beside_the_authors",),
+    "test_plan_cli.py": ("test_ties_are_marked_and_ordered_by_memory",),
+    "test_plan_pricing.py": (),
     "test_plan_timed.py": (),
     "test_plots.py": ("test_dt_plans_and_benchs_titles_fit",),
     "test_published_data.py": (),
