@@ -231,17 +231,32 @@ def layer_params(model: Decoder | Any, layer: int, tp: int = 1, ep: int = 1) -> 
     the head but not the embedding holds a copy, layer_params(..., n_layer + 1) + the table).
     Llama-style (gated, no bias): RMSNorm weights h, q/k/v/o and gate/up/down divide by tp."""
     a = _arch(model)
-    h, d, bias = a.n_embd, a.head_dim, int(a.bias)
+    h = a.n_embd
     norm = (2 if a.bias else 1) * h
     if layer == 0:
         return a.vocab_size * h / tp + (a.seq_len * h if a.position_table else 0)
     if layer == a.n_layer + 1:
         return norm + (0 if a.tied else a.vocab_size * h / tp)
-    qkv = (h * (a.n_head + 2 * a.n_kv_head) * d + bias * (a.n_head + 2 * a.n_kv_head) * d) / tp
-    out = a.n_head * d * h / tp + bias * h
+    dense, _ = block_tensors(a, tp)
+    return sum(dense) + (expert_params(a, layer, ep) if a.n_experts else 0)
+
+
+def block_tensors(model: Decoder | Any, tp: int = 1) -> tuple[list[int], int]:
+    """(each dense tensor's numbers on one rank, in parameter order; the experts' numbers before ep)
+    of one block as gpt_plan / llama_plan split it over tp (layer_params' count, tensor by tensor:
+    what DDP's buckets and FSDP's units are made of). GPT: ln_1's weight and bias, qkv's, the
+    projection's (its bias replicated), ln_2's, the MLP's two (the second's bias replicated); an
+    MoE block's router in place of the MLP. Llama: the norms' weights, q with k and v (of n_kv_head
+    heads), o, gate with up, down."""
+    a = _arch(model)
+    h, f, d = a.n_embd, a.ffn_hidden, a.head_dim
+    q, kv = a.n_head * d * h // tp, 2 * a.n_kv_head * d * h // tp
+    if not a.bias:  # RMSNorm, no biases
+        mats = 3 if a.gated else 2
+        return [h, q + kv, q, h, (mats - 1) * f * h // tp, f * h // tp], 0
+    norm = [h, h]
+    attn = [q + kv, (a.n_head + 2 * a.n_kv_head) * d // tp, q, h]
     mats = 3 if a.gated else 2
-    if a.n_experts:
-        ffn = h * a.n_experts + expert_params(a, layer, ep)
-    else:
-        ffn = mats * h * a.ffn_hidden / tp + bias * (a.ffn_hidden / tp + h)
-    return 2 * norm + qkv + out + ffn
+    if a.n_experts:  # the router is dense; the experts' MLPs are not split over tp
+        return norm + attn + norm + [h * a.n_experts], a.n_experts * (mats * h * f + f + h)
+    return norm + attn + norm + [(mats - 1) * f * h // tp, (mats - 1) * f // tp, f * h // tp, h], 0
