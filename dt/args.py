@@ -381,7 +381,8 @@ ENVIRONMENT: dict[str, Variable] = {
     "DT_SHM_SPIN_US": Variable(non_negative, "microseconds a shared-memory wait spins before it sleeps"),
     "DT_NCCL_RULES": Variable(boolean, "1: record and check NCCL's point-to-point rules (tests)"),
 }
-INTERNAL = {"DT_LAUNCHER_RANK": "set by the launcher in each worker: its rank (not for users)"}
+INTERNAL = {"DT_LAUNCHER_RANK": "set by the launcher in each worker: its rank (not for users)",
+            "DT_RECORD_HEADLINE": "set by --record in the run it records: its headline's file (dt.record)"}
 
 
 def register(name: str, rule: Callable[[str], Any], meaning: str) -> None:

@@ -29,6 +29,7 @@ LAYERS = [
     ("dt.collectives",),  # every collective, from the wire
     ("dt.backend",),  # dt as a torch.distributed backend ("dt"), on the collectives
     ("dt", "dt.parallel"),  # the parallelisms; `dt` itself re-exports collectives and the mesh
+    ("dt.record",),  # a command's run kept as a dated record (benchmarks/): every command's --record
     ("dt.models",),
     ("dt.train",),
     ("dt.plan",),  # `dt plan`: the whole-step model, on the trainer's rules

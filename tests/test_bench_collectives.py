@@ -23,6 +23,7 @@ from dt.bench.collectives_table import (
     busbw_figure,
     fastest_dt,
     format_row,
+    headline,
     out_of_bounds,
     print_avg,
     print_header,
@@ -151,6 +152,9 @@ def test_the_fastest_dt_row_counts_auto():
     out = io.StringIO()
     summary(_data(rows), out)
     assert "fastest auto (naive)" in out.getvalue() and "0.50x torch" in out.getvalue(), out.getvalue()
+    # the record's headline: the same row
+    assert headline(_data(rows)) == ("all_reduce 4,096 B world 2: fastest auto on shared memory 1.00 ms, "
+                                     "busbw 1 GB/s, 0.50x the time of torch's on gloo's sockets")
 
 
 def _summary_line(rows: list[dict[str, Any]], transports: list[str]) -> str:

@@ -37,6 +37,7 @@ from dt.parallel.checkpoint import CheckpointError
 from dt.parallel.checkpoint.files import DirectoryLock
 from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.zero import FullyShardedDataParallel, ZeroOptimizer
+from dt.tools.cli import main as dt_main
 from dt.train.optim import Adam
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -541,19 +542,20 @@ TRAIN = ["train", "--batch-size", "4", "--block-size", "8", "--n-layer", "1", "-
 
 
 @pytest.mark.timeout(300)
-def test_cli_refuses_bad_checkpoints_in_one_line_and_leaves_nothing(run, tmp_path):
-    missing = tmp_path / "no" / "ckpt"
-    refusal = _dt_started(*TRAIN, "--steps", "2", "--checkpoint", str(missing))  # while the pool trains
+def test_cli_refuses_bad_checkpoints_in_one_line_and_leaves_nothing(run, tmp_path, capsys):
+    missing = tmp_path / "no" / "ckpt"  # refused before any process starts: dt's entry point, here
+    assert dt_main([*TRAIN, "--steps", "2", "--checkpoint", str(missing)]) == 2
+    said = capsys.readouterr()
+    assert said.out == ""
+    assert said.err == f"dt train: error: checkpoint directory {missing}: its parent {missing.parent} " \
+                       f"does not exist\n"
+    assert not missing.parent.exists()
     d = tmp_path / "ckpt"
     run(2, _train_runs, [((2, 1, 1), 2, {"checkpoint": d, "batch_size": 4, "n_layer": 1})])
-    done = _dt_finished(refusal)
-    assert (done.returncode, done.stdout) == (2, "")
-    assert done.stderr == f"dt train: error: checkpoint directory {missing}: its parent {missing.parent} " \
-                          f"does not exist\n"
     bad = d / "step-00000002" / "rank-00001.pt"
     size = bad.stat().st_size
     bad.write_bytes(b"")
-    done = _dt(*TRAIN, "--dp", "2", "--steps", "4", "--checkpoint", str(d))
+    done = _dt(*TRAIN, "--dp", "2", "--steps", "4", "--checkpoint", str(d))  # refused by the workers
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr == f"dt train: error: checkpoint file {bad}: empty (the manifest says {size} bytes)\n"
     assert sorted(os.listdir(d)) == [".lock", "step-00000002"]

@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import importlib.metadata
 import multiprocessing
-import os
 import re
-import subprocess
-import sys
 from argparse import Namespace
 from pathlib import Path
 
@@ -202,13 +199,18 @@ def test_a_script_outside_the_cli_gets_one_error_not_one_per_rank(name, text, po
     assert pool.run(_nothing) == [None, None]  # nothing was sent: the pool is as it was
 
 
-def test_a_bad_transport_stops_dt_demo_at_once(tmp_path):
-    env = dict(os.environ, DT_TRANSPORT="bogus", PYTHONPATH=str(ROOT))
-    out = subprocess.run([sys.executable, "-m", "dt", "demo", "primitives"], env=env, cwd=tmp_path,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 2 and out.stdout == ""
-    assert out.stderr.splitlines() == ["dt demo: error: DT_TRANSPORT must be one of auto, shm, torch, gloo, "
-                                       "nccl, got 'bogus' (see dt demo --help)"]
+def test_a_bad_transport_stops_dt_demo_at_once(tmp_path, monkeypatch, capsys):
+    # in this process: `python -m dt` itself ending in one line is test_faults.py's
+    # test_a_bad_environment_is_one_line_and_exit_2
+    monkeypatch.setenv("DT_TRANSPORT", "bogus")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["demo", "primitives"])
+    out = capsys.readouterr()
+    assert exit_.value.code == 2 and out.out == ""
+    assert out.err.splitlines() == ["dt demo: error: DT_TRANSPORT must be one of auto, shm, torch, gloo, "
+                                    "nccl, got 'bogus' (see dt demo --help)"]
+    assert list(tmp_path.iterdir()) == []  # nothing written, nothing started
 
 
 # -- dt itself ----------------------------------------------------------------------

@@ -37,6 +37,7 @@ COMMANDS = {
     "model": ["model", "all_reduce", "--size", "4KB", "--measured", "--reps", "1",
               "--algorithms", "ring,naive", "--transport", "torch"],
     "study": ["bench", "scaling", "--tables", "1", "--quick", "--no-plots", "--no-progress", "--out", "OUT"],
+    "demo": ["demo", "primitives", "--world", "2", "--bytes", "4096"],
 }
 WORLD_CONFLICT = ["bench", "collectives", "--world", "3", "-b", "1KB", "-e", "1KB"]  # last: ends the job
 
@@ -110,6 +111,14 @@ def test_train_reports_every_rank_under_torchrun(launch):
     assert "mean over 2 rank(s)" in out.stdout, out.stdout
     bubble = next(line for line in out.stdout.splitlines() if line.startswith("pipeline bubble"))
     assert "?" not in bubble, bubble
+
+
+@pytest.mark.timeout(600)
+def test_the_demos_worker_code_runs_on_the_launched_ranks(launch):
+    out = launch[0]["demo"]
+    assert not out.failure(), out.failure()
+    assert "reduce_scatter + all_gather == all_reduce on every rank: yes" in out.stdout, out.stdout
+    assert "measured == model: yes" in out.stdout, out.stdout
 
 
 @pytest.mark.timeout(600)

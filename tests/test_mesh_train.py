@@ -116,13 +116,13 @@ def test_cli_trains_and_saves(tmp_path, capsys):
     assert manifest["layout"]["pp"] == 2 and "optim/layers.0.wte.weight/exp_avg" in tensors
 
 
-def test_python_m_dt_train_is_the_cli():
-    """`python -m dt.train` (what torchrun -m runs) is `dt train`."""
-    import subprocess
-    import sys
+def test_python_m_dt_train_is_the_cli(monkeypatch, capsys):
+    """`python -m dt.train` (what torchrun -m runs) is `dt train`: its __main__ run as -m runs it."""
+    import runpy
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    done = subprocess.run([sys.executable, "-m", "dt.train", "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=root, env={**os.environ, "PYTHONPATH": root})
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.startswith("usage: dt train") and "torchrun" in done.stdout
+    monkeypatch.setattr("sys.argv", ["dt.train", "--help"])
+    with pytest.raises(SystemExit) as done:
+        runpy.run_module("dt.train", run_name="__main__", alter_sys=True)
+    out = capsys.readouterr().out
+    assert done.value.code == 0
+    assert out.startswith("usage: dt train") and "torchrun" in out

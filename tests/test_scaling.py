@@ -280,6 +280,12 @@ def test_every_table_from_synthetic_measurements(tmp_path, monkeypatch, tuned):
     assert all(r["t1"] == 1.0 for r in t3)
     assert all(r["t1"] == 1.25 for r in st.tables[4].data)
     assert st.t1_single_thread == set()
+    from dt.bench.scaling.report import headline  # the record's: table 1's ring at the largest world
+
+    world, size = max(st.s.coll_worlds), R.fmt_bytes(st.s.big_bytes)
+    ring = {d["wire"]: R.fmt_time(d["ring_time"].median) for d in st.tables[1].data if d["world"] == world}
+    assert headline(st) == (f"ring all-reduce {size} world {world}: {ring['torch']} on torch "
+                            f"(1.00x gloo's time), {ring['shm']} on shm")
     paths = S.write_outputs(st, tmp_path, "python bench/scaling.py --quick", 1.0)
     from dt.bench.scaling import plots
 

@@ -5,9 +5,6 @@ Every text is written by the test itself; nothing is downloaded.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -16,6 +13,7 @@ import numpy as np
 import pytest
 
 from dt import train
+from dt.tools import cli
 from dt.train import corpus as corpus_mod
 from dt.train import dataset
 from dt.train.dataset import GeneratedData, corpus_dir, open_data, prepare_data
@@ -136,22 +134,23 @@ def test_generated_text_validates_on_text_it_never_trained_on():
 
 
 @pytest.mark.timeout(300)
-def test_dt_train_on_text_then_dt_sample(tmp_path):
+def test_dt_train_on_text_then_dt_sample(tmp_path, monkeypatch, capsys):
+    """Both commands through dt's entry point, in this process (no second import of torch)."""
     f = _write_text(tmp_path / "a.txt", 400, 5)
-    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1", XDG_CACHE_HOME=str(tmp_path / "c"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "c"))
+    monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / "ckpt"
-    done = subprocess.run([sys.executable, "-m", "dt", "train", "--data", str(f), "--tokenizer", "bpe",
-                           "--vocab-size", "300", "--steps", "6", "--batch-size", "4", "--block-size", "16",
-                           "--n-layer", "1", "--n-embd", "16", "--threads", "1", "--eval-every", "3",
-                           "--checkpoint", str(ckpt), "--metrics", str(tmp_path / "m.jsonl"),
-                           "--plot", str(tmp_path / "loss.png"), "--no-progress"],
-                          env=env, cwd=tmp_path, capture_output=True, text=True, timeout=250)
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert "validation loss" in done.stdout and "MFU" in done.stdout
+    code = cli.main(["train", "--data", str(f), "--tokenizer", "bpe", "--vocab-size", "300", "--steps", "6",
+                     "--batch-size", "4", "--block-size", "16", "--n-layer", "1", "--n-embd", "16",
+                     "--threads", "1", "--eval-every", "3", "--checkpoint", str(ckpt),
+                     "--metrics", str(tmp_path / "m.jsonl"), "--plot", str(tmp_path / "loss.png"),
+                     "--no-progress"])
+    done = capsys.readouterr()
+    assert code == 0, done.err[-2000:]
+    assert "validation loss" in done.out and "MFU" in done.out
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     model, tokenizer, step = load_model(str(ckpt))
     assert step == 6 and tokenizer.kind == "bpe" and model.cfg.vocab_size == tokenizer.vocab_size
-    said = subprocess.run([sys.executable, "-m", "dt", "sample", "--checkpoint", str(ckpt), "--prompt",
-                           "the cat", "--max-new-tokens", "10"], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert said.returncode == 0 and said.stdout.startswith("the cat"), said.stderr
+    code = cli.main(["sample", "--checkpoint", str(ckpt), "--prompt", "the cat", "--max-new-tokens", "10"])
+    said = capsys.readouterr()
+    assert code == 0 and said.out.startswith("the cat"), said.err

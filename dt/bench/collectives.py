@@ -72,6 +72,7 @@ import torch
 
 import dt
 from dt import args as args_
+from dt import record
 from dt.bench.collectives_sweep import (
     DTYPES,
     REDUCTIONS,
@@ -82,7 +83,7 @@ from dt.bench.collectives_sweep import (
     row_names,
     sweep_sizes,
 )
-from dt.bench.collectives_table import out_of_bounds, plot, print_avg, print_header, summary
+from dt.bench.collectives_table import headline, out_of_bounds, plot, print_avg, print_header, summary
 from dt.bench.harness import COLLECTIVES, registry_name
 from dt.collectives import auto
 from dt.device import DEVICES, backend_for, gpu_free
@@ -202,6 +203,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="buffers from dt.shm_empty (the load/store algorithms read them in place)")
     parser.add_argument("--compare", default=None,
                         help="'deepspeed': add DeepSpeed's shared-memory all-reduce (if installed)")
+    record.add_option(parser)
     args = parser.parse_args(argv)
     args.world = resolve_world(args.world, 2)
     if args.r >= args.world:
@@ -247,10 +249,15 @@ def _check_memory(parser: args_.Parser, args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
+    entity = f"{args.collective}-w{args.world}"
+    if (status := record.rerun("dt bench collectives", argv, args.record, "collectives", entity)) is not None:
+        return status
     data = run(args)
     print_avg(data, sys.stdout)
     summary(data, sys.stdout)
+    record.headline(headline(data))
     # The machine may be shared: the load at the end beside the header's at the start.
     print("# load average at the end: " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
     if args.json:

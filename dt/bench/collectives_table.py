@@ -14,9 +14,10 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from dt.cost import loadstore
+from dt.units import fmt_time
 
-__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "out_of_bounds", "print_avg",
-           "print_header", "print_size_rows", "plot", "row_wire", "summary"]
+__all__ = ["avg_bus_bandwidth", "busbw_figure", "fastest_dt", "format_row", "headline", "out_of_bounds",
+           "per_call_ratio", "print_avg", "print_header", "print_size_rows", "plot", "row_wire", "summary"]
 
 NOT_DT = ("torch", "deepspeed")  # the reference rows: every other row is one of dt's
 WIRES = {"shm": "shared memory", "torch": "torch's wire"}  # --transport's names, as the summary says them
@@ -146,9 +147,7 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
             continue
 
         def ratio(a: str, b: str, here: dict = here, mode: str = mode) -> float:
-            """Median of per-call ratios, as in the vs torch column."""
-            return statistics.median(x / y for x, y in zip(here[a][mode]["samples"],
-                                                           here[b][mode]["samples"]))
+            return per_call_ratio(here, a, b, mode)
 
         def named(a: str, here: dict = here) -> str:
             return a + (f" ({here[a]['picked']})" if "picked" in here[a] else "")
@@ -173,6 +172,29 @@ def summary(data: dict[str, Any], out: TextIO) -> None:
         if data["collective"] == "all_reduce" and size >= 1 << 20 and here[fastest].get("memcpy_gbps"):
             line += _memcpy_share(data, here[fastest], mode)
         print(line, file=out)
+
+
+def per_call_ratio(here: dict[str, dict[str, Any]], a: str, b: str, mode: str) -> float:
+    """Median over calls of (a's call / b's call of the same round), as in the vs torch column."""
+    return statistics.median(x / y for x, y in zip(here[a][mode]["samples"], here[b][mode]["samples"]))
+
+
+def headline(data: dict[str, Any]) -> str:
+    """The run in one line (its record's headline): at the largest size, dt's fastest row against
+    torch's collective, each with the wire it ran on."""
+    rows, m = data["results"], data["machine"]
+    size = rows[-1]["size"]
+    here = {r["algorithm"]: r for r in rows if r["size"] == size}
+    mode = "in" if "in" in here["torch"] else "out"
+    fastest = fastest_dt(here, mode)
+    what = f"{data['collective']} {size:,} B world {m['world']}"
+    if fastest is None:
+        return f"{what}: no dt row measured"
+    best = here[fastest][mode]
+    busbw = f", busbw {best['busbw']:.3g} GB/s" if size else ""
+    wire = WIRES.get(row_wire(fastest, m["transports"]), "its wire")
+    return (f"{what}: fastest {fastest} on {wire} {fmt_time(best['median'])}{busbw}, "
+            f"{per_call_ratio(here, fastest, 'torch', mode):.2f}x the time of torch's on {_torch_wire(data)}")
 
 
 def _memcpy_share(data: dict[str, Any], row: dict[str, Any], mode: str) -> str:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dt.record import cpu_model
 from dt.units import fmt_bytes, fmt_time  # noqa: F401  (the tables' formats live in dt.units)
 
 README_BEGIN = "<!-- scaling:begin -->"
@@ -28,23 +29,13 @@ README_END = "<!-- scaling:end -->"
 # --------------------------------------------------------------------------
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine(backend: str = "gloo") -> dict[str, Any]:
     """What a result was measured on: cores, CPU, torch, backend, OS."""
     import torch
 
     return {
         "cores": os.cpu_count() or 1,
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "torch": torch.__version__,
         "backend": backend,
         "python": platform.python_version(),

@@ -17,6 +17,7 @@ import time
 from dataclasses import replace
 
 from dt import args as args_
+from dt import record
 from dt.cost.devices import DEVICES
 from dt.cost.stack import STACKS
 from dt.plan.cluster import Cluster, catalogue_cluster, local_cluster
@@ -114,6 +115,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--link", type=args_.link, default=args_.link("1Gbit"),
                    help="--check across hosts: each simulated host's link, as `dt cluster up --link` "
                         "(default 1Gbit, the rate the cluster's dt tune figures are taken at)")
+    record.add_option(p)
     a = p.parse_args(argv)
     _check_options(p, a)
     if a.published is not None:
@@ -253,7 +255,11 @@ RECOMPUTES = {"none": ("none",), "selective": ("selective",), "full": ("full",),
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a = parse_args(argv)
+    entity = "published" if a.published is not None else "check" if a.check else "rank"
+    if (recorded := record.rerun("dt plan", argv, a.record, "plan", entity)) is not None:
+        return recorded
     if a.published is not None:
         from dt.plan.fit import fit_table, report
         from dt.plan.suite import main as published_main
@@ -281,6 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         from dt.plan.check import check
 
         measured, text = check(rows, a.runs, a.steps, a.trace, a.global_batch, a.seq, model, cluster, a.link)
+    record.headline(_headline(model, cluster, rows, measured))
     if a.json:
         print(as_json(meta, rows, measured))
         return 0
@@ -302,6 +309,20 @@ def main(argv: list[str] | None = None) -> int:
     if measured is not None:
         print(text)
     return 0
+
+
+def _headline(model: ModelShape, cluster: Cluster, rows: list, measured: dict | None) -> str:
+    """The plan in one line (its record's headline): the first ranked layout, and with --check the
+    measured fastest beside it."""
+    if not rows:
+        return f"{model.name} on {cluster.name}: no layout fits"
+    first, predicted = rows[0].layout.name(), rows[0].prediction.step
+    said = f"{model.name} on {cluster.name}: first ranked {first} {predicted * 1e3:.2f} ms predicted"
+    if measured and first in measured:
+        ms = {name: m["step_s"] * 1e3 for name, m in measured.items()}
+        fastest = min(ms, key=ms.__getitem__)
+        said += f", {ms[first]:.2f} ms measured; measured fastest {fastest} {ms[fastest]:.2f} ms"
+    return said
 
 
 def _untimed(cluster: Cluster) -> str | None:

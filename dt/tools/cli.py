@@ -36,6 +36,7 @@ COMMANDS = {
     "plan": ("dt.plan.cli", "", "predict every layout's step time and memory, ranked; --check runs them"),
     "cluster": ("dt.tools.cluster", "up|down|list", "a simulated cluster: hosts as network namespaces"),
     "selftest": ("dt.tools.selftest", "", "smoke test of every layer on this machine's devices"),
+    "records": ("dt.tools.records", "[DIR]", "the runs kept by --record (benchmarks/), the results table"),
     "judge": ("dt.learn.judge", "FILE", "judge a collective you wrote from send/recv"),
     "exercises": ("dt.learn.exercises.command", "ACTION [NAME]",
                   "the exercises: list, show, start, hint, solution"),

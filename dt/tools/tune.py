@@ -69,10 +69,12 @@ import argparse
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
 from dt import args as args_
+from dt import record
 from dt.bench.harness import (
     REDUCE_SIZES,
     BenchCase,
@@ -414,13 +416,19 @@ def main(argv: list[str] | None = None) -> int:
                              "bandwidth, oversubscription: dt/tools/tune_terms.py)")
     parser.add_argument("--quick", action="store_true",
                         help="a short run (tests): --reps 3 --repeats 1, no sweep, fewer term points")
+    record.add_option(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     if args.quick:
         args.reps, args.repeats, args.no_sweep = min(args.reps, 3), 1, True
+    if args.record is not None and (args.show or args.reset):
+        parser.error("--record keeps a run that measures: not with --show or --reset")
     if args.show:
         return tune_saved.show()
     if args.reset:
         return tune_saved.reset()
+    if (status := record.rerun("dt tune", argv, args.record, "tune", f"w{args.world or 2}")) is not None:
+        return status
 
     import torch
 
@@ -430,6 +438,7 @@ def main(argv: list[str] | None = None) -> int:
     _check_memory(parser, args)
     if args.world < 2:  # one rank sends no messages: its figures are the compute ones alone
         print("dt tune: one rank has no messages to time; measuring the matmul rates only", flush=True)
+        record.headline("world 1: the matmul rates only (one rank has no messages to time)")
         return after_tune(args, 0)
 
     if not args.no_sweep:
@@ -443,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
                      args.max_bytes, wires, args.attempts, args.repeats,
                      "none" if args.no_terms else "quick" if args.quick else "full",
                      backend=backend, timeout=3600)
-    status = 0
+    status, said = 0, []
     for wire in wires:
         fig = group_figures(results, wire)
         fig.update(cores=os.cpu_count(), torch=torch.__version__, host=platform.node(),
@@ -467,4 +476,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  saved to {machine.save(fig)} (key {machine.key(fig)}"
                   f"{', despite the warnings: --force' if why else ''}); dt tune --show lists the "
                   f"saved figures, dt tune --reset deletes them")
+        said.append(f"{wire} alpha {fig['alpha'] * 1e6:.1f} us, beta {fig['beta'] * 1e9:.3f} ns/byte"
+                    + (", not saved" if why and not args.force else ""))
+    record.headline(f"world {args.world}: " + "; ".join(said))
     return after_tune(args, status)  # the matmul rates (dt/tools/tune_compute.py)

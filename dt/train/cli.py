@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from dt import args as args_
+from dt import record
 from dt.device import DEVICES, backend_for
 from dt.launcher import WorkerError, launch, launched_rank
 from dt.parallel.checkpoint import CheckpointError, check_directory
@@ -34,7 +35,7 @@ from dt.train.resume import adopt_checkpoint_model
 from dt.train.threads import default_threads
 from dt.units import fmt_optional, plural
 
-__all__ = ["main", "make_parser", "parse_args", "report"]
+__all__ = ["headline", "main", "make_parser", "parse_args", "report"]
 
 _USAGE = """examples:
     dt train --dp 2 --tp 2 --pp 2 --steps 100
@@ -136,6 +137,7 @@ def make_parser() -> args_.Parser:
                         "else cores // processes: dt/train/threads.py)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar or lines on stderr")
     add_trainer_options(p)
+    record.add_option(p)
     return p
 
 
@@ -247,6 +249,18 @@ def _trainer_lines(args: argparse.Namespace, r0: dict[str, Any]) -> list[str]:
     return out
 
 
+def headline(args: argparse.Namespace, r0: dict[str, Any]) -> str:
+    """The run in one line (its record's headline): the mesh, the loss, the throughput."""
+    mesh = " ".join(f"{k}={getattr(args, k)}" for k in ("dp", "cp", "ep", "tp", "pp") if getattr(args, k) > 1)
+    if not r0["losses"]:
+        return f"{mesh or 'one process'}: nothing trained (the checkpoint is at step {r0['start']})"
+    fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
+    at_peak = f", MFU {100 * mfu(fpt, r0['tokens_per_s'], peak):.2f}%" if fpt and peak else ""
+    return (f"{mesh or 'one process'} ({world(args)} processes), {args.n_layer} layers x {args.n_embd}: "
+            f"loss {r0['losses'][0]:.4f} -> {r0['losses'][-1]:.4f} in {len(r0['losses'])} steps, "
+            f"{r0['tokens_per_s']:.0f} tokens/s{at_peak}")
+
+
 def _mfu(args: argparse.Namespace, r0: dict[str, Any], key: str = "tokens_per_s") -> str:
     """MFU beside the throughput, with what it divides by."""
     fpt, peak = r0.get("flops_per_token"), getattr(args, "peak_total", None)
@@ -283,7 +297,11 @@ def placement_lines(args: argparse.Namespace, pl: dict[str, Any], results: list[
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(list(sys.argv[1:] if argv is None else argv))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = parse_args(argv)
+    mesh = "-".join(f"{k}{getattr(args, k)}" for k in ("dp", "cp", "ep", "tp", "pp") if getattr(args, k) > 1)
+    if (status := record.rerun("dt train", argv, args.record, "train", mesh or "one-rank")) is not None:
+        return status
     on_gpu = backend_for(args.device) == "nccl"
     args.peak_total, args.peak_source = job_peak_flops(  # MFU's denominator, before the ranks load the host
         args.peak_flops, world(args), "cuda" if on_gpu else "cpu",
@@ -311,6 +329,7 @@ def main(argv: list[str] | None = None) -> int:
         return _ONE_LINE_ERRORS[kind]
     if results and results[0]["rank"] == 0:
         print(report(args, results))
+        record.headline(headline(args, results[0]))
         if args.plot:  # the whole run's curve: a resumed run's metrics file holds the earlier steps too
             records = curve_records(read_metrics(args.metrics) if args.metrics else results[0]["metrics"])
             plot_loss(records, args.plot, title=f"dt train: {' '.join(sys.argv[1:])}")  # wrapped to fit

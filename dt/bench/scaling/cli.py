@@ -14,10 +14,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from dt import args as args_
+from dt import record
 from dt.bench import report as R
 from dt.bench.ddp import STEP_RECORD_BYTES, step_bytes
 from dt.bench.scaling import plots, predicted
-from dt.bench.scaling.report import command_line, fmt_duration, report_markdown, write_outputs
+from dt.bench.scaling.report import command_line, fmt_duration, headline, report_markdown, write_outputs
 from dt.bench.scaling.settings import StudySettings, quick_settings
 from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import ALL_TABLES, TABLES, needs_of
@@ -72,6 +73,7 @@ def parse_args(argv: Sequence[str]) -> tuple[StudySettings, argparse.Namespace]:
                     help="cpu (gloo), cuda (NCCL, one GPU per rank) or auto (cuda when there is one)")
     ap.add_argument("--update-readme", action="store_true",
                     help="write the tables between the README's scaling markers")
+    record.add_option(ap)
     a = ap.parse_args(list(argv))
     unknown = [t for t in a.tables or () if t not in ALL_TABLES]
     if unknown:
@@ -168,6 +170,9 @@ def _launched(s: StudySettings, a: argparse.Namespace) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     s, a = parse_args(argv)
+    entity = "quick" if a.quick else "study"
+    if (status := record.rerun("dt bench scaling", argv, a.record, "scaling", entity)) is not None:
+        return status
     command = command_line(argv)
     st = Study(s, progress=not a.no_progress)
     print(f"dt scaling study: tables {', '.join(map(str, s.tables))} on {R.machine_line(st.machine)}")
@@ -197,6 +202,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out_dir = s.out_dir if s.out_dir.is_absolute() else Path.cwd() / s.out_dir
     if launched_rank() != 0:  # under torchrun every rank holds the same figures: rank 0 writes them
         return 1 if st.failures else 0
+    record.headline(headline(st))
     paths = write_outputs(st, out_dir, command, elapsed)
     if s.plots:
         try:

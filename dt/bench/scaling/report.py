@@ -16,7 +16,7 @@ from dt.bench import report as R
 from dt.bench.scaling.study import Study
 from dt.bench.scaling.tables import TABLES
 
-__all__ = ["COMMAND", "command_line", "fmt_duration", "report_markdown", "write_outputs"]
+__all__ = ["COMMAND", "command_line", "fmt_duration", "headline", "report_markdown", "write_outputs"]
 
 COMMAND = "python -m dt.bench.scaling"  # = `dt bench scaling`
 VALIDATION_NOTE = "validation off while timing (dt.transport.set_validation(False))"
@@ -29,6 +29,23 @@ def fmt_duration(seconds: float) -> str:
 def command_line(argv: Sequence[str]) -> str:
     """The command that reproduces this run, as the report and the README quote it."""
     return COMMAND + ("" if not argv else " " + " ".join(shlex.quote(a) for a in argv))
+
+
+def headline(st: Study) -> str:
+    """The study in one line (its record's headline): table 1's ring at the largest world, on each wire,
+    beside gloo's all-reduce on the same processes; else which tables were built."""
+    t1 = st.tables.get(1)
+    if t1 is None or not t1.data:
+        built = ", ".join(map(str, st.tables)) or "none"
+        return f"tables built: {built}; {len(st.failures)} measurement(s) failed"
+    world = max(d["world"] for d in t1.data)
+    found = [d for d in t1.data if d["world"] == world]
+    on_wires = []
+    for d in found:
+        ring = d["ring_time"].median
+        gloo = f" ({ring / d['gloo_time'].median:.2f}x gloo's time)" if d["gloo_time"] else ""
+        on_wires.append(f"{R.fmt_time(ring)} on {d['wire']}{gloo}")
+    return f"ring all-reduce {R.fmt_bytes(found[0]['nbytes'])} world {world}: {', '.join(on_wires)}"
 
 
 def report_markdown(st: Study, command: str, elapsed: float, for_readme: bool = False) -> str:
