@@ -32,11 +32,11 @@ Names and seeds are dt.parallel.expert.ShardedMoE's (router.weight,
 experts.{e}.fc_in / fc_out): built after the same seed, this module holds
 the weights that layer holds at ep = 1, and dt.parallel.expert.style's
 ExpertParallel swaps it for that layer, moving these very parameters.
-The routing arithmetic is written here again, plainly (the parallel router
-also places a sequence split over context-parallel ranks);
-tests/test_styles_expert.py holds the two equal. The expert MLP is the one
-class both layers build (dt.parallel.expert.layer.Expert), so the weights
-they draw from one seed are the same by construction.
+The arithmetic is written here again, plainly, because dt/models imports
+nothing from dt.parallel (the parallel router also places a sequence split
+over context-parallel ranks; the expert MLP is ExpertMLP here, Expert there,
+built in the same order from one seed); tests/test_styles_expert.py holds
+the two equal.
 """
 
 from __future__ import annotations
@@ -48,9 +48,22 @@ import torch.nn.functional as F
 from torch import nn
 
 from dt.layout import expert_capacity
-from dt.parallel.expert.layer import Expert
 
-__all__ = ["BalanceLoss", "Expert", "MoE", "Router", "router_probs", "set_batch_sequences", "set_loss_scale"]
+__all__ = ["BalanceLoss", "ExpertMLP", "MoE", "Router", "router_probs", "set_batch_sequences",
+           "set_loss_scale"]
+
+
+class ExpertMLP(nn.Module):
+    """One expert, plainly: Linear(h, ffn), GELU, Linear(ffn, h) (dt.parallel.expert.layer.Expert's
+    twin, written again because dt/models imports nothing from dt.parallel)."""
+
+    def __init__(self, hidden: int, ffn_hidden: int):
+        super().__init__()
+        self.fc_in = nn.Linear(hidden, ffn_hidden)
+        self.fc_out = nn.Linear(ffn_hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc_out(F.gelu(self.fc_in(x)))
 
 
 def router_probs(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -148,7 +161,7 @@ class MoE(nn.Module):
         super().__init__()
         self.num_experts, self.top_k = num_experts, top_k
         self.router = Router(hidden, num_experts, top_k, capacity_factor)
-        self.experts = nn.ModuleList(Expert(hidden, ffn_hidden) for _ in range(num_experts))
+        self.experts = nn.ModuleList(ExpertMLP(hidden, ffn_hidden) for _ in range(num_experts))
         self.balance = BalanceLoss(aux_loss_coef)
         self.counted: dict[str, int] = {}  # routing stats summed over every forward
 
