@@ -22,6 +22,7 @@ import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
+from dt import record
 from dt.cost.flops import train_flops_per_token
 from dt.cost.stack import Stack
 from dt.plan.cluster import Cluster, catalogue_cluster
@@ -257,6 +258,7 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: 
     """Print the suite (`fitted`: dt.plan.fit.report's, carried in the JSON; the caller prints its table)."""
     rows, skipped = priced_rows(sources or None, rank)
     stats = summary(rows)
+    record.headline(_headline(stats, rows if rank else None))
     if as_json:
         print(json.dumps({"rows": [_as_json(c) for c in rows], "summary": stats,
                           "sweeps": sweeps(rows) if rank else None, "fit": fitted,
@@ -276,6 +278,18 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: 
             reasons[why] = reasons.get(why, 0) + 1
         print("not priced: " + "; ".join(f"{n} rows: {why}" for why, n in reasons.items()))
     return 0
+
+
+def _headline(stats: dict[str, dict], ranked: list[Compared] | None) -> str:
+    """The suite in one line (its record's headline)."""
+    step, memory = stats["all"]["step"], stats["all"]["memory"]
+    said = (f"{step['rows']} published rows: median |error| {100 * step['median']:.1f}%, worst "
+            f"{100 * step['worst']:.0f}%; memory ({memory.get('rows', 0)} rows) median "
+            f"{100 * memory.get('median', 0):.1f}%")
+    if ranked is not None:
+        s = sweeps(ranked)
+        said += f"; {s['within']} of {s['ranked']} sweep winners first or within {WITHIN:.0%}"
+    return said
 
 
 def _table(rows: list[Compared]) -> str:
