@@ -35,7 +35,7 @@ from dt.plan.comm import collective_seconds, send_seconds
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 from dt.plan.optimizer import adam_step_seconds
-from dt.plan.pipeline import play
+from dt.plan.pipeline import Action, last_end, play
 from dt.plan.stage import RankGroups, StageWork, fsdp_bytes_sent, stage_work
 from dt.plan.sync import after_backward, backward_exposed, optimizer_collectives
 
@@ -83,7 +83,8 @@ def _mesh_groups(dp: int, tp: int, pp: int, cp: int, ep: int, across: bool) -> l
                    g["pp"][0], g["embed"][0], norm) for s in range(lay.pp)]
 
 
-def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list, t0: float) -> list[Span]:
+def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list[Action],
+                t0: float) -> list[Span]:
     """After the stage's last action: its backwards' exposed sync, or the experts' run's whole sync."""
     spans, t = [], t0
     if w.hooks > 0:  # on the rank's own thread, inside the synchronised backward
@@ -100,14 +101,15 @@ def _sync_spans(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list
     return spans
 
 
-def _action_spans(acts: list[tuple[str, int, int, float, float]], w: StageWork, v: int) -> list[Span]:
+def _action_spans(acts: list[Action], w: StageWork, v: int) -> list[Span]:
     """A stage's pipeline actions as spans: each one's compute, then its blocking messages by kind."""
     spans = []
-    for kind, chunk, i, start, _ in acts:
-        t = start
-        for k, sec in (w.fwd if kind == "F" else w.bwd).items():
+    for action in acts:
+        t = action.start
+        label = f"{action.kind} chunk {action.chunk} micro-batch {action.micro_batch}"
+        for k, sec in (w.fwd if action.kind == "F" else w.bwd).items():
             if sec > 0:
-                spans.append(Span(k, t, t + sec / v, f"{kind} chunk {chunk} micro-batch {i}"))
+                spans.append(Span(k, t, t + sec / v, label))
                 t += sec / v
     return spans
 
@@ -132,9 +134,9 @@ def predict(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int,
     pp_exposed = 2 * (lay.pp * lay.virtual - 1) * send if lay.pp > 1 else 0.0
     if lay.pp > 1 and terms[:2] != (0.0, 0.0):  # no terms (a catalogue cluster): the same play
         bare, _ = play(lay.schedule, lay.pp, lay.micro_batches, lay.virtual, fwd, bwd, send)
-        pp_exposed += max(0.0, max(a[-1][4] for a in played) - max(a[-1][4] for a in bare))
-    syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1][4]) for s in range(lay.pp)]
-    t_sync = max(sp[-1].end if sp else acts[-1][4] for sp, acts in zip(syncs, played))
+        pp_exposed += max(0.0, last_end(played) - last_end(bare))
+    syncs = [_sync_spans(c, lay, works[s], groups[s], played[s], played[s][-1].end) for s in range(lay.pp)]
+    t_sync = max(sp[-1].end if sp else acts[-1].end for sp, acts in zip(syncs, played))
     tail = [_skew(lay, works)] + _tail(c, model, lay, groups)
     opt = [_optimizer(c, lay, w, g) for w, g in zip(works, groups)]
     step = t_sync + sum(d for _, d, _ in tail) + max(sum(d for _, d, _ in o) for o in opt)

@@ -35,11 +35,10 @@ from dt.parallel.zero.memory import SHARD_ALGORITHM
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout
+from dt.plan.pipeline import Action
 from dt.plan.stage import RankGroups, StageWork, bucket_bytes, bucket_ready
 
 __all__ = ["after_backward", "backward_exposed", "optimizer_collectives", "thread_end"]
-
-Action = tuple[str, int, int, float, float]  # (kind, chunk, micro-batch, start, end)
 
 
 def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> float:
@@ -74,7 +73,7 @@ def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts:
         buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
         if not behind:
             buckets = [(seconds_, 1.0) for seconds_, _ in buckets]
-        backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
+        backs = [(a.micro_batch, a.end - a.start) for a in acts if a.kind == "B" and a.chunk == chunk]
         once = lay.zero in (0, 1) or c.gpu is not None and c.stack.reduce_once  # else every micro-batch
         if once and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
