@@ -92,7 +92,7 @@ def test_a_group_inside_a_host_is_priced_by_the_cheapest_cost_model_algorithm():
 def test_memory_state_is_zeros_formula():
     """fp32 Adam: 16 Psi without ZeRO, 8 Psi + 8 Psi / N with ZeRO-1 (Psi: this rank's parameters)."""
     c = catalogue_cluster("a100", 1, 4, precision="fp32")
-    psi = sum(stage_tensors(TINY, Layout(dp=4), 32, 0)[0])
+    psi = sum(stage_tensors(TINY, Layout(dp=4), 32, 0).dense)
     assert psi == TINY.params(32)  # every weight on the one stage
     zero0 = peak_bytes(c, TINY, Layout(dp=4), 16, 32)[0]["state"]
     zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]["state"]
