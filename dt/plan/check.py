@@ -311,7 +311,7 @@ def busy_seconds(prediction: Any) -> float:
 
 def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
     """Predicted beside measured for each run, both rankings, and the errors' summary."""
-    by_meas = sorted(picked, key=lambda r: measured[r.layout.name()]["step_s"])
+    by_meas = sorted(picked, key=lambda row: measured[row.layout.name()]["step_s"])
     meas_rank = {r.layout.name(): i + 1 for i, r in enumerate(by_meas)}
     lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'busy ms':>8} {'cpu ms':>8} "
              f"{'err':>7} {'pred peak':>10} {'meas peak':>10} {'err':>7}  rank pred/meas  stage run/plan"]

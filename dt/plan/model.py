@@ -50,13 +50,14 @@ class ModelShape:
 
     def block_params(self) -> int:
         """Weights of one block (biases and norms included), unsharded; an MoE block's every expert."""
-        c, f = self.n_embd, self.hidden
+        width, hidden = self.n_embd, self.hidden
         if self.family == "llama":  # no biases, two RMSNorm weights, k and v of n_kv_head heads
-            kv = 2 * c * self.kv_heads * (c // self.n_head)
-            return 2 * c * c + kv + 3 * c * f + 2 * c
-        mlp = (3 if self.gated else 2) * c * f + f + c
-        router = c * self.experts if self.experts else 0
-        return 4 * c * c + 4 * c + 4 * c + mlp * max(1, self.experts) + router
+            kv = 2 * width * self.kv_heads * (width // self.n_head)
+            return 2 * width * width + kv + 3 * width * hidden + 2 * width
+        mlp = (3 if self.gated else 2) * width * hidden + hidden + width
+        router = width * self.experts if self.experts else 0
+        # q, k, v and the output projection with their biases, two LayerNorms' weights and biases
+        return 4 * width * width + 4 * width + 4 * width + mlp * max(1, self.experts) + router
 
     def params(self, seq: int) -> int:
         """Every weight of the model, unsharded (the tied head counted once)."""
