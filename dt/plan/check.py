@@ -52,18 +52,19 @@ from dt.plan.search import Row
 
 __all__ = ["busy_seconds", "check", "chosen", "comparison", "launcher", "measure_worker", "train_argv"]
 
-Launch = Callable[..., list[Any]]  # launch(fn, world, *args): every rank's result, in rank order
+Launch = Callable[..., list[Any]]  # launch(worker, world, *args): every rank's result, in rank order
+FIRST_RUNS = 3  # the first-ranked layouts every --check runs: whether the ranking's top holds
 
 
 def chosen(rows: list[Row], runs: int) -> list[Row]:
-    """The first three and an even spread of the rest, `runs` in all."""
+    """The first FIRST_RUNS and an even spread of the rest, `runs` in all."""
     if len(rows) <= runs:
         return list(rows)
-    top = rows[:min(3, runs)]
+    top = rows[:min(FIRST_RUNS, runs)]
     rest = rows[len(top):]
-    k = runs - len(top)
-    picks = [rest[round(i * (len(rest) - 1) / max(1, k - 1))] for i in range(k)] if k else []
-    return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
+    spread = runs - len(top)
+    picks = [rest[round(i * (len(rest) - 1) / max(1, spread - 1))] for i in range(spread)] if spread else []
+    return top + [row for i, row in enumerate(picks) if row not in picks[:i]]
 
 
 def on_gpu(cluster: Cluster) -> bool:

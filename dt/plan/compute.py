@@ -236,8 +236,10 @@ def timed_shape(cluster: Cluster, model: ModelShape, sequences: int, tokens: int
         return None
     dtype, autocast = timed_dtype(cluster)
     threads = rank_threads(world) if cluster.timed == "cpu" else torch.get_num_threads()
-    return TimedShape(model.n_embd, model.n_head, model.vocab, sequences, tokens, tp, blocks, head, embed,
-                      threads, dtype, keys // tokens, cp_kind, cluster.timed, autocast)
+    return TimedShape(n_embd=model.n_embd, n_head=model.n_head, vocab=model.vocab, sequences=sequences,
+                      tokens=tokens, tp=tp, blocks=blocks, head=head, embed=embed, threads=threads,
+                      dtype=dtype, cp=keys // tokens, cp_kind=cp_kind, device=cluster.timed,
+                      autocast=autocast)
 
 
 def stage_compute(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int,
@@ -250,15 +252,15 @@ def stage_compute(cluster: Cluster, model: ModelShape, sequences: int, tokens: i
     On this machine (dt's GPT) the stage's real layers are timed together (dt.plan.timed) and
     split between forward and backward by their FLOPs; else the sum of layer_seconds."""
     if not _timed_here(cluster, model, tokens, keys):
-        block_fwd, block_bwd = layer_seconds(cluster, "block", model, sequences, tokens, keys, tp, world,
-                                             recompute)
-        head_fwd, head_bwd = (layer_seconds(cluster, "head", model, sequences, tokens, keys, tp, world)
-                              if head else (0.0, 0.0))
+        layer = {"sequences": sequences, "tokens": tokens, "keys": keys, "tp": tp, "world": world}
+        block_fwd, block_bwd = layer_seconds(cluster, "block", model, **layer, recompute=recompute)
+        head_fwd, head_bwd = layer_seconds(cluster, "head", model, **layer) if head else (0.0, 0.0)
         return blocks * block_fwd + head_fwd, blocks * block_bwd + head_bwd
     cp = keys // tokens
     flops_fwd, flops_bwd = _stage_flops(model, keys, sequences, tp, cp, blocks, head)
     flops = flops_fwd + flops_bwd
-    shape = timed_shape(cluster, model, sequences, tokens, keys, tp, world, blocks, head, embed, cp_kind)
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
     total = _stage_seconds(cluster, model, shape, flops) * turns(cluster, world)
     share = flops_fwd / flops if flops > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
@@ -312,7 +314,8 @@ def slowest_rank(cluster: Cluster, model: ModelShape, sequences: int, tokens: in
     all-reduce, the optimizer's collectives), so the step waits for the slowest; on this machine
     a stage's repetitions spread 10-40% (its speed drifts), and that spread is the wait. 1 where
     the stage is not timed here (a catalogue device: priced without noise, stated so)."""
-    shape = timed_shape(cluster, model, sequences, tokens, keys, tp, world, blocks, head, embed, cp_kind)
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
     if world < 2 or shape is None:
         return 1.0
     from dt.plan.timed import slowest_of, stage_timing, was_timed
@@ -334,7 +337,8 @@ def ddp_hooks(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, 
         return 0.0
     from dt.plan.timed import ddp_hooks_within_budget, was_timed
 
-    shape = timed_shape(cluster, model, sequences, tokens, keys, tp, world, blocks, head, embed, cp_kind)
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
     if not was_timed(shape):  # the stage itself past the timing budget: its hooks are not timed either
         return 0.0
     seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, shape))

@@ -67,8 +67,9 @@ def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
     decoder = model.decoder(seq)
     cut = layer_cut(model, pp, virtual, partition)
-    return [stage_activation_bytes(decoder, layers, sequences, item, tp, cp, sequence_parallel, attention,
-                                   recompute, dropout=dropout, shard_inputs=shard_inputs)
+    return [stage_activation_bytes(decoder, layers, sequences, item, tp=tp, cp=cp,
+                                   sequence_parallel=sequence_parallel, attention=attention,
+                                   recompute=recompute, dropout=dropout, shard_inputs=shard_inputs)
             for layers in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
@@ -141,9 +142,10 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
     recompute's rebuilt block."""
     item = cluster.itemsize
     attention, dropout = _activation_kind(cluster)
-    chunks = _chunk_activations(model, seq, layout.pp, stage, layout.virtual, sequences, item, layout.tp,
-                                layout.cp, layout.recompute, sequence_parallel, attention, dropout,
-                                cluster.stack.partition, cluster.stack.sp_shard_inputs)
+    chunks = _chunk_activations(model, seq, layout.pp, stage, layout.virtual, sequences, item, tp=layout.tp,
+                                cp=layout.cp, recompute=layout.recompute, sequence_parallel=sequence_parallel,
+                                attention=attention, dropout=dropout, partition=cluster.stack.partition,
+                                shard_inputs=cluster.stack.sp_shard_inputs)
     acts = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,

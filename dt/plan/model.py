@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dt.cost.flops import Decoder
+from dt.models.llama import LlamaConfig
 
 __all__ = ["PRESETS", "ModelShape", "llama_shape", "preset"]
 
@@ -92,10 +93,11 @@ PRESETS = {
 
 def llama_shape(n_layer: int, n_head: int, n_embd: int, vocab: int, n_kv_head: int = 0,
                 tied: bool = False) -> ModelShape:
-    """dt train's --model llama: SwiGLU of dt.models.llama's width (8C/3 rounded up to 32)."""
+    """dt train's --model llama: SwiGLU of dt.models.llama's width (8C/3 rounded up to its multiple, 32)."""
     width = int(2 * 4 * n_embd / 3)
-    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=-(-width // 32) * 32, gated=True, tied=tied,
-                      name="llama", family="llama", n_kv_head=n_kv_head)
+    multiple = LlamaConfig.ffn_multiple_of  # the config's default: what dt train --model llama builds
+    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=-(-width // multiple) * multiple, gated=True,
+                      tied=tied, name="llama", family="llama", n_kv_head=n_kv_head)
 
 
 def preset(name: str, **changes: object) -> ModelShape:

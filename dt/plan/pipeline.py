@@ -41,7 +41,8 @@ def play(name: str, stages: int, micro_batches: int, virtual: int, fwd: tuple[fl
     fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s; post, wake, spin: a
     message's cost to each end's core, a sleeping receiver's wake-up and how long it spins first.
     """
-    actions = timeline.play(name, stages, micro_batches, virtual, fwd, bwd, send, post, wake, spin)
+    actions = timeline.play(name, stages, micro_batches, virtual, fwd, bwd, send, post=post, wake=wake,
+                            spin=spin)
     return Played(actions, stash(name, stages, micro_batches, virtual))
 
 

@@ -52,8 +52,9 @@ def kernel_seconds(kernel: Kernel, device: Device, precision: str, attention: st
     """Seconds of one kernel on `device` (`attention`: the fused kernel's name in the device's table)."""
     if kernel.kind == "gemm":
         rate = device.peak_flops[precision] * device.matmul_efficiency[precision]
-        work = _gemm_seconds(rate, device.hbm_bandwidth * device.hbm_efficiency, device.sms, device.gemm_tile,
-                             kernel.m, kernel.n, kernel.k, kernel.batch, itemsize)
+        bandwidth = device.hbm_bandwidth * device.hbm_efficiency
+        work = _gemm_seconds(rate, bandwidth, device.sms, device.gemm_tile, rows=kernel.m, cols=kernel.n,
+                             inner=kernel.k, batch=kernel.batch, itemsize=itemsize)
     elif kernel.kind == "attention":
         fwd, bwd = device.attention_efficiency[attention]
         efficiency = bwd if kernel.backward else fwd

@@ -119,14 +119,18 @@ def lower_bound(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
     return _pipeline_bound(cluster, model, seq, batch // layout.dp, family)
 
 
+PROGRESS_FROM = 200  # layouts to price past which a progress line is shown (fewer take a moment)
+PROGRESS_EVERY = 100  # layouts between its updates
+
+
 def _progress(total: int) -> Callable[[int], None]:
     """A progress line on stderr when it is a terminal (none in pipes and logs)."""
-    if not sys.stderr.isatty() or total < 200:
+    if not sys.stderr.isatty() or total < PROGRESS_FROM:
         return lambda done: None
     start = time.perf_counter()
 
     def show(done: int) -> None:
-        if done % 100 == 0 or done == total:
+        if done % PROGRESS_EVERY == 0 or done == total:
             took = time.perf_counter() - start
             sys.stderr.write(f"\rdt plan: {done}/{total} layouts priced ({took:.0f} s)")
             if done == total:

@@ -349,7 +349,7 @@ def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize:
     """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards), its
     reduce-scatters' elements counted at the gradient's itemsize."""
     shards = split_sizes(numel, ranks)
-    total = zero_traffic_formula([shards], rank, 3, itemsize, micro_batches)
+    total = zero_traffic_formula([shards], rank, stage=3, itemsize=itemsize, micro_batches=micro_batches)
     scattered = ring_reduce_scatter(shards, 1, rank).bytes_sent * micro_batches  # elements
     return total + scattered * (grad_itemsize - itemsize)
 

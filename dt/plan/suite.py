@@ -208,7 +208,8 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
         first = ranking.rows[0].layout.name() if ranking.rows else layout.name()
         first_step = min([step] + [ranked.prediction.step for ranked in ranking.rows])
     predicted = _metric(row, model, layout, step, cluster, pricing["flops"])
-    return Compared(row, layout.name(), step, predicted, memory, authors_rank, first, first_step)
+    return Compared(row, layout=layout.name(), step=step, predicted=predicted, predicted_memory_gb=memory,
+                    authors_rank=authors_rank, first_layout=first, first_step=first_step)
 
 
 def _speed(row: PublishedRow) -> float:

@@ -149,7 +149,8 @@ def _stage_run(n_embd: int, n_head: int, vocab: int, sequences: int, tokens: int
     """One micro-batch's forward and backward through a fresh stage (with `ddp`: wrapped in dt's
     DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches), on
     `device`, under dt train's autocast of that dtype where one is named."""
-    stage = stage_module(n_embd, n_head, vocab, tokens, tp, blocks, head, embed, dtype, cp, cp_kind)
+    stage = stage_module(n_embd, n_head, vocab, tokens=tokens, tp=tp, blocks=blocks, head=head, embed=embed,
+                         dtype=dtype, cp=cp, cp_kind=cp_kind)
     stage = stage.to(device)
     if ddp:
         stage = DistributedDataParallel(stage, group=_one_rank())
@@ -185,8 +186,9 @@ def time_stage(n_embd: int, n_head: int, vocab: int, sequences: int, tokens: int
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        run = _stage_run(n_embd, n_head, vocab, sequences, tokens, tp, blocks, head, embed, dtype, cp,
-                         cp_kind, False, device, autocast)
+        run = _stage_run(n_embd, n_head, vocab, sequences=sequences, tokens=tokens, tp=tp, blocks=blocks,
+                         head=head, embed=embed, dtype=dtype, cp=cp, cp_kind=cp_kind, ddp=False,
+                         device=device, autocast=autocast)
         return tuple(samples(run, threads, device=device))
     finally:
         torch.set_num_threads(old)
@@ -287,8 +289,9 @@ def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, sequences: int, token
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        runs = [_stage_run(n_embd, n_head, vocab, sequences, tokens, tp, blocks, head, embed, dtype, cp,
-                           cp_kind, ddp, device, autocast) for ddp in (False, True)]
+        runs = [_stage_run(n_embd, n_head, vocab, sequences=sequences, tokens=tokens, tp=tp, blocks=blocks,
+                           head=head, embed=embed, dtype=dtype, cp=cp, cp_kind=cp_kind, ddp=ddp,
+                           device=device, autocast=autocast) for ddp in (False, True)]
         clock = time.thread_time if threads == 1 and device == "cpu" else time.perf_counter
         times: tuple[list[float], list[float]] = ([], [])
         for run in runs:
