@@ -318,8 +318,8 @@ def _headline(stats: dict[str, dict], ranked: list[Compared] | None) -> str:
             f"{100 * step['worst']:.0f}%; memory ({memory.get('rows', 0)} rows) median "
             f"{100 * memory.get('median', 0):.1f}%")
     if ranked is not None:
-        s = sweeps(ranked)
-        said += f"; {s['within']} of {s['ranked']} sweep winners first or within {WITHIN:.0%}"
+        placed = sweeps(ranked)
+        said += f"; {placed['within']} of {placed['ranked']} sweep winners first or within {WITHIN:.0%}"
     return said
 
 
