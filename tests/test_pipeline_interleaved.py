@@ -46,7 +46,7 @@ def test_the_order_is_megatrons():
                     kinds = "".join(kind for kind, _, _ in acts)
                     assert kinds == "F" * warmup + "FB" * (v * m - warmup) + "B" * warmup, (p, v, m, s)
                     for kind, forward in (("F", True), ("B", False)):
-                        assert [a[1:] for a in acts if a[0] == kind] == \
+                        assert [(c, i) for k, c, i in acts if k == kind] == \
                             [_megatron_slot(k, p, v, forward) for k in range(v * m)], (p, v, m, s, kind)
     for s in range(4):  # one chunk is 1F1B, as Megatron runs a virtual size of 1
         assert schedule("interleaved", 4, s, 6, 1) == schedule("1f1b", 4, s, 6)
@@ -58,7 +58,7 @@ def test_a_short_last_group_drops_the_missing_micro_batches():
         padded = -(-m // p) * p
         for s in range(p):
             assert schedule("interleaved", p, s, m, v) == \
-                [a for a in schedule("interleaved", p, s, padded, v) if a[2] < m], (p, v, m, s)
+                [(k, c, i) for k, c, i in schedule("interleaved", p, s, padded, v) if i < m], (p, v, m, s)
 
 
 def _messages(p: int, v: int, orders: list[list[tuple[str, int, int]]]) -> tuple[dict, dict]:
@@ -110,7 +110,7 @@ def test_the_played_order_idles_the_bubble_formula():
         for v in (2, 3, 4):
             for m in (p, 2 * p, 3 * p):
                 played = play("interleaved", p, m, v, (1.0 / v,) * p, (2.0 / v,) * p)
-                step = max(acts[-1][4] for acts in played)
+                step = max(acts[-1].end for acts in played)
                 assert 1 - 3 * m / step == pytest.approx(bubble_fraction(p, m, v)), (p, v, m)
 
 

@@ -35,7 +35,7 @@ def test_lockstep_batches_never_deadlock_on_nccl(name, virtual):
         for v in virtual:
             for m in range(1, 13):
                 orders = tuple(tuple(schedule(name, p, s, m, v)) for s in range(p))
-                forwards = tuple(tuple(a for a in o if a[0] == "F") for o in orders)  # Pipeline.forward
+                forwards = tuple(tuple((k, c, i) for k, c, i in o if k == "F") for o in orders)  # forward
                 for o in (orders, forwards):
                     assert simulate(_batches(o, v)) == [], (name, p, v, m)
 

@@ -54,8 +54,9 @@ def _held(argv: list[str]) -> dict:
                          ids=lambda lay: lay.name())
 def test_each_rank_holds_exactly_its_stages_parameters(run, lay):
     for r in run(2, _held, _argv(lay), timeout=200):
-        dense, experts, *_ = stage_tensors(SHAPE, lay, SEQ, r["stage"])
-        assert r["sizes"] == sorted(dense) and experts == 0, (r["stage"], r["sizes"], sorted(dense))
+        tensors = stage_tensors(SHAPE, lay, SEQ, r["stage"])
+        dense = sorted(tensors.dense)
+        assert r["sizes"] == dense and tensors.experts == 0, (r["stage"], r["sizes"], dense)
         assert r["outside"] == 0
         assert "belongs to another pipeline stage" in r["error"], r["error"]
 
@@ -83,6 +84,6 @@ def test_the_measured_peak_drops_by_the_other_stages_bytes():
     split = launch(_peak_of, 2, argv, False, backend="gloo")
     total = GPT(GPTConfig(vocab_size=VOCAB, block_size=SEQ, n_layer=4, n_head=4, n_embd=64)).num_params()
     for w, s in zip(sorted(whole, key=lambda r: r["stage"]), sorted(split, key=lambda r: r["stage"])):
-        own = sum(stage_tensors(SHAPE, lay, SEQ, s["stage"])[0])
+        own = sum(stage_tensors(SHAPE, lay, SEQ, s["stage"]).dense)
         others = (total - own) * 4  # float32: the other stage's parameters, less the shared word table
         assert w["peak"] - s["peak"] == others, (s["stage"], w["peak"], s["peak"], others)

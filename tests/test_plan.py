@@ -18,7 +18,7 @@ from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
 from dt.plan.memory import peak_bytes
 from dt.plan.model import ModelShape, llama_shape, preset
-from dt.plan.pipeline import play
+from dt.plan.pipeline import last_end, play
 from dt.plan.stage import stage_tensors
 from dt.plan.step_model import predict
 from dt.train.cli import parse_args
@@ -55,7 +55,7 @@ def test_the_planner_enumerates_exactly_the_layouts_dt_train_accepts(world, mode
 def test_the_played_schedule_idles_the_bubble_formula(name, v):
     p, m = 4, 8
     played, stash = play(name, p, m, v, (1.0 / v,) * p, (2.0 / v,) * p, 0.0)
-    step = max(acts[-1][4] for acts in played)
+    step = last_end(played)
     assert 1 - 3 * m / step == pytest.approx(bubble_fraction(p, m, v))
     # interleaved: Megatron's p v + p - 1 chunks, p (1 + (p-1)/(p v)) micro-batches of the stage's layers
     assert stash[0] == {"gpipe": m, "1f1b": p, "interleaved": p * v + p - 1}[name]
@@ -92,7 +92,7 @@ def test_a_group_inside_a_host_is_priced_by_the_cheapest_cost_model_algorithm():
 def test_memory_state_is_zeros_formula():
     """fp32 Adam: 16 Psi without ZeRO, 8 Psi + 8 Psi / N with ZeRO-1 (Psi: this rank's parameters)."""
     c = catalogue_cluster("a100", 1, 4, precision="fp32")
-    psi = sum(stage_tensors(TINY, Layout(dp=4), 32, 0)[0])
+    psi = sum(stage_tensors(TINY, Layout(dp=4), 32, 0).dense)
     assert psi == TINY.params(32)  # every weight on the one stage
     zero0 = peak_bytes(c, TINY, Layout(dp=4), 16, 32)[0]["state"]
     zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]["state"]
@@ -127,17 +127,17 @@ def test_pipeline_messages_cost_their_ends_and_a_sleeping_receiver_wakes():
     # so it starts at f + post + send + wake, then pays its receive and its send back (B)
     f, b, send, post, wake = 1.0, 2.0, 0.1, 0.01, 0.3
     (s0, s1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send, post, wake, 0.05)
-    assert s0[0][3:] == (0.0, f + post)
+    assert (s0[0].start, s0[0].end) == (0.0, f + post)
     start = f + post + send + wake
-    assert s1[0][3:] == pytest.approx((start, start + f + post))  # F: receives; the last stage sends none
-    assert s1[1][3:] == pytest.approx((start + f + post, start + f + post + b + post))  # B: sends back
+    assert (s1[0].start, s1[0].end) == pytest.approx((start, start + f + post))  # F: the last sends none
+    assert (s1[1].start, s1[1].end) == pytest.approx((start + f + post, start + f + post + b + post))  # B
     back = start + f + post + b + post + send + wake  # stage 0 slept waiting for it
-    assert s0[1][3:] == pytest.approx((back, back + b + post))
+    assert (s0[1].start, s0[1].end) == pytest.approx((back, back + b + post))
     # a receiver whose wait stays inside the spin wakes at once; no terms: the plain timeline
     (_, t1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send, post, wake, 10.0)
-    assert t1[0][3] == pytest.approx(f + post + send)
+    assert t1[0].start == pytest.approx(f + post + send)
     (_, u1), _ = play("gpipe", 2, 1, 1, (f, f), (b, b), send)
-    assert u1[0][3:] == pytest.approx((f + send, 2 * f + send))
+    assert (u1[0].start, u1[0].end) == pytest.approx((f + send, 2 * f + send))
 
 
 def test_this_machine_prices_what_dt_runs_at_the_swept_time(monkeypatch):

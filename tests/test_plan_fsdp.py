@@ -79,7 +79,7 @@ def test_each_stage_holds_its_own_chunks_units_and_a_tied_table_on_both():
     assert two[0].root == two[1].root == 0  # the table a unit of its own on each stage (`separate`)
     assert two[0].dense == (VOCAB * c, seq * c, *block) and two[1].dense == (*block, 2 * c, VOCAB * c)
     for s, u in enumerate(two):  # every number the stage holds, once
-        assert sum(u.every) == sum(stage_tensors(model, Layout(dp=2, pp=2, zero=3), seq, s)[0])
+        assert sum(u.every) == sum(stage_tensors(model, Layout(dp=2, pp=2, zero=3), seq, s).dense)
 
 
 def test_experts_units_are_gathered_and_scattered_over_their_replicas():

@@ -55,11 +55,13 @@ def test_a_timed_gpu_cluster_times_dt_trains_layers_under_its_autocast():
     timed = catalogue_cluster("h200", 1, 1, "bf16", timed_gpu="NVIDIA H200")
     assert timed.timed == "cuda" and "timed on this host's NVIDIA H200" in timed.source
     assert timed_dtype(timed) == ("float32", "bfloat16")
-    shape = timed_shape(timed, TINY, 8, 16, 16, 1, 1, 2, True, True)
-    assert shape is not None and shape[-2:] == ("cuda", "bfloat16")
-    assert timed_shape(catalogue_cluster("h200", 1, 1), TINY, 8, 16, 16, 1, 1, 2, True, True) is None
+    stage = {"sequences": 8, "tokens": 16, "keys": 16, "tp": 1, "world": 1, "blocks": 2, "head": True,
+             "embed": True}
+    shape = timed_shape(timed, TINY, **stage)
+    assert shape is not None and (shape.device, shape.autocast) == ("cuda", "bfloat16")
+    assert timed_shape(catalogue_cluster("h200", 1, 1), TINY, **stage) is None
     # the same code on the CPU under autocast: the stage and Adam run and take time
-    cpu_shape = shape[:-2] + ("cpu", "bfloat16")
+    cpu_shape = shape._replace(device="cpu")
     assert statistics.median(time_stage(*cpu_shape)) > 0
     assert adam_seconds((64, 128), 1, "float32", "cpu") > 0
 
@@ -69,7 +71,8 @@ def test_a_timed_gpu_cluster_times_dt_trains_layers_under_its_autocast():
 def test_a_tiny_check_on_the_gpu_both_pricings(capsys):
     name = torch.cuda.get_device_name(0)
     cluster = catalogue_cluster("h200", 1, 1, "bf16", timed_gpu=name)
-    fwd, bwd = stage_compute(cluster, TINY, 8, 16, 16, 1, 1, 2, True, True)
+    fwd, bwd = stage_compute(cluster, TINY, sequences=8, tokens=16, keys=16, tp=1, world=1, blocks=2,
+                             head=True, embed=True)
     assert 0 < fwd < bwd
     for extra in ([], ["--timed"]):
         assert cli.main(["--device", "h200", "--per-host", "1", "--n-layer", "2", "--n-head", "2",

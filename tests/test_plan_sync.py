@@ -8,6 +8,7 @@ from dt.plan.cluster import catalogue_cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
 from dt.plan.model import ModelShape
+from dt.plan.pipeline import Action
 from dt.plan.stage import bucket_bytes, bucket_ready, stage_work
 from dt.plan.step_model import predict, stage_groups
 from dt.plan.sync import backward_exposed, optimizer_collectives, thread_end
@@ -42,8 +43,8 @@ def test_the_gradient_thread_runs_buckets_in_order_once_ready():
 
 def test_ddp_syncs_the_last_micro_batch_zero_2_every_one_and_zero_1_after_backward():
     c = catalogue_cluster("h100", 1, 8)
-    acts = [("F", 0, i, 2.0 * i, 2.0 * i + 1) for i in range(4)] + \
-           [("B", 0, i, 10.0 + i, 11.0 + i) for i in range(4)]
+    acts = [Action("F", 0, i, 2.0 * i, 2.0 * i + 1) for i in range(4)] + \
+           [Action("B", 0, i, 10.0 + i, 11.0 + i) for i in range(4)]
     ddp, z1, z2 = Layout(dp=4), Layout(dp=4, zero=1), Layout(dp=4, zero=2)
     g = stage_groups(ddp)[0]
     w = stage_work(c, TINY, ddp, g, 16, 32, 0)
@@ -58,9 +59,10 @@ def test_ddp_syncs_the_last_micro_batch_zero_2_every_one_and_zero_1_after_backwa
     assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * rs)
     assert backward_exposed(c, z1, w, g, acts) == 0.0
     before, after = optimizer_collectives(c, z1, w, g)
-    assert [d for _, d in before] == [pytest.approx(rs)] and len(after) == 1
+    assert [charge.seconds for charge in before] == [pytest.approx(rs)] and len(after) == 1
     gather = collective_seconds(c, "all_gather", sum(w.dense) * c.param_itemsize, g.dp_cp, "ring")
-    assert [d for _, d in after] == [pytest.approx(gather)]  # the float32 weights, gathered after Adam
+    # the float32 weights, gathered after Adam
+    assert [charge.seconds for charge in after] == [pytest.approx(gather)]
     assert optimizer_collectives(c, z2, w, g)[0] == [] and optimizer_collectives(c, ddp, w, g) == ([], [])
 
 
@@ -71,7 +73,7 @@ def test_overlap_hides_the_early_buckets_of_a_wide_model():
     w = stage_work(c, WIDE, lay, g, 64, 512, 0)
     buckets = bucket_bytes(w.dense, c.grad_itemsize)  # dt's float32 gradients
     assert len(buckets) > 1
-    acts = [("B", 0, 0, 0.0, 1.0)]  # a long backward: every bucket but the last is hidden
+    acts = [Action("B", 0, 0, 0.0, 1.0)]  # a long backward: every bucket but the last is hidden
     last = buckets[-1]
     assert backward_exposed(c, lay, w, g, acts) == pytest.approx(
         collective_seconds(c, "all_reduce", last, g.dp_cp))
@@ -129,7 +131,7 @@ def test_zero_3_gathers_every_unit_twice_and_scatters_it_once_in_the_step():
     cf, cb = w.fwd["compute"], w.bwd["compute"]
     assert w.fwd["dp"] == pytest.approx(max(0.0, ag - cf))
     assert w.bwd["dp"] == pytest.approx(max(0.0, ag - cb) + rs) and rs > 0
-    acts = [("F", 0, 0, 0.0, 1.0), ("B", 0, 0, 1.0, 2.0)]
+    acts = [Action("F", 0, 0, 0.0, 1.0), Action("B", 0, 0, 1.0, 2.0)]
     assert backward_exposed(c, lay, w, g, acts) == 0.0 and optimizer_collectives(c, lay, w, g) == ([], [])
     p = predict(c, TINY, lay, 16, 32)
     assert p.parts["dp"] == pytest.approx(w.fwd["dp"] + w.bwd["dp"])  # one micro-batch: what is exposed
@@ -164,10 +166,11 @@ def test_zero_with_experts_prices_each_part_once_over_the_ranks_that_hold_it():
     rs = [collective_seconds(c, "reduce_scatter", n * c.grad_itemsize, group) for n, group in numbers]
     ag = [collective_seconds(c, "all_gather", n * c.param_itemsize, group) for n, group in numbers]
     before, after = optimizer_collectives(c, z1, w, g)
-    assert [d for _, d in before] == pytest.approx(rs) and [d for _, d in after] == pytest.approx(ag)
+    assert [charge.seconds for charge in before] == pytest.approx(rs)
+    assert [charge.seconds for charge in after] == pytest.approx(ag)
     assert after_backward(c, z1, w, g) == [] and after_backward(c, z2, w, g) == []  # not priced twice
     assert after_backward(c, Layout(dp=4, ep=2), w, g)  # without ZeRO the step's own sync
-    acts = [("B", 0, i, float(i), i + 1e-6) for i in range(4)]  # short backwards: all of it exposed
+    acts = [Action("B", 0, i, float(i), i + 1e-6) for i in range(4)]  # short backwards: all of it exposed
     # tiny: one dense bucket, one of the experts' (two blocks' worth), each reduce-scattered per backward
     assert backward_exposed(c, z2, w, g, acts) == pytest.approx(4 * sum(rs))
     assert backward_exposed(c, z1, w, g, acts) == 0.0
@@ -191,12 +194,12 @@ def test_zero_2_keeps_the_tied_table_out_of_the_buckets_and_scatters_it_once():
         w = stage_work(c, TINY, lay, g, 16, 32, s)
         assert w.tied == table and (w.embed, w.head) == (s == 0, s == 1)
         rest = (sum(w.dense) - table) * item  # one bucket (tiny) without the table
-        acts = [("B", 0, i, float(i), float(i)) for i in range(2)]  # instant backwards: all exposed
+        acts = [Action("B", 0, i, float(i), float(i)) for i in range(2)]  # instant backwards: all exposed
         rs = collective_seconds(c, "reduce_scatter", rest, g.dp_cp)
         assert backward_exposed(c, lay, w, g, acts) == pytest.approx(2 * rs)  # every micro-batch's
         before, after = optimizer_collectives(c, lay, w, g)
-        assert [d for _, d in before] == [pytest.approx(collective_seconds(c, "reduce_scatter", table * item,
-                                                                           g.dp_cp))]
+        scattered = collective_seconds(c, "reduce_scatter", table * item, g.dp_cp)
+        assert [charge.seconds for charge in before] == [pytest.approx(scattered)]
         assert len(after) == 1  # the all-gather of the whole shard
         # dt's float32 weights and gradients, Adam's two moments (4 + 4 + 8 bytes), the table's
         # gradient whole, and autocast's bf16 copy of every weight (2)

@@ -21,9 +21,10 @@ TINY = ModelShape(4, 4, 64, 44)
                                        (Layout(tp=2, pp=4), 2)])
 def test_the_timed_stage_holds_the_numbers_the_plan_prices(lay, stage):
     """The module timed is the rank's shard: as many numbers as stage_tensors counts, to the one."""
-    dense, _, blocks, head, embed = stage_tensors(TINY, lay, 32, stage)
-    module = stage_module(TINY.n_embd, TINY.n_head, TINY.vocab, 32, lay.tp, blocks, head, embed)
-    assert sum(p.numel() for p in module.parameters()) == sum(dense)
+    tensors = stage_tensors(TINY, lay, 32, stage)
+    module = stage_module(TINY.n_embd, TINY.n_head, TINY.vocab, tokens=32, tp=lay.tp, blocks=tensors.blocks,
+                          head=tensors.head, embed=tensors.embed)
+    assert sum(p.numel() for p in module.parameters()) == sum(tensors.dense)
 
 
 def test_adam_steps_each_tensor_without_zero_and_one_flat_shard_with_it():
@@ -53,10 +54,13 @@ def test_adam_costs_per_tensor_here_and_its_bytes_on_a_catalogue_device():
 
 def test_recompute_adds_the_blocks_forward_to_backward():
     c = local_cluster(2)
-    fwd, bwd = stage_compute(c, TINY, 8, 32, 32, 1, 2, 4, True, True)
-    fwd_rc, bwd_rc = stage_compute(c, TINY, 8, 32, 32, 1, 2, 4, True, True, recompute=True)
-    blocks = 4 * layer_flops(TINY, 32, 1, 8, 1, 1, False)[0]
-    head = layer_flops(TINY, 32, TINY.n_layer + 1, 8, 1, 1, False)[0]
+    stage = {"sequences": 8, "tokens": 32, "keys": 32, "tp": 1, "world": 2, "blocks": 4, "head": True,
+             "embed": True}
+    fwd, bwd = stage_compute(c, TINY, **stage)
+    fwd_rc, bwd_rc = stage_compute(c, TINY, **stage, recompute=True)
+    blocks_fwd, _ = layer_flops(TINY, 32, 1, 8, 1, 1, False)
+    head, _ = layer_flops(TINY, 32, TINY.n_layer + 1, 8, 1, 1, False)
+    blocks = 4 * blocks_fwd
     assert fwd_rc == fwd and fwd > 0
     assert bwd_rc - bwd == pytest.approx(fwd * blocks / (blocks + head))
 
@@ -138,14 +142,16 @@ def test_cp_stages_are_timed_on_dt_s_layers_and_split_by_the_rank_s_flops(monkey
     monkeypatch.setattr(timed, "stage_timing", fake)
     monkeypatch.setattr(timed, "BUDGET", timed.TimingBudget())
     monkeypatch.setattr(compute.os, "cpu_count", lambda: 2)
-    fwd, bwd = stage_compute(local_cluster(4), TINY, 16, 8, 32, 1, 4, 4, True, True, cp_kind="ulysses")
+    fwd, bwd = stage_compute(local_cluster(4), TINY, sequences=16, tokens=8, keys=32, tp=1, world=4, blocks=4,
+                             head=True, embed=True, cp_kind="ulysses")
     assert seen == [(64, 4, 44, 16, 8, 1, 4, True, True, 1, "float32", 4, "ulysses", "cpu", "")]
     assert fwd + bwd == pytest.approx(0.03 * 2)  # 4 ranks on 2 cores: each holds one half the time
     f = [layer_flops(TINY, 32, i, 16, 1, 4, False) for i in (1, TINY.n_layer + 1)]
     share = (4 * f[0][0] + f[1][0]) / (4 * sum(f[0]) + sum(f[1]))
     assert fwd == pytest.approx(0.06 * share)
     seen.clear()  # an uneven zig-zag split (30 tokens over 2 x 2 chunks) keeps the stand-in
-    stage_compute(local_cluster(2), TINY, 16, 15, 30, 1, 2, 4, True, True)
+    stage_compute(local_cluster(2), TINY, sequences=16, tokens=15, keys=30, tp=1, world=2, blocks=4,
+                  head=True, embed=True)
     assert seen == []
 
 
@@ -178,8 +184,10 @@ def test_ddp_hook_seconds_times_real_ddp_on_one_rank():
     """The figure is DDP's wrapper timed on this machine: a number, >= 0, cached per shape."""
     from dt.plan.timed import ddp_hook_seconds
 
-    s = ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32")
-    assert s >= 0.0 and ddp_hook_seconds(64, 4, 44, 2, 8, 1, 1, True, True, 1, "float32") == s
+    shape = {"n_embd": 64, "n_head": 4, "vocab": 44, "sequences": 2, "tokens": 8, "tp": 1, "blocks": 1,
+             "head": True, "embed": True, "threads": 1, "dtype": "float32"}
+    s = ddp_hook_seconds(**shape)
+    assert s >= 0.0 and ddp_hook_seconds(**shape) == s
 
 
 def test_slowest_of_is_the_expected_largest_of_n_draws_from_the_timings():

@@ -45,25 +45,26 @@ from typing import Any
 
 from dt.parallel.recompute import recompute_kind
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
-from dt.plan.compute import rank_threads
+from dt.plan.compute import TimedShape, rank_threads
 from dt.plan.layouts import CLIP, Layout
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
 __all__ = ["busy_seconds", "check", "chosen", "comparison", "launcher", "measure_worker", "train_argv"]
 
-Launch = Callable[..., list[Any]]  # launch(fn, world, *args): every rank's result, in rank order
+Launch = Callable[..., list[Any]]  # launch(worker, world, *args): every rank's result, in rank order
+FIRST_RUNS = 3  # the first-ranked layouts every --check runs: whether the ranking's top holds
 
 
 def chosen(rows: list[Row], runs: int) -> list[Row]:
-    """The first three and an even spread of the rest, `runs` in all."""
+    """The first FIRST_RUNS and an even spread of the rest, `runs` in all."""
     if len(rows) <= runs:
         return list(rows)
-    top = rows[:min(3, runs)]
+    top = rows[:min(FIRST_RUNS, runs)]
     rest = rows[len(top):]
-    k = runs - len(top)
-    picks = [rest[round(i * (len(rest) - 1) / max(1, k - 1))] for i in range(k)] if k else []
-    return top + [r for i, r in enumerate(picks) if r not in picks[:i]]
+    spread = runs - len(top)
+    picks = [rest[round(i * (len(rest) - 1) / max(1, spread - 1))] for i in range(spread)] if spread else []
+    return top + [row for i, row in enumerate(picks) if row not in picks[:i]]
 
 
 def on_gpu(cluster: Cluster) -> bool:
@@ -72,7 +73,7 @@ def on_gpu(cluster: Cluster) -> bool:
     return cluster.flops > 0
 
 
-def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
+def train_argv(layout: Layout, model: ModelShape, batch: int, seq: int, steps: int,
                precision: str | None = None) -> list[str]:
     """dt train's options for this layout (and its threads: the rest are its defaults).
 
@@ -81,21 +82,21 @@ def train_argv(lay: Layout, model: ModelShape, batch: int, seq: int, steps: int,
     # On the CPU the threads the planner timed a rank with (dt.plan.compute.rank_threads), not
     # dt train's own rule (dt.train.threads): the check measures what was priced.
     device = ["--device", "cuda", "--precision", TRAIN_PRECISION[precision]] if precision else [
-        "--device", "cpu", "--threads", str(rank_threads(lay.world))]
-    argv = ["--dp", str(lay.dp), "--tp", str(lay.tp), "--pp", str(lay.pp), "--cp", str(lay.cp),
-            "--ep", str(lay.ep), "--zero", str(lay.zero), "--schedule", lay.schedule,
-            "--virtual", str(lay.virtual), "--micro-batches", str(lay.micro_batches),
-            "--cp-attention", lay.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
+        "--device", "cpu", "--threads", str(rank_threads(layout.world))]
+    argv = ["--dp", str(layout.dp), "--tp", str(layout.tp), "--pp", str(layout.pp), "--cp", str(layout.cp),
+            "--ep", str(layout.ep), "--zero", str(layout.zero), "--schedule", layout.schedule,
+            "--virtual", str(layout.virtual), "--micro-batches", str(layout.micro_batches),
+            "--cp-attention", layout.cp_attention, "--batch-size", str(batch), "--block-size", str(seq),
             "--n-layer", str(model.n_layer), "--n-head", str(model.n_head), "--n-embd", str(model.n_embd),
             "--experts", str(model.experts), "--top-k", str(model.top_k), "--steps", str(steps),
             "--no-progress", *device, "--model", model.family,
-            "--layout", "tp-across" if lay.tp_across else "tp-inside"]  # where the planner put tp
-    if lay.clip:
+            "--layout", "tp-across" if layout.tp_across else "tp-inside"]  # where the planner put tp
+    if layout.clip:
         argv += ["--clip", str(CLIP)]
-    recompute = recompute_kind(lay.recompute)  # a bool (True: full) or the kind's name
+    recompute = recompute_kind(layout.recompute)  # a bool (True: full) or the kind's name
     if recompute != "none":
         argv += ["--recompute", recompute]
-    if lay.sequence_parallel:
+    if layout.sequence_parallel:
         argv.append("--sequence-parallel")
     if model.n_kv_head:
         argv += ["--n-kv-head", str(model.n_kv_head)]
@@ -113,7 +114,7 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     import torch
 
     from dt import transport
-    from dt.device import backend_for, local_device, synchronize
+    from dt.device import backend_for, local_device
     from dt.device_memory import LiveBytes
     from dt.plan.trace import TimelineRecorder
     from dt.train.dataset import open_data
@@ -128,46 +129,61 @@ def measure_worker(args: Any, steps: int, memory: bool, shapes: list[Any] | None
     device = local_device(backend_for(args.device))
     # on a GPU the caching allocator's peak (max_memory_allocated), on the CPU dt's own count
     live = LiveBytes(device) if memory else None
-    rec = TimelineRecorder()
+    recorder = TimelineRecorder()
     try:
         if live is not None:
             live.__enter__()
         run = make_model(args, data.vocab_size)
-        _mark_optimizer(run.optimizer, rec)
-        per_rank = args.batch_size // args.dp
-        dp_rank = run.coords[0]
-        sl = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
-        cpu = []
-        with rec.hooked():
-            for step in range(steps):
-                x, y = data.batch(step, args.batch_size, args.block_size)
-                rec.begin(step)
-                c0 = time.process_time()
-                run.step(x[sl], y[sl])  # forward, backward, sync, clip, optimizer: the whole step
-                synchronize(device)  # a GPU step ends when its kernels do, not when they are queued
-                cpu.append(time.process_time() - c0)
-                rec.end()
+        cpu = _run_steps(run, data, args, steps, device, recorder)
     finally:
         if live is not None:
             live.__exit__(None, None, None)
         torch.set_num_threads(threads)
-    out: dict[str, Any] = {"rank": run.rank, "stage": run.coords[2], "steps": rec.step_seconds(),
-                           "cpu": cpu, "spans": rec.spans}
-    shape = shapes[run.coords[2]] if shapes else None
+    _, _, stage, _, _ = run.coords  # (dp, tp, pp, cp, ep)
+    out: dict[str, Any] = {"rank": run.rank, "stage": stage, "steps": recorder.step_seconds(),
+                           "cpu": cpu, "spans": recorder.spans}
+    shape = shapes[stage] if shapes else None
     if shape is not None and not memory:
         from dt.plan.timed import time_stage
 
         out["stage_s"] = statistics.median(time_stage(*shape))
-    if live is not None and device.type == "cuda":
-        out["peak_bytes"] = live.peak  # the allocator saw every thread's and buffer's bytes
-    elif live is not None:
-        # the collectives' scratch other threads keep (dt's gradient thread: ZeRO 2's
-        # reduce-scatters), made outside LiveBytes' thread-local sight, held from the first step on
-        from dt.collectives.scratch import held_bytes
-
-        out["peak_bytes"] = live.peak + shared_bytes(run.parameters) + held_bytes(other_threads_only=True)
-        out["shared_bytes"] = shared_bytes(run.parameters)
+    if live is not None:
+        out.update(_peak(live, device, run))
     return out
+
+
+def _run_steps(run: Any, data: Any, args: Any, steps: int, device: Any, recorder: Any) -> list[float]:
+    """`steps` of dt train's step as dt.train.loop calls it on this rank's share of the batch, each
+    recorded; every step's CPU seconds."""
+    from dt.device import synchronize
+
+    _mark_optimizer(run.optimizer, recorder)
+    per_rank = args.batch_size // args.dp
+    dp_rank, *_ = run.coords
+    mine = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
+    cpu = []
+    with recorder.hooked():
+        for step in range(steps):
+            inputs, targets = data.batch(step, args.batch_size, args.block_size)
+            recorder.begin(step)
+            c0 = time.process_time()
+            run.step(inputs[mine], targets[mine])  # forward, backward, sync, clip, optimizer: the whole step
+            synchronize(device)  # a GPU step ends when its kernels do, not when they are queued
+            cpu.append(time.process_time() - c0)
+            recorder.end()
+    return cpu
+
+
+def _peak(live: Any, device: Any, run: Any) -> dict[str, int]:
+    """The memory run's peak bytes per rank (and, on the CPU, the shared buffers' part of it)."""
+    if device.type == "cuda":
+        return {"peak_bytes": live.peak}  # the allocator saw every thread's and buffer's bytes
+    # the collectives' scratch other threads keep (dt's gradient thread: ZeRO 2's
+    # reduce-scatters), made outside LiveBytes' thread-local sight, held from the first step on
+    from dt.collectives.scratch import held_bytes
+
+    shared = shared_bytes(run.parameters)
+    return {"peak_bytes": live.peak + shared + held_bytes(other_threads_only=True), "shared_bytes": shared}
 
 
 def shared_bytes(params: list[Any]) -> int:
@@ -177,20 +193,20 @@ def shared_bytes(params: list[Any]) -> int:
     held to the end, so they add to the peak whole. Such a storage is this rank's part exactly
     (dt.transport.shm.alloc) and, unlike torch's own, not resizable."""
     seen: dict[int, int] = {}
-    for p in params:
-        for t in (p, p.grad):
-            if t is not None and not t.untyped_storage().resizable():
-                seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    for param in params:
+        for tensor in (param, param.grad):
+            if tensor is not None and not tensor.untyped_storage().resizable():
+                seen[tensor.untyped_storage().data_ptr()] = tensor.untyped_storage().nbytes()
     return sum(seen.values())
 
 
-def _mark_optimizer(optimizer: Any, rec: Any) -> None:
+def _mark_optimizer(optimizer: Any, recorder: Any) -> None:
     """The step calls the optimizer inside it: mark where its span starts (ZeRO's collectives in it)."""
     inner = optimizer.step
 
-    def step(*a: Any, **k: Any) -> Any:
-        rec.mark("optimizer")
-        return inner(*a, **k)
+    def step(*args: Any, **kwargs: Any) -> Any:
+        recorder.mark("optimizer")
+        return inner(*args, **kwargs)
 
     optimizer.step = step
 
@@ -206,10 +222,10 @@ def launcher(cluster: Cluster, link_bits: float | None = None) -> Launch:
         return functools.partial(launch, backend="nccl" if on_gpu(cluster) else "gloo")
     from dt.launcher.cluster.launch import cluster_launch
 
-    def on_cluster(fn: Callable[..., Any], world: int, *args: Any) -> list[Any]:
+    def on_cluster(worker: Callable[..., Any], world: int, *args: Any) -> list[Any]:
         if world != cluster.world:
             raise ValueError(f"a layout of {world} ranks on a cluster of {cluster.world}")
-        return cluster_launch(fn, cluster.hosts, cluster.per_host, *args, link_bits=link_bits)
+        return cluster_launch(worker, cluster.hosts, cluster.per_host, *args, link_bits=link_bits)
 
     return on_cluster
 
@@ -235,14 +251,20 @@ def _run(row: Row, model: ModelShape, batch: int, seq: int, steps: int, cluster:
     return out
 
 
-def stage_shapes(cluster: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[Any]:
+def stage_shapes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
+                 seq: int) -> list[TimedShape | None]:
     """Per pipeline stage, the shape its compute was timed at (dt.plan.compute.timed_shape)."""
     from dt.plan.compute import timed_shape
     from dt.plan.stage import stage_tensors
 
-    b, t = batch // lay.dp // lay.micro_batches, seq // lay.cp
-    return [timed_shape(cluster, model, b, t, seq, lay.tp, lay.world, *stage_tensors(model, lay, seq, s)[2:],
-                        lay.cp_attention) for s in range(lay.pp)]
+    shapes = []
+    for stage in range(layout.pp):
+        tensors = stage_tensors(model, layout, seq, stage)
+        shapes.append(timed_shape(cluster, model, sequences=batch // layout.dp // layout.micro_batches,
+                                  tokens=seq // layout.cp, keys=seq, tp=layout.tp, world=layout.world,
+                                  blocks=tensors.blocks, head=tensors.head, embed=tensors.embed,
+                                  cp_kind=layout.cp_attention))
+    return shapes
 
 
 def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int, seq: int,
@@ -263,8 +285,8 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
         from dt.plan.step_model import predict
 
         first = picked[0]
-        p = predict(cluster, model, first.layout, batch, seq, timelines=True)
-        write_trace(trace, measured[first.layout.name()]["ranks"], p)
+        prediction = predict(cluster, model, first.layout, batch, seq, timelines=True)
+        write_trace(trace, measured[first.layout.name()]["ranks"], prediction)
     text = comparison(picked, measured) + (f"\ntrace: {trace} (Perfetto, chrome://tracing)" if trace else "")
     if on_gpu(cluster):
         import torch
@@ -275,43 +297,43 @@ def check(rows: list[Row], runs: int, steps: int, trace: str | None, batch: int,
     return {k: {kk: vv for kk, vv in v.items() if kk != "ranks"} for k, v in measured.items()}, text
 
 
-def _ratio(x: float | None) -> str:
-    return f"{x:12.2f}x" if x else f"{'-':>13}"
+def _ratio(ratio: float | None) -> str:
+    return f"{ratio:12.2f}x" if ratio else f"{'-':>13}"
 
 
-def busy_seconds(p: Any) -> float:
+def busy_seconds(prediction: Any) -> float:
     """The predicted step less its idle (bubble): what a rank's core is busy with, on this
     machine's one core per rank the CPU time its process spends (threads and spin-waits included).
     With more ranks than cores it is not scaled down: measured at world 4 on 2 cores a rank's CPU
     time came to its predicted busy wall (dp4 z1: 21.2 ms CPU, 24.6 ms busy predicted, load 8-40),
     the turns on the cores costing CPU themselves (caches refilled, every wait a sleep and a wake)."""
-    return p.step - p.parts.get("bubble", 0.0)
+    return prediction.step - prediction.parts.get("bubble", 0.0)
 
 
 def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
     """Predicted beside measured for each run, both rankings, and the errors' summary."""
-    by_meas = sorted(picked, key=lambda r: measured[r.layout.name()]["step_s"])
+    by_meas = sorted(picked, key=lambda row: measured[row.layout.name()]["step_s"])
     meas_rank = {r.layout.name(): i + 1 for i, r in enumerate(by_meas)}
     lines = [f"{'layout':<42} {'pred ms':>9} {'meas ms':>9} {'err':>7} {'busy ms':>8} {'cpu ms':>8} "
              f"{'err':>7} {'pred peak':>10} {'meas peak':>10} {'err':>7}  rank pred/meas  stage run/plan"]
     t_err, c_err, m_err, ratios = [], [], [], []
-    for i, r in enumerate(picked, 1):
-        me = measured[r.layout.name()]
-        te = (r.prediction.step - me["step_s"]) / me["step_s"]
-        busy = busy_seconds(r.prediction)
-        ce = (busy - me["cpu_s"]) / me["cpu_s"] if me.get("cpu_s") else 0.0
-        pe = (r.peak - me["peak_bytes_per_rank"]) / me["peak_bytes_per_rank"]
-        t_err.append(abs(te))
-        c_err.append(abs(ce))
-        m_err.append(abs(pe))
-        lines.append(f"{r.layout.name():<42} {r.prediction.step * 1e3:9.2f} {me['step_s'] * 1e3:9.2f} "
-                     f"{100 * te:+6.1f}% {busy * 1e3:8.2f} {me.get('cpu_s', 0.0) * 1e3:8.2f} "
-                     f"{100 * ce:+6.1f}% "
-                     f"{r.peak / 1e6:9.2f}M {me['peak_bytes_per_rank'] / 1e6:9.2f}M "
-                     f"{100 * pe:+6.1f}%  {i}/{meas_rank[r.layout.name()]:<13}"
-                     f"{_ratio(me.get('stage_ratio'))}")
-        if me.get("stage_ratio"):
-            ratios.append(me["stage_ratio"])
+    for i, row in enumerate(picked, 1):
+        run = measured[row.layout.name()]
+        step_error = (row.prediction.step - run["step_s"]) / run["step_s"]
+        busy = busy_seconds(row.prediction)
+        cpu_error = (busy - run["cpu_s"]) / run["cpu_s"] if run.get("cpu_s") else 0.0
+        peak_error = (row.peak - run["peak_bytes_per_rank"]) / run["peak_bytes_per_rank"]
+        t_err.append(abs(step_error))
+        c_err.append(abs(cpu_error))
+        m_err.append(abs(peak_error))
+        lines.append(f"{row.layout.name():<42} {row.prediction.step * 1e3:9.2f} {run['step_s'] * 1e3:9.2f} "
+                     f"{100 * step_error:+6.1f}% {busy * 1e3:8.2f} {run.get('cpu_s', 0.0) * 1e3:8.2f} "
+                     f"{100 * cpu_error:+6.1f}% "
+                     f"{row.peak / 1e6:9.2f}M {run['peak_bytes_per_rank'] / 1e6:9.2f}M "
+                     f"{100 * peak_error:+6.1f}%  {i}/{meas_rank[row.layout.name()]:<13}"
+                     f"{_ratio(run.get('stage_ratio'))}")
+        if run.get("stage_ratio"):
+            ratios.append(run["stage_ratio"])
     fastest = measured[by_meas[0].layout.name()]["step_s"]
     first = measured[picked[0].layout.name()]["step_s"]
     lines.append(f"step: median |pred - meas| / meas {100 * statistics.median(t_err):.1f}%, worst "

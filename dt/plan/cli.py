@@ -48,47 +48,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                      epilog=__doc__.split("\n\n", 1)[1] + LAYOUT_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     one = args_.at_least(1)
-    shape = p.add_argument_group(
-        "the model (a preset, or dt train's GPT; a flag given overrides the preset's)")
-    shape.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a public model's shape")
-    shape.add_argument("--model", choices=["gpt", "llama"], default=None,
-                       help="the family without a preset: dt train's --model (default gpt)")
-    shape.add_argument("--n-layer", type=one, default=None, help="blocks (default 4)")
-    shape.add_argument("--n-head", type=one, default=None, help="attention heads (default 4)")
-    shape.add_argument("--n-kv-head", type=one, default=None,
-                       help="llama's key/value heads: grouped-query attention (default: --n-head)")
-    shape.add_argument("--n-embd", type=one, default=None, help="hidden size (default 64)")
-    shape.add_argument("--ffn", type=one, default=None,
-                       help="the MLP's hidden width (default: 4 x --n-embd; llama: 8/3 x rounded up to 32)")
-    shape.add_argument("--vocab", type=one, default=None,
-                       help=f"vocabulary (default {TRAIN_VOCAB}: dt train's text)")
-    shape.add_argument("--experts", type=args_.at_least(0), default=None,
-                       help="MoE experts per block (default 0)")
-    shape.add_argument("--top-k", type=one, default=None, help="experts per token (default 1)")
-    shape.add_argument("--untied", action="store_true", help="a head of its own (a preset says its own)")
+    _add_model_flags(p)
     p.add_argument("--clip", action="store_true", help="every layout clips by the global norm (--clip)")
     p.add_argument("--global-batch", type=one, default=16, help="sequences per step (default 16)")
     p.add_argument("--seq", type=one, default=32, help="tokens per sequence (default 32)")
-    p.add_argument("--precision", type=args_.precision, default=None,
-                   help="this machine: float32 (default) or float64; a catalogue device: bf16 (default), "
-                        "fp16, tf32, fp32 (each also as torch names it: bfloat16, float16, float32)")
-    p.add_argument("--world", type=args_.ranks, default=2, help="ranks on this machine (default 2)")
-    p.add_argument("--hosts", type=one, default=1,
-                   help="hosts (with --device: catalogue; without: dt cluster) (default 1)")
-    p.add_argument("--per-host", type=one, default=None, help="ranks per host (default: --world; GPUs: 8)")
-    p.add_argument("--device", choices=sorted(DEVICES), default=None,
-                   help="a catalogue GPU (dt.cost.devices): each kernel priced")
-    p.add_argument("--stack", choices=sorted(STACKS), default="dt",
-                   help="with --device: the software running the step (dt.cost.stack: its kernels, bytes "
-                        "per parameter and overlaps) (default dt)")
-    p.add_argument("--efficiency", type=args_.positive, default=None,
-                   help="a large GEMM's sustained fraction of peak (default: the catalogue's)")
-    p.add_argument("--headroom", type=args_.positive, default=HEADROOM,
-                   help=f"with --device: the fraction of each GPU's memory a layout must leave free "
-                        f"(default {HEADROOM:g})")
-    p.add_argument("--timed", action="store_true",
-                   help="with --device: time dt train's layers and Adam on this host's GPU (its autocast) "
-                        "instead of pricing their kernels; the links stay the catalogue's")
+    _add_cluster_flags(p)
     p.add_argument("--recompute", nargs="?", const="any", choices=("none", "selective", "full", "any"),
                    default=None, help="activation recompute to consider: none, selective, full, or any "
                                       "(the flag alone) (default: any with --device, none here)")
@@ -127,46 +91,95 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def _check_options(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
-    if a.efficiency is not None and not 0 < a.efficiency <= 1:
-        p.error(f"--efficiency must be in (0, 1], got {a.efficiency}")
-    if not 0 <= a.headroom < 1:
-        p.error(f"--headroom must be in [0, 1), got {a.headroom}")
-    if a.precision is not None:
-        a.precision = _precision(p, a.precision, a.device)
-    if a.check and a.device and a.hosts > 1:
-        p.error("--check --device runs dt train on this host's GPUs: drop --hosts")
-    if a.check and a.device:
-        _check_on_gpus(p, a)
-    a.timed_gpu = _timed_gpu(p, a) if a.timed else ""
+def _add_model_flags(parser: argparse.ArgumentParser) -> None:
+    one = args_.at_least(1)
+    shape = parser.add_argument_group(
+        "the model (a preset, or dt train's GPT; a flag given overrides the preset's)")
+    shape.add_argument("--preset", choices=sorted(PRESETS), default=None, help="a public model's shape")
+    shape.add_argument("--model", choices=["gpt", "llama"], default=None,
+                       help="the family without a preset: dt train's --model (default gpt)")
+    shape.add_argument("--n-layer", type=one, default=None, help="blocks (default 4)")
+    shape.add_argument("--n-head", type=one, default=None, help="attention heads (default 4)")
+    shape.add_argument("--n-kv-head", type=one, default=None,
+                       help="llama's key/value heads: grouped-query attention (default: --n-head)")
+    shape.add_argument("--n-embd", type=one, default=None, help="hidden size (default 64)")
+    shape.add_argument("--ffn", type=one, default=None,
+                       help="the MLP's hidden width (default: 4 x --n-embd; llama: 8/3 x rounded up to 32)")
+    shape.add_argument("--vocab", type=one, default=None,
+                       help=f"vocabulary (default {TRAIN_VOCAB}: dt train's text)")
+    shape.add_argument("--experts", type=args_.at_least(0), default=None,
+                       help="MoE experts per block (default 0)")
+    shape.add_argument("--top-k", type=one, default=None, help="experts per token (default 1)")
+    shape.add_argument("--untied", action="store_true", help="a head of its own (a preset says its own)")
+
+
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    one = args_.at_least(1)
+    parser.add_argument("--precision", type=args_.precision, default=None,
+                        help="this machine: float32 (default) or float64; a catalogue device: bf16 "
+                             "(default), fp16, tf32, fp32 (each also as torch names it: bfloat16, float16, "
+                             "float32)")
+    parser.add_argument("--world", type=args_.ranks, default=2, help="ranks on this machine (default 2)")
+    parser.add_argument("--hosts", type=one, default=1,
+                        help="hosts (with --device: catalogue; without: dt cluster) (default 1)")
+    parser.add_argument("--per-host", type=one, default=None,
+                        help="ranks per host (default: --world; GPUs: 8)")
+    parser.add_argument("--device", choices=sorted(DEVICES), default=None,
+                        help="a catalogue GPU (dt.cost.devices): each kernel priced")
+    parser.add_argument("--stack", choices=sorted(STACKS), default="dt",
+                        help="with --device: the software running the step (dt.cost.stack: its kernels, "
+                             "bytes per parameter and overlaps) (default dt)")
+    parser.add_argument("--efficiency", type=args_.positive, default=None,
+                        help="a large GEMM's sustained fraction of peak (default: the catalogue's)")
+    parser.add_argument("--headroom", type=args_.positive, default=HEADROOM,
+                        help=f"with --device: the fraction of each GPU's memory a layout must leave free "
+                             f"(default {HEADROOM:g})")
+    parser.add_argument("--timed", action="store_true",
+                        help="with --device: time dt train's layers and Adam on this host's GPU (its "
+                             "autocast) instead of pricing their kernels; the links stay the catalogue's")
+
+
+def _check_options(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.efficiency is not None and not 0 < args.efficiency <= 1:
+        parser.error(f"--efficiency must be in (0, 1], got {args.efficiency}")
+    if not 0 <= args.headroom < 1:
+        parser.error(f"--headroom must be in [0, 1), got {args.headroom}")
+    if args.precision is not None:
+        args.precision = _precision(parser, args.precision, args.device)
+    if args.check and args.device and args.hosts > 1:
+        parser.error("--check --device runs dt train on this host's GPUs: drop --hosts")
+    if args.check and args.device:
+        _check_on_gpus(parser, args)
+    args.timed_gpu = _timed_gpu(parser, args) if args.timed else ""
     try:
-        a.shape = _model(a)
+        args.shape = _model(args)
     except ValueError as exc:
-        p.error(str(exc))
-    if a.per_host is None:
-        a.per_host = a.world if a.device is None and a.hosts == 1 else 8
-    if a.device is None and a.hosts * a.per_host > args_.MAX_WORLD:
-        p.error(f"--hosts x --per-host = {a.hosts * a.per_host} ranks; this machine runs at most "
-                f"{args_.MAX_WORLD}")
-    if a.check and a.hosts > 1:
-        _can_simulate(p, a.hosts * a.per_host)
-    if a.recompute is None:
-        a.recompute = "any" if a.device else "none"
+        parser.error(str(exc))
+    if args.per_host is None:
+        args.per_host = args.world if args.device is None and args.hosts == 1 else 8
+    if args.device is None and args.hosts * args.per_host > args_.MAX_WORLD:
+        parser.error(f"--hosts x --per-host = {args.hosts * args.per_host} ranks; this machine runs at "
+                     f"most {args_.MAX_WORLD}")
+    if args.check and args.hosts > 1:
+        _can_simulate(parser, args.hosts * args.per_host)
+    if args.recompute is None:
+        args.recompute = "any" if args.device else "none"
 
 
-def _precision(p: argparse.ArgumentParser, name: str, device: str | None) -> str:
+def _precision(parser: argparse.ArgumentParser, name: str, device: str | None) -> str:
     """--precision (dt.args.precision's torch name) as the cluster prices it: this machine's
     float32 or float64, or a catalogue device's datasheet name (bf16, ...)."""
     if device is None:
         if name not in ("float32", "float64"):
-            p.error(f"--precision {name} needs --device: this machine trains in float32 or float64")
+            parser.error(f"--precision {name} needs --device: this machine trains in float32 or float64")
         return name
     if args_.short_precision(name) not in PRECISIONS:
-        p.error(f"--precision {name} is this machine's; a catalogue device takes {', '.join(PRECISIONS)}")
+        parser.error(f"--precision {name} is this machine's; a catalogue device takes "
+                     f"{', '.join(PRECISIONS)}")
     return args_.short_precision(name)
 
 
-def _check_on_gpus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
+def _check_on_gpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """`--check --device D` runs dt train on this host's GPUs: there must be --per-host of them.
 
     The catalogue's figures are the prediction and this host's GPUs the measurement, so a
@@ -175,14 +188,14 @@ def _check_on_gpus(p: argparse.ArgumentParser, a: argparse.Namespace) -> None:
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if a.per_host is None:
-        a.per_host = have or 1
-    if a.per_host > have:
-        p.error(f"--check --device {a.device} runs dt train on this host's GPUs (one per rank): "
-                f"--per-host {a.per_host}, torch sees {have} GPU(s)")
-    if a.preset and PRESETS[a.preset].vocab != TRAIN_VOCAB:
-        p.error(f"--check trains on dt train's generated text ({TRAIN_VOCAB} symbols), not "
-                f"--preset {a.preset}'s vocabulary: give its shape as --n-layer, --n-head, --n-embd")
+    if args.per_host is None:
+        args.per_host = have or 1
+    if args.per_host > have:
+        parser.error(f"--check --device {args.device} runs dt train on this host's GPUs (one per rank): "
+                     f"--per-host {args.per_host}, torch sees {have} GPU(s)")
+    if args.preset and PRESETS[args.preset].vocab != TRAIN_VOCAB:
+        parser.error(f"--check trains on dt train's generated text ({TRAIN_VOCAB} symbols), not "
+                     f"--preset {args.preset}'s vocabulary: give its shape as --n-layer, --n-head, --n-embd")
 
 
 def _gpu_here() -> bool:
@@ -191,18 +204,18 @@ def _gpu_here() -> bool:
     return torch.cuda.is_available()
 
 
-def _timed_gpu(p: argparse.ArgumentParser, a: argparse.Namespace) -> str:
+def _timed_gpu(parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
     """--timed: the name of this host's GPU the layers are timed on (refused without one)."""
     import torch
 
-    if not a.device:
-        p.error("--timed times the layers on this host's GPU for a catalogue --device: name one")
+    if not args.device:
+        parser.error("--timed times the layers on this host's GPU for a catalogue --device: name one")
     if not _gpu_here():
-        p.error("--timed times the layers on this host's GPU, and torch sees none here")
+        parser.error("--timed times the layers on this host's GPU, and torch sees none here")
     return torch.cuda.get_device_name(0)
 
 
-def _can_simulate(p: argparse.ArgumentParser, world: int) -> None:
+def _can_simulate(parser: argparse.ArgumentParser, world: int) -> None:
     """--check across hosts runs `dt cluster`s here: its ranks on this machine's cores and memory,
     and root, ip, tc and unshare; else one line now, not a failure after the planning."""
     from dt.launcher.cluster import ClusterError, check_tools
@@ -211,43 +224,44 @@ def _can_simulate(p: argparse.ArgumentParser, world: int) -> None:
         args_.check_local_world(world, "ranks (--hosts x --per-host) of --check's simulated cluster")
         check_tools()
     except (args_.InputError, ClusterError) as exc:
-        p.error(f"--check with --hosts runs under dt cluster: {exc}")
+        parser.error(f"--check with --hosts runs under dt cluster: {exc}")
 
 
 DEFAULT_SHAPE = {"n_layer": 4, "n_head": 4, "n_embd": 64, "vocab": TRAIN_VOCAB}
 
 
-def _model(a: argparse.Namespace) -> ModelShape:
+def _model(args: argparse.Namespace) -> ModelShape:
     """The preset (or dt train's small GPT), every flag given overriding it; ValueError naming a clash."""
-    if a.preset and a.model:
-        raise ValueError(f"--model names a family; --preset {a.preset} has its own "
-                         f"({PRESETS[a.preset].family})")
-    given = {k: getattr(a, k) for k in ("n_layer", "n_head", "n_embd", "vocab", "ffn", "experts", "top_k",
-                                         "n_kv_head") if getattr(a, k) is not None}
-    if a.preset:
-        base = PRESETS[a.preset]
-    elif a.model == "llama":
-        g = {**DEFAULT_SHAPE, **given}
-        base = llama_shape(g["n_layer"], g["n_head"], g["n_embd"], g["vocab"], tied=not a.untied)
+    if args.preset and args.model:
+        raise ValueError(f"--model names a family; --preset {args.preset} has its own "
+                         f"({PRESETS[args.preset].family})")
+    given = {k: getattr(args, k) for k in ("n_layer", "n_head", "n_embd", "vocab", "ffn", "experts", "top_k",
+                                            "n_kv_head") if getattr(args, k) is not None}
+    if args.preset:
+        base = PRESETS[args.preset]
+    elif args.model == "llama":
+        flags = {**DEFAULT_SHAPE, **given}
+        base = llama_shape(flags["n_layer"], flags["n_head"], flags["n_embd"], flags["vocab"],
+                           tied=not args.untied)
     else:
-        base = ModelShape(**DEFAULT_SHAPE, tied=not a.untied)
+        base = ModelShape(**DEFAULT_SHAPE, tied=not args.untied)
     if "n_kv_head" in given and base.family != "llama":
         raise ValueError("--n-kv-head (grouped-query attention) is the llama family's: dt's GPT has none "
                          "(--model llama, or a llama preset)")
-    if base.family == "llama" and "n_embd" in given and "ffn" not in given and not a.preset:
+    if base.family == "llama" and "n_embd" in given and "ffn" not in given and not args.preset:
         given["ffn"] = base.ffn
-    shape = replace(base, **given, tied=base.tied and not a.untied)
-    if given and a.preset:
-        shape = replace(shape, name=f"{a.preset} ({', '.join(f'{k}={v}' for k, v in given.items())})")
+    shape = replace(base, **given, tied=base.tied and not args.untied)
+    if given and args.preset:
+        shape = replace(shape, name=f"{args.preset} ({', '.join(f'{k}={v}' for k, v in given.items())})")
     return shape
 
 
-def _cluster(a: argparse.Namespace) -> Cluster:
-    if a.device:
-        return catalogue_cluster(a.device, a.hosts, a.per_host, a.precision or "bf16", a.efficiency,
-                                 a.timed_gpu, a.stack)
-    world = a.hosts * a.per_host if a.hosts > 1 else a.world
-    return local_cluster(world, a.precision or "float32", a.hosts)
+def _cluster(args: argparse.Namespace) -> Cluster:
+    if args.device:
+        return catalogue_cluster(args.device, args.hosts, args.per_host, args.precision or "bf16",
+                                 efficiency=args.efficiency, timed_gpu=args.timed_gpu, stack_name=args.stack)
+    world = args.hosts * args.per_host if args.hosts > 1 else args.world
+    return local_cluster(world, args.precision or "float32", args.hosts)
 
 
 RECOMPUTES = {"none": ("none",), "selective": ("selective",), "full": ("full",),
@@ -334,35 +348,35 @@ def _untimed(cluster: Cluster) -> str | None:
     return timed.BUDGET.note()
 
 
-def _counts(r: Ranking, a: argparse.Namespace) -> str:
-    gone = "; ".join(f"{n} dropped: {why}" for why, n in r.dropped.items())
-    skipped = (f"; {r.skipped} more bounded slower than the rows shown (their busiest stage's compute "
-               "alone), not priced") if r.skipped else ""
-    headroom = f"; {a.headroom:.0%} of each GPU's memory kept free (--headroom)" if a.device else ""
-    return (f"{r.grid} layouts in the grid, {r.accepted} dt train accepts, {len(r.rows)} fit"
-            f"{'; ' + gone if gone else ''}{skipped}{headroom} ({r.seconds:.2f} s to plan)")
+def _counts(ranking: Ranking, args: argparse.Namespace) -> str:
+    gone = "; ".join(f"{n} dropped: {why}" for why, n in ranking.dropped.items())
+    skipped = (f"; {ranking.skipped} more bounded slower than the rows shown (their busiest stage's compute "
+               "alone), not priced") if ranking.skipped else ""
+    headroom = f"; {args.headroom:.0%} of each GPU's memory kept free (--headroom)" if args.device else ""
+    return (f"{ranking.grid} layouts in the grid, {ranking.accepted} dt train accepts, {len(ranking.rows)} "
+            f"fit{'; ' + gone if gone else ''}{skipped}{headroom} ({ranking.seconds:.2f} s to plan)")
 
 
-def _explain(a: argparse.Namespace, cluster: Cluster, model: ModelShape) -> int:
+def _explain(args: argparse.Namespace, cluster: Cluster, model: ModelShape) -> int:
     """Any layout by name: its step's and memory's every term, whether dt train runs it, whether it fits."""
     try:
-        lay = parse_name(a.explain)
+        layout = parse_name(args.explain)
     except ValueError as exc:
         print(f"dt plan: error: --explain: {exc}", file=sys.stderr)
         return 2
-    if lay.world != cluster.world:
-        print(f"dt plan: error: --explain {a.explain} has {lay.world} ranks; the cluster has {cluster.world}",
-              file=sys.stderr)
+    if layout.world != cluster.world:
+        print(f"dt plan: error: --explain {args.explain} has {layout.world} ranks; the cluster has "
+              f"{cluster.world}", file=sys.stderr)
         return 2
-    why = layout_error(train_args(lay, model, a.global_batch, a.seq))
+    why = layout_error(train_args(layout, model, args.global_batch, args.seq))
     if why is not None:
-        print(f"dt plan: error: --explain {a.explain}: dt train does not run it: {why}", file=sys.stderr)
+        print(f"dt plan: error: --explain {args.explain}: dt train does not run it: {why}", file=sys.stderr)
         return 2
-    p = predict(cluster, model, lay, a.global_batch, a.seq, timelines=True)
-    memory = peak_bytes(cluster, model, lay, a.global_batch, a.seq)
-    out = a.out or f"plan-{a.explain}.png"
-    explain_plot(p, out, f"{a.explain} ({model.name} on {cluster.name})")
-    print(explain_text(p, memory, cluster, a.headroom))
+    prediction = predict(cluster, model, layout, args.global_batch, args.seq, timelines=True)
+    memory = peak_bytes(cluster, model, layout, args.global_batch, args.seq)
+    out = args.out or f"plan-{args.explain}.png"
+    explain_plot(prediction, out, f"{args.explain} ({model.name} on {cluster.name})")
+    print(explain_text(prediction, memory, cluster, args.headroom))
     if _untimed(cluster):
         print(_untimed(cluster))
     print(f"timeline: {out}")

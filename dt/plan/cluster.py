@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from dt.cost.devices import Device
 from dt.cost.devices import device as catalogue_device
 from dt.cost.levels import Levels
-from dt.cost.machine import Machine, machine
+from dt.cost.machine import DEFAULT_SHM_MACHINE, Machine, machine
 from dt.cost.stack import Stack, stack
 from dt.units import plural
 
@@ -98,23 +98,26 @@ def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf
     timed_gpu: this host's GPU's name, where dt train's layers and Adam are to be timed on it
     (`dt plan --timed`) instead of priced kernel by kernel; the links stay the catalogue's.
     stack_name: the software running the step (dt.cost.stack), dt's own by default."""
-    d = catalogue_device(name)
-    peak = d.peak_flops[precision]
+    device = catalogue_device(name)
+    peak = device.peak_flops[precision]
     if efficiency is not None:  # the user's figure for a large GEMM's fraction of peak
-        d = replace(d, matmul_efficiency={**d.matmul_efficiency, precision: efficiency})
-    eff = d.matmul_efficiency[precision]
-    nvlink, nic = d.link_efficiency
-    intra = Machine(d.nvlink_latency, 1 / (d.nvlink_bandwidth * nvlink), 1 / d.hbm_bandwidth,
-                    source=d.name + " NVLink")
-    inter = Machine(d.nic_latency, 1 / (d.nic_bandwidth * nic), 1 / d.hbm_bandwidth, source=d.name + " NIC")
+        device = replace(device, matmul_efficiency={**device.matmul_efficiency, precision: efficiency})
+    sustained = device.matmul_efficiency[precision]
+    nvlink, nic = device.link_efficiency
+    intra = Machine(device.nvlink_latency, 1 / (device.nvlink_bandwidth * nvlink), 1 / device.hbm_bandwidth,
+                    source=device.name + " NVLink")
+    inter = Machine(device.nic_latency, 1 / (device.nic_bandwidth * nic), 1 / device.hbm_bandwidth,
+                    source=device.name + " NIC")
     compute = (f"dt train's layers and Adam timed on this host's {timed_gpu} ({precision} autocast)"
-               if timed_gpu else f"each kernel priced: GEMMs at {eff:.0%} of {peak / 1e12:.0f} TFLOP/s "
+               if timed_gpu else f"each kernel priced: GEMMs at {sustained:.0%} of {peak / 1e12:.0f} TFLOP/s "
                f"{precision} less their waves' fill, attention at its kernel's rate, the rest at "
-               f"{d.hbm_efficiency:.0%} of HBM bandwidth (dt.plan.pricing); stack {stack_name}")
-    return Cluster(f"{hosts} x {per_host} {d.name}", hosts, per_host, peak * eff, Levels(intra, inter),
-                   int(d.hbm_bytes), d.hbm_bandwidth * d.hbm_efficiency, precision, eff, peak,
-                   f"catalogue ({d.name}, dt.cost.devices), {compute}", timed="cuda" if timed_gpu else "",
-                   device=d, stack_name=stack_name)
+               f"{device.hbm_efficiency:.0%} of HBM bandwidth (dt.plan.pricing); stack {stack_name}")
+    return Cluster(name=f"{hosts} x {per_host} {device.name}", hosts=hosts, per_host=per_host,
+                   flops=peak * sustained, levels=Levels(intra, inter), memory=int(device.hbm_bytes),
+                   mem_bw=device.hbm_bandwidth * device.hbm_efficiency, precision=precision,
+                   efficiency=sustained, peak=peak,
+                   source=f"catalogue ({device.name}, dt.cost.devices), {compute}",
+                   timed="cuda" if timed_gpu else "", device=device, stack_name=stack_name)
 
 
 def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Cluster:
@@ -134,13 +137,13 @@ def local_cluster(world: int, precision: str = "float32", hosts: int = 1) -> Clu
     if hosts > 1:
         from dt.collectives.agreed import figures_on, levels_of
 
-        fig = figures_on("gloo", world, f"{hosts}x{per_host}", per_host, True)
-        note = f"; {fig['note']}" if fig["note"] else ""
-        levels, source = levels_of(fig), f"collectives {fig['source']}{note}"
-    mem = intra.mem or 0.21e-9
-    total = available_memory() or 0
+        figures = figures_on("gloo", world, f"{hosts}x{per_host}", per_host, True)
+        note = f"; {figures['note']}" if figures["note"] else ""
+        levels, source = levels_of(figures), f"collectives {figures['source']}{note}"
+    memcpy = intra.mem or DEFAULT_SHM_MACHINE.mem  # seconds per byte
     where = f"{hosts} simulated hosts x {plural(per_host, 'rank')}" if hosts > 1 else plural(world, "rank")
-    return Cluster(f"this machine ({plural(os.cpu_count() or 1, 'core')}, {where})", hosts, per_host, 0.0,
-                   levels, total, 1 / mem, precision, 1.0, 0.0,
-                   f"measured here: {source}; compute timed per layer shape", shared_memory=True,
+    return Cluster(name=f"this machine ({plural(os.cpu_count() or 1, 'core')}, {where})", hosts=hosts,
+                   per_host=per_host, flops=0.0, levels=levels, memory=available_memory() or 0,
+                   mem_bw=1 / memcpy, precision=precision, efficiency=1.0, peak=0.0,
+                   source=f"measured here: {source}; compute timed per layer shape", shared_memory=True,
                    timed="cpu")

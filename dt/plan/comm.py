@@ -32,7 +32,6 @@ from dt.plan.cluster import Cluster
 __all__ = ["collective_seconds", "group_hosts", "send_seconds"]
 
 
-
 def group_hosts(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, ...]:
     """Host index of each rank, renumbered 0, 1, ... in order of first appearance (dt.hosts')."""
     return _hosts(cluster.per_host, ranks)
@@ -41,7 +40,7 @@ def group_hosts(cluster: Cluster, ranks: tuple[int, ...]) -> tuple[int, ...]:
 @functools.lru_cache(maxsize=65536)
 def _hosts(per_host: int, ranks: tuple[int, ...]) -> tuple[int, ...]:
     seen: dict[int, int] = {}
-    return tuple(seen.setdefault(r // per_host, len(seen)) for r in ranks)
+    return tuple(seen.setdefault(rank // per_host, len(seen)) for rank in ranks)
 
 
 def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: tuple[int, ...],
@@ -50,8 +49,9 @@ def _exact(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: t
     if p > BIG_GROUP and max(hosts) > 0:
         return _composed(collective, nbytes, hosts, levels)
     if max(hosts) == 0:  # one host
-        m = levels.intra
-        return estimate(collective, algorithm, nbytes, p, alpha=m.alpha, beta=m.beta, gamma=m.gamma).total
+        link = levels.intra
+        return estimate(collective, algorithm, nbytes, p, alpha=link.alpha, beta=link.beta,
+                        gamma=link.gamma).total
     return _across(collective, algorithm, nbytes, itemsize, hosts, levels)
 
 
@@ -59,8 +59,8 @@ def _across(collective: str, algorithm: str, nbytes: int, itemsize: int, hosts: 
             levels: Levels) -> float:
     p = len(hosts)
     if collective == "all_to_all":  # every rank sends (p-1)/p of its bytes, most of it across
-        m = levels.inter
-        return estimate("all_to_all", "pairwise", nbytes, p, alpha=m.alpha, beta=m.beta).total
+        link = levels.inter
+        return estimate("all_to_all", "pairwise", nbytes, p, alpha=link.alpha, beta=link.beta).total
     numels = nbytes // itemsize
     return two_level(collective, algorithm, numels if collective == "all_reduce" else [numels // p] * p,
                      itemsize, hosts, levels).total
@@ -74,15 +74,18 @@ def _composed(collective: str, nbytes: int, hosts: tuple[int, ...], levels: Leve
     each host of G ranks a reduce-scatter, across the H hosts the collective on 1/G of the bytes
     (one NIC per rank: every local rank's slice crosses at once), inside again an all-gather;
     with an all-to-all, every rank's bytes cross. dt.cost.time's flat formulas on each level."""
-    h = max(hosts) + 1
-    g = len(hosts) // h
-    a, e = levels.intra, levels.inter
+    host_count = max(hosts) + 1
+    per_host = len(hosts) // host_count
+    intra, inter = levels.intra, levels.inter
     if collective == "all_to_all":
-        return estimate("all_to_all", "pairwise", nbytes, len(hosts), alpha=e.alpha, beta=e.beta).total
+        return estimate("all_to_all", "pairwise", nbytes, len(hosts), alpha=inter.alpha,
+                        beta=inter.beta).total
     inside = {"all_reduce": ("reduce_scatter", "all_gather"), "reduce_scatter": ("reduce_scatter",),
               "all_gather": ("all_gather",)}[collective]
-    t = sum(estimate(k, "ring", nbytes, g, alpha=a.alpha, beta=a.beta, gamma=a.gamma).total for k in inside)
-    return t + estimate(collective, "ring", nbytes / g, h, alpha=e.alpha, beta=e.beta, gamma=e.gamma).total
+    within = sum(estimate(step, "ring", nbytes, per_host, alpha=intra.alpha, beta=intra.beta,
+                          gamma=intra.gamma).total for step in inside)
+    return within + estimate(collective, "ring", nbytes / per_host, host_count, alpha=inter.alpha,
+                             beta=inter.beta, gamma=inter.gamma).total
 
 
 PROBE = (1 << 20, 1 << 26)  # bytes at which each algorithm's line is measured off the model
@@ -99,7 +102,7 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     per algorithm and host pattern instead of one message schedule per call.
     """
     p = len(hosts)
-    n = p * itemsize * max(1, PROBE[0] // (p * itemsize))
+    small = p * itemsize * max(1, PROBE[0] // (p * itemsize))  # whole numbers per rank
     big = p * itemsize * max(1, PROBE[1] // (p * itemsize))
     if p > BIG_GROUP and max(hosts) > 0:
         algos = ("hierarchical",)
@@ -108,10 +111,11 @@ def _lines(collective: str, itemsize: int, hosts: tuple[int, ...], levels: Level
     else:
         algos = ("pairwise",) if collective == "all_to_all" else LEVELED[collective]
     out = []
-    for a in algos:
-        t1, t2 = (_exact(collective, a, x, itemsize, hosts, levels) for x in (n, big))
-        slope = (t2 - t1) / (big - n)
-        out.append((t1 - slope * n, slope))
+    for algorithm in algos:
+        at_small, at_big = (_exact(collective, algorithm, nbytes, itemsize, hosts, levels)
+                            for nbytes in (small, big))
+        slope = (at_big - at_small) / (big - small)
+        out.append((at_small - slope * small, slope))
     return out
 
 
@@ -119,21 +123,24 @@ SWEPT = {"all_reduce": "all_reduce", "all_gather": "all_gather_into_tensor",
          "reduce_scatter": "reduce_scatter_tensor"}  # the planner's names -> dt tune's sweep's
 
 
-def _auto_choice(collective: str, nbytes: int, p: int, m: Machine) -> str:
-    """What dt's auto runs for this call on a one-host shared-memory group of p ranks."""
+def _auto_choice(collective: str, nbytes: int, ranks: int, figures: Machine) -> str:
+    """What dt's auto runs for this call on a one-host shared-memory group of `ranks`."""
     from dt.collectives.auto import best, measured_best
     from dt.transport.shm.host import DEFAULT_STAGE_BYTES
 
-    measured = measured_best(SWEPT.get(collective, collective), nbytes, p, "shm")
-    return measured or best(collective, nbytes, p, m, True, DEFAULT_STAGE_BYTES)
+    measured = measured_best(SWEPT.get(collective, collective), nbytes, ranks, "shm")
+    return measured or best(collective, nbytes, ranks, figures, True, DEFAULT_STAGE_BYTES)
 
 
-def _swept_seconds(collective: str, algorithm: str, nbytes: int, p: int) -> float | None:
+def _swept_seconds(collective: str, algorithm: str, nbytes: int, ranks: int) -> float | None:
     """The sweep's median for this algorithm at nbytes (log-log between the swept sizes; inside
     the swept range only), or None."""
-    table = winners("shm", p).get(SWEPT.get(collective, ""), [])
+    table = winners("shm", ranks).get(SWEPT.get(collective, ""), [])
     rows = [(size, times[algorithm]) for size, _, times in table if algorithm in times]
-    if not rows or not rows[0][0] <= nbytes <= rows[-1][0]:
+    if not rows:
+        return None
+    (smallest, _), (largest, _) = rows[0], rows[-1]
+    if not smallest <= nbytes <= largest:
         return None
     for (s0, t0), (s1, t1) in zip(rows, rows[1:] + rows[-1:]):
         if s0 <= nbytes <= s1:
@@ -150,23 +157,24 @@ def _with_terms(collective: str, nbytes: int, hosts: tuple[int, ...], cluster: C
     """This machine, one host: the algorithm dt runs, at the sweep's measured time where it
     covers the call, else dt.cost.time.estimate with the terms `dt tune` measured
     (dt.cost.overheads: per message, wake-up, shared bandwidth, oversubscription)."""
-    p, m = len(hosts), cluster.levels.intra
+    p, figures = len(hosts), cluster.levels.intra
     # More ranks on this machine than cores: a group of p waits on cores the others hold too, so
     # it is priced by the figures `dt tune` measured with all of them running (a pair's sync at
     # world 4 on 2 cores: 265 us, against 30 us at world 2), not by the p-rank sweep. Every rank
     # of this machine's cluster counts, a simulated cluster's other hosts too: they share its cores.
     here = cluster.world
     crowded = here > p and here > (os.cpu_count() or 1)
-    algo = _auto_choice(collective, nbytes, p, m) if algorithm == "auto" else algorithm  # as the run's
+    algo = _auto_choice(collective, nbytes, p, figures) if algorithm == "auto" else algorithm  # as the run's
     if crowded and cluster.hosts > 1:  # a simulated host's figures are its pair's; the crowd's are
-        m = machine("shm", here)       # what dt tune measured with all of this machine's ranks
+        figures = machine("shm", here)  # what dt tune measured with all of this machine's ranks
     swept = None if crowded else _swept_seconds(collective, algo, nbytes, p)
     if swept is not None:
         return swept
     loadstore = needs_shared_memory(collective, algo)
     terms = overheads("shm", here if crowded else p)
-    return estimate(collective, algo, nbytes, p, alpha=m.sync if loadstore else m.alpha,
-                    beta=m.mem if loadstore else m.beta, gamma=m.gamma, overheads=terms).total
+    return estimate(collective, algo, nbytes, p, alpha=figures.sync if loadstore else figures.alpha,
+                    beta=figures.mem if loadstore else figures.beta, gamma=figures.gamma,
+                    overheads=terms).total
 
 
 def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: tuple[int, ...],
@@ -180,10 +188,12 @@ def collective_seconds(cluster: Cluster, collective: str, nbytes: float, ranks: 
         return _with_terms(collective, int(nbytes), hosts, cluster, algorithm)
     lines = _lines(collective, cluster.itemsize, group_hosts(cluster, ranks), cluster.levels,
                    cluster.shared_memory)
-    return min(a + b * nbytes for a, b in lines)  # the algorithm the model prices lowest, as auto picks
+    # the algorithm the model prices lowest, as auto picks
+    return min(at_zero + per_byte * nbytes for at_zero, per_byte in lines)
 
 
-def send_seconds(cluster: Cluster, nbytes: float, a: int, b: int) -> float:
-    """One point-to-point message from rank a to rank b."""
-    m = cluster.levels.intra if cluster.host_of(a) == cluster.host_of(b) else cluster.levels.inter
-    return m.alpha + nbytes * m.beta
+def send_seconds(cluster: Cluster, nbytes: float, sender: int, receiver: int) -> float:
+    """One point-to-point message from rank `sender` to rank `receiver`."""
+    same_host = cluster.host_of(sender) == cluster.host_of(receiver)
+    link = cluster.levels.intra if same_host else cluster.levels.inter
+    return link.alpha + nbytes * link.beta

@@ -22,6 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -34,8 +35,10 @@ from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.model import ModelShape
 from dt.plan.pricing import kernels_seconds
 
-__all__ = ["Shard", "StageShape", "catalogue_stage", "ddp_hooks", "layer_flops", "layer_seconds",
-           "oversubscribed", "rank_threads", "stage_compute", "stage_kernels"]
+__all__ = ["DTYPES", "Shard", "StageShape", "TimedShape", "catalogue_stage", "ddp_hooks", "layer_flops",
+           "layer_seconds", "oversubscribed", "rank_threads", "stage_compute", "stage_kernels"]
+
+DTYPES = {4: "float32", 8: "float64"}  # this machine's precision by its bytes per number: dt train's dtype
 
 
 @functools.cache
@@ -47,63 +50,70 @@ def _shard_shape(model: ModelShape, tp: int) -> tuple[int, int, int]:
 def layer_flops(model: ModelShape, seq: int, layer: int, sequences: int, tp: int, cp: int,
                 recompute: bool) -> tuple[float, float]:
     """(forward, backward + recompute) FLOPs of one layer on one rank (dt.cost.flops.step_flops)."""
-    f = step_flops(model.decoder(seq), sequences, range(layer, layer + 1), tp, cp,
-                   "full" if recompute else "none")
-    return f.forward, f.backward + f.recompute
+    flops = step_flops(model.decoder(seq), sequences, range(layer, layer + 1), tp, cp,
+                       "full" if recompute else "none")
+    return flops.forward, flops.backward + flops.recompute
 
 
 class Shard(nn.Module):
     """One rank's slice of a block (tp-sharded widths), for timing only: the same matmuls and sizes."""
 
-    def __init__(self, c: int, heads: int, head_dim: int, hidden: int, gated: bool):
+    def __init__(self, width: int, heads: int, head_dim: int, hidden: int, gated: bool):
         super().__init__()
         self.heads, self.head_dim = heads, head_dim
-        self.ln1, self.ln2 = nn.LayerNorm(c), nn.LayerNorm(c)
-        self.qkv, self.proj = nn.Linear(c, 3 * heads * head_dim), nn.Linear(heads * head_dim, c)
-        self.up = nn.Linear(c, (2 if gated else 1) * hidden)
-        self.down = nn.Linear(hidden, c)
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv, self.proj = nn.Linear(width, 3 * heads * head_dim), nn.Linear(heads * head_dim, width)
+        self.up = nn.Linear(width, (2 if gated else 1) * hidden)
+        self.down = nn.Linear(hidden, width)
         self.gated = gated
 
-    def forward(self, x: torch.Tensor, keys: int) -> torch.Tensor:
-        b, t, _ = x.shape
-        q, k, v = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        if keys != t:  # ring attention: this rank's queries against every key (as many blocks)
-            k, v = k.repeat(1, 1, keys // t, 1), v.repeat(1, 1, keys // t, 1)
-        a = F.softmax(q @ k.transpose(-1, -2) / self.head_dim ** 0.5, dim=-1) @ v
-        x = x + self.proj(a.transpose(1, 2).reshape(b, t, -1))
-        h = self.up(self.ln2(x))
-        h = F.silu(h.chunk(2, -1)[0]) * h.chunk(2, -1)[1] if self.gated else F.gelu(h)
-        return x + self.down(h)
+    def forward(self, inputs: torch.Tensor, keys: int) -> torch.Tensor:
+        batch, tokens, _ = inputs.shape
+        qkv = self.qkv(self.ln1(inputs)).view(batch, tokens, 3, self.heads, self.head_dim)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)
+        if keys != tokens:  # ring attention: this rank's queries against every key (as many blocks)
+            k, v = k.repeat(1, 1, keys // tokens, 1), v.repeat(1, 1, keys // tokens, 1)
+        attended = F.softmax(q @ k.transpose(-1, -2) / self.head_dim ** 0.5, dim=-1) @ v
+        hidden = inputs + self.proj(attended.transpose(1, 2).reshape(batch, tokens, -1))
+        up = self.up(self.ln2(hidden))
+        if self.gated:
+            gate, value = up.chunk(2, -1)
+            up = F.silu(gate) * value
+        else:
+            up = F.gelu(up)
+        return hidden + self.down(up)
 
 
-def _time(fn: Callable[[], object], reps: int = 7) -> float:
+def _time(run: Callable[[], object], reps: int = 7) -> float:
     """The median of `reps` timings (dt.plan.timed's rule: the run it predicts is a median too)."""
-    fn()  # warm: allocations, kernels chosen
+    run()  # warm: allocations, kernels chosen
     samples = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        fn()
+        run()
         samples.append(time.perf_counter() - t0)
     return statistics.median(samples)
 
 
 @functools.cache
-def _measured(kind: str, model: ModelShape, b: int, t: int, keys: int, tp: int, threads: int,
+def _measured(kind: str, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int, threads: int,
               dtype: str) -> float:
     """Seconds of forward + backward of one layer of this shard, timed here (the median of 7)."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         torch.manual_seed(0)
-        dt_ = getattr(torch, dtype)
-        c, heads, hidden = _shard_shape(model, tp)
-        x = torch.randn(b, t, c, dtype=dt_, requires_grad=True)  # host: this machine's CPU is timed
+        torch_dtype = getattr(torch, dtype)
+        width, heads, hidden = _shard_shape(model, tp)
+        # host: this machine's CPU is timed
+        inputs = torch.randn(sequences, tokens, width, dtype=torch_dtype, requires_grad=True)
         if kind == "block":
-            layer = Shard(c, heads, model.n_embd // model.n_head, hidden, model.gated).to(dt_)
-            run = lambda: layer(x, keys).sum().backward()  # noqa: E731
+            layer = Shard(width, heads, model.n_embd // model.n_head, hidden, model.gated).to(torch_dtype)
+            run = lambda: layer(inputs, keys).sum().backward()  # noqa: E731
         else:
-            w = torch.randn(model.vocab // tp or 1, c, dtype=dt_, requires_grad=True)  # host: as x
-            run = lambda: F.linear(F.layer_norm(x, (c,)), w).logsumexp(-1).sum().backward()  # noqa: E731
+            # host: as the inputs
+            words = torch.randn(model.vocab // tp or 1, width, dtype=torch_dtype, requires_grad=True)
+            run = lambda: F.linear(F.layer_norm(inputs, (width,)), words).logsumexp(-1).sum().backward()  # noqa: E731
         return _time(run)
     finally:
         torch.set_num_threads(old)
@@ -127,16 +137,16 @@ class StageShape:
 def _parts(model: ModelShape, shape: StageShape,
            cluster: Cluster) -> list[tuple[int, tuple[list[Kernel], list[Kernel]]]]:
     """(how many, (forward, backward) kernels) of each kind of layer the stage holds."""
-    a, item, st = model.decoder(shape.seq), cluster.itemsize, cluster.stack
-    sp = shape.sequence_parallel and shape.tp > 1
+    decoder, item, stack = model.decoder(shape.seq), cluster.itemsize, cluster.stack
+    sequence_parallel = shape.sequence_parallel and shape.tp > 1
     parts = []
     if shape.embed:
-        parts.append((1, embedding_kernels(a, shape.sequences, shape.cp, item)))
+        parts.append((1, embedding_kernels(decoder, shape.sequences, shape.cp, item)))
     if shape.blocks:
-        parts.append((shape.blocks, block_kernels(a, shape.sequences, st, shape.tp, shape.cp, sp,
-                                                  shape.recompute, item)))
+        parts.append((shape.blocks, block_kernels(decoder, shape.sequences, stack, shape.tp, shape.cp,
+                                                  sequence_parallel, shape.recompute, item)))
     if shape.head:
-        parts.append((1, head_kernels(a, shape.sequences, shape.tp, shape.cp, item)))
+        parts.append((1, head_kernels(decoder, shape.sequences, shape.tp, shape.cp, item)))
     return parts
 
 
@@ -145,8 +155,8 @@ def stage_kernels(model: ModelShape, shape: StageShape,
     """(forward, backward) kernels of one micro-batch through the stage on one rank (dt.cost.kernels),
     as the cluster's stack runs them, in the order they run."""
     parts = _parts(model, shape, cluster)
-    fwd = [k for n, (f, _) in parts for k in f * n]
-    bwd = [k for n, (_, b) in reversed(parts) for k in b * n]
+    fwd = [kernel for count, (forward, _) in parts for kernel in forward * count]
+    bwd = [kernel for count, (_, backward) in reversed(parts) for kernel in backward * count]
     return fwd, bwd
 
 
@@ -154,11 +164,12 @@ def stage_kernels(model: ModelShape, shape: StageShape,
 def catalogue_stage(cluster: Cluster, model: ModelShape, shape: StageShape) -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch through the stage on a catalogue GPU, each
     kernel priced (dt.plan.pricing); backward includes recompute's rerun forward kernels."""
-    d, precision, attention, item = cluster.gpu, cluster.precision, cluster.stack.attention, cluster.itemsize
+    device, precision, item = cluster.gpu, cluster.precision, cluster.itemsize
+    attention = cluster.stack.attention
     fwd = bwd = 0.0
-    for n, (f, b) in _parts(model, shape, cluster):
-        fwd += n * kernels_seconds(f, d, precision, attention, item)
-        bwd += n * kernels_seconds(b, d, precision, attention, item)
+    for count, (forward, backward) in _parts(model, shape, cluster):
+        fwd += count * kernels_seconds(forward, device, precision, attention, item)
+        bwd += count * kernels_seconds(backward, device, precision, attention, item)
     return fwd, bwd
 
 
@@ -173,12 +184,12 @@ def oversubscribed(world: int) -> float:
     return max(1.0, world * rank_threads(world) / cores)
 
 
-def _timed_here(cluster: Cluster, model: ModelShape, t: int, keys: int) -> bool:
+def _timed_here(cluster: Cluster, model: ModelShape, tokens: int, keys: int) -> bool:
     """Whether dt train's real layers are timed for this stage (dt.plan.timed): dt's GPT on this
     machine, context parallel included when the zig-zag split is even (every rank's blocks of one
     size: dt.plan.timed_cp); Llama and experts keep the per-layer stand-in."""
-    cp = keys // t
-    even = keys == t or (keys == cp * t and keys % (2 * cp) == 0)
+    cp = keys // tokens
+    even = keys == tokens or (keys == cp * tokens and keys % (2 * cp) == 0)
     return bool(cluster.timed) and model.family == "gpt" and not model.experts and even
 
 
@@ -187,7 +198,7 @@ def timed_dtype(cluster: Cluster) -> tuple[str, str]:
     if cluster.timed == "cuda":
         autocast = TRAIN_PRECISION[cluster.precision]
         return "float32", "" if autocast == "float32" else autocast
-    return {4: "float32", 8: "float64"}[cluster.itemsize], ""
+    return DTYPES[cluster.itemsize], ""
 
 
 def turns(cluster: Cluster, world: int) -> float:
@@ -196,48 +207,73 @@ def turns(cluster: Cluster, world: int) -> float:
     return oversubscribed(world) if cluster.timed == "cpu" else 1.0
 
 
-def timed_shape(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
-                blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> tuple | None:
-    """The arguments dt.plan.timed.stage_timing times this stage at (one rank's shapes, its
-    threads and dtype); None where the stage is not timed here (_timed_here)."""
-    if not _timed_here(cluster, model, t, keys):
+class TimedShape(NamedTuple):
+    """One rank's stage as dt.plan.timed.time_stage times it (its arguments, in order): the shapes,
+    the threads and dtype, where it runs."""
+
+    n_embd: int
+    n_head: int
+    vocab: int
+    sequences: int  # in the micro-batch
+    tokens: int  # of each sequence on this rank (seq / cp)
+    tp: int
+    blocks: int
+    head: bool
+    embed: bool
+    threads: int
+    dtype: str
+    cp: int
+    cp_kind: str
+    device: str
+    autocast: str
+
+
+def timed_shape(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int,
+                world: int, blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> TimedShape | None:
+    """The shape dt.plan.timed.stage_timing times this stage at (one rank's shapes, its threads and
+    dtype); None where the stage is not timed here (_timed_here)."""
+    if not _timed_here(cluster, model, tokens, keys):
         return None
     dtype, autocast = timed_dtype(cluster)
     threads = rank_threads(world) if cluster.timed == "cpu" else torch.get_num_threads()
-    return (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, threads,
-            dtype, keys // t, cp_kind, cluster.timed, autocast)
+    return TimedShape(n_embd=model.n_embd, n_head=model.n_head, vocab=model.vocab, sequences=sequences,
+                      tokens=tokens, tp=tp, blocks=blocks, head=head, embed=embed, threads=threads,
+                      dtype=dtype, cp=keys // tokens, cp_kind=cp_kind, device=cluster.timed,
+                      autocast=autocast)
 
 
-def stage_compute(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
-                  blocks: int, head: bool, embed: bool, recompute: bool = False,
+def stage_compute(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int,
+                  world: int, blocks: int, head: bool, embed: bool, recompute: bool = False,
                   cp_kind: str = "ring") -> tuple[float, float]:
     """(forward, backward) seconds of one micro-batch through a stage's layers on one rank
-    (t: its tokens, keys: the sequence; cp = keys / t, its attention `cp_kind`).
+    (tokens: its share of each sequence, keys: the whole sequence; cp = keys / tokens, its
+    attention `cp_kind`).
 
     On this machine (dt's GPT) the stage's real layers are timed together (dt.plan.timed) and
     split between forward and backward by their FLOPs; else the sum of layer_seconds."""
-    if not _timed_here(cluster, model, t, keys):
-        bf, bb = layer_seconds(cluster, "block", model, b, t, keys, tp, world, recompute)
-        hf, hb = layer_seconds(cluster, "head", model, b, t, keys, tp, world) if head else (0.0, 0.0)
-        return blocks * bf + hf, blocks * bb + hb
-    cp = keys // t
-    flops = _stage_flops(model, keys, b, tp, cp, blocks, head)
-    shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    total = (_stage_seconds(cluster, model, shape, sum(flops), b, t, tp, blocks, head, embed)
-             * turns(cluster, world))
-    share = flops[0] / sum(flops) if sum(flops) > 0 else 1 / 3  # an embedding alone: backward 2x
+    if not _timed_here(cluster, model, tokens, keys):
+        layer = {"sequences": sequences, "tokens": tokens, "keys": keys, "tp": tp, "world": world}
+        block_fwd, block_bwd = layer_seconds(cluster, "block", model, **layer, recompute=recompute)
+        head_fwd, head_bwd = layer_seconds(cluster, "head", model, **layer) if head else (0.0, 0.0)
+        return blocks * block_fwd + head_fwd, blocks * block_bwd + head_bwd
+    cp = keys // tokens
+    flops_fwd, flops_bwd = _stage_flops(model, keys, sequences, tp, cp, blocks, head)
+    flops = flops_fwd + flops_bwd
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
+    total = _stage_seconds(cluster, model, shape, flops) * turns(cluster, world)
+    share = flops_fwd / flops if flops > 0 else 1 / 3  # an embedding alone: backward 2x
     fwd, bwd = total * share, total * (1 - share)
     if recompute and blocks:  # backward runs every block's forward again: the blocks' share of it
-        block_fwd = blocks * layer_flops(model, keys, 1, b, tp, cp, False)[0]
-        bwd += fwd * block_fwd / flops[0]
+        blocks_fwd = blocks * layer_flops(model, keys, 1, sequences, tp, cp, False)[0]
+        bwd += fwd * blocks_fwd / flops_fwd
     return fwd, bwd
 
 
 FALLBACK_RATE = 1e10  # FLOP/s per thread assumed before any stage was timed and with no dt tune figure
 
 
-def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: float, b: int, t: int, tp: int,
-                   blocks: int, head: bool, embed: bool) -> float:
+def _stage_seconds(cluster: Cluster, model: ModelShape, shape: TimedShape, flops: float) -> float:
     """The stage timed (dt.plan.timed.timed_within_budget), or, past the timing budget or over its
     memory share, its FLOPs at the rate the timed stages ran at (else dt tune's, else FALLBACK_RATE)."""
     from dt.plan.timed import BUDGET, timed_within_budget
@@ -246,31 +282,40 @@ def _stage_seconds(cluster: Cluster, model: ModelShape, shape: tuple, flops: flo
         from dt.plan.timed import stage_seconds
 
         return stage_seconds(*shape)
-    seconds = timed_within_budget(shape, flops, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
+    seconds = timed_within_budget(shape, flops, _stage_bytes(cluster, model, shape))
     if seconds is not None:
         return seconds
-    threads = shape[9]
-    rate = BUDGET.rate() or matmul_rate(b * t, model.n_embd, model.n_embd, threads) or FALLBACK_RATE * threads
+    rows = shape.sequences * shape.tokens
+    rate = (BUDGET.rate() or matmul_rate(rows, model.n_embd, model.n_embd, shape.threads)
+            or FALLBACK_RATE * shape.threads)
     return flops / rate
 
 
-def _stage_bytes(cluster: Cluster, model: ModelShape, b: int, t: int, tp: int, blocks: int, head: bool,
-                 embed: bool) -> float:
+# About what a block keeps per token for backward, in numbers of the width (dt.cost.activations
+# counts it exactly; this only bounds what timing a stage may hold)
+SAVED_WIDTHS = 20
+COPIES = 3  # the weights, their gradients and the optimizer's working copies
+
+
+def _stage_bytes(cluster: Cluster, model: ModelShape, shape: TimedShape) -> float:
     """About what timing the stage holds: its weights, gradients and their copies, its activations."""
-    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if head or embed else 0)
-    acts = b * t * (model.n_embd * 20 * blocks + (model.vocab // tp if head else 0)) * cluster.itemsize
-    return 3 * layers * cluster.itemsize + acts
+    tp, blocks, words = shape.tp, shape.blocks, shape.head or shape.embed
+    layers = blocks * model.block_params() // tp + (model.vocab * model.n_embd // tp if words else 0)
+    per_token = model.n_embd * SAVED_WIDTHS * blocks + (model.vocab // tp if shape.head else 0)
+    acts = shape.sequences * shape.tokens * per_token * cluster.itemsize
+    return COPIES * layers * cluster.itemsize + acts
 
 
-def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
-                 blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
+def slowest_rank(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int,
+                 world: int, blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
     """How much longer the slowest of the step's `world` ranks takes over its compute than the
     median rank: the expected largest of `world` draws from the stage's own timed repetitions
     over their median (dt.plan.timed.slowest_of). The ranks line up after the pipeline (the loss's
     all-reduce, the optimizer's collectives), so the step waits for the slowest; on this machine
     a stage's repetitions spread 10-40% (its speed drifts), and that spread is the wait. 1 where
     the stage is not timed here (a catalogue device: priced without noise, stated so)."""
-    shape = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
     if world < 2 or shape is None:
         return 1.0
     from dt.plan.timed import slowest_of, stage_timing, was_timed
@@ -282,45 +327,44 @@ def slowest_rank(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int,
     return slowest_of(times, world) / middle if middle > 0 else 1.0
 
 
-def ddp_hooks(cluster: Cluster, model: ModelShape, b: int, t: int, keys: int, tp: int, world: int,
-              blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
+def ddp_hooks(cluster: Cluster, model: ModelShape, sequences: int, tokens: int, keys: int, tp: int,
+              world: int, blocks: int, head: bool, embed: bool, cp_kind: str = "ring") -> float:
     """Seconds DDP's hooks add to a stage's synchronised backward on the rank's own thread (a hook
     and a bucket copy per gradient, the launches, the end-of-backward wait: dt.plan.timed), timed
     where the stage's layers are on this machine; 0 on a GPU (priced as nothing beside its kernels:
     not timed there yet)."""
-    if cluster.timed != "cpu" or not _timed_here(cluster, model, t, keys):
+    if cluster.timed != "cpu" or not _timed_here(cluster, model, tokens, keys):
         return 0.0
     from dt.plan.timed import ddp_hooks_within_budget, was_timed
 
-    stage = timed_shape(cluster, model, b, t, keys, tp, world, blocks, head, embed, cp_kind)
-    if not was_timed(stage):  # the stage itself past the timing budget: its hooks are not timed either
+    shape = timed_shape(cluster, model, sequences=sequences, tokens=tokens, keys=keys, tp=tp, world=world,
+                        blocks=blocks, head=head, embed=embed, cp_kind=cp_kind)
+    if not was_timed(shape):  # the stage itself past the timing budget: its hooks are not timed either
         return 0.0
-    dtype = {4: "float32", 8: "float64"}[cluster.itemsize]
-    shape = (model.n_embd, model.n_head, model.vocab, b, t, tp, blocks, head, embed, rank_threads(world),
-             dtype, keys // t, cp_kind)
-    seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, b, t, tp, blocks, head, embed))
+    seconds = ddp_hooks_within_budget(shape, _stage_bytes(cluster, model, shape))
     return 0.0 if seconds is None else seconds * oversubscribed(world)
 
 
-def _stage_flops(model: ModelShape, seq: int, b: int, tp: int, cp: int, blocks: int,
+def _stage_flops(model: ModelShape, seq: int, sequences: int, tp: int, cp: int, blocks: int,
                  head: bool) -> tuple[float, float]:
     """(forward, backward) FLOPs of a stage's blocks and head on one rank: how its timed seconds split."""
-    bf, bb = layer_flops(model, seq, 1, b, tp, cp, False)
-    hf, hb = layer_flops(model, seq, model.n_layer + 1, b, tp, cp, False) if head else (0.0, 0.0)
-    return blocks * bf + hf, blocks * bb + hb
+    block_fwd, block_bwd = layer_flops(model, seq, 1, sequences, tp, cp, False)
+    head_fwd, head_bwd = (layer_flops(model, seq, model.n_layer + 1, sequences, tp, cp, False) if head
+                          else (0.0, 0.0))
+    return blocks * block_fwd + head_fwd, blocks * block_bwd + head_bwd
 
 
-def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, b: int, t: int, keys: int,
+def layer_seconds(cluster: Cluster, kind: str, model: ModelShape, sequences: int, tokens: int, keys: int,
                   tp: int, world: int, recompute: bool = False) -> tuple[float, float]:
     """(forward, backward) seconds of one block or head on one rank of `cluster` (backward
     includes the block's recomputed forward when `recompute`)."""
-    cp = keys // t
+    cp = keys // tokens
     layer = 1 if kind == "block" else model.n_layer + 1
-    fwd, bwd = layer_flops(model, keys, layer, b, tp, cp, recompute and kind == "block")
+    fwd, bwd = layer_flops(model, keys, layer, sequences, tp, cp, recompute and kind == "block")
     if cluster.flops > 0:
         return fwd / cluster.flops, bwd / cluster.flops
     threads = rank_threads(world)
-    total = _measured(kind, model, b, t, keys, tp, threads, {4: "float32", 8: "float64"}[cluster.itemsize])
+    total = _measured(kind, model, sequences, tokens, keys, tp, threads, DTYPES[cluster.itemsize])
     total *= oversubscribed(world)
-    rate = 3 * fwd / total  # FLOP/s this shape sustains here, forward and backward alike
+    rate = 3 * fwd / total  # FLOP/s this shape sustains here, forward and backward (2x) alike
     return fwd / rate, bwd / rate

@@ -19,21 +19,22 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from dt.cost.devices import DEVICES
 from dt.plan.suite import Compared, priced_rows
 
 __all__ = ["PROBES", "Line", "fit", "fit_table", "leave_one_out", "lines", "report"]
 
 PROBES = (0.45, 0.85)  # the two efficiencies each row is priced at
-GRID = [e / 100 for e in range(30, 96)]
+GRID = [percent / 100 for percent in range(30, 96)]  # the efficiencies the fit scans: 0.30 to 0.95
 
 
 @dataclass(frozen=True)
 class Line:
-    """One row's prediction as a function of its device's efficiency."""
+    """One row's prediction as a function of its device's efficiency e: step(e) = fixed + gemm / e."""
 
-    at_low: Compared  # priced at PROBES[0]
-    a: float  # seconds that do not scale with the GEMMs
-    b: float  # GEMM seconds x efficiency
+    at_low: Compared  # priced at the lower of PROBES
+    fixed: float  # seconds that do not scale with the GEMMs
+    gemm: float  # GEMM seconds x efficiency
 
     @property
     def source(self) -> str:
@@ -45,53 +46,52 @@ class Line:
 
     def error(self, efficiency: float) -> float:
         """predicted / published - 1 at this efficiency, in the row's unit."""
-        step = self.a + self.b / efficiency
-        c = self.at_low
-        predicted = step if c.row.metric == "s_per_iter" else c.predicted * c.step / step
-        return predicted / c.row.published - 1
+        step = self.fixed + self.gemm / efficiency
+        low = self.at_low
+        predicted = step if low.row.metric == "s_per_iter" else low.predicted * low.step / step
+        return predicted / low.row.published - 1
 
 
 def lines(sources: list[str] | None = None) -> list[Line]:
     """Every priceable row as a Line (two pricings of the whole suite)."""
     low, high = PROBES
-    devices = ("a100", "h100", "h200")
-    at_low, _ = priced_rows(sources, rank=False, efficiency=dict.fromkeys(devices, low))
-    at_high, _ = priced_rows(sources, rank=False, efficiency=dict.fromkeys(devices, high))
+    at_low, _ = priced_rows(sources, rank=False, efficiency=dict.fromkeys(DEVICES, low))
+    at_high, _ = priced_rows(sources, rank=False, efficiency=dict.fromkeys(DEVICES, high))
     out = []
-    for lo, hi in zip(at_low, at_high):
-        b = (lo.step - hi.step) / (1 / low - 1 / high)
-        out.append(Line(lo, lo.step - b / low, b))
+    for slow, fast in zip(at_low, at_high):
+        gemm = (slow.step - fast.step) / (1 / low - 1 / high)
+        out.append(Line(slow, slow.step - gemm / low, gemm))
     return out
 
 
 def _objective(rows: list[Line], efficiency: float) -> float:
     """The mean over sources of each source's median |error|: every source weighs alike, however
     many rows it printed (one sweep of a hundred rows must not outvote ten other runs)."""
-    sources = sorted({r.source for r in rows})
-    return statistics.mean(statistics.median(abs(r.error(efficiency)) for r in rows if r.source == s)
-                           for s in sources)
+    sources = sorted({line.source for line in rows})
+    return statistics.mean(statistics.median(abs(line.error(efficiency)) for line in rows
+                                             if line.source == source) for source in sources)
 
 
 def fit(rows: list[Line]) -> dict[str, float]:
     """Per device, the efficiency with the smallest _objective over its rows."""
     out = {}
-    for device in sorted({r.device for r in rows}):
-        mine = [r for r in rows if r.device == device]
-        out[device] = min(GRID, key=lambda e: _objective(mine, e))
+    for device in sorted({line.device for line in rows}):
+        mine = [line for line in rows if line.device == device]
+        out[device] = min(GRID, key=lambda efficiency: _objective(mine, efficiency))
     return out
 
 
 def leave_one_out(rows: list[Line]) -> list[dict]:
     """Per source: the efficiencies fitted without it, and its median and worst |error| at them."""
     out = []
-    for source in sorted({r.source for r in rows}):
-        others = [r for r in rows if r.source != source]
-        fitted = fit(others)
-        mine = [r for r in rows if r.source == source]
-        errors = [abs(r.error(fitted.get(r.device, PROBES[0]))) for r in mine]
-        devices = sorted({r.device for r in mine})
-        out.append({"source": source, "fitted_without": {d: fitted[d] for d in devices
-                                                          if d in fitted},
+    low, _ = PROBES
+    for source in sorted({line.source for line in rows}):
+        fitted = fit([line for line in rows if line.source != source])
+        mine = [line for line in rows if line.source == source]
+        errors = [abs(line.error(fitted.get(line.device, low))) for line in mine]
+        devices = sorted({line.device for line in mine})
+        out.append({"source": source, "fitted_without": {device: fitted[device] for device in devices
+                                                          if device in fitted},
                     "rows": len(mine), "median": statistics.median(errors), "worst": max(errors)})
     return out
 
@@ -105,10 +105,14 @@ def report(sources: list[str] | None = None) -> dict:
 def fit_table(fitted: dict) -> str:
     """report() as the terminal shows it."""
     out = ["each device's GEMM efficiency fitted on every source: "
-           + ", ".join(f"{d} {e:.2f}" for d, e in fitted["all"].items()),
+           + _efficiencies(fitted["all"]),
            f"{'left out':<28} {'fitted on the others':<24} {'rows':>5} {'median':>8} {'worst':>8}"]
-    for r in fitted["leave_one_out"]:
-        eff = ", ".join(f"{d} {e:.2f}" for d, e in r["fitted_without"].items())
-        out.append(f"{r['source']:<28} {eff:<24} {r['rows']:>5} {100 * r['median']:7.1f}% "
-                   f"{100 * r['worst']:7.1f}%")
+    for left_out in fitted["leave_one_out"]:
+        others = _efficiencies(left_out["fitted_without"])
+        out.append(f"{left_out['source']:<28} {others:<24} {left_out['rows']:>5} "
+                   f"{100 * left_out['median']:7.1f}% {100 * left_out['worst']:7.1f}%")
     return "\n".join(out)
+
+
+def _efficiencies(by_device: dict[str, float]) -> str:
+    return ", ".join(f"{device} {efficiency:.2f}" for device, efficiency in by_device.items())

@@ -17,6 +17,7 @@ A layout's name (NAME_GRAMMAR) is the key of `dt plan --explain` and the rows of
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
@@ -91,28 +92,29 @@ def parse_name(name: str) -> Layout:
     found = _NAME.match(name.strip())
     if not found:
         raise ValueError(f"{name!r} is not a layout name: {NAME_GRAMMAR}")
-    g = found.groupdict()
-    whole = {k: int(g[k]) for k in ("dp", "tp", "pp", "zero", "micro_batches")}
-    return Layout(**whole, cp=int(g["cp"] or 1), ep=int(g["ep"] or 1), schedule=g["schedule"],
-                  virtual=int(g["virtual"] or 1), cp_attention=g["cp_attention"] or "ring",
-                  tp_across=bool(g["across"]), sequence_parallel=bool(g["sp"]), clip=bool(g["clip"]),
-                  recompute={None: "none", ".rc": "full", ".rcsel": "selective"}[g["rc"]])
+    fields = found.groupdict()
+    whole = {name: int(fields[name]) for name in ("dp", "tp", "pp", "zero", "micro_batches")}
+    return Layout(**whole, cp=int(fields["cp"] or 1), ep=int(fields["ep"] or 1), schedule=fields["schedule"],
+                  virtual=int(fields["virtual"] or 1), cp_attention=fields["cp_attention"] or "ring",
+                  tp_across=bool(fields["across"]), sequence_parallel=bool(fields["sp"]),
+                  clip=bool(fields["clip"]),
+                  recompute={None: "none", ".rc": "full", ".rcsel": "selective"}[fields["rc"]])
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
 
 
-def train_args(lay: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNamespace:
+def train_args(layout: Layout, model: ModelShape, batch: int, seq: int) -> SimpleNamespace:
     """The layout as dt train's options (the names dt.train.layouts reads)."""
-    return SimpleNamespace(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp, ep=lay.ep, zero=lay.zero,
-                           schedule=lay.schedule, virtual=lay.virtual, micro_batches=lay.micro_batches,
-                           cp_attention=lay.cp_attention, batch_size=batch, block_size=seq,
-                           n_layer=model.n_layer, n_head=model.n_head, n_embd=model.n_embd,
-                           experts=model.experts, top_k=model.top_k, model=model.family,
+    return SimpleNamespace(dp=layout.dp, tp=layout.tp, pp=layout.pp, cp=layout.cp, ep=layout.ep,
+                           zero=layout.zero, schedule=layout.schedule, virtual=layout.virtual,
+                           micro_batches=layout.micro_batches, cp_attention=layout.cp_attention,
+                           batch_size=batch, block_size=seq, n_layer=model.n_layer, n_head=model.n_head,
+                           n_embd=model.n_embd, experts=model.experts, top_k=model.top_k, model=model.family,
                            n_kv_head=model.n_kv_head or None, untied=not model.tied,
-                           clip=CLIP if lay.clip else None, recompute=lay.recompute,
-                           sequence_parallel=lay.sequence_parallel)
+                           clip=CLIP if layout.clip else None, recompute=layout.recompute,
+                           sequence_parallel=layout.sequence_parallel)
 
 
 MIN_CP_TOKENS = 512  # past EVERY_CP ranks, cp is enumerated while a rank keeps this many tokens of a sequence
@@ -147,20 +149,22 @@ def grid(world: int, batch: int, hosts: int = 1, experts: int = 0,
     for dp, tp, pp, cp, ep in meshes(world, experts, seq):
         per_rank = max(1, batch // dp)
         piped = [("gpipe", 1)] + [("interleaved", v) for v in (2, 3, 4)] if pp > 1 else []  # v 1 is 1F1B
-        schedules = [("1f1b", 1), *piped]
-        for zero in (0, 1, 2, 3) if dp * cp > 1 else (0,):  # ZeRO shards over dp x cp
-            for schedule, virtual in schedules:
-                for m in micro_batch_counts(pp, per_rank):
-                    for attention in ("ring", "ulysses") if cp > 1 else ("ring",):
-                        for across in placements if tp > 1 else (False,):
-                            for sp in (False, True) if tp > 1 and not experts else (False,):
-                                for rc in recompute:
-                                    yield Layout(dp, tp, pp, cp, ep, zero, schedule, virtual, m, attention,
-                                                 across, rc, sp, clip)
+        choices = itertools.product(
+            (0, 1, 2, 3) if dp * cp > 1 else (0,),  # ZeRO shards over dp x cp
+            [("1f1b", 1), *piped],
+            micro_batch_counts(pp, per_rank),
+            ("ring", "ulysses") if cp > 1 else ("ring",),
+            placements if tp > 1 else (False,),
+            (False, True) if tp > 1 and not experts else (False,),  # sequence parallel
+            recompute)
+        for zero, (schedule, virtual), micro_batches, attention, across, sequence_parallel, rc in choices:
+            yield Layout(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, schedule=schedule, virtual=virtual,
+                         micro_batches=micro_batches, cp_attention=attention, tp_across=across, recompute=rc,
+                         sequence_parallel=sequence_parallel, clip=clip)
 
 
 def enumerate_layouts(model: ModelShape, world: int, batch: int, seq: int, hosts: int = 1,
                       recompute: tuple[str, ...] = ("none",), clip: bool = False) -> list[Layout]:
     """The grid's layouts dt train accepts for this model, batch and sequence."""
-    return [lay for lay in grid(world, batch, hosts, model.experts, recompute, clip, seq)
-            if layout_error(train_args(lay, model, batch, seq)) is None]
+    return [layout for layout in grid(world, batch, hosts, model.experts, recompute, clip, seq)
+            if layout_error(train_args(layout, model, batch, seq)) is None]

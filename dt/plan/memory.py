@@ -33,7 +33,6 @@ from __future__ import annotations
 import functools
 
 from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
-from dt.cost.flops import Decoder
 from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.pipeline.stash import peak_stash_bytes
@@ -41,31 +40,37 @@ from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula,
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
-from dt.plan.stage import FsdpUnits, bucket_bytes, fsdp_units, layer_cut, micro_batch_sizes, stage_tensors
+from dt.plan.stage import (
+    FsdpUnits,
+    StageTensors,
+    bucket_bytes,
+    fsdp_units,
+    layer_cut,
+    micro_batch_sizes,
+    stage_tensors,
+)
 
 __all__ = ["peak_bytes"]
 
 
-def _decoder(model: ModelShape, seq: int) -> Decoder:
-    return model.decoder(seq)
+@functools.lru_cache(maxsize=65536)
+def _stash_bytes(name: str, stages: int, stage: int, micro_batches: int, chunks: tuple[float, ...]) -> float:
+    # many layouts (ZeRO, placement) share one
+    return peak_stash_bytes(name, stages, stage, micro_batches, chunks)
 
 
 @functools.lru_cache(maxsize=65536)
-def _stash_bytes(name: str, p: int, s: int, m: int, chunks: tuple[float, ...]) -> float:
-    return peak_stash_bytes(name, p, s, m, chunks)  # many layouts (ZeRO, placement) share one
-
-
-@functools.lru_cache(maxsize=65536)
-def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, b: int, item: int,
-                       tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
+def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, sequences: int,
+                       item: int, tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
                        attention: str = "sdpa", dropout: bool = False, partition: str = "layers",
                        shard_inputs: bool = False) -> list[float]:
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
-    a = _decoder(model, seq)
+    decoder = model.decoder(seq)
     cut = layer_cut(model, pp, virtual, partition)
-    return [stage_activation_bytes(a, r, b, item, tp, cp, sequence_parallel, attention, recompute,
-                                   dropout=dropout, shard_inputs=shard_inputs)
-            for r in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
+    return [stage_activation_bytes(decoder, layers, sequences, item, tp=tp, cp=cp,
+                                   sequence_parallel=sequence_parallel, attention=attention,
+                                   recompute=recompute, dropout=dropout, shard_inputs=shard_inputs)
+            for layers in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
 def _without(dense: list[int], kept: int) -> list[int]:
@@ -77,98 +82,117 @@ def _without(dense: list[int], kept: int) -> list[int]:
 
 
 @functools.lru_cache(maxsize=4096)  # thousands of layouts share a few (tensors, ranks): price each once
-def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kept: int, n: int,
+def _zero_scratch(zero: int, parts: tuple[tuple[tuple[int, ...], int], ...], kept: int, ranks: int,
                   item: int) -> float:
     """The ring's scratch ZeRO 1-2's reduce-scatters keep between steps (comm_scratch_formula),
-    each part over the ranks that hold it: ZeRO 1 one flat gradient per part, ZeRO 2 each
-    bucket and the kept table. Stage 2's run on dt's gradient thread, whose scratch is its own."""
+    each part (its tensors, the ranks that hold it) over its ranks: ZeRO 1 one flat gradient per
+    part, ZeRO 2 each bucket and the kept table (over dp x cp's `ranks`). Stage 2's run on dt's
+    gradient thread, whose scratch is its own."""
     pieces = []
-    for tensors, ranks in parts:
-        if ranks > 1 and tensors:
-            sizes = [sum(tensors)] if zero == 1 else [b // item for b in bucket_bytes(list(tensors), item)]
-            pieces += [split_sizes(k, ranks) for k in sizes]
+    for tensors, holders in parts:
+        if holders > 1 and tensors:
+            if zero == 1:
+                sizes = [sum(tensors)]
+            else:
+                sizes = [nbytes // item for nbytes in bucket_bytes(list(tensors), item)]
+            pieces += [split_sizes(numel, holders) for numel in sizes]
     if zero == 2 and kept:
-        pieces.append(split_sizes(kept, n))
+        pieces.append(split_sizes(kept, ranks))
     return comm_scratch_formula(pieces, item, 0)
 
 
 @functools.lru_cache(maxsize=4096)
-def _fsdp_scratch(units: FsdpUnits, n: int, replicas: int, item: int) -> int:
+def _fsdp_scratch(units: FsdpUnits, ranks: int, replicas: int, item: int) -> int:
     """The ring's scratch FSDP's unit reduce-scatters keep (comm_scratch_formula): each unit cut
-    over its group, dp x cp's `n` or the experts' `replicas`, one pool for both."""
-    cuts = [split_sizes(u, n) for u in units.plane]
-    cuts += [split_sizes(u, replicas) for u in units.experts] if replicas > 1 else []
+    over its group, dp x cp's `ranks` or the experts' `replicas`, one pool for both."""
+    cuts = [split_sizes(unit, ranks) for unit in units.plane]
+    cuts += [split_sizes(unit, replicas) for unit in units.experts] if replicas > 1 else []
     return comm_scratch_formula(cuts, item, 0)
 
 
-def _state(c: Cluster, lay: Layout, dense: list[int], experts: int, n: int, kept: int) -> float:
-    """Weights, gradients and the optimizer's state of this rank's tensors: on a GPU (a catalogue
-    one, or this host's under --timed: dt train's stack there) the stack's bytes per parameter
-    (dt.cost.stack) and its autocast copies (ZeRO 3's of its shards: a unit's whole copy is made
-    while it is gathered); here dt's float32 (or float64)."""
-    groups = [(sum(dense), n), (experts, n // lay.ep)]  # the dense part over dp x cp, experts over edp
-    if c.device is not None:
-        st = c.stack
-        parts = zero_memory_parts(groups, lay.zero, k=st.master_bytes + st.moment_bytes,
-                                  param_bytes=st.weight_bytes, grad_bytes=st.grad_bytes, kept=kept)
-        copies = sum(numbers / (ranks if lay.zero == 3 else 1) for numbers, ranks in groups)
-        return sum(parts.values()) + st.cast_bytes * copies
-    item = c.itemsize
-    parts = zero_memory_parts(groups, lay.zero, k=2 * item, param_bytes=item, grad_bytes=item, kept=kept)
+def _state(cluster: Cluster, layout: Layout, dense: list[int], experts: int, ranks: int, kept: int) -> float:
+    """Weights, gradients and the optimizer's state of this rank's tensors, sharded over dp x cp's
+    `ranks`: on a GPU (a catalogue one, or this host's under --timed: dt train's stack there) the
+    stack's bytes per parameter (dt.cost.stack) and its autocast copies (ZeRO 3's of its shards: a
+    unit's whole copy is made while it is gathered); here dt's float32 (or float64)."""
+    groups = [(sum(dense), ranks), (experts, ranks // layout.ep)]  # dense over dp x cp, experts over edp
+    if cluster.device is not None:
+        stack = cluster.stack
+        parts = zero_memory_parts(groups, layout.zero, k=stack.master_bytes + stack.moment_bytes,
+                                  param_bytes=stack.weight_bytes, grad_bytes=stack.grad_bytes, kept=kept)
+        copies = sum(numbers / (holders if layout.zero == 3 else 1) for numbers, holders in groups)
+        return sum(parts.values()) + stack.cast_bytes * copies
+    item = cluster.itemsize
+    # Adam's two moments at the weights' own precision
+    parts = zero_memory_parts(groups, layout.zero, k=2 * item, param_bytes=item, grad_bytes=item, kept=kept)
     return sum(parts.values())
 
 
-def _activation_kind(c: Cluster) -> tuple[str, bool]:
+def _activation_kind(cluster: Cluster) -> tuple[str, bool]:
     """(dt.cost.activations' attention, dropout) as the cluster's stack runs them: a fused kernel
     keeps no score matrix ("sdpa"), an unfused one keeps it ("dt"); here dt's own layers."""
-    if c.gpu is None:
+    if cluster.gpu is None:
         return "sdpa", False
-    return ("dt" if c.stack.attention == "unfused" else "sdpa"), c.stack.dropout
+    return ("dt" if cluster.stack.attention == "unfused" else "sdpa"), cluster.stack.dropout
 
 
-def peak_bytes(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> list[dict[str, int]]:
+def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
+                 sequence_parallel: bool) -> float:
+    """The stage's activations at its peak stash of its largest micro-batch (`sequences`), with
+    recompute's rebuilt block."""
+    item = cluster.itemsize
+    attention, dropout = _activation_kind(cluster)
+    chunks = _chunk_activations(model, seq, layout.pp, stage, layout.virtual, sequences, item, tp=layout.tp,
+                                cp=layout.cp, recompute=layout.recompute, sequence_parallel=sequence_parallel,
+                                attention=attention, dropout=dropout, partition=cluster.stack.partition,
+                                shard_inputs=cluster.stack.sp_shard_inputs)
+    acts = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
+    if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
+        acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
+                                     sequence_parallel, attention)
+    return acts
+
+
+def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
+                tensors: StageTensors) -> dict[str, int]:
+    """{state, scratch, activations, buffers, runtime, peak} bytes of one rank of `stage`."""
+    dense, experts, cut = tensors.dense, tensors.experts, cluster.stack.partition
+    # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
+    # the experts over their replicas (dt.parallel.zero.parts)
+    ranks = layout.dp * layout.cp
+    # ZeRO 2 keeps a word table's full gradient two stages sum (dt.parallel.zero.optimizer)
+    tied = model.tied and layout.pp > 1 and tensors.head != tensors.embed
+    kept = model.vocab // layout.tp * model.n_embd if tied and layout.zero == 2 else 0
+    state = _state(cluster, layout, dense, experts, ranks, kept)
+    sequence_parallel = layout.sequence_parallel and layout.tp > 1
+    acts = _activations(cluster, model, layout, seq, stage, sequences, sequence_parallel)
+    grad_item = cluster.grad_itemsize
+    buffers, scratch = max(bucket_bytes(dense, grad_item), default=0) if ranks > 1 else 0, 0
+    if layout.zero and ranks > 1:
+        buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
+        parts = ((tuple(_without(dense, kept)), ranks), ((experts,) if experts else (), ranks // layout.ep))
+        scratch = _zero_scratch(layout.zero, parts, kept, ranks, grad_item) if layout.zero < 3 else \
+            _fsdp_scratch(fsdp_units(model, layout, seq, stage, cut), ranks, ranks // layout.ep, grad_item)
+    if layout.zero == 2 and ranks > 1:  # every bucket's flat copy, made in backward, freed at its end
+        acts += (sum(dense) - kept + experts) * grad_item
+    if layout.zero == 3 and ranks > 1:  # this stage's units gathered whole as they run
+        units = fsdp_units(model, layout, seq, stage, cut)
+        acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), cluster.param_itemsize)
+    row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
+    live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+    runtime = cluster.stack.runtime_bytes if cluster.device is not None else 0.0
+    fragmentation = cluster.stack.fragmentation if cluster.device is not None else 1.0
+    row["runtime"] = int(runtime + (fragmentation - 1) * live)
+    row["peak"] = live + row["runtime"]
+    return row
+
+
+def peak_bytes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
+               seq: int) -> list[dict[str, int]]:
     """Per pipeline stage: {state, scratch, activations, buffers, runtime, peak} bytes of one of its
     ranks. On a catalogue GPU the peak is what the caching allocator reserves (the stack's
     fragmentation over the live bytes) plus the runtime's own (CUDA context, NCCL's buffers)."""
-    item = c.itemsize
-    b = max(micro_batch_sizes(batch, lay.dp, lay.micro_batches))  # the largest micro-batch
-    a = _decoder(model, seq)
-    attention, dropout = _activation_kind(c)
-    sp = lay.sequence_parallel and lay.tp > 1
-    cut = c.stack.partition
-    out = []
-    for s in range(lay.pp):
-        dense, experts, _, head, embed = stage_tensors(model, lay, seq, s, cut)
-        # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
-        # the experts over their replicas (dt.parallel.zero.parts)
-        n = lay.dp * lay.cp
-        # ZeRO 2 keeps a word table's full gradient two stages sum (dt.parallel.zero.optimizer)
-        tied = model.tied and lay.pp > 1 and head != embed
-        kept = model.vocab // lay.tp * model.n_embd if tied and lay.zero == 2 else 0
-        state = _state(c, lay, dense, experts, n, kept)
-        chunks = _chunk_activations(model, seq, lay.pp, s, lay.virtual, b, item, lay.tp, lay.cp,
-                                    lay.recompute, sp, attention, dropout, cut, c.stack.sp_shard_inputs)
-        acts = _stash_bytes(lay.schedule, lay.pp, s, lay.micro_batches, tuple(chunks))
-        if lay.recompute == "full":  # one block's whole set, rebuilt for its backward
-            acts += recompute_peak_bytes(a, b, item, lay.tp, lay.cp, sp, attention)
-        grad_item = c.grad_itemsize
-        buffers, scratch = max(bucket_bytes(dense, grad_item), default=0) if n > 1 else 0, 0
-        if lay.zero and n > 1:
-            buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
-            parts = ((tuple(_without(dense, kept)), n), ((experts,) if experts else (), n // lay.ep))
-            scratch = _zero_scratch(lay.zero, parts, kept, n, grad_item) if lay.zero < 3 else \
-                _fsdp_scratch(fsdp_units(model, lay, seq, s, cut), n, n // lay.ep, grad_item)
-        if lay.zero == 2 and n > 1:  # every bucket's flat copy, made in backward, freed at its end
-            acts += (sum(dense) - kept + experts) * grad_item
-        if lay.zero == 3 and n > 1:  # this stage's units gathered whole as they run
-            units = fsdp_units(model, lay, seq, s, cut)
-            acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), c.param_itemsize)
-        row = {"state": int(state), "scratch": int(scratch), "activations": int(acts),
-               "buffers": int(buffers)}
-        live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
-        runtime = c.stack.runtime_bytes if c.device is not None else 0.0
-        fragmentation = c.stack.fragmentation if c.device is not None else 1.0
-        row["runtime"] = int(runtime + (fragmentation - 1) * live)
-        row["peak"] = live + row["runtime"]
-        out.append(row)
-    return out
+    largest = max(micro_batch_sizes(batch, layout.dp, layout.micro_batches))
+    return [_stage_peak(cluster, model, layout, seq, stage,
+                        largest, stage_tensors(model, layout, seq, stage, cluster.stack.partition))
+            for stage in range(layout.pp)]

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from dt.cost.flops import Decoder
+from dt.models.llama import LlamaConfig
 
 __all__ = ["PRESETS", "ModelShape", "llama_shape", "preset"]
 
@@ -50,13 +51,14 @@ class ModelShape:
 
     def block_params(self) -> int:
         """Weights of one block (biases and norms included), unsharded; an MoE block's every expert."""
-        c, f = self.n_embd, self.hidden
+        width, hidden = self.n_embd, self.hidden
         if self.family == "llama":  # no biases, two RMSNorm weights, k and v of n_kv_head heads
-            kv = 2 * c * self.kv_heads * (c // self.n_head)
-            return 2 * c * c + kv + 3 * c * f + 2 * c
-        mlp = (3 if self.gated else 2) * c * f + f + c
-        router = c * self.experts if self.experts else 0
-        return 4 * c * c + 4 * c + 4 * c + mlp * max(1, self.experts) + router
+            kv = 2 * width * self.kv_heads * (width // self.n_head)
+            return 2 * width * width + kv + 3 * width * hidden + 2 * width
+        mlp = (3 if self.gated else 2) * width * hidden + hidden + width
+        router = width * self.experts if self.experts else 0
+        # q, k, v and the output projection with their biases, two LayerNorms' weights and biases
+        return 4 * width * width + 4 * width + 4 * width + mlp * max(1, self.experts) + router
 
     def params(self, seq: int) -> int:
         """Every weight of the model, unsharded (the tied head counted once)."""
@@ -91,10 +93,11 @@ PRESETS = {
 
 def llama_shape(n_layer: int, n_head: int, n_embd: int, vocab: int, n_kv_head: int = 0,
                 tied: bool = False) -> ModelShape:
-    """dt train's --model llama: SwiGLU of dt.models.llama's width (8C/3 rounded up to 32)."""
+    """dt train's --model llama: SwiGLU of dt.models.llama's width (8C/3 rounded up to its multiple, 32)."""
     width = int(2 * 4 * n_embd / 3)
-    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=-(-width // 32) * 32, gated=True, tied=tied,
-                      name="llama", family="llama", n_kv_head=n_kv_head)
+    multiple = LlamaConfig.ffn_multiple_of  # the config's default: what dt train --model llama builds
+    return ModelShape(n_layer, n_head, n_embd, vocab, ffn=-(-width // multiple) * multiple, gated=True,
+                      tied=tied, name="llama", family="llama", n_kv_head=n_kv_head)
 
 
 def preset(name: str, **changes: object) -> ModelShape:

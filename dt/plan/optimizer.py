@@ -15,42 +15,47 @@ from __future__ import annotations
 
 from dt.cost.kernels import optimizer_bytes
 from dt.plan.cluster import Cluster
-from dt.plan.compute import oversubscribed, rank_threads
+from dt.plan.compute import DTYPES, oversubscribed, rank_threads
 from dt.plan.layouts import Layout
 from dt.plan.stage import StageWork
 
 __all__ = ["adam_step_seconds", "adam_tensors"]
 
+# Adam untimed, by its bytes: every number's weight read and written and its gradient read, and the
+# two moments read and written for each number it steps (the shard, under ZeRO): 7 passes unsharded
+WEIGHT_PASSES = 3
+MOMENT_PASSES = 4
 
-def adam_tensors(lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> tuple[int, ...]:
+
+def adam_tensors(layout: Layout, work: StageWork, shards: int, expert_shards: int = 1) -> tuple[int, ...]:
     """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N); zero 3:
     each FSDP unit's shard, an expert's over its replicas)."""
-    if w.fsdp is not None:
-        return (tuple(-(-n // shards) for n in w.fsdp.plane)
-                + tuple(-(-n // expert_shards) for n in w.fsdp.experts))
-    if lay.zero and shards > 1:  # with experts two parts (ZeroParts): the dense, this rank's experts
-        dense = (-(-sum(w.dense) // shards),)
-        return dense + ((-(-w.experts // expert_shards),) if w.experts else ())
-    return tuple(w.dense) + ((w.experts,) if w.experts else ())
+    if work.fsdp is not None:
+        return (tuple(-(-numel // shards) for numel in work.fsdp.plane)
+                + tuple(-(-numel // expert_shards) for numel in work.fsdp.experts))
+    if layout.zero and shards > 1:  # with experts two parts (ZeroParts): the dense, this rank's experts
+        dense = (-(-sum(work.dense) // shards),)
+        return dense + ((-(-work.experts // expert_shards),) if work.experts else ())
+    return tuple(work.dense) + ((work.experts,) if work.experts else ())
 
 
-def adam_step_seconds(c: Cluster, lay: Layout, w: StageWork, shards: int, expert_shards: int = 1) -> float:
+def adam_step_seconds(cluster: Cluster, layout: Layout, work: StageWork, shards: int,
+                      expert_shards: int = 1) -> float:
     """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
-    sizes = adam_tensors(lay, w, shards, expert_shards)
-    if c.gpu is not None:  # each number it steps: the stack's bytes read and written at HBM's rate
-        return optimizer_bytes(c.stack) * sum(sizes) / c.mem_bw
-    if c.timed == "cuda":  # dt train's Adam on the GPU: its float32 state, one kernel launch per op
+    sizes = adam_tensors(layout, work, shards, expert_shards)
+    if cluster.gpu is not None:  # each number it steps: the stack's bytes read and written at HBM's rate
+        return optimizer_bytes(cluster.stack) * sum(sizes) / cluster.mem_bw
+    if cluster.timed == "cuda":  # dt train's Adam on the GPU: its float32 state, one kernel launch per op
         from dt.plan.timed import adam_seconds
 
         return adam_seconds(sizes, 1, "float32", "cuda")
-    if c.timed == "cpu":
+    if cluster.timed == "cpu":
         from dt.plan.timed import adam_within_budget
 
-        threads = rank_threads(lay.world)
-        seconds = adam_within_budget(sizes, threads, {4: "float32", 8: "float64"}[c.itemsize])
+        threads = rank_threads(layout.world)
+        seconds = adam_within_budget(sizes, threads, DTYPES[cluster.itemsize])
         if seconds is not None:
-            return seconds * oversubscribed(lay.world)
-    # untimed (past the timing budget): the gradients read, and the shard's weights and moments read
-    # and written, at the memcpy rate
-    numbers = sum(w.dense) + w.experts
-    return (3 * numbers + 4 * sum(sizes)) * c.itemsize / c.mem_bw
+            return seconds * oversubscribed(layout.world)
+    # untimed (past the timing budget): its passes over the weights and the moments at the memcpy rate
+    numbers = sum(work.dense) + work.experts
+    return (WEIGHT_PASSES * numbers + MOMENT_PASSES * sum(sizes)) * cluster.itemsize / cluster.mem_bw

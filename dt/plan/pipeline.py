@@ -16,28 +16,43 @@ without their backward at once is its peak stash (activation memory).
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from dt.parallel.pipeline import timeline
 from dt.parallel.pipeline.stash import peak_stash
+from dt.parallel.pipeline.timeline import Action
 
-__all__ = ["Played", "play", "stash"]
+__all__ = ["Action", "Played", "last_end", "play", "stash"]
 
-Played = tuple[list[list[tuple[str, int, int, float, float]]], list[int]]
+
+class Played(NamedTuple):
+    """A schedule played out: each stage's actions in order, and each stage's peak stash."""
+
+    actions: list[list[Action]]
+    stash: list[int]
 
 
 @functools.lru_cache(maxsize=4096)
-def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
-         send: float, post: float = 0.0, wake: float = 0.0, spin: float = float("inf")) -> Played:
-    """Per stage: (kind, chunk, micro-batch, start, end) of every action in order; peak stash per stage.
+def play(name: str, stages: int, micro_batches: int, virtual: int, fwd: tuple[float, ...],
+         bwd: tuple[float, ...], send: float, post: float = 0.0, wake: float = 0.0,
+         spin: float = float("inf")) -> Played:
+    """Per stage: every action in order, with its start and end; peak stash per stage.
 
     fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s; post, wake, spin: a
     message's cost to each end's core, a sleeping receiver's wake-up and how long it spins first.
     """
-    return timeline.play(name, p, m, v, fwd, bwd, send, post, wake, spin), stash(name, p, m, v)
+    actions = timeline.play(name, stages, micro_batches, virtual, fwd, bwd, send, post=post, wake=wake,
+                            spin=spin)
+    return Played(actions, stash(name, stages, micro_batches, virtual))
+
+
+def last_end(actions: list[list[Action]]) -> float:
+    """When the last stage to finish ends its last action."""
+    return max(stage[-1].end for stage in actions if stage)
 
 
 @functools.lru_cache(maxsize=4096)
-def stash(name: str, p: int, m: int, v: int) -> list[int]:
+def stash(name: str, stages: int, micro_batches: int, virtual: int) -> list[int]:
     """Per stage, the most (chunk, micro-batch) activations held at once: a property of the order
     alone (dt.parallel.pipeline.stash replays it)."""
-    return [peak_stash(name, p, s, m, v) for s in range(p)]
+    return [peak_stash(name, stages, s, micro_batches, virtual) for s in range(stages)]

@@ -35,31 +35,36 @@ def wave_fill(tiles: int, sms: int) -> float:
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _gemm_seconds(rate: float, bandwidth: float, sms: int, tile: tuple[int, int], m: int, n: int, k: int,
-                  batch: int, itemsize: int) -> float:
-    """rate: the FLOP/s of a GEMM whose waves are full; bandwidth: what its operands stream at."""
-    tiles = batch * -(-m // tile[0]) * -(-n // tile[1])
-    arithmetic = 2.0 * m * n * k * batch / (rate * wave_fill(tiles, sms))
-    traffic = batch * (m * k + k * n + m * n) * itemsize / bandwidth
-    epilogue = batch * m * n * itemsize / bandwidth  # each tile's output written after its products
+def _gemm_seconds(rate: float, bandwidth: float, sms: int, tile: tuple[int, int], rows: int, cols: int,
+                  inner: int, batch: int, itemsize: int) -> float:
+    """A (rows x inner) by (inner x cols) GEMM, `batch` of them (Kernel's m, k, n); rate: the FLOP/s of
+    a GEMM whose waves are full; bandwidth: what its operands stream at."""
+    tile_rows, tile_cols = tile
+    tiles = batch * -(-rows // tile_rows) * -(-cols // tile_cols)
+    arithmetic = 2.0 * rows * cols * inner * batch / (rate * wave_fill(tiles, sms))
+    traffic = batch * (rows * inner + inner * cols + rows * cols) * itemsize / bandwidth
+    epilogue = batch * rows * cols * itemsize / bandwidth  # each tile's output written after its products
     return max(arithmetic, traffic) + epilogue
 
 
-def kernel_seconds(k: Kernel, d: Device, precision: str, attention: str, itemsize: int = 2) -> float:
-    """Seconds of one kernel on device `d` (`attention`: the fused kernel's name in the device's table)."""
-    if k.kind == "gemm":
-        rate = d.peak_flops[precision] * d.matmul_efficiency[precision]
-        work = _gemm_seconds(rate, d.hbm_bandwidth * d.hbm_efficiency, d.sms, d.gemm_tile, k.m, k.n, k.k,
-                             k.batch, itemsize)
-    elif k.kind == "attention":
-        fwd, bwd = d.attention_efficiency[attention]
-        efficiency = bwd if k.backward else fwd
-        work = k.flops / (d.peak_flops[precision] * efficiency * wave_fill(k.tiles, d.sms))
+def kernel_seconds(kernel: Kernel, device: Device, precision: str, attention: str,
+                   itemsize: int = 2) -> float:
+    """Seconds of one kernel on `device` (`attention`: the fused kernel's name in the device's table)."""
+    if kernel.kind == "gemm":
+        rate = device.peak_flops[precision] * device.matmul_efficiency[precision]
+        bandwidth = device.hbm_bandwidth * device.hbm_efficiency
+        work = _gemm_seconds(rate, bandwidth, device.sms, device.gemm_tile, rows=kernel.m, cols=kernel.n,
+                             inner=kernel.k, batch=kernel.batch, itemsize=itemsize)
+    elif kernel.kind == "attention":
+        fwd, bwd = device.attention_efficiency[attention]
+        efficiency = bwd if kernel.backward else fwd
+        fill = wave_fill(kernel.tiles, device.sms)
+        work = kernel.flops / (device.peak_flops[precision] * efficiency * fill)
     else:
-        work = k.nbytes / (d.hbm_bandwidth * d.hbm_efficiency)
-    return work + d.kernel_overhead
+        work = kernel.nbytes / (device.hbm_bandwidth * device.hbm_efficiency)
+    return work + device.kernel_overhead
 
 
-def kernels_seconds(kernels: Iterable[Kernel], d: Device, precision: str, attention: str,
+def kernels_seconds(kernels: Iterable[Kernel], device: Device, precision: str, attention: str,
                     itemsize: int = 2) -> float:
-    return sum(kernel_seconds(k, d, precision, attention, itemsize) for k in kernels)
+    return sum(kernel_seconds(kernel, device, precision, attention, itemsize) for kernel in kernels)

@@ -22,8 +22,9 @@ import functools
 import heapq
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from dt.cost.flops import train_flops_per_token
 from dt.parallel.pipeline.schedules import stage_layers
@@ -54,7 +55,7 @@ class Row:
 
     @property
     def peak(self) -> int:
-        return max(r["peak"] for r in self.memory)
+        return max(stage["peak"] for stage in self.memory)
 
 
 @dataclass
@@ -72,57 +73,64 @@ def model_flops(model: ModelShape, batch: int, seq: int) -> float:
     return train_flops_per_token(model.decoder(seq)) * batch * seq
 
 
-def _fits(c: Cluster, lay: Layout, memory: list[dict[str, int]], headroom: float) -> str | None:
-    peak = max(r["peak"] for r in memory)
-    if c.shared_memory:
-        total = sum(r["peak"] for r in memory) * lay.world // lay.pp
-        return None if not c.memory or total <= c.memory else (
-            f"the ranks' peaks add up to more than this machine's {fmt_bytes(c.memory)}: {fmt_bytes(total)}")
-    usable = c.memory * (1 - headroom)
+def _fits(cluster: Cluster, layout: Layout, memory: list[dict[str, int]], headroom: float) -> str | None:
+    peak = max(stage["peak"] for stage in memory)
+    if cluster.shared_memory:
+        total = sum(stage["peak"] for stage in memory) * layout.world // layout.pp
+        return None if not cluster.memory or total <= cluster.memory else (
+            f"the ranks' peaks add up to more than this machine's {fmt_bytes(cluster.memory)}: "
+            f"{fmt_bytes(total)}")
+    usable = cluster.memory * (1 - headroom)
     return None if peak <= usable else (
-        f"peak per rank over the device's {fmt_bytes(c.memory)} less {headroom:.0%} headroom: "
+        f"peak per rank over the device's {fmt_bytes(cluster.memory)} less {headroom:.0%} headroom: "
         f"{fmt_bytes(peak)}")
 
 
 @functools.lru_cache(maxsize=1 << 16)
-def _pipeline_bound(c: Cluster, model: ModelShape, seq: int, per_rank: int, lay: Layout) -> float:
+def _pipeline_bound(cluster: Cluster, model: ModelShape, seq: int, per_rank: int, family: Layout) -> float:
     """A step no layout of this family undercuts: for each stage, the forwards and backwards of one
     micro-batch-chunk on every stage before it (its input comes through them first, and its last
     gradient goes back through them last) plus its own compute over the step; the largest."""
-    sizes = micro_batch_sizes(per_rank, 1, lay.micro_batches)
-    n = model.n_layer + 2
-    cut = layer_cut(model, lay.pp, lay.virtual, c.stack.partition)
+    sizes = micro_batch_sizes(per_rank, 1, family.micro_batches)
+    layers = model.n_layer + 2
+    cut = layer_cut(model, family.pp, family.virtual, cluster.stack.partition)
     before = bound = 0.0
-    for s in range(lay.pp):
+    for stage in range(family.pp):
         total = smallest = 0.0
-        for layers in stage_layers(n, lay.pp, s, cut, lay.virtual):
-            blocks = sum(1 for i in layers if 0 < i < n - 1)
-            shapes = [StageShape(size, seq, lay.tp, lay.cp, blocks, n - 1 in layers, 0 in layers,
-                                 lay.sequence_parallel, lay.recompute) for size in sizes]
-            chunk = [sum(catalogue_stage(c, model, shape)) for shape in shapes]
-            total += sum(chunk)
-            smallest = min(chunk) if not smallest else min(smallest, *chunk)
+        for chunk in stage_layers(layers, family.pp, stage, cut, family.virtual):
+            blocks = sum(1 for layer in chunk if 0 < layer < layers - 1)
+            shapes = [StageShape(sequences=size, seq=seq, tp=family.tp, cp=family.cp, blocks=blocks,
+                                 head=layers - 1 in chunk, embed=0 in chunk,
+                                 sequence_parallel=family.sequence_parallel, recompute=family.recompute)
+                      for size in sizes]
+            seconds = [sum(catalogue_stage(cluster, model, shape)) for shape in shapes]
+            total += sum(seconds)
+            smallest = min(seconds) if not smallest else min(smallest, *seconds)
         bound = max(bound, before + total)
         before += smallest
     return bound
 
 
-def lower_bound(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int) -> float:
+def lower_bound(cluster: Cluster, model: ModelShape, layout: Layout, batch: int, seq: int) -> float:
     """A step no shorter than the layout's (catalogue clusters only): _pipeline_bound."""
-    family = replace(Layout(), pp=lay.pp, virtual=lay.virtual, tp=lay.tp, cp=lay.cp,
-                     micro_batches=lay.micro_batches, sequence_parallel=lay.sequence_parallel,
-                     recompute=lay.recompute)
-    return _pipeline_bound(c, model, seq, batch // lay.dp, family)
+    family = replace(Layout(), pp=layout.pp, virtual=layout.virtual, tp=layout.tp, cp=layout.cp,
+                     micro_batches=layout.micro_batches, sequence_parallel=layout.sequence_parallel,
+                     recompute=layout.recompute)
+    return _pipeline_bound(cluster, model, seq, batch // layout.dp, family)
+
+
+PROGRESS_FROM = 200  # layouts to price past which a progress line is shown (fewer take a moment)
+PROGRESS_EVERY = 100  # layouts between its updates
 
 
 def _progress(total: int) -> Callable[[int], None]:
     """A progress line on stderr when it is a terminal (none in pipes and logs)."""
-    if not sys.stderr.isatty() or total < 200:
+    if not sys.stderr.isatty() or total < PROGRESS_FROM:
         return lambda done: None
     start = time.perf_counter()
 
     def show(done: int) -> None:
-        if done % 100 == 0 or done == total:
+        if done % PROGRESS_EVERY == 0 or done == total:
             took = time.perf_counter() - start
             sys.stderr.write(f"\rdt plan: {done}/{total} layouts priced ({took:.0f} s)")
             if done == total:
@@ -131,31 +139,48 @@ def _progress(total: int) -> Callable[[int], None]:
     return show
 
 
-def _stack_runs(c: Cluster, lay: Layout) -> bool:
+def _stack_runs(cluster: Cluster, layout: Layout) -> bool:
     """Whether the cluster's stack runs the layout (dt train runs every layout of the grid)."""
-    return c.stack.runs(lay.schedule, lay.pp, lay.tp, lay.cp, lay.zero, lay.recompute, lay.sequence_parallel)
+    return cluster.stack.runs(layout.schedule, layout.pp, layout.tp, layout.cp, layout.zero, layout.recompute,
+                              layout.sequence_parallel)
 
 
-def _accepted(model: ModelShape, lay: Layout, batch: int, seq: int) -> bool:
-    return layout_error(train_args(lay, model, batch, seq)) is None
+def _accepted(model: ModelShape, layout: Layout, batch: int, seq: int) -> bool:
+    return layout_error(train_args(layout, model, batch, seq)) is None
 
 
-def _price(c: Cluster, model: ModelShape, lay: Layout, batch: int, seq: int, flops: float,
+def _price(cluster: Cluster, model: ModelShape, layout: Layout, batch: int, seq: int, flops: float,
            headroom: float, dropped: dict[str, int]) -> Row | None:
-    mem = peak_bytes(c, model, lay, batch, seq)
-    why = _fits(c, lay, mem, headroom)
+    memory = peak_bytes(cluster, model, layout, batch, seq)
+    why = _fits(cluster, layout, memory, headroom)
     if why is not None:
-        key = why.split(":")[0]
-        dropped[key] = dropped.get(key, 0) + 1
+        reason = why.split(":")[0]
+        dropped[reason] = dropped.get(reason, 0) + 1
         return None
-    p = predict(c, model, lay, batch, seq)
-    mfu = flops / (p.step * c.world * c.peak) if c.peak else None
-    return Row(lay, p, mem, batch * seq / p.step, mfu)
+    prediction = predict(cluster, model, layout, batch, seq)
+    mfu = flops / (prediction.step * cluster.world * cluster.peak) if cluster.peak else None
+    return Row(layout, prediction, memory, batch * seq / prediction.step, mfu)
 
 
-def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int, recompute: tuple[str, ...] = ("none",),
-                 clip: bool = False, top: int | None = None, headroom: float = HEADROOM,
-                 tie: float | None = None, until: float | None = None) -> Ranking:
+class _Candidate(NamedTuple):
+    bound: float  # a step the layout cannot undercut (0: not bounded)
+    index: int  # its place in the grid: equal bounds are priced in the grid's order
+    layout: Layout
+
+
+def _candidates(cluster: Cluster, model: ModelShape, layouts: list[Layout], batch: int, seq: int,
+                bounded: bool) -> list[_Candidate]:
+    """The layouts in the order they are priced: by lower_bound when the search is bounded."""
+    if not bounded:
+        return [_Candidate(0.0, i, layout) for i, layout in enumerate(layouts)]
+    candidates = [_Candidate(lower_bound(cluster, model, layout, batch, seq), i, layout)
+                  for i, layout in enumerate(layouts)]
+    return sorted(candidates, key=lambda candidate: (candidate.bound, candidate.index))
+
+
+def rank_layouts(cluster: Cluster, model: ModelShape, batch: int, seq: int,
+                 recompute: tuple[str, ...] = ("none",), clip: bool = False, top: int | None = None,
+                 headroom: float = HEADROOM, tie: float | None = None, until: float | None = None) -> Ranking:
     """Every layout of the grid dt train accepts, priced and ranked, fastest first.
 
     top: on a catalogue cluster, price in the order of lower_bound and stop once the bound passes
@@ -163,37 +188,36 @@ def rank_layouts(c: Cluster, model: ModelShape, batch: int, seq: int, recompute:
     step instead (a rank among all: every skipped layout is slower)."""
     t0 = time.perf_counter()
     flops = model_flops(model, batch, seq)
-    every = list(grid(c.world, batch, c.hosts, model.experts, recompute, clip, seq))
-    layouts = [lay for lay in every if _stack_runs(c, lay) and _accepted(model, lay, batch, seq)]
+    every = list(grid(cluster.world, batch, cluster.hosts, model.experts, recompute, clip, seq))
+    layouts = [layout for layout in every
+               if _stack_runs(cluster, layout) and _accepted(model, layout, batch, seq)]
     dropped: dict[str, int] = {}
     rows: list[Row] = []
     skipped = 0
-    bounded = c.gpu is not None and (top is not None or until is not None)
-    order: Iterator[tuple[float, int, Layout]] = (
-        iter(sorted(((lower_bound(c, model, lay, batch, seq), i, lay) for i, lay in enumerate(layouts)),
-                    key=lambda x: x[:2])) if bounded else ((0.0, i, lay) for i, lay in enumerate(layouts)))
+    bounded = cluster.gpu is not None and (top is not None or until is not None)
     best: list[float] = []  # a max-heap (negated) of the `top` fastest steps found
     show = _progress(len(layouts))
-    for done, (bound, _, lay) in enumerate(order, 1):
+    for done, candidate in enumerate(_candidates(cluster, model, layouts, batch, seq, bounded), 1):
         limit = until if until is not None else (-best[0] if top and len(best) >= top else None)
-        if bounded and limit is not None and bound > limit * (1 + (tie or TIE)):
+        if bounded and limit is not None and candidate.bound > limit * (1 + (tie or TIE)):
             skipped = len(layouts) - done + 1
             break
         show(done)
-        row = _price(c, model, lay, batch, seq, flops, headroom, dropped)
+        row = _price(cluster, model, candidate.layout, batch, seq, flops, headroom, dropped)
         if row is not None:
             rows.append(row)
             if top:
                 heapq.heappush(best, -row.prediction.step)
                 if len(best) > top:
                     heapq.heappop(best)
-    return Ranking(_with_ties(rows, tie if tie is not None else (TIE if c.gpu is not None else 0.0)),
-                   len(every), len(layouts), dropped, skipped, time.perf_counter() - t0)
+    tolerance = tie if tie is not None else (TIE if cluster.gpu is not None else 0.0)
+    return Ranking(_with_ties(rows, tolerance), len(every), len(layouts), dropped, skipped,
+                   time.perf_counter() - t0)
 
 
 def _with_ties(rows: list[Row], tolerance: float) -> list[Row]:
     """Fastest first; rows within `tolerance` of the first of their group are ties, by memory."""
-    rows = sorted(rows, key=lambda r: (r.prediction.step, r.peak))
+    rows = sorted(rows, key=lambda row: (row.prediction.step, row.peak))
     out: list[Row] = []
     i = 0
     while i < len(rows):
@@ -201,9 +225,9 @@ def _with_ties(rows: list[Row], tolerance: float) -> list[Row]:
         j = i
         while j < len(rows) and rows[j].prediction.step <= lead * (1 + tolerance):
             j += 1
-        group = sorted(rows[i:j], key=lambda r: (r.peak, r.prediction.step))
-        for k, r in enumerate(group):
-            r.tie = k > 0
+        group = sorted(rows[i:j], key=lambda row: (row.peak, row.prediction.step))
+        for k, row in enumerate(group):
+            row.tie = k > 0
         out += group
         i = j
     return out

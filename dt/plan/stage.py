@@ -25,6 +25,7 @@ import functools
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from dt.cost import ring_reduce_scatter
 from dt.cost.stack import Stack
@@ -38,9 +39,9 @@ from dt.plan.compute import StageShape, catalogue_stage, ddp_hooks, slowest_rank
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
 
-__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "FsdpUnits", "RankGroups", "StageWork", "bucket_bytes",
-           "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed", "fsdp_units", "layer_cut",
-           "micro_batch_sizes", "stage_tensors", "stage_work"]
+__all__ = ["BUCKET_CAP", "FIRST_BUCKET", "Charge", "FsdpUnits", "PlannedBucket", "RankGroups", "StageTensors",
+           "StageWork", "bucket_bytes", "bucket_ready", "chunk_tensors", "fsdp_bytes_sent", "fsdp_exposed",
+           "fsdp_units", "layer_cut", "micro_batch_sizes", "stage_tensors", "stage_work"]
 
 BUCKET_CAP = 25 * MB  # DDP's and ZeRO 2's bucket cap (dt.parallel.data_parallel, dt.parallel.zero)
 FIRST_BUCKET = 1 * MB  # their first bucket: small, so communication starts early in backward
@@ -50,34 +51,50 @@ class _Sized:
     """A tensor's size for make_buckets (numel, element_size, dtype), without the tensor."""
 
     def __init__(self, numel: int, itemsize: int):
-        self._n, self._i, self.dtype = numel, itemsize, itemsize
+        self._numel, self._itemsize, self.dtype = numel, itemsize, itemsize
 
     def numel(self) -> int:
-        return self._n
+        return self._numel
 
     def element_size(self) -> int:
-        return self._i
+        return self._itemsize
+
+
+class PlannedBucket(NamedTuple):
+    """A gradient bucket as the planner prices it (dt.parallel.buckets cuts the real ones alike)."""
+
+    nbytes: int
+    ready: float  # the fraction of its chunk's backward done when its last gradient arrives
+
+
+class Charge(NamedTuple):
+    """Seconds a stage's rank spends on one piece of its step outside the pipeline, by kind."""
+
+    kind: str  # one of dt.plan.step_model.KINDS
+    seconds: float
+    label: str
 
 
 def bucket_bytes(dense: list[int], itemsize: int) -> list[int]:
     """Bytes of each gradient bucket DDP (and ZeRO 2) makes of these tensors, in launch order."""
-    return [nbytes for nbytes, _ in bucket_ready(dense, itemsize)]
+    return [bucket.nbytes for bucket in bucket_ready(dense, itemsize)]
 
 
-def bucket_ready(dense: list[int], itemsize: int) -> list[tuple[int, float]]:
-    """(bytes, ready) of each bucket in launch order: make_buckets over the parameters reversed
-    (backward's order), 1 MB first, 25 MB cap; `ready` is the fraction of the chunk's backward
-    done when its last gradient arrives, backward's pace taken as even per number."""
+def bucket_ready(dense: list[int], itemsize: int) -> list[PlannedBucket]:
+    """Each bucket in launch order: make_buckets over the parameters reversed (backward's order),
+    1 MB first, 25 MB cap; `ready` is the fraction of the chunk's backward done when its last
+    gradient arrives, backward's pace taken as even per number."""
     return list(_buckets(tuple(dense), itemsize))
 
 
 @functools.lru_cache(maxsize=4096)
-def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[tuple[int, float], ...]:
-    back = dense[::-1]
-    total = sum(back) or 1
-    done = [sum(back[:i + 1]) / total for i in range(len(back))]
-    return tuple((sum(back[i] for i in idx) * itemsize, max(done[i] for i in idx))
-                 for idx in make_buckets([_Sized(n, itemsize) for n in back], FIRST_BUCKET, BUCKET_CAP))
+def _buckets(dense: tuple[int, ...], itemsize: int) -> tuple[PlannedBucket, ...]:
+    backward = dense[::-1]
+    total = sum(backward) or 1
+    done = [sum(backward[:i + 1]) / total for i in range(len(backward))]
+    sized = [_Sized(numel, itemsize) for numel in backward]
+    return tuple(PlannedBucket(sum(backward[i] for i in members) * itemsize, max(done[i] for i in members))
+                 for members in make_buckets(sized, FIRST_BUCKET, BUCKET_CAP))
 
 
 @dataclass(frozen=True)
@@ -112,6 +129,22 @@ class StageWork:
     slowest: float = 1.0  # the slowest rank's compute over the median's (compute.slowest_rank)
 
 
+@dataclass(frozen=True)
+class StageTensors:
+    """What one rank of a pipeline stage holds: its tensors' sizes and which layers it has."""
+
+    chunks: tuple[tuple[int, ...], ...]  # dense tensor sizes of each model chunk, in parameter order
+    experts: int  # expert numbers on this rank (its share of ep)
+    blocks: int  # transformer blocks
+    head: bool
+    embed: bool
+
+    @property
+    def dense(self) -> list[int]:
+        """Every chunk's dense tensor sizes, in parameter order."""
+        return [numel for chunk in self.chunks for numel in chunk]
+
+
 def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers") -> tuple[int, ...] | None:
     """Layers of each of the pp x virtual model chunks (dt.parallel.pipeline.stage_layers' `sizes`):
     None for dt train's cut (every layer counts one, the embedding and head included); "blocks" for
@@ -127,17 +160,19 @@ def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
     """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
-    c, f = model.n_embd, model.hidden
+    width, hidden = model.n_embd, model.hidden
     if model.family == "llama":  # RMSNorm, no biases; q and o of n_head heads, k and v of n_kv_head
-        kv = 2 * model.kv_heads * (c // model.n_head) * c // tp
-        return [c, c * c // tp + kv, c * c // tp, c, 2 * f * c // tp, f * c // tp], 0
-    ln = [c, c]
-    attn = [3 * c * c // tp, 3 * c // tp, c * c // tp, c]
-    mats = 3 if model.gated else 2
-    mlp = [(mats - 1) * f * c // tp, (mats - 1) * f // tp, f * c // tp, c]
+        kv = 2 * model.kv_heads * (width // model.n_head) * width // tp
+        return [width, width * width // tp + kv, width * width // tp, width, 2 * hidden * width // tp,
+                hidden * width // tp], 0
+    norm = [width, width]
+    attention = [3 * width * width // tp, 3 * width // tp, width * width // tp, width]
+    matrices = 3 if model.gated else 2
+    mlp = [(matrices - 1) * hidden * width // tp, (matrices - 1) * hidden // tp, hidden * width // tp, width]
     if model.experts:  # the router is dense; the experts' MLPs are not split over tp
-        return ln + attn + ln + [c * model.experts], model.experts * (mats * c * f + f + c)
-    return ln + attn + ln + mlp, 0
+        expert = matrices * width * hidden + hidden + width
+        return norm + attention + norm + [width * model.experts], model.experts * expert
+    return norm + attention + norm + mlp, 0
 
 
 @dataclass(frozen=True)
@@ -162,126 +197,129 @@ class FsdpUnits:
 
 def _block_units(model: ModelShape, tp: int, ep: int) -> tuple[list[int], list[int]]:
     """(dense units, this rank's expert units) of one block."""
-    c = model.n_embd
+    width = model.n_embd
     dense, _ = _block_tensors(model, tp)
     if model.family == "llama":  # q, k, v, o, gate, up, down apart; the norms one tensor each
-        norm1, qkv, o, norm2, gate_up, down = dense
-        kv = (qkv - c * c // tp) // 2
-        return [norm1, qkv - 2 * kv, kv, kv, o, norm2, gate_up // 2, gate_up // 2, down], []
+        norm1, qkv, out, norm2, gate_up, down = dense
+        kv = (qkv - width * width // tp) // 2
+        return [norm1, qkv - 2 * kv, kv, kv, out, norm2, gate_up // 2, gate_up // 2, down], []
     # every LayerNorm and Linear holds a weight and a bias: one unit of both
     block = [dense[i] + dense[i + 1] for i in range(0, len(dense) - 1, 2)]
     if not model.experts:
         return block, []
-    f = model.hidden  # the router's weight alone, then each of this rank's experts' two Linears
-    return block + [dense[-1]], [c * f + f, f * c + c] * -(-model.experts // ep)
+    hidden = model.hidden  # the router's weight alone, then each of this rank's experts' two Linears
+    router = dense[-1]
+    return block + [router], [width * hidden + hidden, hidden * width + width] * -(-model.experts // ep)
 
 
-def fsdp_units(model: ModelShape, lay: Layout, seq: int, stage: int, partition: str = "layers") -> FsdpUnits:
+def fsdp_units(model: ModelShape, layout: Layout, seq: int, stage: int,
+               partition: str = "layers") -> FsdpUnits:
     """The FSDP units of `stage`'s rank: its chunks' layers' (embedding, blocks, head). A tied word
     table is the root's on one stage; with pp > 1 a unit of its own on both its stages."""
-    return _fsdp_units(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
+    return _fsdp_units(model, layout.tp, layout.pp, layout.virtual, layout.ep, seq, stage, partition)
 
 
 @functools.lru_cache(maxsize=4096)
 def _fsdp_units(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int,
                 stage: int, partition: str) -> FsdpUnits:
-    c, n, llama = model.n_embd, model.n_layer + 2, model.family == "llama"
-    root = model.vocab // tp * c if model.tied and pp == 1 else 0
-    word = [] if root else [model.vocab // tp * c]  # the embedding's, and the head's (tied: its copy)
+    width, layers, llama = model.n_embd, model.n_layer + 2, model.family == "llama"
+    root = model.vocab // tp * width if model.tied and pp == 1 else 0
+    word = [] if root else [model.vocab // tp * width]  # the embedding's, and the head's (tied: its copy)
     block, experts = _block_units(model, tp, ep)
     dense: list[int] = []
     moe: list[int] = []
-    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
-    for i in (i for r in chunks for i in r):
-        if i == 0:
-            dense += word + ([] if llama else [seq * c])  # rotary: no position table
-        elif i == n - 1:
-            dense += [c if llama else 2 * c] + word  # the final norm, then the head
+    chunks = stage_layers(layers, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
+    for layer in (layer for chunk in chunks for layer in chunk):
+        if layer == 0:
+            dense += word + ([] if llama else [seq * width])  # rotary: no position table
+        elif layer == layers - 1:
+            dense += [width if llama else 2 * width] + word  # the final norm, then the head
         else:
             dense += block
             moe += experts
     return FsdpUnits(root, tuple(dense), tuple(moe))
 
 
-def stage_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
-                  partition: str = "layers") -> tuple[list[int], int, int, bool, bool]:
-    """(dense tensor sizes, expert numbers, blocks, holds head, holds embedding) of `stage`'s rank."""
-    chunks, *rest = _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)
-    return ([n for c in chunks for n in c], *rest)
+def stage_tensors(model: ModelShape, layout: Layout, seq: int, stage: int,
+                  partition: str = "layers") -> StageTensors:
+    """The tensors of `stage`'s rank, each model chunk's apart, and which layers it holds."""
+    return _tensors(model, layout.tp, layout.pp, layout.virtual, layout.ep, seq, stage, partition)
 
 
-def chunk_tensors(model: ModelShape, lay: Layout, seq: int, stage: int,
+def chunk_tensors(model: ModelShape, layout: Layout, seq: int, stage: int,
                   partition: str = "layers") -> list[list[int]]:
     """Dense tensor sizes of each model chunk of `stage` (each chunk has its own DDP buckets)."""
-    return [list(c) for c in _tensors(model, lay.tp, lay.pp, lay.virtual, lay.ep, seq, stage, partition)[0]]
+    return [list(chunk) for chunk in stage_tensors(model, layout, seq, stage, partition).chunks]
 
 
 @functools.lru_cache(maxsize=16384)
 def _tensors(model: ModelShape, tp: int, pp: int, virtual: int, ep: int, seq: int, stage: int,
-             partition: str = "layers") -> tuple[tuple[tuple[int, ...], ...], int, int, bool, bool]:
-    n = model.n_layer + 2
-    chunks = stage_layers(n, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
-    layers = [i for r in chunks for i in r]
+             partition: str = "layers") -> StageTensors:
+    layers = model.n_layer + 2
+    chunks = stage_layers(layers, pp, stage, layer_cut(model, pp, virtual, partition), virtual)
+    held = [layer for chunk in chunks for layer in chunk]
     out: list[tuple[int, ...]] = []
     experts = 0
     blocks = 0
-    for r in chunks:
+    for chunk in chunks:
         dense: list[int] = []
-        for i in r:
-            if i == 0:
+        for layer in chunk:
+            if layer == 0:
                 dense += [model.vocab // tp * model.n_embd]
                 dense += [seq * model.n_embd] if model.family != "llama" else []  # rotary: no table
-            elif i == n - 1:
+            elif layer == layers - 1:
                 dense += [model.n_embd] * (1 if model.family == "llama" else 2)
-                if not model.tied or pp > 1 and 0 not in layers:
+                if not model.tied or pp > 1 and 0 not in held:
                     dense.append(model.vocab // tp * model.n_embd)
             else:
-                d, e = _block_tensors(model, tp)
-                dense += d
-                experts += e // max(1, ep)
+                block, block_experts = _block_tensors(model, tp)
+                dense += block
+                experts += block_experts // max(1, ep)
                 blocks += 1
         out.append(tuple(dense))
-    return tuple(out), experts, blocks, n - 1 in layers, 0 in layers
+    return StageTensors(chunks=tuple(out), experts=experts, blocks=blocks, head=layers - 1 in held,
+                        embed=0 in held)
 
 
-def _attention_messages(c: Cluster, lay: Layout, g: RankGroups, act: float,
+def _attention_messages(cluster: Cluster, layout: Layout, groups: RankGroups, act: float,
                         kv_share: float) -> tuple[float, float]:
     """(forward, backward) seconds of one block's context-parallel attention messages; act: one
     rank's activation bytes of all heads, kv_share: the keys' and values' heads over all heads."""
-    if lay.cp == 1:
+    if layout.cp == 1:
         return 0.0, 0.0
-    if lay.cp_attention == "ulysses":
-        qkv = collective_seconds(c, "all_to_all", (1 + 2 * kv_share) * act, g.cp)
-        out = collective_seconds(c, "all_to_all", act, g.cp)
+    if layout.cp_attention == "ulysses":
+        qkv = collective_seconds(cluster, "all_to_all", (1 + 2 * kv_share) * act, groups.cp)
+        out = collective_seconds(cluster, "all_to_all", act, groups.cp)
         return qkv + out, qkv + out
     from dt.plan.comm import send_seconds
 
     kv = kv_share * act
-    hop = send_seconds(c, 2 * kv, g.cp[0], g.cp[1])
-    return (lay.cp - 1) * hop, lay.cp * send_seconds(c, 4 * kv, g.cp[0], g.cp[1])
+    neighbour = groups.cp[0], groups.cp[1]
+    hop = send_seconds(cluster, 2 * kv, *neighbour)  # forward: k and v; backward: with their gradients
+    return (layout.cp - 1) * hop, layout.cp * send_seconds(cluster, 4 * kv, *neighbour)
 
 
-def _units(model: ModelShape, lay: Layout, g: RankGroups, seq: int, stage: int,
+def _units(model: ModelShape, layout: Layout, groups: RankGroups, seq: int, stage: int,
            partition: str) -> FsdpUnits | None:
-    if lay.zero != 3 or len(g.dp_cp) < 2:
+    if layout.zero != 3 or len(groups.dp_cp) < 2:
         return None
-    return fsdp_units(model, lay, seq, stage, partition)
+    return fsdp_units(model, layout, seq, stage, partition)
 
 
-def _fsdp_seconds(c: Cluster, units: FsdpUnits | None, g: RankGroups) -> tuple[float, float]:
+def _fsdp_seconds(cluster: Cluster, units: FsdpUnits | None, groups: RankGroups) -> tuple[float, float]:
     """(all-gathers, reduce-scatters) of one micro-batch's FSDP units (zero 3), each on the group
     it is sharded over: a forward gathers every unit, a backward gathers each again and
     reduce-scatters its gradient (what of them the compute hides: fsdp_exposed); 0 without zero 3."""
     if units is None:
         return 0.0, 0.0
 
-    def each(op: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
+    def each(collective: str) -> float:  # FSDP's ring (SHARD_ALGORITHM), as dt.parallel.zero.fsdp runs it
         ring = SHARD_ALGORITHM  # a model's units repeat (every block alike): each size priced once
-        item = c.param_itemsize if op == "all_gather" else c.grad_itemsize
-        return (sum(k * collective_seconds(c, op, n * item, g.dp_cp, ring)
-                    for n, k in Counter(units.plane).items())
-                + sum(k * collective_seconds(c, op, n * item, g.edp, ring)
-                      for n, k in Counter(units.experts).items()))
+        item = cluster.param_itemsize if collective == "all_gather" else cluster.grad_itemsize
+        return (sum(count * collective_seconds(cluster, collective, numel * item, groups.dp_cp, ring)
+                    for numel, count in Counter(units.plane).items())
+                + sum(count * collective_seconds(cluster, collective, numel * item, groups.edp, ring)
+                      for numel, count in Counter(units.experts).items()))
 
     return each("all_gather"), each("reduce_scatter")
 
@@ -299,8 +337,8 @@ def fsdp_bytes_sent(units: FsdpUnits, dp_cp: int, edp: int, itemsize: int, micro
     def over(sizes: tuple[int, ...], ranks: int, rank: int) -> int:
         if ranks < 2:
             return 0  # the formula sums over the units: each distinct size once, times its count
-        return sum(k * _unit_bytes(n, ranks, rank, itemsize, grad, micro_batches)
-                   for n, k in Counter(sizes).items())
+        return sum(count * _unit_bytes(numel, ranks, rank, itemsize, grad, micro_batches)
+                   for numel, count in Counter(sizes).items())
 
     return over(units.plane, dp_cp, dp_cp_rank), over(units.experts, edp, edp_rank)
 
@@ -311,7 +349,7 @@ def _unit_bytes(numel: int, ranks: int, rank: int, itemsize: int, grad_itemsize:
     """One FSDP unit's bytes sent by `rank` per step (zero_traffic_formula of its shards), its
     reduce-scatters' elements counted at the gradient's itemsize."""
     shards = split_sizes(numel, ranks)
-    total = zero_traffic_formula([shards], rank, 3, itemsize, micro_batches)
+    total = zero_traffic_formula([shards], rank, stage=3, itemsize=itemsize, micro_batches=micro_batches)
     scattered = ring_reduce_scatter(shards, 1, rank).bytes_sent * micro_batches  # elements
     return total + scattered * (grad_itemsize - itemsize)
 
@@ -324,25 +362,33 @@ def micro_batch_sizes(batch: int, dp: int, micro_batches: int) -> list[int]:
 
 def _mean_over(sizes: list[int], price: Callable[[int], tuple[float, float]]) -> tuple[float, float]:
     """(forward, backward) seconds of a micro-batch averaged over the step's sizes (at most two)."""
-    total_f = total_b = 0.0
+    total_fwd = total_bwd = 0.0
     for size, count in Counter(sizes).items():
-        f, b = price(size)
-        total_f, total_b = total_f + count * f, total_b + count * b
-    return total_f / len(sizes), total_b / len(sizes)
+        fwd, bwd = price(size)
+        total_fwd, total_bwd = total_fwd + count * fwd, total_bwd + count * bwd
+    return total_fwd / len(sizes), total_bwd / len(sizes)
 
 
-def _compute(c: Cluster, model: ModelShape, lay: Layout, sizes: list[int], seq: int, blocks: int, head: bool,
-             embed: bool) -> tuple[float, float]:
+def _compute(cluster: Cluster, model: ModelShape, layout: Layout, sizes: list[int], seq: int,
+             tensors: StageTensors) -> tuple[float, float]:
     """(forward, backward) compute seconds of the stage's mean micro-batch: kernel by kernel on a
     catalogue GPU (dt.plan.compute.catalogue_stage), else timed or from FLOPs (stage_compute)."""
-    t = seq // lay.cp
-    if c.gpu is not None:
-        shape = lambda b: StageShape(b, seq, lay.tp, lay.cp, blocks, head, embed,  # noqa: E731
-                                     lay.sequence_parallel, lay.recompute)
-        return _mean_over(sizes, lambda b: catalogue_stage(c, model, shape(b)))
-    full = lay.recompute == "full"
-    return _mean_over(sizes, lambda b: stage_compute(c, model, b, t, seq, lay.tp, lay.world, blocks, head,
-                                                     embed, full, lay.cp_attention))
+    if cluster.gpu is not None:
+        def kernels(size: int) -> tuple[float, float]:
+            shape = StageShape(sequences=size, seq=seq, tp=layout.tp, cp=layout.cp, blocks=tensors.blocks,
+                               head=tensors.head, embed=tensors.embed,
+                               sequence_parallel=layout.sequence_parallel, recompute=layout.recompute)
+            return catalogue_stage(cluster, model, shape)
+
+        return _mean_over(sizes, kernels)
+
+    def measured(size: int) -> tuple[float, float]:
+        return stage_compute(cluster, model, sequences=size, tokens=seq // layout.cp, keys=seq, tp=layout.tp,
+                             world=layout.world, blocks=tensors.blocks, head=tensors.head,
+                             embed=tensors.embed, recompute=layout.recompute == "full",
+                             cp_kind=layout.cp_attention)
+
+    return _mean_over(sizes, measured)
 
 
 def _exposed(messages: float, compute: float, overlapped: bool) -> float:
@@ -351,50 +397,72 @@ def _exposed(messages: float, compute: float, overlapped: bool) -> float:
     return max(0.0, messages - compute) if overlapped else messages
 
 
-def fsdp_exposed(st: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
+def fsdp_exposed(stack: Stack, gather: float, scatter: float, fwd: float, bwd: float) -> tuple[float, float]:
     """(forward, backward) seconds of ZeRO 3's collectives the compute does not hide: a forward
     gathers every unit, a backward gathers them again (unless the stack keeps them gathered from
     forward to backward) and reduce-scatters their gradients; with prefetch each runs behind the
     neighbouring unit's compute, so only what outlasts the compute waits."""
-    regather = gather if st.reshard_after_forward else 0.0
-    if not st.fsdp_prefetch:
+    regather = gather if stack.reshard_after_forward else 0.0
+    if not stack.fsdp_prefetch:
         return gather, regather + scatter
-    if st.fsdp_scatter_behind:
+    if stack.fsdp_scatter_behind:
         return max(0.0, gather - fwd), max(0.0, regather + scatter - bwd)
     return max(0.0, gather - fwd), max(0.0, regather - bwd) + scatter
 
 
-def stage_work(c: Cluster, model: ModelShape, lay: Layout, g: RankGroups, batch: int, seq: int,
+TP_ALL_REDUCES = 2  # per block each way: forward attention's g and the MLP's g, backward their f's
+LOSS_ALL_REDUCES = 3  # the vocabulary-parallel cross-entropy's small ones: max, target logit, sum
+EP_ALL_TO_ALLS = 2  # per block each way: the experts' dispatch and combine
+
+
+def _messages(cluster: Cluster, model: ModelShape, layout: Layout, groups: RankGroups, mean: float, seq: int,
+              tensors: StageTensors) -> tuple[dict[str, float], dict[str, float]]:
+    """(forward, backward) seconds of one mean micro-batch's blocking messages on tp, cp and ep (tp's
+    whole: what of them an overlapping stack hides is _exposed's)."""
+    tokens = seq // layout.cp
+    act = mean * tokens * model.n_embd * cluster.itemsize
+    activation = collective_seconds(cluster, "all_reduce", act, groups.tp)
+    small = collective_seconds(cluster, "all_reduce", mean * tokens * cluster.itemsize, groups.tp)
+    kv_share = model.kv_heads / model.n_head
+    cp_fwd, cp_bwd = _attention_messages(cluster, layout, groups, act / layout.tp, kv_share)
+    routed = mean * tokens * model.top_k * model.n_embd * cluster.itemsize
+    all_to_all = collective_seconds(cluster, "all_to_all", routed, groups.ep) if model.experts else 0.0
+    blocks = tensors.blocks
+    tp_fwd = (TP_ALL_REDUCES * blocks * activation + (activation if tensors.embed else 0.0)
+              + (LOSS_ALL_REDUCES * small if tensors.head else 0.0))
+    rerun = TP_ALL_REDUCES * blocks * activation if layout.recompute == "full" else 0.0  # forward's again
+    tp_bwd = TP_ALL_REDUCES * blocks * activation + (activation if tensors.head else 0.0) + rerun
+    ep = EP_ALL_TO_ALLS * all_to_all * blocks
+    return {"tp": tp_fwd, "cp": cp_fwd * blocks, "ep": ep}, {"tp": tp_bwd, "cp": cp_bwd * blocks, "ep": ep}
+
+
+def stage_work(cluster: Cluster, model: ModelShape, layout: Layout, groups: RankGroups, batch: int, seq: int,
                stage: int) -> StageWork:
     """One (mean) micro-batch through every chunk of `stage`, forward and backward, by kind."""
-    cut = c.stack.partition
-    dense, experts, blocks, head, embed = stage_tensors(model, lay, seq, stage, cut)
-    sizes = micro_batch_sizes(batch, lay.dp, lay.micro_batches)
-    b = max(1, min(sizes))  # the integer micro-batch the timed paths measure
+    cut = cluster.stack.partition
+    tensors = stage_tensors(model, layout, seq, stage, cut)
+    sizes = micro_batch_sizes(batch, layout.dp, layout.micro_batches)
+    compute_fwd, compute_bwd = _compute(cluster, model, layout, sizes, seq, tensors)
     mean = sum(sizes) / len(sizes)
-    t = seq // lay.cp
-    act = mean * t * model.n_embd * c.itemsize
-    cf, cb = _compute(c, model, lay, sizes, seq, blocks, head, embed)
-    tp1 = collective_seconds(c, "all_reduce", act, g.tp)
-    small = collective_seconds(c, "all_reduce", mean * t * c.itemsize, g.tp)
-    cpf, cpb = _attention_messages(c, lay, g, act / lay.tp, model.kv_heads / model.n_head)
-    routed = mean * t * model.top_k * model.n_embd * c.itemsize
-    ep1 = collective_seconds(c, "all_to_all", routed, g.ep) if model.experts else 0.0
-    units = _units(model, lay, g, seq, stage, cut)
-    gather, scatter = _fsdp_seconds(c, units, g)
-    tp_fwd = 2 * blocks * tp1 + (tp1 if embed else 0.0) + (3 * small if head else 0.0)
-    rerun = 2 * blocks * tp1 if lay.recompute == "full" else 0.0  # recompute's forward all-reduces again
-    tp_bwd = 2 * blocks * tp1 + (tp1 if head else 0.0) + rerun
-    overlap = c.gpu is not None and c.stack.overlap_tp
-    fsdp_fwd, fsdp_bwd = fsdp_exposed(c.stack, gather, scatter, cf, cb)
-    fwd = {"compute": cf, "tp": _exposed(tp_fwd, cf, overlap),
-           "cp": cpf * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_fwd}
-    bwd = {"compute": cb, "tp": _exposed(tp_bwd, cb, overlap),
-           "cp": cpb * blocks, "ep": 2 * ep1 * blocks, "dp": fsdp_bwd}
-    tied = model.vocab // lay.tp * model.n_embd if model.tied and lay.pp > 1 and head != embed else 0
-    ddp = lay.zero == 0 and len(g.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
-    hooks = ddp_hooks(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed,
-                      lay.cp_attention) if ddp else 0.0
-    slowest = slowest_rank(c, model, b, t, seq, lay.tp, lay.world, blocks, head, embed, lay.cp_attention)
-    chunks = chunk_tensors(model, lay, seq, stage, cut)
-    return StageWork(fwd, bwd, dense, chunks, experts, blocks, head, embed, units, tied, hooks, slowest)
+    messages_fwd, messages_bwd = _messages(cluster, model, layout, groups, mean, seq, tensors)
+    units = _units(model, layout, groups, seq, stage, cut)
+    gather, scatter = _fsdp_seconds(cluster, units, groups)
+    overlap = cluster.gpu is not None and cluster.stack.overlap_tp
+    fsdp_fwd, fsdp_bwd = fsdp_exposed(cluster.stack, gather, scatter, compute_fwd, compute_bwd)
+    fwd = {"compute": compute_fwd, "tp": _exposed(messages_fwd["tp"], compute_fwd, overlap),
+           "cp": messages_fwd["cp"], "ep": messages_fwd["ep"], "dp": fsdp_fwd}
+    bwd = {"compute": compute_bwd, "tp": _exposed(messages_bwd["tp"], compute_bwd, overlap),
+           "cp": messages_bwd["cp"], "ep": messages_bwd["ep"], "dp": fsdp_bwd}
+    shared = model.tied and layout.pp > 1 and tensors.head != tensors.embed
+    tied = model.vocab // layout.tp * model.n_embd if shared else 0
+    # the integer micro-batch the timed paths measure, at one rank's tokens
+    timed = {"sequences": max(1, min(sizes)), "tokens": seq // layout.cp, "keys": seq, "tp": layout.tp,
+             "world": layout.world, "blocks": tensors.blocks, "head": tensors.head, "embed": tensors.embed,
+             "cp_kind": layout.cp_attention}
+    ddp = layout.zero == 0 and len(groups.dp_cp) > 1 and not model.experts  # DDP wraps the chunks
+    hooks = ddp_hooks(cluster, model, **timed) if ddp else 0.0
+    slowest = slowest_rank(cluster, model, **timed)
+    chunks = chunk_tensors(model, layout, seq, stage, cut)
+    return StageWork(fwd=fwd, bwd=bwd, dense=tensors.dense, chunks=chunks, experts=tensors.experts,
+                     blocks=tensors.blocks, head=tensors.head, embed=tensors.embed,
+                     fsdp=units, tied=tied, hooks=hooks, slowest=slowest)

@@ -21,6 +21,7 @@ import statistics
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from dt import record
 from dt.cost.flops import train_flops_per_token
@@ -34,10 +35,12 @@ from dt.plan.search import HEADROOM, rank_layouts
 from dt.plan.step_model import predict
 from dt.train.layouts import layout_error
 
-__all__ = ["Compared", "compare", "main", "priced_rows", "summary"]
+__all__ = ["Compared", "Unpriced", "compare", "main", "priced_rows", "summary"]
 
 GB = 1e9
 RANKED_UP_TO = 512  # GPUs up to which the authors' layout is ranked among every layout
+GPUS_PER_HOST = 8  # where a source does not print its hosts: the DGX and HGX nodes every source ran
+SAME_STEP = 1e-9  # steps this close (relative) are one: a layout counts as faster only beyond it
 
 
 @dataclass(frozen=True)
@@ -76,85 +79,103 @@ class Compared:
         return self.predicted_memory_gb / self.row.published_memory_gb - 1
 
 
+class Unpriced(NamedTuple):
+    """A published row the planner cannot price, and why."""
+
+    row: PublishedRow
+    why: str
+
+
 def _why_not(row: PublishedRow) -> str | None:
     """Why the row cannot be priced, or None."""
-    lay = row.layout
+    printed = row.layout
     if row.cluster.device is None:
         return f"its GPU ({row.cluster.gpu}) is not in dt's catalogue"
     if row.precision and "float8" in row.precision:
         return "it ran float8 matmuls; dt prices bf16"
-    if None in (lay.dp, lay.tp, lay.pp, lay.global_batch):
+    if None in (printed.dp, printed.tp, printed.pp, printed.global_batch):
         return "its layout is not printed"
     return None
 
 
 def _model(row: PublishedRow, assume: dict) -> ModelShape:
-    m = row.model
-    vocab = m.vocab_size or assume.get("vocab_size")
-    if m.ffn_activation == "swiglu":
-        shape = llama_shape(m.layers, m.heads, m.hidden, vocab, m.kv_heads or 0, tied=bool(m.tied_embeddings))
-        return replace(shape, ffn=m.ffn_hidden or shape.ffn, name=m.name)
-    return ModelShape(m.layers, m.heads, m.hidden, vocab, ffn=m.ffn_hidden or 0,
-                      tied=m.tied_embeddings is not False, name=m.name)
+    printed = row.model
+    vocab = printed.vocab_size or assume.get("vocab_size")
+    if printed.ffn_activation == "swiglu":
+        shape = llama_shape(printed.layers, printed.heads, printed.hidden, vocab, printed.kv_heads or 0,
+                            tied=bool(printed.tied_embeddings))
+        return replace(shape, ffn=printed.ffn_hidden or shape.ffn, name=printed.name)
+    return ModelShape(printed.layers, printed.heads, printed.hidden, vocab, ffn=printed.ffn_hidden or 0,
+                      tied=printed.tied_embeddings is not False, name=printed.name)
 
 
 def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> Cluster:
-    per_host = row.cluster.gpus_per_host or 8
-    per_host = min(per_host, row.cluster.gpus)
+    per_host = min(row.cluster.gpus_per_host or GPUS_PER_HOST, row.cluster.gpus)
     precision = "fp16" if row.precision == "fp16" else "bf16"  # the rest ran bf16 (or as "mixed": 16-bit)
     return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, precision,
-                             efficiency,
-                             stack_name=stack)
+                             efficiency, stack_name=stack)
 
 
 def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int, stack: Stack) -> Iterator[dict]:
     """Every filling of the layout's unprinted fields (the source's assumption where it states one)."""
-    lay = row.layout
+    printed = row.layout
 
     def given(name: str, value: object, options: Iterable) -> list:
         if value is not None:
             return [value]
         return [assume[name]] if name in assume else list(options)
 
-    micro = ([-(-per_rank // lay.micro_batch)] if lay.micro_batch else
-             [lay.grad_accum] if lay.grad_accum else micro_batch_counts(pp, per_rank))
+    micro = ([-(-per_rank // printed.micro_batch)] if printed.micro_batch else
+             [printed.grad_accum] if printed.grad_accum else micro_batch_counts(pp, per_rank))
     interleaved = pp > 1 and "interleaved" in stack.schedules
-    chunks = given("virtual_stages", lay.virtual_stages, (1, 2, 3, 4) if interleaved else (1,))
-    for m, v, rc, sp, zero in itertools.product(
-            micro, chunks, given("recompute", lay.recompute, stack.recomputes),
-            given("sequence_parallel", lay.sequence_parallel,
+    chunks = given("virtual_stages", printed.virtual_stages, (1, 2, 3, 4) if interleaved else (1,))
+    for micro_batches, virtual, recompute, sequence_parallel, zero in itertools.product(
+            micro, chunks, given("recompute", printed.recompute, stack.recomputes),
+            given("sequence_parallel", printed.sequence_parallel,
                   (False, True) if stack.sequence_parallel else (False,)),
-            given("zero_stage", lay.zero_stage, stack.zero_stages)):
-        yield {"micro_batches": m, "virtual": v, "recompute": rc, "sequence_parallel": sp, "zero": zero}
+            given("zero_stage", printed.zero_stage, stack.zero_stages)):
+        yield {"micro_batches": micro_batches, "virtual": virtual, "recompute": recompute,
+               "sequence_parallel": sequence_parallel, "zero": zero}
 
 
-def authors_layout(row: PublishedRow, model: ModelShape, c: Cluster,
+class _Filling(NamedTuple):
+    """One filling of the authors' layout's unprinted fields, priced."""
+
+    too_big: bool  # over the device's memory less the headroom
+    step: float
+    peak: int
+    layout: Layout
+
+
+def authors_layout(row: PublishedRow, model: ModelShape, cluster: Cluster,
                    assume: dict) -> tuple[Layout, float, int]:
     """The authors' layout with its unprinted fields filled (the fastest filling that fits, else the
     fastest), its predicted step and its peak bytes per GPU."""
-    lay, batch, seq = row.layout, row.layout.global_batch, row.model.seq_len
+    printed, batch, seq = row.layout, row.layout.global_batch, row.model.seq_len
     priced = []
-    for choice in _choices(row, assume, lay.pp, batch // lay.dp, c.stack):
-        v = choice["virtual"]
-        candidate = Layout(dp=lay.dp, tp=lay.tp, pp=lay.pp, cp=lay.cp or 1, zero=choice["zero"],
-                           schedule="interleaved" if v > 1 else "1f1b", virtual=v,
-                           micro_batches=choice["micro_batches"], recompute=choice["recompute"],
-                           sequence_parallel=choice["sequence_parallel"] and lay.tp > 1)
+    for choice in _choices(row, assume, printed.pp, batch // printed.dp, cluster.stack):
+        virtual = choice["virtual"]
+        candidate = Layout(dp=printed.dp, tp=printed.tp, pp=printed.pp, cp=printed.cp or 1,
+                           zero=choice["zero"], schedule="interleaved" if virtual > 1 else "1f1b",
+                           virtual=virtual, micro_batches=choice["micro_batches"],
+                           recompute=choice["recompute"],
+                           sequence_parallel=choice["sequence_parallel"] and printed.tp > 1)
         if layout_error(train_args(candidate, model, batch, seq)) is not None:
             continue
-        peak = max(r["peak"] for r in peak_bytes(c, model, candidate, batch, seq))
-        step = predict(c, model, candidate, batch, seq).step
-        priced.append((peak > c.memory * (1 - HEADROOM), step, peak, candidate))
+        peak = max(stage["peak"] for stage in peak_bytes(cluster, model, candidate, batch, seq))
+        step = predict(cluster, model, candidate, batch, seq).step
+        priced.append(_Filling(peak > cluster.memory * (1 - HEADROOM), step, peak, candidate))
     if not priced:
         raise ValueError(f"{row.source} {row.model.name}: dt train runs no filling of the authors' layout")
-    _, step, peak, chosen = min(priced, key=lambda p: p[:3])
-    return chosen, step, peak
+    chosen = min(priced, key=lambda filling: (filling.too_big, filling.step, filling.peak))
+    return chosen.layout, chosen.step, chosen.peak
 
 
-def _metric(row: PublishedRow, model: ModelShape, lay: Layout, step: float, c: Cluster, flops: str) -> float:
+def _metric(row: PublishedRow, model: ModelShape, layout: Layout, step: float, cluster: Cluster,
+            flops: str) -> float:
     """The predicted step in the row's own unit."""
     batch, seq, gpus = row.layout.global_batch, row.model.seq_len, row.cluster.gpus
-    recompute = lay.recompute if flops == "hardware" else "none"
+    recompute = layout.recompute if flops == "hardware" else "none"
     work = train_flops_per_token(model.decoder(seq), recompute=recompute) * batch * seq
     if row.metric == "s_per_iter":
         return step
@@ -162,7 +183,7 @@ def _metric(row: PublishedRow, model: ModelShape, lay: Layout, step: float, c: C
         return batch * seq / step / gpus
     if row.metric == "tflops_per_gpu":
         return work / step / gpus / 1e12
-    return 100 * work / step / gpus / c.peak  # mfu_percent
+    return 100 * work / step / gpus / cluster.peak  # mfu_percent
 
 
 def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = None) -> Compared:
@@ -174,40 +195,46 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
     pricing = describe(row.source).pricing
     assume = dict(pricing.get("assume", {}))
     model = _model(row, assume)
-    c = _cluster(row, pricing["stack"], efficiency)
-    lay, step, peak = authors_layout(row, model, c, assume)
+    cluster = _cluster(row, pricing["stack"], efficiency)
+    layout, step, peak = authors_layout(row, model, cluster, assume)
     memory = peak / GB if row.published_memory_gb is not None else None
     authors_rank = first = first_step = None
     if rank and row.cluster.gpus <= RANKED_UP_TO:
-        recomputes = (assume["recompute"],) if "recompute" in assume else c.stack.recomputes
-        ranking = rank_layouts(c, model, row.layout.global_batch, row.model.seq_len, recomputes, until=step)
-        faster = [r for r in ranking.rows if r.prediction.step < step * (1 - 1e-9)]
+        recomputes = (assume["recompute"],) if "recompute" in assume else cluster.stack.recomputes
+        ranking = rank_layouts(cluster, model, row.layout.global_batch, row.model.seq_len, recomputes,
+                               until=step)
+        faster = [ranked for ranked in ranking.rows if ranked.prediction.step < step * (1 - SAME_STEP)]
         authors_rank = len(faster) + 1
-        first = ranking.rows[0].layout.name() if ranking.rows else lay.name()
-        first_step = min([step] + [r.prediction.step for r in ranking.rows])
-    return Compared(row, lay.name(), step, _metric(row, model, lay, step, c, pricing["flops"]), memory,
-                    authors_rank, first, first_step)
+        first = ranking.rows[0].layout.name() if ranking.rows else layout.name()
+        first_step = min([step] + [ranked.prediction.step for ranked in ranking.rows])
+    predicted = _metric(row, model, layout, step, cluster, pricing["flops"])
+    return Compared(row, layout=layout.name(), step=step, predicted=predicted, predicted_memory_gb=memory,
+                    authors_rank=authors_rank, first_layout=first, first_step=first_step)
+
+
+def _speed(row: PublishedRow) -> float:
+    """The row's published figure, larger for faster (seconds per iteration negated)."""
+    return -row.published if row.metric == "s_per_iter" else row.published
 
 
 def sweep_winners(rows: list[PublishedRow]) -> set[int]:
     """Indices of each sweep's fastest published row (and of each row its source calls the authors'
     pick outside any sweep): the layouts whose rank among every layout the suite checks."""
     best: dict[str, int] = {}
-    for i, r in enumerate(rows):
-        if r.sweep is None:
-            if r.authors_choice:
+    for i, row in enumerate(rows):
+        if row.sweep is None:
+            if row.authors_choice:
                 best[f"row {i}"] = i
             continue
-        speed = -r.published if r.metric == "s_per_iter" else r.published
-        j = best.get(r.sweep)
-        if j is None or speed > (-rows[j].published if rows[j].metric == "s_per_iter" else rows[j].published):
-            best[r.sweep] = i
+        fastest = best.get(row.sweep)
+        if fastest is None or _speed(row) > _speed(rows[fastest]):
+            best[row.sweep] = i
     return set(best.values())
 
 
 def priced_rows(sources: Iterable[str] | None = None, rank: bool = True,
-                efficiency: dict[str, float] | None = None) -> tuple[list[Compared], list[tuple]]:
-    """(the rows priced, (row, why) of those that cannot be); `rank`: each sweep's fastest row is
+                efficiency: dict[str, float] | None = None) -> tuple[list[Compared], list[Unpriced]]:
+    """(the rows priced, those that cannot be and why); `rank`: each sweep's fastest row is
     ranked (sweep_winners); `efficiency`: per device, the fit's."""
     done, skipped = [], []
     rows = load(sources)
@@ -216,32 +243,35 @@ def priced_rows(sources: Iterable[str] | None = None, rank: bool = True,
         try:
             done.append(compare(row, i in winners, (efficiency or {}).get(row.cluster.device or "")))
         except ValueError as exc:
-            skipped.append((row, str(exc)))
+            skipped.append(Unpriced(row, str(exc)))
     return done, skipped
 
 
 def _stats(errors: list[float]) -> dict[str, float]:
-    a = [abs(e) for e in errors]
-    return {"rows": len(a), "median": statistics.median(a), "worst": max(a)} if a else {"rows": 0}
+    magnitudes = [abs(error) for error in errors]
+    if not magnitudes:
+        return {"rows": 0}
+    return {"rows": len(magnitudes), "median": statistics.median(magnitudes), "worst": max(magnitudes)}
 
 
 def summary(rows: list[Compared]) -> dict[str, dict]:
     """Median and worst |predicted / published - 1| per source and overall, memory likewise."""
     out: dict[str, dict] = {}
-    for source in sorted({c.row.source for c in rows}) + ["all"]:
-        mine = [c for c in rows if source in ("all", c.row.source)]
-        out[source] = {"step": _stats([c.error for c in mine]),
-                       "memory": _stats([c.memory_error for c in mine if c.memory_error is not None])}
+    for source in sorted({compared.row.source for compared in rows}) + ["all"]:
+        mine = [compared for compared in rows if source in ("all", compared.row.source)]
+        memory = [compared.memory_error for compared in mine if compared.memory_error is not None]
+        out[source] = {"step": _stats([compared.error for compared in mine]), "memory": _stats(memory)}
     return out
 
 
-def _as_json(c: Compared) -> dict:
-    r = c.row
-    return {"source": r.source, "model": r.model.name, "layout": c.layout, "gpus": r.cluster.gpus,
-            "metric": r.metric, "published": r.published, "predicted": c.predicted, "step_s": c.step,
-            "published_memory_gb": r.published_memory_gb, "predicted_memory_gb": c.predicted_memory_gb,
-            "authors_rank": c.authors_rank, "first_layout": c.first_layout,
-            "behind_first": c.behind_first, "sweep": r.sweep}
+def _as_json(compared: Compared) -> dict:
+    row = compared.row
+    return {"source": row.source, "model": row.model.name, "layout": compared.layout,
+            "gpus": row.cluster.gpus, "metric": row.metric, "published": row.published,
+            "predicted": compared.predicted, "step_s": compared.step,
+            "published_memory_gb": row.published_memory_gb,
+            "predicted_memory_gb": compared.predicted_memory_gb, "authors_rank": compared.authors_rank,
+            "first_layout": compared.first_layout, "behind_first": compared.behind_first, "sweep": row.sweep}
 
 
 WITHIN = 0.05  # a sweep's fastest published layout is "placed" when ranked first or this close to the first
@@ -249,9 +279,9 @@ WITHIN = 0.05  # a sweep's fastest published layout is "placed" when ranked firs
 
 def sweeps(rows: list[Compared]) -> dict[str, float | int]:
     """How the ranked sweep winners placed: how many, how many first, how many within WITHIN."""
-    ranked = [c for c in rows if c.authors_rank is not None]
-    return {"ranked": len(ranked), "first": sum(c.authors_rank == 1 for c in ranked),
-            "within": sum((c.behind_first or 0.0) <= WITHIN for c in ranked)}
+    ranked = [compared for compared in rows if compared.authors_rank is not None]
+    return {"ranked": len(ranked), "first": sum(compared.authors_rank == 1 for compared in ranked),
+            "within": sum((compared.behind_first or 0.0) <= WITHIN for compared in ranked)}
 
 
 def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: dict | None = None) -> int:
@@ -260,22 +290,23 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: 
     stats = summary(rows)
     record.headline(_headline(stats, rows if rank else None))
     if as_json:
-        print(json.dumps({"rows": [_as_json(c) for c in rows], "summary": stats,
+        print(json.dumps({"rows": [_as_json(compared) for compared in rows], "summary": stats,
                           "sweeps": sweeps(rows) if rank else None, "fit": fitted,
-                          "not_priced": [{"source": r.source, "model": r.model.name, "why": why}
-                                         for r, why in skipped]}, indent=1))
+                          "not_priced": [{"source": unpriced.row.source, "model": unpriced.row.model.name,
+                                          "why": unpriced.why} for unpriced in skipped]}, indent=1))
         return 0
     print(_table(rows))
     print()
     print(_summary_table(stats))
     if rank:
-        s = sweeps(rows)
-        print(f"\nsweeps: {s['ranked']} fastest published layouts ranked among every layout of their model "
-              f"and cluster: {s['first']} first, {s['within']} first or within {WITHIN:.0%} of the first")
+        placed = sweeps(rows)
+        print(f"\nsweeps: {placed['ranked']} fastest published layouts ranked among every layout of their "
+              f"model and cluster: {placed['first']} first, {placed['within']} first or within {WITHIN:.0%} "
+              "of the first")
     if skipped:
         reasons: dict[str, int] = {}
-        for _, why in skipped:
-            reasons[why] = reasons.get(why, 0) + 1
+        for unpriced in skipped:
+            reasons[unpriced.why] = reasons.get(unpriced.why, 0) + 1
         print("not priced: " + "; ".join(f"{n} rows: {why}" for why, n in reasons.items()))
     return 0
 
@@ -287,36 +318,35 @@ def _headline(stats: dict[str, dict], ranked: list[Compared] | None) -> str:
             f"{100 * step['worst']:.0f}%; memory ({memory.get('rows', 0)} rows) median "
             f"{100 * memory.get('median', 0):.1f}%")
     if ranked is not None:
-        s = sweeps(ranked)
-        said += f"; {s['within']} of {s['ranked']} sweep winners first or within {WITHIN:.0%}"
+        placed = sweeps(ranked)
+        said += f"; {placed['within']} of {placed['ranked']} sweep winners first or within {WITHIN:.0%}"
     return said
 
 
 def _table(rows: list[Compared]) -> str:
     out = [f"{'source':<20} {'model':<22} {'gpus':>5} {'layout':<40} {'metric':<21} {'published':>10} "
            f"{'predicted':>10} {'error':>7} {'mem GB':>7} {'pred GB':>7} {'rank':>5}"]
-    for c in rows:
-        r = c.row
-        mem = f"{r.published_memory_gb:7.1f}" if r.published_memory_gb else "      -"
-        pmem = f"{c.predicted_memory_gb:7.1f}" if c.predicted_memory_gb else "      -"
-        rank = str(c.authors_rank) if c.authors_rank else "-"
-        out.append(f"{r.source:<20} {r.model.name[:22]:<22} {r.cluster.gpus:>5} {c.layout[:40]:<40} "
-                   f"{r.metric:<21} {r.published:10.2f} {c.predicted:10.2f} {100 * c.error:+6.1f}% "
-                   f"{mem} {pmem} "
-                   f"{rank:>5}")
+    for compared in rows:
+        row = compared.row
+        mem = f"{row.published_memory_gb:7.1f}" if row.published_memory_gb else "      -"
+        pmem = f"{compared.predicted_memory_gb:7.1f}" if compared.predicted_memory_gb else "      -"
+        rank = str(compared.authors_rank) if compared.authors_rank else "-"
+        out.append(f"{row.source:<20} {row.model.name[:22]:<22} {row.cluster.gpus:>5} "
+                   f"{compared.layout[:40]:<40} {row.metric:<21} {row.published:10.2f} "
+                   f"{compared.predicted:10.2f} {100 * compared.error:+6.1f}% {mem} {pmem} {rank:>5}")
     return "\n".join(out)
 
 
 def _summary_table(stats: dict[str, dict]) -> str:
     out = [f"{'source':<28} {'rows':>5} {'median':>8} {'worst':>8}   "
            f"{'memory rows':>11} {'median':>8} {'worst':>8}"]
-    for source, s in stats.items():
-        st, mem = s["step"], s["memory"]
-        step = (f"{st['rows']:>5} {100 * st['median']:7.1f}% {100 * st['worst']:7.1f}%" if st["rows"]
-                else "    0")
-        m = (f"{mem['rows']:>11} {100 * mem['median']:7.1f}% {100 * mem['worst']:7.1f}%" if mem["rows"]
-             else f"{0:>11}")
-        out.append(f"{source:<28} {step}   {m}")
+    for source, of_source in stats.items():
+        steps, memory = of_source["step"], of_source["memory"]
+        step = (f"{steps['rows']:>5} {100 * steps['median']:7.1f}% {100 * steps['worst']:7.1f}%"
+                if steps["rows"] else "    0")
+        mem = (f"{memory['rows']:>11} {100 * memory['median']:7.1f}% {100 * memory['worst']:7.1f}%"
+               if memory["rows"] else f"{0:>11}")
+        out.append(f"{source:<28} {step}   {mem}")
     return "\n".join(out)
 
 

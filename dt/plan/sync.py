@@ -31,119 +31,136 @@ compute, which this model does not charge.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from dt.parallel.zero.memory import SHARD_ALGORITHM
 from dt.plan.cluster import Cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout
-from dt.plan.stage import RankGroups, StageWork, bucket_bytes, bucket_ready
+from dt.plan.pipeline import Action
+from dt.plan.stage import Charge, PlannedBucket, RankGroups, StageWork, bucket_bytes, bucket_ready
 
-__all__ = ["after_backward", "backward_exposed", "optimizer_collectives", "thread_end"]
-
-Action = tuple[str, int, int, float, float]  # (kind, chunk, micro-batch, start, end)
+__all__ = ["BucketCall", "after_backward", "backward_exposed", "optimizer_collectives", "thread_end"]
 
 
-def thread_end(b0: float, b1: float, buckets: list[tuple[float, float]]) -> float:
-    """When the gradient thread finishes: buckets (seconds, ready fraction of [b0, b1]) run one
-    after another, each no earlier than its last gradient."""
-    t = b0
+class BucketCall(NamedTuple):
+    """One bucket's collective on the gradient thread."""
+
+    seconds: float
+    ready: float  # the fraction of the backward done when it may start (its last gradient arrived)
+
+
+def thread_end(start: float, end: float, buckets: list[BucketCall] | list[tuple[float, float]]) -> float:
+    """When the gradient thread finishes: buckets (seconds, ready fraction of the backward that runs
+    from `start` to `end`) run one after another, each no earlier than its last gradient."""
+    t = start
     for seconds, ready in buckets:
-        t = max(t, b0 + ready * (b1 - b0)) + seconds
+        t = max(t, start + ready * (end - start)) + seconds
     return t
 
 
-def backward_exposed(c: Cluster, lay: Layout, w: StageWork, g: RankGroups, acts: list[Action]) -> float:
+def backward_exposed(cluster: Cluster, layout: Layout, work: StageWork, groups: RankGroups,
+                     actions: list[Action]) -> float:
     """Seconds this stage's backwards wait on their overlapped sync (DDP, ZeRO 2); 0 otherwise."""
-    if len(g.dp_cp) < 2 or lay.zero == 3 or lay.zero == 1 and not _zero1_bucketed(c) \
-            or w.experts and not lay.zero:
+    if len(groups.dp_cp) < 2 or layout.zero == 3 or layout.zero == 1 and not _zero1_bucketed(cluster) \
+            or work.experts and not layout.zero:
         return 0.0
-    op = "all_reduce" if lay.zero == 0 else "reduce_scatter"
-    algorithm = "auto" if lay.zero == 0 else SHARD_ALGORITHM  # DDP's auto, ZeRO 2's ring
-    behind = c.gpu is None or c.stack.overlap_grad_reduce  # else each bucket waits for backward's end
+    collective = "all_reduce" if layout.zero == 0 else "reduce_scatter"
+    algorithm = "auto" if layout.zero == 0 else SHARD_ALGORITHM  # DDP's auto, ZeRO 2's ring
+    behind = cluster.gpu is None or cluster.stack.overlap_grad_reduce  # else each waits for backward's end
     priced: dict[tuple[int, int], float] = {}  # most buckets are the cap's size: price each size once
 
     def seconds(nbytes: int, group: tuple[int, ...]) -> float:
         if (nbytes, len(group)) not in priced:
-            priced[nbytes, len(group)] = collective_seconds(c, op, nbytes, group, algorithm)
+            priced[nbytes, len(group)] = collective_seconds(cluster, collective, nbytes, group, algorithm)
         return priced[nbytes, len(group)]
 
+    # one sync, in each chunk's last micro-batch's backward (else in every micro-batch's)
+    once = layout.zero in (0, 1) or cluster.gpu is not None and cluster.stack.reduce_once
     exposed = 0.0
-    for chunk, dense in enumerate(_bucketed(lay, w)):
-        buckets = [(seconds(nbytes, g.dp_cp), ready)
-                   for nbytes, ready in bucket_ready(dense, c.grad_itemsize)]
-        buckets += [(seconds(nbytes, g.edp), ready) for nbytes, ready in _expert_buckets(c, w, g)]
-        buckets.sort(key=lambda b: b[1])  # both parts' buckets share dt's one gradient thread
+    for chunk, dense in enumerate(_bucketed(layout, work)):
+        buckets = [BucketCall(seconds(bucket.nbytes, groups.dp_cp), bucket.ready)
+                   for bucket in bucket_ready(dense, cluster.grad_itemsize)]
+        buckets += [BucketCall(seconds(bucket.nbytes, groups.edp), bucket.ready)
+                    for bucket in _expert_buckets(cluster, work, groups)]
+        buckets.sort(key=lambda call: call.ready)  # both parts' buckets share dt's one gradient thread
         if not behind:
-            buckets = [(seconds_, 1.0) for seconds_, _ in buckets]
-        backs = [(a[2], a[4] - a[3]) for a in acts if a[0] == "B" and a[1] == chunk]
-        once = lay.zero in (0, 1) or c.gpu is not None and c.stack.reduce_once  # else every micro-batch
+            buckets = [BucketCall(call.seconds, 1.0) for call in buckets]
+        backs = [(a.micro_batch, a.end - a.start) for a in actions if a.kind == "B" and a.chunk == chunk]
         if once and backs:
             backs = [max(backs)]  # the chunk's last micro-batch: the only one that syncs
         durations: dict[float, int] = {}  # a chunk's backwards mostly last alike: play each once
-        for _, d in backs:
-            durations[d] = durations.get(d, 0) + 1
-        exposed += sum(k * max(0.0, thread_end(0.0, d, buckets) - d) for d, k in durations.items())
+        for _, duration in backs:
+            durations[duration] = durations.get(duration, 0) + 1
+        exposed += sum(count * max(0.0, thread_end(0.0, duration, buckets) - duration)
+                       for duration, count in durations.items())
     return exposed
 
 
-def _zero1_bucketed(c: Cluster) -> bool:
+def _zero1_bucketed(cluster: Cluster) -> bool:
     """Whether ZeRO 1's reduce-scatter runs in backward's buckets (Megatron's distributed optimizer,
     DeepSpeed's stage 1) rather than in the optimizer's step on one flat gradient (dt's)."""
-    return c.gpu is not None and c.stack.zero1_in_backward
+    return cluster.gpu is not None and cluster.stack.zero1_in_backward
 
 
-def _bucketed(lay: Layout, w: StageWork) -> list[list[int]]:
+def _bucketed(layout: Layout, work: StageWork) -> list[list[int]]:
     """Each chunk's tensors its buckets carry: ZeRO 2 keeps a tied word table out (it is summed
     across stages after backward, then reduce-scattered once: optimizer_collectives), the
     embedding's the first tensor of the stage's first chunk, the head's the last of its last."""
-    chunks = [list(d) for d in w.chunks]
-    if lay.zero == 2 and w.tied:
-        if w.embed:
+    chunks = [list(dense) for dense in work.chunks]
+    if layout.zero == 2 and work.tied:
+        if work.embed:
             chunks[0] = chunks[0][1:]
-        if w.head:
+        if work.head:
             chunks[-1] = chunks[-1][:-1]
     return chunks
 
 
-def _expert_buckets(c: Cluster, w: StageWork, g: RankGroups) -> list[tuple[int, float]]:
+def _expert_buckets(cluster: Cluster, work: StageWork, groups: RankGroups) -> list[PlannedBucket]:
     """ZeRO 2's buckets of one chunk's experts (their own ZeroOptimizer over edp, dt.parallel.zero.parts):
     the experts taken as alike per block and spread evenly over the stage's chunks."""
-    if not w.experts or len(g.edp) < 2 or not w.blocks:
+    if not work.experts or len(groups.edp) < 2 or not work.blocks:
         return []
-    per_block = w.experts // w.blocks
-    return bucket_ready([per_block] * (w.blocks // len(w.chunks) or 1), c.grad_itemsize)
+    per_block = work.experts // work.blocks
+    return bucket_ready([per_block] * (work.blocks // len(work.chunks) or 1), cluster.grad_itemsize)
 
 
-def after_backward(c: Cluster, lay: Layout, w: StageWork, g: RankGroups) -> list[tuple[str, float]]:
-    """(label, seconds) of the experts' run's sync after the pipeline without ZeRO (ZeRO's parts do
-    their own: optimizer_collectives): nothing overlaps it."""
-    if not w.experts or lay.zero:
+def after_backward(cluster: Cluster, layout: Layout, work: StageWork, groups: RankGroups) -> list[Charge]:
+    """The experts' run's sync after the pipeline without ZeRO (ZeRO's parts do their own:
+    optimizer_collectives): nothing overlaps it."""
+    if not work.experts or layout.zero:
         return []
-    item = c.grad_itemsize
-    out = [(f"bucket {i} all-reduce", collective_seconds(c, "all_reduce", nbytes, g.dp_cp))
-           for i, nbytes in enumerate(bucket_bytes(w.dense, item) if len(g.dp_cp) > 1 else [])]
-    if len(g.edp) > 1:
-        out.append(("experts' all-reduce", collective_seconds(c, "all_reduce", w.experts * item, g.edp)))
+    item = cluster.grad_itemsize
+    buckets = bucket_bytes(work.dense, item) if len(groups.dp_cp) > 1 else []
+    out = [Charge("dp", collective_seconds(cluster, "all_reduce", nbytes, groups.dp_cp),
+                  f"bucket {i} all-reduce") for i, nbytes in enumerate(buckets)]
+    if len(groups.edp) > 1:
+        experts = collective_seconds(cluster, "all_reduce", work.experts * item, groups.edp)
+        out.append(Charge("dp", experts, "experts' all-reduce"))
     return out
 
 
-def optimizer_collectives(c: Cluster, lay: Layout, w: StageWork,
-                          g: RankGroups) -> tuple[list[tuple[str, float]], list[tuple[str, float]]]:
-    """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam), (label, seconds).
-    With experts, per part (dt.parallel.zero.parts): the dense over dp x cp, the experts over edp."""
-    if lay.zero in (0, 3) or len(g.dp_cp) < 2:  # zero 3's collectives are in forward and backward
+def optimizer_collectives(cluster: Cluster, layout: Layout, work: StageWork,
+                          groups: RankGroups) -> tuple[list[Charge], list[Charge]]:
+    """ZeRO's collectives inside the optimizer's step: (before Adam, after Adam). With experts, per
+    part (dt.parallel.zero.parts): the dense over dp x cp, the experts over edp."""
+    if layout.zero in (0, 3) or len(groups.dp_cp) < 2:  # zero 3's collectives are in forward and backward
         return [], []
-    parts = [("", sum(w.dense), g.dp_cp)]
-    if w.experts and len(g.edp) > 1:
-        parts.append((" (experts)", w.experts, g.edp))
+    parts = [("", sum(work.dense), groups.dp_cp)]
+    if work.experts and len(groups.edp) > 1:
+        parts.append((" (experts)", work.experts, groups.edp))
     ring = SHARD_ALGORITHM
-    grad, param = c.grad_itemsize, c.param_itemsize
-    before = [(f"ZeRO-1 reduce-scatter{tag}", collective_seconds(c, "reduce_scatter", n * grad, group, ring))
-              for tag, n, group in parts] if lay.zero == 1 and not _zero1_bucketed(c) else []
-    if lay.zero == 2 and w.tied:  # the kept word table's summed gradient, scattered once a step
-        before.append(("ZeRO-2 tied reduce-scatter",
-                       collective_seconds(c, "reduce_scatter", w.tied * grad, g.dp_cp, ring)))
-    if c.gpu is not None and c.stack.overlap_param_gather:  # behind the next step's forward
+    grad, param = cluster.grad_itemsize, cluster.param_itemsize
+
+    def each(collective: str, itemsize: int, label: str) -> list[Charge]:
+        return [Charge("dp", collective_seconds(cluster, collective, numbers * itemsize, group, ring),
+                       f"{label}{tag}") for tag, numbers, group in parts]
+
+    flat = layout.zero == 1 and not _zero1_bucketed(cluster)
+    before = each("reduce_scatter", grad, "ZeRO-1 reduce-scatter") if flat else []
+    if layout.zero == 2 and work.tied:  # the kept word table's summed gradient, scattered once a step
+        table = collective_seconds(cluster, "reduce_scatter", work.tied * grad, groups.dp_cp, ring)
+        before.append(Charge("dp", table, "ZeRO-2 tied reduce-scatter"))
+    if cluster.gpu is not None and cluster.stack.overlap_param_gather:  # behind the next step's forward
         return before, []
-    after = [(f"ZeRO-{lay.zero} all-gather{tag}", collective_seconds(c, "all_gather", n * param, group, ring))
-             for tag, n, group in parts]
-    return before, after
+    return before, each("all_gather", param, f"ZeRO-{layout.zero} all-gather")

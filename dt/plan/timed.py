@@ -49,6 +49,7 @@ from dt.models.gpt import Block, Embedding, GPTConfig, Head
 from dt.models.lm import NextTokenLoss
 from dt.parallel.data_parallel import DistributedDataParallel
 from dt.parallel.tensor.layers import ColumnParallelLinear, RowParallelLinear
+from dt.plan.cluster import ITEMSIZE
 from dt.plan.timed_cp import LocalContextCore
 from dt.train.optim import Adam
 from dt.transport.group import Group
@@ -58,36 +59,37 @@ __all__ = ["BUDGET", "MEMORY_SHARE", "TIMING_BUDGET", "TimingBudget", "adam_seco
            "stage_seconds", "stage_timing", "time_stage", "timed", "timed_within_budget", "was_timed"]
 
 REPS = 9
+ADAM_TENSORS = 4  # what Adam holds per number: the weight, its gradient, the two moments
 MIN_SECONDS = 0.1  # and at least this long: a millisecond's Adam gets a hundred repetitions
 
 
-def timed(fn: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> float:
-    """Seconds of fn: the median of `reps` (and of MIN_SECONDS at least) after a warm call; CPU
+def timed(run: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> float:
+    """Seconds of `run`: the median of `reps` (and of MIN_SECONDS at least) after a warm call; CPU
     time of this thread when one thread runs the ops on the CPU (robust to other programs' turns
-    on the cores), else wall time (on a GPU fn ends by waiting for its kernels)."""
-    return statistics.median(samples(fn, threads, reps, device))
+    on the cores), else wall time (on a GPU `run` ends by waiting for its kernels)."""
+    return statistics.median(samples(run, threads, reps, device))
 
 
-def samples(fn: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> list[float]:
+def samples(run: Callable[[], object], threads: int, reps: int = REPS, device: str = "cpu") -> list[float]:
     """The repetitions `timed` takes the median of (the clock and counts as it says)."""
     clock = time.thread_time if threads == 1 and device == "cpu" else time.perf_counter
-    fn()
+    run()
     times: list[float] = []
     while len(times) < reps or sum(times) < MIN_SECONDS:
         t0 = clock()
-        fn()
+        run()
         times.append(clock() - t0)
     return times
 
 
-def slowest_of(times: Sequence[float], n: int) -> float:
-    """The expected largest of n draws from these timings (their empirical distribution): what a
-    step whose n ranks each run this work and then line up waits for.
+def slowest_of(times: Sequence[float], draws: int) -> float:
+    """The expected largest of n = `draws` draws from these timings (their empirical distribution):
+    what a step whose n ranks each run this work and then line up waits for.
 
     Sorted x_1 <= ... <= x_k, the largest of n draws is x_i with probability (i/k)^n - ((i-1)/k)^n.
     """
-    xs, k = sorted(times), len(times)
-    return sum(x * (((i + 1) / k) ** n - (i / k) ** n) for i, x in enumerate(xs))
+    ordered, k = sorted(times), len(times)
+    return sum(x * (((i + 1) / k) ** draws - (i / k) ** draws) for i, x in enumerate(ordered))
 
 
 def _one_rank() -> Group:
@@ -98,14 +100,14 @@ def _one_rank() -> Group:
 def _sharded_block(cfg: GPTConfig, tp: int, cp: int = 1, cp_kind: str = "ring") -> Block:
     """dt.models.gpt's Block with its four Linears at one rank's tp shard (Megatron's split) and,
     under cp, its attention core one cp rank's (dt.plan.timed_cp: dt's block attention)."""
-    c, g = cfg.n_embd, _one_rank()
+    width, alone = cfg.n_embd, _one_rank()
     block = Block(cfg, 1)
     if cp > 1:
         block.attn.attend = LocalContextCore(cp_kind, cfg.block_size, cp)
-    block.attn.query_key_value = ColumnParallelLinear(c, 3 * c // tp, group=g)
-    block.attn.dense = RowParallelLinear(c // tp, c, group=g)
-    block.mlp.dense_h_to_4h = ColumnParallelLinear(c, 4 * c // tp, group=g)
-    block.mlp.dense_4h_to_h = RowParallelLinear(4 * c // tp, c, group=g)
+    block.attn.query_key_value = ColumnParallelLinear(width, 3 * width // tp, group=alone)
+    block.attn.dense = RowParallelLinear(width // tp, width, group=alone)
+    block.mlp.dense_h_to_4h = ColumnParallelLinear(width, 4 * width // tp, group=alone)
+    block.mlp.dense_4h_to_h = RowParallelLinear(4 * width // tp, width, group=alone)
     return block
 
 
@@ -123,48 +125,51 @@ class _Stage(nn.Module):
             self.head = Head(GPTConfig(**{**cfg.as_dict(), "tied": False}), cfg.n_layer + 1, None)
         self.loss = NextTokenLoss()
 
-    def forward(self, x: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.embed is not None:
-            x = self.embed(ids)
+            hidden = self.embed(ids)
         for block in self.blocks:
-            x = block(x)
-        return self.loss(self.head(x), ids) if self.head is not None else x
+            hidden = block(hidden)
+        return self.loss(self.head(hidden), ids) if self.head is not None else hidden
 
 
-def stage_module(n_embd: int, n_head: int, vocab: int, t: int, tp: int, blocks: int, head: bool,
+def stage_module(n_embd: int, n_head: int, vocab: int, tokens: int, tp: int, blocks: int, head: bool,
                  embed: bool, dtype: str = "float32", cp: int = 1, cp_kind: str = "ring") -> nn.Module:
-    """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(x, ids) -> the
-    stage's output (the loss on the last stage); t is the rank's tokens (seq / cp)."""
+    """A stage of dt's GPT at one rank's shapes, as dt train holds it: forward(hidden, ids) -> the
+    stage's output (the loss on the last stage); `tokens` is the rank's share of a sequence (seq / cp)."""
     # n_head whole: the head width is C / n_head; the shard's qkv carries n_head / tp of them
-    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=t * cp,
+    cfg = GPTConfig(vocab_size=max(1, vocab // tp), block_size=tokens * cp,
                     n_layer=max(1, blocks), n_head=n_head, n_embd=n_embd, dtype=dtype)
     return _Stage(cfg, tp, blocks, head, embed, cp, cp_kind).to(getattr(torch, dtype))
 
 
-def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int, head: bool,
-               embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool, device: str = "cpu",
+def _stage_run(n_embd: int, n_head: int, vocab: int, sequences: int, tokens: int, tp: int, blocks: int,
+               head: bool, embed: bool, dtype: str, cp: int, cp_kind: str, ddp: bool, device: str = "cpu",
                autocast: str = "") -> Callable[[], None]:
     """One micro-batch's forward and backward through a fresh stage (with `ddp`: wrapped in dt's
     DistributedDataParallel on a one-rank group: its hooks, bucket copies and launches), on
     `device`, under dt train's autocast of that dtype where one is named."""
-    stage = stage_module(n_embd, n_head, vocab, t, tp, blocks, head, embed, dtype, cp, cp_kind).to(device)
+    stage = stage_module(n_embd, n_head, vocab, tokens=tokens, tp=tp, blocks=blocks, head=head, embed=embed,
+                         dtype=dtype, cp=cp, cp_kind=cp_kind)
+    stage = stage.to(device)
     if ddp:
         stage = DistributedDataParallel(stage, group=_one_rank())
-    g = torch.Generator().manual_seed(0)  # drawn on the host (one seed on any device), then moved
-    ids = torch.randint(0, max(1, vocab // tp), (b, t), generator=g).to(device)  # host: drawn, moved
-    x = torch.randn(b, t, n_embd, generator=g, dtype=getattr(torch, dtype))  # host: drawn, moved
-    x = x.to(device).requires_grad_(not embed)
-    grad = torch.randn(b, t, n_embd, generator=g, dtype=x.dtype).to(device)  # host: drawn, moved
+    draws = torch.Generator().manual_seed(0)  # drawn on the host (one seed on any device), then moved
+    shape = (sequences, tokens)
+    ids = torch.randint(0, max(1, vocab // tp), shape, generator=draws).to(device)  # host: drawn, moved
+    inputs = torch.randn(*shape, n_embd, generator=draws, dtype=getattr(torch, dtype))  # host: drawn, moved
+    inputs = inputs.to(device).requires_grad_(not embed)
+    grad = torch.randn(*shape, n_embd, generator=draws, dtype=inputs.dtype).to(device)  # host: drawn, moved
     gpu = device != "cpu"
 
     def cast() -> contextlib.AbstractContextManager:
         return torch.autocast(device, getattr(torch, autocast)) if autocast else contextlib.nullcontext()
 
     def run() -> None:
-        for p in stage.parameters():
-            p.grad = None  # dt train's step: fresh gradients every step
+        for param in stage.parameters():
+            param.grad = None  # dt train's step: fresh gradients every step
         with cast():
-            out = stage(x, ids)
+            out = stage(inputs, ids)
         out.backward(None if out.dim() == 0 else grad.to(out.dtype))
         if gpu:
             torch.cuda.synchronize(device)  # the step's kernels done, not queued
@@ -172,17 +177,19 @@ def _stage_run(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, bl
     return run
 
 
-def time_stage(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+def time_stage(n_embd: int, n_head: int, vocab: int, sequences: int, tokens: int, tp: int, blocks: int,
                head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
                cp_kind: str = "ring", device: str = "cpu", autocast: str = "") -> tuple[float, ...]:
-    """One micro-batch's forward and backward through a stage's real layers, one rank (t: its
-    tokens, seq / cp): every repetition's seconds, timed now (`dt plan --check` times it again
-    inside the run's own processes)."""
+    """One micro-batch's forward and backward through a stage's real layers, one rank (tokens: its
+    share of each sequence, seq / cp): every repetition's seconds, timed now (`dt plan --check`
+    times it again inside the run's own processes); the arguments are dt.plan.compute.TimedShape's."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return tuple(samples(_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp,
-                                        cp_kind, False, device, autocast), threads, device=device))
+        run = _stage_run(n_embd, n_head, vocab, sequences=sequences, tokens=tokens, tp=tp, blocks=blocks,
+                         head=head, embed=embed, dtype=dtype, cp=cp, cp_kind=cp_kind, ddp=False,
+                         device=device, autocast=autocast)
+        return tuple(samples(run, threads, device=device))
     finally:
         torch.set_num_threads(old)
 
@@ -226,14 +233,14 @@ class TimingBudget:
         memory = available_memory() or 0
         return self.spent < TIMING_BUDGET and not (memory and nbytes > MEMORY_SHARE * memory)
 
-    def measure(self, key: tuple, nbytes: float, kind: str, fn: Callable[[], float]) -> float | None:
-        """fn's seconds where the budget allows `key` (its time charged to the budget), else None."""
+    def measure(self, key: tuple, nbytes: float, kind: str, seconds_of: Callable[[], float]) -> float | None:
+        """seconds_of() where the budget allows `key` (its time charged to the budget), else None."""
         if not self.allows(key, nbytes):
             self.untimed[kind].add(key)
             return None
         known = key in self.timed
         t0 = time.perf_counter()
-        seconds = fn()
+        seconds = seconds_of()
         if not known:
             self.timed.add(key)
             self.spent += time.perf_counter() - t0
@@ -266,34 +273,36 @@ def was_timed(shape: tuple) -> bool:
     return shape in BUDGET.timed
 
 
-def stage_seconds(*shape: object, **kw: object) -> float:
+def stage_seconds(*shape: object, **options: object) -> float:
     """Seconds of one micro-batch's forward and backward through a stage (stage_timing's median)."""
-    return statistics.median(stage_timing(*shape, **kw))  # type: ignore[arg-type]
+    return statistics.median(stage_timing(*shape, **options))  # type: ignore[arg-type]
 
 
 @functools.cache
-def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, b: int, t: int, tp: int, blocks: int,
+def ddp_hook_seconds(n_embd: int, n_head: int, vocab: int, sequences: int, tokens: int, tp: int, blocks: int,
                      head: bool, embed: bool, threads: int, dtype: str, cp: int = 1,
-                     cp_kind: str = "ring") -> float:
+                     cp_kind: str = "ring", device: str = "cpu", autocast: str = "") -> float:
     """Seconds DDP adds to a synchronised backward on the rank's own thread (a hook per gradient,
     its copy into the bucket, the launch, the end-of-backward wait and publish), the collective
     itself skipped: the same stage timed with and without it, one run of each in turn (drift
-    hits both alike), the difference of their medians."""
+    hits both alike), the difference of their medians. The arguments are time_stage's."""
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        runs = [_stage_run(n_embd, n_head, vocab, b, t, tp, blocks, head, embed, dtype, cp, cp_kind, ddp)
-                for ddp in (False, True)]
-        clock = time.thread_time if threads == 1 else time.perf_counter
-        samples: list[list[float]] = [[], []]
+        runs = [_stage_run(n_embd, n_head, vocab, sequences=sequences, tokens=tokens, tp=tp, blocks=blocks,
+                           head=head, embed=embed, dtype=dtype, cp=cp, cp_kind=cp_kind, ddp=ddp,
+                           device=device, autocast=autocast) for ddp in (False, True)]
+        clock = time.thread_time if threads == 1 and device == "cpu" else time.perf_counter
+        times: tuple[list[float], list[float]] = ([], [])
         for run in runs:
             run()  # warm
         for _ in range(REPS):
-            for run, out in zip(runs, samples):
+            for run, out in zip(runs, times):
                 t0 = clock()
                 run()
                 out.append(clock() - t0)
-        return max(0.0, statistics.median(samples[1]) - statistics.median(samples[0]))
+        plain, hooked = times
+        return max(0.0, statistics.median(hooked) - statistics.median(plain))
     finally:
         torch.set_num_threads(old)
 
@@ -304,9 +313,10 @@ def adam_seconds(sizes: tuple[int, ...], threads: int, dtype: str, device: str =
     old = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        params = [nn.Parameter(torch.zeros(n, dtype=getattr(torch, dtype), device=device)) for n in sizes]
-        for p in params:
-            p.grad = torch.full_like(p, 1e-3)
+        kind = getattr(torch, dtype)
+        params = [nn.Parameter(torch.zeros(numel, dtype=kind, device=device)) for numel in sizes]
+        for param in params:
+            param.grad = torch.full_like(param, 1e-3)  # any gradient: Adam's step costs the same
         adam = Adam(params, lr=1e-3)
 
         def step() -> None:
@@ -326,6 +336,6 @@ def ddp_hooks_within_budget(shape: tuple, nbytes: float) -> float | None:
 
 def adam_within_budget(sizes: tuple[int, ...], threads: int, dtype: str) -> float | None:
     """adam_seconds on this machine where the budget allows it, else None (priced by its bytes)."""
-    nbytes = 4 * sum(sizes) * {"float32": 4, "float64": 8}[dtype]  # weights, gradients, two moments
+    nbytes = ADAM_TENSORS * sum(sizes) * ITEMSIZE[dtype]
     return BUDGET.measure(("adam", sizes, threads, dtype), nbytes, "adam",
                           lambda: adam_seconds(sizes, threads, dtype))

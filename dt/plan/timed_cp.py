@@ -38,58 +38,59 @@ class _LocalRing(torch.autograd.Function):
     the key blocks other ranks would send are this rank's own (every block is the same size)."""
 
     @staticmethod
-    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SequenceLayout
+    def forward(ctx: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layout: SequenceLayout
                 ) -> torch.Tensor:
-        p, mine = layout.parts, layout.chunks(0)
-        kv = torch.stack([k, v])
+        parts, mine = layout.parts, layout.chunks(0)
+        kv = torch.stack([key, value])
         out = lse = None
-        for hop in range(p):
-            held = (0 - hop) % p
-            part = block_forward(q, kv[0], kv[1], plan(mine, layout.chunks(held), True, q.device))
+        for hop in range(parts):
+            held = (0 - hop) % parts
+            part = block_forward(query, kv[0], kv[1], plan(mine, layout.chunks(held), True, query.device))
             out, lse = part if out is None else merge(out, lse, *part)
-            kv = kv.clone() if hop < p - 1 else kv  # the block received: a fresh buffer
-        ctx.save_for_backward(q, k, v, out, lse)
+            kv = kv.clone() if hop < parts - 1 else kv  # the block received: a fresh buffer
+        ctx.save_for_backward(query, key, value, out, lse)
         ctx.layout = layout
         return out
 
     @staticmethod
     def backward(ctx: Any, dout: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, out, lse = ctx.saved_tensors
+        query, key, value, out, lse = ctx.saved_tensors
         layout = ctx.layout
-        p, mine = layout.parts, layout.chunks(0)
+        parts, mine = layout.parts, layout.chunks(0)
         dout = dout.contiguous()
         delta = (dout * out).sum(-1)
-        dq, dk, dv = block_backward(q, k, v, dout, lse, delta, plan(mine, mine, True, q.device))
-        kv, dkv = torch.stack([k, v]), None
-        for hop in range(p):
-            carries_kv, carries_grad = hop <= p - 2, hop >= 1
-            _, incoming = ring_hop(0, p, hop)
+        dq, dk, dv = block_backward(query, key, value, dout, lse, delta, plan(mine, mine, True, query.device))
+        kv, dkv = torch.stack([key, value]), None
+        for hop in range(parts):
+            carries_kv, carries_grad = hop <= parts - 2, hop >= 1
+            _, incoming = ring_hop(0, parts, hop)
             send = torch.cat(([kv.reshape(-1)] if carries_kv else [])
                              + ([dkv.reshape(-1)] if carries_grad else []))
             recv = send.clone()  # what the neighbour's message would fill
             one = kv.numel()
             if carries_kv:
                 kv = recv[:one].view_as(kv)
-                dq_b, dk_b, dv_b = block_backward(q, kv[0], kv[1], dout, lse, delta,
-                                                  plan(mine, layout.chunks(incoming), True, q.device))
-                dq += dq_b
-                dkv = torch.stack([dk_b, dv_b]) + (recv[one:].view_as(kv) if carries_grad else 0)
+                pairs = plan(mine, layout.chunks(incoming), True, query.device)
+                dq_block, dk_block, dv_block = block_backward(query, kv[0], kv[1], dout, lse, delta, pairs)
+                dq += dq_block
+                dkv = torch.stack([dk_block, dv_block]) + (recv[one:].view_as(kv) if carries_grad else 0)
             else:
-                home = recv.view(2, *k.shape)
+                home = recv.view(2, *key.shape)
                 dk, dv = dk + home[0], dv + home[1]
         return dq, dk, dv, None
 
 
-def _local_ulysses(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layout: SequenceLayout) -> torch.Tensor:
+def _local_ulysses(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   layout: SequenceLayout) -> torch.Tensor:
     """Ulysses's compute on one rank (dt.parallel.context.ulysses), the all-to-alls' pieces kept here."""
-    p = layout.parts
-    b, heads, s, d = q.shape
-    hp = heads // p
-    qkv = torch.stack([q, k, v])
-    got = [qkv[:, :, j * hp:(j + 1) * hp].contiguous() for j in range(p)]  # as received: p pieces
+    parts = layout.parts
+    _, heads, _, _ = query.shape
+    per_rank = heads // parts
+    qkv = torch.stack([query, key, value])
+    got = [qkv[:, :, j * per_rank:(j + 1) * per_rank].contiguous() for j in range(parts)]  # as received
     full = torch.cat(got, dim=3)  # [3, b, H/cp, S, d]
-    order = [c for rank in range(p) for c in layout.chunks(rank)]
-    out = attention(full[0], full[1], full[2], order, order, True)
+    order = [chunk for rank in range(parts) for chunk in layout.chunks(rank)]
+    out = attention(*full, order, order, True)
     back = [piece.contiguous() for piece in out.split(layout.sizes(), dim=2)]
     return torch.cat(back, dim=1)  # [b, H, s_r, d]
 
@@ -103,10 +104,10 @@ class LocalContextCore(nn.Module):
             raise ValueError(f"context-parallel attention is ring or ulysses, got {kind!r}")
         self.kind, self.layout = kind, sequence_layout(seq, cp)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        if q.shape[-2] != self.layout.size(0):
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        if query.shape[-2] != self.layout.size(0):
             raise ValueError(f"LocalContextCore: rank 0 of cp {self.layout.parts} holds "
-                             f"{self.layout.size(0)} tokens, got {q.shape[-2]}")
+                             f"{self.layout.size(0)} tokens, got {query.shape[-2]}")
         if self.kind == "ring":
-            return _LocalRing.apply(q.contiguous(), k.contiguous(), v.contiguous(), self.layout)
-        return _local_ulysses(q, k, v, self.layout)
+            return _LocalRing.apply(query.contiguous(), key.contiguous(), value.contiguous(), self.layout)
+        return _local_ulysses(query, key, value, self.layout)

@@ -47,7 +47,7 @@ class TimelineRecorder:
         self.bounds.append((self._t0, now))
 
     def step_seconds(self) -> list[float]:
-        return [b - a for a, b in self.bounds]
+        return [end - start for start, end in self.bounds]
 
     @contextlib.contextmanager
     def hooked(self) -> Iterator[None]:
@@ -60,16 +60,18 @@ class TimelineRecorder:
             if not accounting.open_records:  # blocking times nothing then: no span either
                 return {}
             record = accounting.open_records[-1]  # the step's own (TrainStep keeps one open)
-            return {k: c.bytes_sent + c.bytes_received + c.calls for k, c in record.by_collective.items()}
+            return {name: counts.bytes_sent + counts.bytes_received + counts.calls
+                    for name, counts in record.by_collective.items()}
 
-        def timed(fn: Any) -> Any:
+        def timed(wait: Any) -> Any:
             before, start = moved(), time.perf_counter()
             try:
-                return original(fn)
+                return original(wait)
             finally:
                 if self._step >= 0:  # named by the collectives whose counts the wait moved
                     after = moved()
-                    name = "+".join(sorted(k for k, v in after.items() if v != before.get(k, 0))) or "wait"
+                    changed = sorted(name for name, count in after.items() if count != before.get(name, 0))
+                    name = "+".join(changed) or "wait"
                     self.spans.append((self._step, name, start - self._t0, time.perf_counter() - self._t0))
 
         accounting.blocking = timed
@@ -80,8 +82,9 @@ class TimelineRecorder:
 
 
 def _events(pid: int, tid: int, spans: list[tuple[str, float, float]]) -> list[dict[str, Any]]:
-    return [{"name": name, "cat": name.split(" ")[0], "ph": "X", "pid": pid, "tid": tid, "ts": a * 1e6,
-             "dur": (b - a) * 1e6} for name, a, b in spans if b > a]
+    """Chrome trace's complete events ("X") of (name, start, end) spans, in microseconds."""
+    return [{"name": name, "cat": name.split(" ")[0], "ph": "X", "pid": pid, "tid": tid, "ts": start * 1e6,
+             "dur": (end - start) * 1e6} for name, start, end in spans if end > start]
 
 
 def write_trace(path: str, ranks: list[dict[str, Any]], predicted: Prediction) -> None:
@@ -89,17 +92,19 @@ def write_trace(path: str, ranks: list[dict[str, Any]], predicted: Prediction) -
     events: list[dict[str, Any]] = [
         {"name": "process_name", "ph": "M", "pid": 1, "args": {"name": "measured (dt train)"}},
         {"name": "process_name", "ph": "M", "pid": 2, "args": {"name": "predicted (dt plan)"}}]
-    step = 1 if all(len(r["steps"]) > 1 for r in ranks) else 0
-    for r in ranks:
-        events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": r["rank"],
-                       "args": {"name": f"rank {r['rank']} (stage {r['stage']})"}})
-        events += _events(1, r["rank"], [("step", 0.0, r["steps"][step])])
-        events += _events(1, r["rank"], [(n, a, b) for s, n, a, b in r["spans"] if s == step])
+    step = 1 if all(len(run["steps"]) > 1 for run in ranks) else 0
+    for run in ranks:
+        events.append({"name": "thread_name", "ph": "M", "pid": 1, "tid": run["rank"],
+                       "args": {"name": f"rank {run['rank']} (stage {run['stage']})"}})
+        events += _events(1, run["rank"], [("step", 0.0, run["steps"][step])])
+        events += _events(1, run["rank"], [(name, start, end) for of_step, name, start, end in run["spans"]
+                                           if of_step == step])
     for rank, spans in predicted.timelines.items():
         events.append({"name": "thread_name", "ph": "M", "pid": 2, "tid": rank,
                        "args": {"name": f"rank {rank}"}})
         events += _events(2, rank, [("step", 0.0, predicted.step)])
-        events += _events(2, rank, [(sp.kind + (f" ({sp.label})" if sp.label else ""), sp.start, sp.end)
-                                    for sp in spans])
-    with open(path, "w") as f:
-        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+        named = [(span.kind + (f" ({span.label})" if span.label else ""), span.start, span.end)
+                 for span in spans]
+        events += _events(2, rank, named)
+    with open(path, "w") as out:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, out)

@@ -150,8 +150,8 @@ def simulate_bubble(schedule_name: str, p: int, m: int, virtual: int = 1, forwar
 
     fwd, bwd = (forward / virtual,) * p, (backward / virtual,) * p
     played = play(schedule_name, p, m, virtual, fwd, bwd)
-    busy = [sum(end - start for _, _, _, start, end in stage) for stage in played]
-    span = max(stage[-1][4] for stage in played if stage)
+    busy = [sum(action.end - action.start for action in stage) for stage in played]
+    span = max(stage[-1].end for stage in played if stage)
     return sum(1 - b / span for b in busy) / p
 
 

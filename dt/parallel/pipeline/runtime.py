@@ -115,8 +115,9 @@ class Pipeline:
 
     def _orders(self, name: str, m: int, forward_only: bool = False) -> Orders:
         """Every stage's actions this step (each stage plans its messages from its neighbours')."""
-        return tuple(tuple(a for a in schedule(name, self.stages, s, m, len(self.chunks))
-                           if not forward_only or a[0] == "F") for s in range(self.stages))
+        orders = (schedule(name, self.stages, s, m, len(self.chunks)) for s in range(self.stages))
+        return tuple(tuple((kind, chunk, i) for kind, chunk, i in order if not forward_only or kind == "F")
+                     for order in orders)
 
     def _end_step(self) -> None:
         """Wait for the step's last sends; the step's time, bytes and idle time into `stats`."""

@@ -123,4 +123,4 @@ def _interleaved_1f1b(p: int, s: int, m: int, v: int) -> list[tuple[str, int, in
     for f, b in zip(forwards[warmup:], backwards):  # steady state: one forward, one backward
         acts += [f, b]
     acts += backwards[len(table) - warmup:]  # cooldown
-    return [a for a in acts if a[2] < m]
+    return [(kind, chunk, i) for kind, chunk, i in acts if i < m]

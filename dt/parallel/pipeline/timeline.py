@@ -14,12 +14,23 @@ predicted durations; the scaling study's bubble table with unit ones.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 from dt.parallel.pipeline.schedules import schedule
 
 __all__ = ["Action", "Orders", "play", "play_orders"]
 
-Action = tuple[str, int, int, float, float]  # kind, chunk, micro-batch, start, end
+
+class Action(NamedTuple):
+    """One of a stage's actions, played out: what it runs and when (seconds from the step's start)."""
+
+    kind: str  # "F" (forward) or "B" (backward)
+    chunk: int  # which of the stage's model chunks (interleaved: 0 .. v-1)
+    micro_batch: int
+    start: float
+    end: float
+
+
 Orders = tuple[tuple[tuple[str, int, int], ...], ...]  # each stage's ("F"|"B", chunk, micro-batch) actions
 
 
@@ -32,7 +43,7 @@ def _orders(name: str, p: int, m: int, v: int) -> Orders:
 def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
          send: float = 0.0, post: float = 0.0, wake: float = 0.0,
          spin: float = float("inf")) -> list[list[Action]]:
-    """Per stage: (kind, chunk, micro-batch, start, end) of every action, in its order.
+    """Per stage: every action, in its order, with its start and end.
 
     fwd[s], bwd[s]: seconds of one chunk's forward / backward on stage s. A message between
     stages also costs its two ends' cores `post` each (posting the send, taking the receive:
@@ -76,7 +87,7 @@ def play_orders(orders: Orders, v: int, fwd: tuple[float, ...], bwd: tuple[float
                     start = max(start, done[dep])
                 end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received + sends)
                 done[(kind, pos, i)] = free[s] = end
-                out[s].append((kind, c, i, start, end))
+                out[s].append(Action(kind, c, i, start, end))
                 nxt[s] += 1
                 remaining -= 1
                 progressed = True
