@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from dt.cost import ring_reduce_scatter
+from dt.cost.flops import block_tensors
 from dt.cost.stack import Stack
 from dt.layout import split_sizes
 from dt.parallel.buckets import MB, make_buckets
@@ -159,20 +160,9 @@ def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:
-    """(dense tensor sizes, expert numbers on one rank before ep) of one block."""
-    width, hidden = model.n_embd, model.hidden
-    if model.family == "llama":  # RMSNorm, no biases; q and o of n_head heads, k and v of n_kv_head
-        kv = 2 * model.kv_heads * (width // model.n_head) * width // tp
-        return [width, width * width // tp + kv, width * width // tp, width, 2 * hidden * width // tp,
-                hidden * width // tp], 0
-    norm = [width, width]
-    attention = [3 * width * width // tp, 3 * width // tp, width * width // tp, width]
-    matrices = 3 if model.gated else 2
-    mlp = [(matrices - 1) * hidden * width // tp, (matrices - 1) * hidden // tp, hidden * width // tp, width]
-    if model.experts:  # the router is dense; the experts' MLPs are not split over tp
-        expert = matrices * width * hidden + hidden + width
-        return norm + attention + norm + [width * model.experts], model.experts * expert
-    return norm + attention + norm + mlp, 0
+    """(dense tensor sizes, expert numbers on one rank before ep) of one block: dt.cost.flops'
+    count, the one layer_params sums (a block's tensors do not depend on the sequence)."""
+    return block_tensors(model.decoder(1), tp)
 
 
 @dataclass(frozen=True)
