@@ -304,9 +304,9 @@ def _ratio(ratio: float | None) -> str:
 def busy_seconds(prediction: Any) -> float:
     """The predicted step less its idle (bubble): what a rank's core is busy with, on this
     machine's one core per rank the CPU time its process spends (threads and spin-waits included).
-    With more ranks than cores it is not scaled down: measured at world 4 on 2 cores a rank's CPU
-    time came to its predicted busy wall (dp4 z1: 21.2 ms CPU, 24.6 ms busy predicted, load 8-40),
-    the turns on the cores costing CPU themselves (caches refilled, every wait a sleep and a wake)."""
+    With more ranks than cores it is not scaled down: a rank taking turns on a core spends CPU on
+    the turns themselves (caches refilled, every wait a sleep and a wake), so its CPU time comes to
+    its busy wall (the busy ms beside cpu ms of the records --check writes)."""
     return prediction.step - prediction.parts.get("bubble", 0.0)
 
 

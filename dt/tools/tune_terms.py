@@ -41,8 +41,8 @@ LATE = 2e-3  # how late the late reply comes where waits do not spin (the torch 
 
 def late_by(spin: float) -> float:
     """How late the late reply comes: twice the spin, a wait just past it (what the wake term
-    charges: a step a little longer than the spin), else LATE. A 2 ms delay beside a 200 us spin
-    measured 5.2 ms of wake-up at load 20, where the collectives' own waits cost far less."""
+    charges: a step a little longer than the spin), else LATE: a delay long against the spin on a
+    crowded machine measures the crowd's wake-ups, not the wire's, which cost far less."""
     return 2 * spin if spin > 0 else LATE
 
 
