@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from dt.cost import ring_reduce_scatter
@@ -438,7 +438,9 @@ def stage_work(cluster: Cluster, model: ModelShape, layout: Layout, groups: Rank
     units = _units(model, layout, groups, seq, stage, cut)
     gather, scatter = _fsdp_seconds(cluster, units, groups)
     overlap = cluster.gpu is not None and cluster.stack.overlap_tp
-    fsdp_fwd, fsdp_bwd = fsdp_exposed(cluster.stack, gather, scatter, compute_fwd, compute_bwd)
+    # here the ranks' cores all compute: the gathering thread takes turns with them, hiding nothing
+    stack = cluster.stack if cluster.gpu is not None else replace(cluster.stack, fsdp_prefetch=False)
+    fsdp_fwd, fsdp_bwd = fsdp_exposed(stack, gather, scatter, compute_fwd, compute_bwd)
     fwd = {"compute": compute_fwd, "tp": _exposed(messages_fwd["tp"], compute_fwd, overlap),
            "cp": messages_fwd["cp"], "ep": messages_fwd["ep"], "dp": fsdp_fwd}
     bwd = {"compute": compute_bwd, "tp": _exposed(messages_bwd["tp"], compute_bwd, overlap),
