@@ -105,14 +105,14 @@ def _measured(kind: str, model: ModelShape, sequences: int, tokens: int, keys: i
         torch.manual_seed(0)
         torch_dtype = getattr(torch, dtype)
         width, heads, hidden = _shard_shape(model, tp)
-        # host: this machine's CPU is timed
-        inputs = torch.randn(sequences, tokens, width, dtype=torch_dtype, requires_grad=True)
+        # This machine's CPU is what is timed.
+        inputs = torch.randn(sequences, tokens, width, dtype=torch_dtype, device="cpu", requires_grad=True)
         if kind == "block":
             layer = Shard(width, heads, model.n_embd // model.n_head, hidden, model.gated).to(torch_dtype)
             run = lambda: layer(inputs, keys).sum().backward()  # noqa: E731
         else:
-            # host: as the inputs
-            words = torch.randn(model.vocab // tp or 1, width, dtype=torch_dtype, requires_grad=True)
+            words = torch.randn(model.vocab // tp or 1, width, dtype=torch_dtype, device="cpu",
+                                requires_grad=True)
             run = lambda: F.linear(F.layer_norm(inputs, (width,)), words).logsumexp(-1).sum().backward()  # noqa: E731
         return _time(run)
     finally:
