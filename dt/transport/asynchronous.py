@@ -31,7 +31,7 @@ from dt.transport import accounting
 from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group, default_device
 
-__all__ = ["THREADS", "CommThreads", "Work", "submit"]
+__all__ = ["THREADS", "CommThreads", "Work", "after_queued", "submit"]
 
 
 class Work(dist.Work):
@@ -240,3 +240,20 @@ def submit(group: Group, name: str, fn: Callable[[], Any], async_op: bool) -> An
     if async_op:
         return work
     return accounting.blocking(work.result)
+
+
+def after_queued(group: Group) -> None:
+    """Return once the collectives queued on `group`'s thread have run (at once when none is, or
+    when called on that thread: a queued collective's own messages).
+
+    Point-to-point posted straight on a group (ring attention's hops, a pipeline's activations,
+    dt.transport.p2p) travels on the channels its queued collectives use: posted while one is in
+    flight (FSDP's gather ahead, a DDP bucket), its messages would interleave with the
+    collective's and each peer would read the other's as its own. Waiting for the queue first
+    keeps one order of messages per channel on every rank, as one NCCL communicator's stream
+    runs its calls in issue order.
+    """
+    thread = group.links.comm
+    if thread is None or thread.pending == 0 or threading.current_thread() is thread.thread:
+        return
+    submit(group, "point-to-point behind the queued collectives", lambda: None, async_op=False)

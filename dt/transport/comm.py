@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from dt.transport import accounting, liveness, rules, settings
+from dt.transport.asynchronous import after_queued
 from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group
 from dt.transport.wire import RECV, SEND, Wire
@@ -97,8 +98,11 @@ class Comm:
         batch as one grouped call (dist.batch_isend_irecv), so a send and a
         receive with the same peer in one batch cannot block each other. On
         gloo the receives are posted first, so every send finds its peer's
-        receive already asked for. Handles come back in the order of `ops`.
+        receive already asked for. Handles come back in the order of `ops`. Posted from
+        outside the group's communication thread, a batch follows what is queued there
+        (asynchronous.after_queued): one order of messages per channel.
         """
+        after_queued(self.group)
         for kind, _, _ in ops:
             if kind not in (SEND, RECV):
                 raise ValueError(f"batch op must be {SEND!r} or {RECV!r}, got {kind!r}")
