@@ -42,6 +42,8 @@ class Stack:
     fsdp_scatter_behind: bool = True  # ZeRO 3's gradient reduce-scatters run behind backward
     fp16_grad_bytes: int = 0  # in fp16, gradients accumulated and reduced in fp16 (0: as in bf16)
     sp_shard_inputs: bool = True  # under sequence parallel a GEMM keeps its input's shard, gathered again
+    sp_norm_grads_each: bool = False  # under sequence parallel each norm's gradients are all-reduced as its
+    # backward runs (else coalesced into one call after backward, as Megatron does: priced as nothing)
     # in backward (Megatron's); dt's layers keep the gathered input
     reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
     scatter_gather_p2p: bool = False  # a pipeline send carries 1/tp of the activation (all-gathered after)
@@ -104,7 +106,7 @@ STACKS: dict[str, Stack] = {
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
         fragmentation=1.05, partition="layers", fsdp_prefetch=True, fsdp_scatter_behind=False,
-        sp_shard_inputs=False),
+        sp_shard_inputs=False, sp_norm_grads_each=True),
     "megatron": Stack(
         "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
                     "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "

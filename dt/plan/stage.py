@@ -401,6 +401,7 @@ def fsdp_exposed(stack: Stack, gather: float, scatter: float, fwd: float, bwd: f
 
 
 TP_ALL_REDUCES = 2  # per block each way: forward attention's g and the MLP's g, backward their f's
+NORM_GRADS_PER_BLOCK = 2  # a block's two norms, under sequence parallel on each rank's tokens only
 LOSS_ALL_REDUCES = 3  # the vocabulary-parallel cross-entropy's small ones: max, target logit, sum
 EP_ALL_TO_ALLS = 2  # per block each way: the experts' dispatch and combine
 
@@ -413,15 +414,25 @@ def _messages(cluster: Cluster, model: ModelShape, layout: Layout, groups: RankG
     act = mean * tokens * model.n_embd * cluster.itemsize
     activation = collective_seconds(cluster, "all_reduce", act, groups.tp)
     small = collective_seconds(cluster, "all_reduce", mean * tokens * cluster.itemsize, groups.tp)
+    # a block's f and g: all-reduces, or under sequence parallel an all-gather in and a reduce-scatter
+    # out each (the same bytes on a ring, twice the calls)
+    sp = layout.sequence_parallel and layout.tp > 1
+    block_pair = (collective_seconds(cluster, "all_gather", act, groups.tp)
+                  + collective_seconds(cluster, "reduce_scatter", act, groups.tp)) if sp else activation
+    per_norm = 1 if model.family == "llama" else 2  # RMSNorm's weight; LayerNorm's weight and bias
+    norm_grad = collective_seconds(cluster, "all_reduce", model.n_embd * 4, groups.tp)  # float32 grads
+    each = sp and cluster.stack.sp_norm_grads_each
+    norm_grads = NORM_GRADS_PER_BLOCK * per_norm * norm_grad if each else 0.0
     kv_share = model.kv_heads / model.n_head
     cp_fwd, cp_bwd = _attention_messages(cluster, layout, groups, act / layout.tp, kv_share)
     routed = mean * tokens * model.top_k * model.n_embd * cluster.itemsize
     all_to_all = collective_seconds(cluster, "all_to_all", routed, groups.ep) if model.experts else 0.0
     blocks = tensors.blocks
-    tp_fwd = (TP_ALL_REDUCES * blocks * activation + (activation if tensors.embed else 0.0)
+    tp_fwd = (TP_ALL_REDUCES * blocks * block_pair + (activation if tensors.embed else 0.0)
               + (LOSS_ALL_REDUCES * small if tensors.head else 0.0))
-    rerun = TP_ALL_REDUCES * blocks * activation if layout.recompute == "full" else 0.0  # forward's again
-    tp_bwd = TP_ALL_REDUCES * blocks * activation + (activation if tensors.head else 0.0) + rerun
+    rerun = TP_ALL_REDUCES * blocks * block_pair if layout.recompute == "full" else 0.0  # forward's again
+    tp_bwd = (TP_ALL_REDUCES * blocks * block_pair + blocks * norm_grads
+              + (activation if tensors.head else 0.0) + rerun)
     ep = EP_ALL_TO_ALLS * all_to_all * blocks
     return {"tp": tp_fwd, "cp": cp_fwd * blocks, "ep": ep}, {"tp": tp_bwd, "cp": cp_bwd * blocks, "ep": ep}
 
