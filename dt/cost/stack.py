@@ -144,17 +144,17 @@ STACKS |= {
     "megatron-deepspeed": Stack(
         "megatron-deepspeed", "bigscience-workshop/Megatron-DeepSpeed as BLOOM's tr11 ran it (2022): "
                               "Megatron's unfused attention (batched GEMMs and its fused "
-                              "scale-mask-softmax), "
-                              "fused bias-GeLU and bias-dropout-add, dropout 0 (tr11's configs), DeepSpeed's "
-                              "pipeline engine and ZeRO 1 (fp32 master and Adam state sharded over dp, "
-                              "fp32 gradient accumulation), the data-parallel reduction after the last "
-                              "micro-batch (fp16 runs accumulate and reduce their gradients in fp16, "
-                              "bf16 runs in fp32: its BF16 optimizer), tensor parallel's all-reduces "
-                              "exposed, the pipeline's sends and "
+                              "scale-mask-softmax), fused bias-GeLU and bias-dropout-add, dropout 0 "
+                              "(tr11's configs), DeepSpeed's pipeline engine and ZeRO 1 (fp32 master and "
+                              "Adam state sharded over dp), the data-parallel reduction after the last "
+                              "micro-batch (fp16 runs accumulate and reduce their gradients in fp16; bf16 "
+                              "runs in fp32: its BF16 optimizer's unsharded fp32 gradient buffer, beside "
+                              "the bf16 .grad its pipeline engine keeps, update_hp_grads(clear_lp_grads="
+                              "False)), tensor parallel's all-reduces exposed, the pipeline's sends and "
                               "receives blocking the stage (its engine's broadcasts); " + _CUDA_RUNTIME,
         schedules=("1f1b",), zero_stages=(0, 1), recomputes=("none", "full"), sequence_parallel=False,
         context_parallel=False,
-        attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4,
+        attention="unfused", dropout=False, fused_elementwise=True, weight_bytes=2, grad_bytes=4 + 2,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=False,
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
         blocking_p2p=True, fp16_grad_bytes=2),
