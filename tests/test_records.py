@@ -168,6 +168,31 @@ def test_the_readmes_results_table_is_the_records():
 
 
 @pytest.mark.quick
+def test_the_planner_page_shows_the_newest_published_records_summary():
+    """docs/planner.md's block is the newest `dt plan --published` record's summary, each source's
+    row and the overall one, linked to the record."""
+    page = ROOT / "docs" / "planner.md"
+    assert records.check(page, ROOT / "benchmarks") is None
+    block = records.published_summary(ROOT / "benchmarks", page.parent)
+    assert "../benchmarks/plan_" in block and "\nall " in block and "\nsource " in block
+
+
+def test_a_published_summary_is_the_records_lines(tmp_path):
+    bench = tmp_path / "benchmarks"
+    fields = _fields("plan", "2026-12-07T09:00:00Z", "every published row")
+    summary = ("source   rows   median\nbloom-176b   100   11.3%\nall   100   11.3%\n"
+               "not priced: 2 rows: float8")
+    record.write_record(bench / "plan_catalogue_20261207_published.md", fields, f"rows...\n{summary}\nafter")
+    page = tmp_path / "planner.md"
+    page.write_text(f"# planner\n{records.PUBLISHED_BEGIN}\n{records.PUBLISHED_END}\n")
+    assert "is not the one the records" in records.check(page, bench)
+    assert records.write(page, bench) and records.check(page, bench) is None
+    text = page.read_text()
+    assert summary in text and "(benchmarks/plan_catalogue_20261207_published.md)" in text
+    assert "rows..." not in text and "after" not in text
+
+
+@pytest.mark.quick
 def test_dt_records_check_exit_status(tmp_path):
     bench = tmp_path / "benchmarks"
     _fixture_records(bench)

@@ -3,13 +3,15 @@
     dt records                      # every record, newest first, then the results table
     dt records --check README.md    # exit 1 unless the README's table is the one the records give
     dt records --write README.md    # put it there
+    dt records --write docs/planner.md   # the newest dt plan --published summary there
 
 A record is what one run printed, under a header table (dt.record writes it: `dt train
 --record`, `dt bench collectives --record`, ...; records written by hand have the same
 header). The results table has one row per topic and hardware (the record's name says
 both), from the newest record of each that declares a headline: the headline, and a
 link to the record. In the README it sits between RESULTS_BEGIN and RESULTS_END, so a
-figure there always names the run that produced it.
+figure there always names the run that produced it; the planner's page holds the newest
+`dt plan --published` summary the same way, between PUBLISHED_BEGIN and PUBLISHED_END.
 """
 
 from __future__ import annotations
@@ -24,11 +26,14 @@ from dt import args as args_
 from dt.bench.report import replace_between_markers
 from dt.record import DEFAULT_DIRECTORY, RECORD_NAME, REQUIRED, read_header
 
-__all__ = ["RESULTS_BEGIN", "RESULTS_END", "RunRecord", "check", "main", "newest", "read_records",
-           "results_table", "write"]
+__all__ = ["PUBLISHED_BEGIN", "PUBLISHED_END", "RESULTS_BEGIN", "RESULTS_END", "RunRecord", "check", "main",
+           "newest", "published_summary", "read_records", "results_table", "write"]
 
 RESULTS_BEGIN = "<!-- results:begin -->"
 RESULTS_END = "<!-- results:end -->"
+# The planner's page shows the newest `dt plan --published` record's summary between these
+PUBLISHED_BEGIN = "<!-- published:begin -->"
+PUBLISHED_END = "<!-- published:end -->"
 NO_RECORDS = "No record declares a headline yet: a command run with `--record` writes one that does."
 
 
@@ -89,32 +94,60 @@ def results_table(directory: Path, links_from: Path) -> str:
                      for row in [["topic", "hardware", "headline", "record"], ["---"] * 4, *cells])
 
 
-def _between_markers(text: str) -> str | None:
-    begin = text.find(RESULTS_BEGIN)
-    end = text.find(RESULTS_END, begin + len(RESULTS_BEGIN)) if begin >= 0 else -1
-    return None if begin < 0 or end < 0 else text[begin + len(RESULTS_BEGIN): end].strip("\n")
+def published_summary(directory: Path, links_from: Path) -> str:
+    """The newest `dt plan --published` record's summary (each source's rows, median and worst error
+    of the step and of the memory, the sweeps' placing, what was not priced), linked to the record."""
+    every = read_records(directory) if directory.is_dir() else []
+    records = [r for r in every if r.topic == "plan" and r.path.stem.endswith("_published")]
+    if not records:
+        return "No `dt plan --published` record yet: `dt plan --published --record` writes one."
+    record = records[0]
+    lines = record.path.read_text(encoding="utf-8").splitlines()
+    last = next(i for i, line in enumerate(lines) if line.startswith("all "))  # the summary's last row
+    first = max(i for i in range(last) if lines[i].startswith("source "))  # its header, not the rows'
+    after = [line for line in lines[last + 1:last + 5] if line.startswith(("sweeps:", "not priced"))]
+    link = Path(os.path.relpath(record.path, links_from)).as_posix()
+    return "\n".join([f"From [{record.path.stem}]({link}) (`{record['command'].strip('`')}`, commit "
+                      f"{record['commit']}):", "", "```text", *lines[first:last + 1], *after, "```"])
+
+
+# Each generated block: its markers and what fills it (from the records' folder, links relative to the page)
+BLOCKS = ((RESULTS_BEGIN, RESULTS_END, results_table), (PUBLISHED_BEGIN, PUBLISHED_END, published_summary))
+
+
+def _between_markers(text: str, begin_marker: str, end_marker: str) -> str | None:
+    begin = text.find(begin_marker)
+    end = text.find(end_marker, begin + len(begin_marker)) if begin >= 0 else -1
+    return None if begin < 0 or end < 0 else text[begin + len(begin_marker): end].strip("\n")
 
 
 def check(readme: Path, directory: Path) -> str | None:
-    """None when `readme`'s results block is the table the records give; else what is wrong, in a line."""
-    body = _between_markers(readme.read_text(encoding="utf-8"))
-    if body is None:
-        return f"{readme} has no {RESULTS_BEGIN} ... {RESULTS_END} block"
-    if body != results_table(directory, readme.resolve().parent):
-        return (f"{readme}'s results table is not the one the records in {directory} give: "
-                f"dt records --write {readme}")
-    return None
+    """None when each generated block `readme` has (the results table, the published summary) is what
+    the records give and it has at least one; else what is wrong, in a line."""
+    text = readme.read_text(encoding="utf-8")
+    found = 0
+    for begin, end, make in BLOCKS:
+        body = _between_markers(text, begin, end)
+        if body is None:
+            continue
+        found += 1
+        if body != make(directory, readme.resolve().parent):
+            return (f"{readme}'s {begin} block is not the one the records in {directory} give: "
+                    f"dt records --write {readme}")
+    return None if found else f"{readme} has no {RESULTS_BEGIN} ... {RESULTS_END} block"
 
 
 def write(readme: Path, directory: Path) -> bool:
-    """Put the table in `readme`'s results block; False (untouched) when it has none."""
-    text = readme.read_text(encoding="utf-8")
-    table = results_table(directory, readme.resolve().parent)
-    new = replace_between_markers(text, table, RESULTS_BEGIN, RESULTS_END)
-    if new is None:
-        return False
-    readme.write_text(new, encoding="utf-8")
-    return True
+    """Fill each generated block `readme` has; False (untouched) when it has none."""
+    text = original = readme.read_text(encoding="utf-8")
+    found = False
+    for begin, end, make in BLOCKS:
+        new = replace_between_markers(text, make(directory, readme.resolve().parent), begin, end)
+        if new is not None:
+            text, found = new, True
+    if text != original:
+        readme.write_text(text, encoding="utf-8")
+    return found
 
 
 def _listing(records: list[RunRecord]) -> str:
@@ -129,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"where the records are (default {DEFAULT_DIRECTORY}/)")
     done = p.add_mutually_exclusive_group()
     done.add_argument("--check", metavar="README", type=Path, default=None,
-                      help="exit 1 unless README's results block is the table the records give")
+                      help="exit 1 unless README's generated blocks (the results table, the "
+                           "published summary) are the records'")
     done.add_argument("--write", metavar="README", type=Path, default=None,
-                      help="put the table in README's results block")
+                      help="fill README's generated blocks from the records")
     a = p.parse_args(sys.argv[1:] if argv is None else argv)
     directory = Path(a.directory)
     readme = a.check or a.write
