@@ -36,6 +36,7 @@ import os
 import platform
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -314,6 +315,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error("no command to run: python -m dt.record TOPIC ENTITY DIR -- COMMAND ...")
     if not _WORD.fullmatch(a.topic):
         parser.error(f"topic {a.topic!r}: lowercase letters and digits")
+    if shutil.which(command[0]) is None:
+        parser.error(f"no command {command[0]!r} to run (nothing recorded): "
+                     "python -m dt.record TOPIC ENTITY DIR -- COMMAND ...")
     status, path = run_recorded(command, shlex.join(command), a.topic, a.entity, Path(a.directory))
     print(f"record: {path}", file=sys.stderr)
     return status

@@ -163,6 +163,14 @@ def test_check_holds_the_readme_block_to_the_generated_table(tmp_path):
 
 
 @pytest.mark.quick
+def test_a_command_that_is_not_there_is_refused_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        record.main(["train", "run", str(tmp_path), "--", "no-such-command-here", "--flag"])
+    assert exit_.value.code == 2 and "no command 'no-such-command-here'" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.quick
 def test_the_readmes_results_table_is_the_records():
     assert records.check(ROOT / "README.md", ROOT / "benchmarks") is None
 
