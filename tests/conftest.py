@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from dt.launcher import WorkerPool
+from dt.record import HEADLINE_VARIABLE
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 
@@ -27,6 +28,9 @@ WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 # run that other dt in the workers. Subprocesses the tests start inherit it too.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
+# A suite run under `python -m dt.record` must not let the commands its tests run declare the record's
+# headline (each would overwrite it with its own).
+os.environ.pop(HEADLINE_VARIABLE, None)
 
 
 @pytest.fixture(scope="session", autouse=True)
