@@ -197,3 +197,31 @@ def test_clipping_under_zero_reads_the_experts_shard_over_their_replicas():
     want = 3 * (sum(w.dense) / 4 + w.experts / 2) * c.grad_itemsize / c.mem_bw
     assert c.grad_itemsize == 4
     assert len(clip) == 1 and clip[0].end - clip[0].start == pytest.approx(want)
+
+
+@pytest.mark.parametrize("stack", ["dt", "megatron"])
+def test_sequence_parallels_collectives_are_an_all_gather_and_a_reduce_scatter_each(stack):
+    """tp's messages per micro-batch (before any overlap hides them), by hand: per block each way two
+    all-reduces of the activation, or under sequence parallel two all-gathers and two
+    reduce-scatters of it; dt's norms (not Megatron's, coalesced after backward) also all-reduce
+    their float32 gradients in backward: two LayerNorms' weight and bias per block."""
+    from dt.plan.stage import RankGroups, _messages
+
+    c = catalogue_cluster("h100", 1, 8, stack_name=stack)
+    model, batch, seq, tp = ModelShape(4, 8, 512, 1024), 8, 256, tuple(range(8))
+    groups = RankGroups(tp=tp, cp=(0,), ep=(0,), dp_cp=(0,), edp=(0,), pp=(0,), embed=(0,))
+
+    def messages(layout: Layout) -> tuple[float, float]:
+        fwd, bwd = _messages(c, model, layout, groups, batch, seq, stage_tensors(model, layout, seq, 0))
+        return fwd["tp"], bwd["tp"]
+
+    plain_fwd, plain_bwd = messages(Layout(tp=8))
+    sp_fwd, sp_bwd = messages(Layout(tp=8, sequence_parallel=True))
+    act = batch * seq * model.n_embd * c.itemsize
+    reduce, gather, scatter = (collective_seconds(c, name, act, tp)
+                               for name in ("all_reduce", "all_gather", "reduce_scatter"))
+    norms = 2 * 2 * collective_seconds(c, "all_reduce", model.n_embd * 4, tp) if stack == "dt" else 0.0
+    per_way = 2 * model.n_layer * (gather + scatter - reduce)
+    assert norms >= 0 and gather + scatter > reduce > 0
+    assert sp_fwd - plain_fwd == pytest.approx(per_way, rel=1e-9)
+    assert sp_bwd - plain_bwd == pytest.approx(per_way + model.n_layer * norms, rel=1e-9)

@@ -42,9 +42,9 @@ class Stack:
     fsdp_scatter_behind: bool = True  # ZeRO 3's gradient reduce-scatters run behind backward
     fp16_grad_bytes: int = 0  # in fp16, gradients accumulated and reduced in fp16 (0: as in bf16)
     sp_shard_inputs: bool = True  # under sequence parallel a GEMM keeps its input's shard, gathered again
+    # in backward (Megatron's); dt's layers keep the gathered input
     sp_norm_grads_each: bool = False  # under sequence parallel each norm's gradients are all-reduced as its
     # backward runs (else coalesced into one call after backward, as Megatron does: priced as nothing)
-    # in backward (Megatron's); dt's layers keep the gathered input
     reshard_after_forward: bool = True  # ZeRO 3 frees a unit after its forward (and gathers it again)
     scatter_gather_p2p: bool = False  # a pipeline send carries 1/tp of the activation (all-gathered after)
     reduce_once: bool = False  # ZeRO 2 reduce-scatters the gradients once a step, after the last micro-batch
