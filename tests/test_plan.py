@@ -225,3 +225,18 @@ def test_sequence_parallels_collectives_are_an_all_gather_and_a_reduce_scatter_e
     assert norms >= 0 and gather + scatter > reduce > 0
     assert sp_fwd - plain_fwd == pytest.approx(per_way, rel=1e-9)
     assert sp_bwd - plain_bwd == pytest.approx(per_way + model.n_layer * norms, rel=1e-9)
+
+
+def test_rows_here_tie_within_the_timed_stages_interquartile_spread(monkeypatch):
+    """On this machine the ranking's noise is the median, over the timed stages, of their repetitions'
+    interquartile range over their median (DDP's and Adam's timings aside): by hand, 0, 0.2 and 1.0."""
+    from dt.plan import timed
+
+    times = {("a",): [1.0] * 5, ("b",): [0.9, 1.0, 1.0, 1.1, 1.2], ("c",): [1.0, 2.0, 3.0, 4.0, 5.0],
+             ("d",): [1.0, 9.0]}  # too few repetitions for quartiles: left out
+    budget = timed.TimingBudget()
+    monkeypatch.setattr(timed, "BUDGET", budget)
+    monkeypatch.setattr(timed, "stage_timing", lambda *key: times[key])
+    assert timed.timing_noise() == 0.0  # nothing timed yet
+    budget.timed = {*times, ("ddp", 1), ("adam", 2)}
+    assert timed.timing_noise() == pytest.approx(0.2)

@@ -295,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"model": model.__dict__, "global_batch": a.global_batch, "seq": a.seq, "cluster": cluster.name,
             "source": cluster.source, "grid": ranking.grid, "accepted": ranking.accepted,
             "skipped": ranking.skipped, "dropped": ranking.dropped, "seconds": took, "cpu_seconds": cpu,
-            "headroom": a.headroom, "untimed": _untimed(cluster)}
+            "headroom": a.headroom, "tie_noise": ranking.noise, "untimed": _untimed(cluster)}
     measured = None
     if a.check:
         from dt.plan.check import check
@@ -316,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         print("nothing fits: raise --per-host or --hosts, lower --global-batch or --seq, or add --recompute")
         return 1
-    print(table(rows, a.top, cluster.memory if cluster.device is not None else 0))
+    print(table(rows, a.top, cluster.memory if cluster.device is not None else 0, ranking.noise))
     if a.scatter:
         scatter_plot(rows, a.scatter, title)
         print(f"scatter: {a.scatter}")

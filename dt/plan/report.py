@@ -27,9 +27,9 @@ def _fmt_step(seconds: float) -> str:
     return f"{seconds:9.3f}" if seconds >= 10 else _ms(seconds)
 
 
-def table(rows: list[Row], top: int, device_memory: int = 0) -> str:
+def table(rows: list[Row], top: int, device_memory: int = 0, noise: float = 0.0) -> str:
     """The first `top` rows: step and its parts, tokens/s, MFU, peak memory per rank (and its share of
-    the device's), bytes per level. `=` marks a tie with the row above (within the ranking's noise)."""
+    the device's), bytes per level. `=` marks a tie with the row above (within the ranking's `noise`)."""
     unit = "s" if rows and rows[0].prediction.step >= 10 else "ms"
     scale = 1.0 if unit == "s" else 1e3
     head = (f"{'#':>4} {'layout':<44} {'step ' + unit:>9} {'compute':>9} {'comm':>9} {'bubble':>9} "
@@ -50,8 +50,8 @@ def table(rows: list[Row], top: int, device_memory: int = 0) -> str:
                    f"{row.tokens_per_s:10.0f} {mfu} {fmt_bytes(row.peak):>10}{share} "
                    f"{fmt_bytes(intra):>10} {fmt_bytes(inter):>10}  {kinds}")
     if any(row.tie for row in rows[:top]):
-        out.append("= ties with the row above: the steps differ by less than the ranking's noise; "
-                   "ties are ordered by memory")
+        out.append(f"= ties with the row above: the steps differ by less than the ranking's noise "
+                   f"({100 * noise:.1f}%); ties are ordered by memory")
     return "\n".join(out)
 
 

@@ -66,6 +66,7 @@ class Ranking:
     dropped: dict[str, int] = field(default_factory=dict)  # why the others were dropped, how many
     skipped: int = 0  # bounded slower than every row shown: never priced
     seconds: float = 0.0
+    noise: float = 0.0  # steps closer than this share are ties (TIE, or here the timed stages' spread)
 
 
 def model_flops(model: ModelShape, batch: int, seq: int) -> float:
@@ -210,9 +211,16 @@ def rank_layouts(cluster: Cluster, model: ModelShape, batch: int, seq: int,
                 heapq.heappush(best, -row.prediction.step)
                 if len(best) > top:
                     heapq.heappop(best)
-    tolerance = tie if tie is not None else (TIE if cluster.gpu is not None else 0.0)
+    tolerance = tie if tie is not None else TIE if cluster.gpu is not None else _timing_noise()
     return Ranking(_with_ties(rows, tolerance), len(every), len(layouts), dropped, skipped,
-                   time.perf_counter() - t0)
+                   time.perf_counter() - t0, tolerance)
+
+
+def _timing_noise() -> float:
+    """dt.plan.timed.timing_noise (imported here: the timed stages' module builds dt's layers)."""
+    from dt.plan.timed import timing_noise
+
+    return timing_noise()
 
 
 def _with_ties(rows: list[Row], tolerance: float) -> list[Row]:

@@ -56,7 +56,8 @@ from dt.transport.group import Group
 
 __all__ = ["BUDGET", "MEMORY_SHARE", "TIMING_BUDGET", "TimingBudget", "adam_seconds", "adam_within_budget",
            "ddp_hook_seconds", "ddp_hooks_within_budget", "samples", "slowest_of", "stage_module",
-           "stage_seconds", "stage_timing", "time_stage", "timed", "timed_within_budget", "was_timed"]
+           "stage_seconds", "stage_timing", "time_stage", "timed", "timed_within_budget", "timing_noise",
+           "was_timed"]
 
 REPS = 9
 ADAM_TENSORS = 4  # what Adam holds per number: the weight, its gradient, the two moments
@@ -271,6 +272,21 @@ def timed_within_budget(shape: tuple, flops: float, nbytes: float) -> float | No
 def was_timed(shape: tuple) -> bool:
     """Whether this stage's shape was timed (not priced by rate past the budget)."""
     return shape in BUDGET.timed
+
+
+def timing_noise() -> float:
+    """How far apart two steps priced here must be to be told apart: the median, over the stages
+    timed in this process, of their repetitions' interquartile range over their median (0 before
+    any is timed). A stage's median moves about that much from one timing to the next."""
+    spreads = []
+    for key in BUDGET.timed:
+        if key[0] in ("ddp", "adam"):  # DDP's hooks and Adam's steps: not a stage's repetitions
+            continue
+        times = stage_timing(*key)
+        if len(times) >= 4 and statistics.median(times) > 0:
+            lower, _, upper = statistics.quantiles(times, n=4)
+            spreads.append((upper - lower) / statistics.median(times))
+    return statistics.median(spreads) if spreads else 0.0
 
 
 def stage_seconds(*shape: object, **options: object) -> float:
