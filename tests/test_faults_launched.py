@@ -196,6 +196,43 @@ def _one_rank_late_once_connected(late: int) -> list[float]:
     return x.tolist()
 
 
+SERVER = """
+import datetime, sys, torch.distributed as dist
+store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=datetime.timedelta(seconds=60))
+print(store.port, flush=True)
+store.wait(["exiting"])
+"""  # and then exits, closing the store: as another host's agent may while this one's ranks exit
+
+RANK = """
+import datetime, sys, time, builtins, torch.distributed as dist
+from dt.transport import liveness
+store = dist.TCPStore("127.0.0.1", int(sys.argv[1]), None, False, timeout=datetime.timedelta(seconds=60))
+liveness.attach(liveness.StoreChannel(dist.PrefixStore("dt/attempt0", store)))
+class SlowToFinalize:  # freed as the interpreter finalizes, after the store has closed
+    def __del__(self):
+        time.sleep(1.5)
+builtins.slow = SlowToFinalize()
+store.set("exiting", "1")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_exits_cleanly_when_the_store_closes_as_it_finalizes():
+    """The watchdog is out of the store's C++ before the interpreter finalizes: a thread returning
+    from a blocking store wait then aborts the process ("terminate called without an active
+    exception", status 134), which a rank of a two-host torchrun job met at exit."""
+    server = subprocess.Popen([sys.executable, "-c", SERVER], stdout=subprocess.PIPE, text=True)
+    try:
+        port = server.stdout.readline().strip()
+        rank = subprocess.run([sys.executable, "-c", RANK, port], capture_output=True, text=True,
+                              timeout=90, cwd=ROOT)
+    finally:
+        server.kill()
+        server.wait()
+    assert rank.returncode == 0, rank.stderr[-2000:]
+    assert "terminate called" not in rank.stderr
+
+
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", (3, 5))
 def test_the_rank_that_never_arrived_at_the_board_is_named_not_a_survivor(run, world):

@@ -41,8 +41,8 @@ and waits end at their timeout, as before.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
-import datetime
 import itertools
 import json
 import os
@@ -133,6 +133,10 @@ class FailureChannel:
     def receive(self) -> Failure | None:
         raise NotImplementedError
 
+    def stop(self) -> bool:
+        """Make `receive` return None soon; whether it will (a pipe's read cannot be cut short)."""
+        return False
+
 
 class PipeChannel(FailureChannel):
     """Under dt's launcher: a pipe to the launcher, which relays every failure to every rank.
@@ -158,10 +162,20 @@ class PipeChannel(FailureChannel):
 
 class StoreChannel(FailureChannel):
     """Under torchrun: failures appended to the job's c10d store, under dt/liveness/<i>;
-    each rank waits for the next on a store connection of its own."""
+    each rank polls for the next on a store connection of its own.
+
+    It polls (`check`, every POLL_S) rather than blocking in the store's `wait`:
+    a thread blocked in C++ when the interpreter finalizes (the store's server,
+    another host's agent, may close at that moment) aborts the whole process as
+    its wait returns ("terminate called without an active exception"). `stop`
+    ends the poll; `attach` calls it at exit.
+    """
+
+    POLL_S = 0.25
 
     def __init__(self, store: Any):
         self.store, self.reader, self.next = store, store.clone(), 0
+        self.stopped = threading.Event()
 
     def send(self, failure: Failure) -> None:
         with contextlib.suppress(Exception):  # the store is gone with the job: nobody to tell
@@ -170,16 +184,19 @@ class StoreChannel(FailureChannel):
 
     def receive(self) -> Failure | None:
         key = f"{PREFIX}/{self.next}"
-        while True:
-            try:
-                self.reader.wait([key], datetime.timedelta(seconds=3600))
-                break
-            except dist.DistStoreError:  # an hour without news: wait on
-                continue
-            except Exception:  # noqa: BLE001 - the store is gone
-                return None
+        try:
+            while not self.reader.check([key]):
+                if self.stopped.wait(self.POLL_S):
+                    return None
+            data = self.reader.get(key)
+        except Exception:  # noqa: BLE001 - the store is gone
+            return None
         self.next += 1
-        return decode(self.reader.get(key))
+        return decode(data)
+
+    def stop(self) -> bool:
+        self.stopped.set()
+        return True
 
 
 def attach(channel: FailureChannel, keep_ports: tuple[int, ...] = (),
@@ -194,10 +211,19 @@ def attach(channel: FailureChannel, keep_ports: tuple[int, ...] = (),
     def watch() -> None:
         while (failure := channel.receive()) is not None:
             _learn(failure)
-        if on_gone is not None:
+        if on_gone is not None and not stopping.is_set():
             on_gone()
 
-    threading.Thread(target=watch, name="dt-liveness", daemon=True).start()
+    stopping = threading.Event()
+    thread = threading.Thread(target=watch, name="dt-liveness", daemon=True)
+    thread.start()
+
+    def end_watch() -> None:  # at exit, before the interpreter finalizes: see StoreChannel
+        stopping.set()
+        if channel.stop():
+            thread.join(timeout=5)
+
+    atexit.register(end_watch)
 
 
 def attached() -> bool:
