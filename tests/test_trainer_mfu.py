@@ -1,4 +1,4 @@
-"""MFU's peak (dt/train/peak.py) and the threads a rank computes with (dt/train/threads.py).
+"""MFU's peak (dt/train/peak.py), the threads a rank computes with (dt/train/threads.py), the time split.
 
 The peak is one core's float32 matmul rate x the cores the ranks use (threads x ranks, at
 most the machine's cores); printed MFU is never above 100% as if true; one process of a
@@ -99,3 +99,7 @@ def test_every_printed_mfu_lies_in_0_to_100_percent(tmp_path, dp):
     for figure in mfus:
         assert figure != ">100%" and 0 < float(figure[:-1]) <= 100, (figure, text)
     assert f"x {dp} core(s) (1 thread(s) x {dp} rank(s)" in done.stdout, text
+    # the time split: each rank's parts of its own loop's wall time, so together at most all of it
+    shares = [float(s) for s in re.findall(r"^  (?:compute|communication|bubble) +[0-9.]+ s +([0-9.]+)%$",
+                                            done.stdout, re.M)]
+    assert len(shares) == 3 and sum(shares) <= 100.0 + 0.3, done.stdout  # + rounding

@@ -212,7 +212,8 @@ def report(args: argparse.Namespace, results: list[dict[str, Any]]) -> str:
              f"time split, mean over {len(results)} rank(s) (share of the training loop's wall time):"]
     for key in ("compute", "communication", "bubble"):
         mean = sum(r["times"][key] for r in results) / len(results)
-        lines.append(f"  {key:<14} {mean:7.2f} s  {100 * mean / r0['wall_s']:5.1f}%")
+        share = sum(r["times"][key] / r["wall_s"] for r in results if r["wall_s"] > 0) / len(results)
+        lines.append(f"  {key:<14} {mean:7.2f} s  {100 * share:5.1f}%")
     per_step = {k: sum(r["bytes_sent"][k] for r in results) / len(results) / r0["steps"]
                 for k in r0["bytes_sent"]}
     lines.append(f"bytes sent per rank per step (mean over {len(results)} rank(s)): " + ", ".join(

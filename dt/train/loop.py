@@ -19,6 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dt import transport
+from dt.collectives import barrier
 from dt.device import clock
 from dt.train.build import Built, build, plain_model
 from dt.train.checkpoint import load_checkpoint, lock_directory, save_checkpoint
@@ -122,6 +123,8 @@ def _train(args: argparse.Namespace) -> dict[str, Any]:
                       flops_per_token=model_flops_per_token(run.cfg),
                       peak_flops=getattr(args, "peak_total", None))
     losses: list[float] = []
+    if run.world > 1:  # the clocks start together: a peer's later start-up is no step's wait
+        barrier(algorithm="dissemination")
     t_start = clock(run.device)
     t_warm = eval_warm = None  # after the run's first step: its allocations and kernel choices done
     for step in range(start, args.steps):
