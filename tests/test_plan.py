@@ -7,6 +7,7 @@ import json
 import pytest
 
 from dt.collectives.auto import candidates
+from dt.cost.devices import DEVICES
 from dt.cost.levels import Levels
 from dt.cost.machine import Machine
 from dt.cost.time import estimate
@@ -87,6 +88,23 @@ def test_a_group_inside_a_host_is_priced_by_the_cheapest_cost_model_algorithm():
     ring = estimate("all_reduce", "ring", 1e9, 8, alpha=m.alpha, beta=m.beta).total
     assert ring == pytest.approx(3.96e-3, rel=0.01)  # the seed's worked example
     assert collective_seconds(c, "all_reduce", 1e9, tuple(range(8))) <= ring
+
+
+def test_a_hosts_network_is_shared_by_its_gpus():
+    """--host-network: 4 x 100 Gbit/s for 8 GPUs gives each rank 6.25 GB/s (at the NIC efficiency),
+    a quarter of the A100 catalogue's one 25 GB/s NIC per GPU; a data-parallel all-reduce across
+    hosts costs more on it, one inside a host the same."""
+    wide, narrow = catalogue_cluster("a100", 2, 8), catalogue_cluster("a100", 2, 8, host_network=400e9 / 8)
+    nic = DEVICES["a100"].link_efficiency[1]
+    assert wide.levels.inter.beta == pytest.approx(1 / (25e9 * nic))
+    assert narrow.levels.inter.beta == pytest.approx(1 / (6.25e9 * nic))
+    assert narrow.levels.intra == wide.levels.intra
+    across, inside = (0, 8), tuple(range(8))
+    def seconds(cluster, group):
+        return collective_seconds(cluster, "all_reduce", 1e9, group)
+
+    assert seconds(narrow, across) > 3 * seconds(wide, across)
+    assert seconds(narrow, inside) == seconds(wide, inside)
 
 
 def test_memory_state_is_zeros_formula():

@@ -41,7 +41,7 @@ _NCCL_LATENCY = ("NCCL src/graph/tuning.cc: hwLat ring/Simple NVLink 3.4 us, NET
 _HDR = "NVIDIA ConnectX-6 HDR InfiniBand: 200 Gb/s per port, https://www.nvidia.com/en-us/networking/infiniband-adapters/"
 _NDR = "NVIDIA ConnectX-7 NDR InfiniBand: 400 Gb/s per port, https://www.nvidia.com/en-us/networking/infiniband-adapters/"
 _EFFICIENCY = ("fitted to the published runs (dt plan --published --fit; dt.plan.fit): bf16 and fp16 on the "
-               "A100 0.69, on the H100 (and H200, its chip) 0.57; tf32 0.7 and fp32 0.9 assumed")
+               "A100 0.71, on the H100 (and H200, its chip) 0.57; tf32 0.7 and fp32 0.9 assumed")
 
 _FLASH = ("FlashAttention-2 (Dao 2023, arXiv 2307.08691): forward 50-73% and backward up to 63% of the "
           "A100's "
@@ -102,7 +102,7 @@ def _sources(sheet: str, nic: str) -> dict[str, str]:
 
 def _fitted(chip: str) -> dict[str, float]:
     """A chip's GEMM efficiencies: bf16 and fp16 fitted (dt.plan.fit), tf32 and fp32 assumed."""
-    half = {"ampere": 0.69, "hopper": 0.57}[chip]
+    half = {"ampere": 0.71, "hopper": 0.57}[chip]
     return {"fp32": 0.9, "tf32": 0.7, "bf16": half, "fp16": half}
 
 

@@ -129,6 +129,10 @@ def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stack", choices=sorted(STACKS), default="dt",
                         help="with --device: the software running the step (dt.cost.stack: its kernels, "
                              "bytes per parameter and overlaps) (default dt)")
+    parser.add_argument("--host-network", type=args_.positive, default=None, metavar="GBIT",
+                        help="with --device: each host's network, all its NICs together, Gbit/s one way "
+                             "(default: one catalogue NIC per GPU, 8 x 200 on the A100's hosts, 8 x 400 "
+                             "on the H100's and H200's)")
     parser.add_argument("--efficiency", type=args_.positive, default=None,
                         help="a large GEMM's sustained fraction of peak (default: the catalogue's)")
     parser.add_argument("--headroom", type=args_.positive, default=HEADROOM,
@@ -259,7 +263,8 @@ def _model(args: argparse.Namespace) -> ModelShape:
 def _cluster(args: argparse.Namespace) -> Cluster:
     if args.device:
         return catalogue_cluster(args.device, args.hosts, args.per_host, args.precision or "bf16",
-                                 efficiency=args.efficiency, timed_gpu=args.timed_gpu, stack_name=args.stack)
+                                 efficiency=args.efficiency, timed_gpu=args.timed_gpu, stack_name=args.stack,
+                                 host_network=args.host_network * 1e9 / 8 if args.host_network else None)
     world = args.hosts * args.per_host if args.hosts > 1 else args.world
     return local_cluster(world, args.precision or "float32", args.hosts)
 

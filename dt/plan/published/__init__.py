@@ -42,7 +42,7 @@ FFN_ACTIVATIONS = ("gelu", "swiglu")
 _SOURCE_KEYS = ("source", "citation", "url", "table", "verified", "notes", "defaults", "pricing", "rows")
 _SHAPE = ("model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "ffn_activation",
           "vocab_size", "seq_len", "tied_embeddings", "shape_source")
-_CLUSTER = ("gpu", "device", "gpu_memory_gb", "gpus", "gpus_per_host", "interconnect")
+_CLUSTER = ("gpu", "device", "gpu_memory_gb", "gpus", "gpus_per_host", "interconnect", "host_network_gbit")
 _LAYOUT = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "fsdp", "micro_batch", "global_batch", "grad_accum",
            "virtual_stages", "recompute", "sequence_parallel")
 _RESULT = ("precision", "metric", "published", "also", "published_memory_gb", "memory_kind", "sweep",
@@ -78,6 +78,7 @@ class RunCluster:
     gpus: int
     gpus_per_host: int | None
     interconnect: str | None
+    host_network_gbit: float | None  # each host's NICs together, one way; None: one catalogue NIC per GPU
 
 
 @dataclass(frozen=True)
