@@ -187,17 +187,25 @@ def test_the_planner_page_shows_the_newest_published_records_summary():
 
 def test_a_published_summary_is_the_records_lines(tmp_path):
     bench = tmp_path / "benchmarks"
-    fields = _fields("plan", "2026-12-07T09:00:00Z", "every published row")
-    summary = ("source   rows   median\nbloom-176b   100   11.3%\nall   100   11.3%\n"
-               "not priced: 2 rows: float8")
-    record.write_record(bench / "plan_catalogue_20261207_published.md", fields, f"rows...\n{summary}\nafter")
+    def summary_of(median: str) -> str:
+        return (f"source   rows   median\nbloom-176b   100   {median}\nall   100   {median}\n"
+                "not priced: 2 rows: float8")
+
+    published = {**_fields("plan", "2026-12-07T09:00:00Z", "every published row"),
+                 "command": "`dt plan --published --record`"}
+    for date, median in (("2026-12-07T09:00:00Z", "11.3%"), ("2026-12-07T10:00:00Z", "6.9%")):
+        # the second, of the same name, is written beside the first as ..._published-2.md
+        record.write_record(bench / "plan_catalogue_20261207_published.md", {**published, "date": date},
+                            f"rows...\n{summary_of(median)}\nafter")
+    check = _fields("plan", "2026-12-07T11:00:00Z", "a check here")  # newer, but no --published
+    record.write_record(bench / "plan_cpu2_20261207_check-world2.md", check, "all   1   50%\n")
     page = tmp_path / "planner.md"
     page.write_text(f"# planner\n{records.PUBLISHED_BEGIN}\n{records.PUBLISHED_END}\n")
     assert "is not the one the records" in records.check(page, bench)
     assert records.write(page, bench) and records.check(page, bench) is None
     text = page.read_text()
-    assert summary in text and "(benchmarks/plan_catalogue_20261207_published.md)" in text
-    assert "rows..." not in text and "after" not in text
+    assert summary_of("6.9%") in text and "(benchmarks/plan_catalogue_20261207_published-2.md)" in text
+    assert "rows..." not in text and "after" not in text and "11.3%" not in text
 
 
 @pytest.mark.quick

@@ -98,7 +98,7 @@ def published_summary(directory: Path, links_from: Path) -> str:
     """The newest `dt plan --published` record's summary (each source's rows, median and worst error
     of the step and of the memory, the sweeps' placing, what was not priced), linked to the record."""
     every = read_records(directory) if directory.is_dir() else []
-    records = [r for r in every if r.topic == "plan" and r.path.stem.endswith("_published")]
+    records = [r for r in every if r.topic == "plan" and "--published" in r["command"].strip("`").split()]
     if not records:
         return "No `dt plan --published` record yet: `dt plan --published --record` writes one."
     record = records[0]
