@@ -17,7 +17,7 @@ from dt.plan.cli import main
 from dt.plan.cluster import catalogue_cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
-from dt.plan.memory import peak_bytes
+from dt.plan.memory import peak_bytes, state_floor
 from dt.plan.model import ModelShape, llama_shape, preset
 from dt.plan.pipeline import last_end, play
 from dt.plan.stage import stage_tensors
@@ -105,6 +105,20 @@ def test_a_hosts_network_is_shared_by_its_gpus():
 
     assert seconds(narrow, across) > 3 * seconds(wide, across)
     assert seconds(narrow, inside) == seconds(wide, inside)
+
+
+def test_the_state_floor_is_never_above_a_layouts_peak():
+    """The search drops a layout whose state alone is over the memory before pricing the rest
+    (dt.plan.memory.state_floor): the floor is a lower bound of every micro-batching, schedule and
+    recompute's peak, and equals it less activations and scratch."""
+    model = preset("gpt2")
+    for stack in ("dt", "megatron"):
+        c = catalogue_cluster("a100", 2, 4, stack_name=stack)
+        for lay in enumerate_layouts(model, 8, 32, 1024, hosts=2, recompute=("none", "full")):
+            floor = state_floor(c, model, lay, 1024)
+            peaks = peak_bytes(c, model, lay, 32, 1024)
+            assert 0 < floor <= max(stage["peak"] for stage in peaks), lay.name()
+            assert floor >= max(stage["state"] for stage in peaks), lay.name()
 
 
 def test_memory_state_is_zeros_formula():

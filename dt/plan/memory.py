@@ -31,6 +31,7 @@ when the activations are gone.
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
 from dt.layout import split_sizes
@@ -50,7 +51,7 @@ from dt.plan.stage import (
     stage_tensors,
 )
 
-__all__ = ["peak_bytes"]
+__all__ = ["peak_bytes", "state_floor"]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -185,6 +186,29 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     row["runtime"] = int(runtime + (fragmentation - 1) * live)
     row["peak"] = live + row["runtime"]
     return row
+
+
+def state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -> float:
+    """A peak per rank that no micro-batching, schedule or recompute of this layout goes under: its
+    largest stage's state, with the runtime's bytes and the allocator's share of it (a catalogue GPU;
+    0 here). A search drops a layout whose floor is over the memory without pricing the rest."""
+    if cluster.device is None:
+        return 0.0
+    return _state_floor(cluster, model, replace(layout, micro_batches=1, recompute="none",
+                                                sequence_parallel=False, schedule="1f1b"), seq)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -> float:
+    stack, ranks = cluster.stack, layout.dp * layout.cp
+    floor = 0.0
+    for stage in range(layout.pp):
+        tensors = stage_tensors(model, layout, seq, stage, stack.partition)
+        tied = model.tied and layout.pp > 1 and tensors.head != tensors.embed
+        kept = model.vocab // layout.tp * model.n_embd if tied and layout.zero == 2 else 0
+        state = _state(cluster, layout, tensors.dense, tensors.experts, ranks, kept)
+        floor = max(floor, state * stack.fragmentation + stack.runtime_bytes)
+    return floor
 
 
 def peak_bytes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,

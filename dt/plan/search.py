@@ -22,6 +22,7 @@ import functools
 import heapq
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
@@ -31,7 +32,7 @@ from dt.parallel.pipeline.schedules import stage_layers
 from dt.plan.cluster import Cluster
 from dt.plan.compute import StageShape, catalogue_stage
 from dt.plan.layouts import Layout, grid, train_args
-from dt.plan.memory import peak_bytes
+from dt.plan.memory import peak_bytes, state_floor
 from dt.plan.model import ModelShape
 from dt.plan.stage import layer_cut, micro_batch_sizes
 from dt.plan.step_model import Prediction, predict
@@ -81,10 +82,12 @@ def _fits(cluster: Cluster, layout: Layout, memory: list[dict[str, int]], headro
         return None if not cluster.memory or total <= cluster.memory else (
             f"the ranks' peaks add up to more than this machine's {fmt_bytes(cluster.memory)}: "
             f"{fmt_bytes(total)}")
-    usable = cluster.memory * (1 - headroom)
-    return None if peak <= usable else (
-        f"peak per rank over the device's {fmt_bytes(cluster.memory)} less {headroom:.0%} headroom: "
-        f"{fmt_bytes(peak)}")
+    return None if peak <= cluster.memory * (1 - headroom) else _over(cluster, headroom, peak)
+
+
+def _over(cluster: Cluster, headroom: float, peak: float) -> str:
+    return (f"peak per rank over the device's {fmt_bytes(cluster.memory)} less {headroom:.0%} headroom: "
+            f"{fmt_bytes(peak)}")
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -92,7 +95,7 @@ def _pipeline_bound(cluster: Cluster, model: ModelShape, seq: int, per_rank: int
     """A step no layout of this family undercuts: for each stage, the forwards and backwards of one
     micro-batch-chunk on every stage before it (its input comes through them first, and its last
     gradient goes back through them last) plus its own compute over the step; the largest."""
-    sizes = micro_batch_sizes(per_rank, 1, family.micro_batches)
+    sizes = Counter(micro_batch_sizes(per_rank, 1, family.micro_batches))  # at most two sizes: each once
     layers = model.n_layer + 2
     cut = layer_cut(model, family.pp, family.virtual, cluster.stack.partition)
     before = bound = 0.0
@@ -100,13 +103,12 @@ def _pipeline_bound(cluster: Cluster, model: ModelShape, seq: int, per_rank: int
         total = smallest = 0.0
         for chunk in stage_layers(layers, family.pp, stage, cut, family.virtual):
             blocks = sum(1 for layer in chunk if 0 < layer < layers - 1)
-            shapes = [StageShape(sequences=size, seq=seq, tp=family.tp, cp=family.cp, blocks=blocks,
-                                 head=layers - 1 in chunk, embed=0 in chunk,
-                                 sequence_parallel=family.sequence_parallel, recompute=family.recompute)
-                      for size in sizes]
-            seconds = [sum(catalogue_stage(cluster, model, shape)) for shape in shapes]
-            total += sum(seconds)
-            smallest = min(seconds) if not smallest else min(smallest, *seconds)
+            seconds = {size: sum(catalogue_stage(cluster, model, StageShape(
+                sequences=size, seq=seq, tp=family.tp, cp=family.cp, blocks=blocks, head=layers - 1 in chunk,
+                embed=0 in chunk, sequence_parallel=family.sequence_parallel, recompute=family.recompute)))
+                for size in sizes}
+            total += sum(count * seconds[size] for size, count in sizes.items())
+            smallest = min(seconds.values()) if not smallest else min(smallest, *seconds.values())
         bound = max(bound, before + total)
         before += smallest
     return bound
@@ -152,8 +154,9 @@ def _accepted(model: ModelShape, layout: Layout, batch: int, seq: int) -> bool:
 
 def _price(cluster: Cluster, model: ModelShape, layout: Layout, batch: int, seq: int, flops: float,
            headroom: float, dropped: dict[str, int]) -> Row | None:
-    memory = peak_bytes(cluster, model, layout, batch, seq)
-    why = _fits(cluster, layout, memory, headroom)
+    floor = state_floor(cluster, model, layout, seq)  # its state alone: no need to price the rest
+    memory = [] if floor > cluster.memory * (1 - headroom) else peak_bytes(cluster, model, layout, batch, seq)
+    why = _fits(cluster, layout, memory, headroom) if memory else _over(cluster, headroom, floor)
     if why is not None:
         reason = why.split(":")[0]
         dropped[reason] = dropped.get(reason, 0) + 1
