@@ -94,7 +94,7 @@ def test_a_hosts_network_is_shared_by_its_gpus():
     """--host-network: 4 x 100 Gbit/s for 8 GPUs gives each rank 6.25 GB/s (at the NIC efficiency),
     a quarter of the A100 catalogue's one 25 GB/s NIC per GPU; a data-parallel all-reduce across
     hosts costs more on it, one inside a host the same."""
-    wide, narrow = catalogue_cluster("a100", 2, 8), catalogue_cluster("a100", 2, 8, host_network=400e9 / 8)
+    wide, narrow = catalogue_cluster("a100", 2, 8), catalogue_cluster("a100", 2, 8, host_network_gbit=400)
     nic = DEVICES["a100"].link_efficiency[1]
     assert wide.levels.inter.beta == pytest.approx(1 / (25e9 * nic))
     assert narrow.levels.inter.beta == pytest.approx(1 / (6.25e9 * nic))

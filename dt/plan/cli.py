@@ -264,7 +264,7 @@ def _cluster(args: argparse.Namespace) -> Cluster:
     if args.device:
         return catalogue_cluster(args.device, args.hosts, args.per_host, args.precision or "bf16",
                                  efficiency=args.efficiency, timed_gpu=args.timed_gpu, stack_name=args.stack,
-                                 host_network=args.host_network * 1e9 / 8 if args.host_network else None)
+                                 host_network_gbit=args.host_network)
     world = args.hosts * args.per_host if args.hosts > 1 else args.world
     return local_cluster(world, args.precision or "float32", args.hosts)
 

@@ -91,11 +91,11 @@ def _stack_at(name: str, itemsize: int, precision: str) -> Stack:
 
 def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf16",
                       efficiency: float | None = None, timed_gpu: str = "",
-                      stack_name: str = "dt", host_network: float | None = None) -> Cluster:
+                      stack_name: str = "dt", host_network_gbit: float | None = None) -> Cluster:
     """H hosts of G catalogue GPUs (dt.cost.devices): NVLink inside, one NIC per GPU between.
 
     efficiency: the sustained fraction of peak (default: the catalogue's stated one).
-    host_network: each host's network, all its NICs together, bytes per second one way, for
+    host_network_gbit: each host's network, all its NICs together, Gbit/s one way, for
     hosts built with fewer or slower NICs than one of the catalogue's per GPU (4 x 100 Gbit/s
     for 8 GPUs, say); each rank gets its share, G ranks sending at once, as data-parallel
     groups with a rank on every host do (default: the catalogue's NIC per GPU).
@@ -110,10 +110,10 @@ def catalogue_cluster(name: str, hosts: int, per_host: int, precision: str = "bf
     nvlink, nic = device.link_efficiency
     intra = Machine(device.nvlink_latency, 1 / (device.nvlink_bandwidth * nvlink), 1 / device.hbm_bandwidth,
                     source=device.name + " NVLink")
-    per_rank = device.nic_bandwidth if host_network is None else host_network / per_host
+    per_rank = device.nic_bandwidth if not host_network_gbit else host_network_gbit * 1e9 / 8 / per_host
     inter = Machine(device.nic_latency, 1 / (per_rank * nic), 1 / device.hbm_bandwidth,
-                    source=device.name + (" NIC" if host_network is None else
-                                          f" hosts' {host_network * 8 / 1e9:g} Gbit/s network"))
+                    source=device.name + (f" hosts' {host_network_gbit:g} Gbit/s network" if host_network_gbit
+                                          else " NIC"))
     compute = (f"dt train's layers and Adam timed on this host's {timed_gpu} ({precision} autocast)"
                if timed_gpu else f"each kernel priced: GEMMs at {sustained:.0%} of {peak / 1e12:.0f} TFLOP/s "
                f"{precision} less their waves' fill, attention at its kernel's rate, the rest at "

@@ -154,16 +154,21 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
     return acts
 
 
-def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
-                tensors: StageTensors) -> dict[str, int]:
-    """{state, scratch, activations, buffers, runtime, peak} bytes of one rank of `stage`."""
-    dense, experts, cut = tensors.dense, tensors.experts, cluster.stack.partition
+def _sharding(model: ModelShape, layout: Layout, tensors: StageTensors) -> tuple[int, int]:
+    """(ranks ZeRO shards the dense part over, numbers of a tied word table kept whole)."""
     # ZeRO shards the dense part over the whole data plane, dp x cp (dt.train.step's dp group),
     # the experts over their replicas (dt.parallel.zero.parts)
     ranks = layout.dp * layout.cp
     # ZeRO 2 keeps a word table's full gradient two stages sum (dt.parallel.zero.optimizer)
     tied = model.tied and layout.pp > 1 and tensors.head != tensors.embed
-    kept = model.vocab // layout.tp * model.n_embd if tied and layout.zero == 2 else 0
+    return ranks, model.vocab // layout.tp * model.n_embd if tied and layout.zero == 2 else 0
+
+
+def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
+                tensors: StageTensors) -> dict[str, int]:
+    """{state, scratch, activations, buffers, runtime, peak} bytes of one rank of `stage`."""
+    dense, experts, cut = tensors.dense, tensors.experts, cluster.stack.partition
+    ranks, kept = _sharding(model, layout, tensors)
     state = _state(cluster, layout, dense, experts, ranks, kept)
     sequence_parallel = layout.sequence_parallel and layout.tp > 1
     acts = _activations(cluster, model, layout, seq, stage, sequences, sequence_parallel)
@@ -200,13 +205,11 @@ def state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -
 
 @functools.lru_cache(maxsize=1 << 14)
 def _state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -> float:
-    stack, ranks = cluster.stack, layout.dp * layout.cp
+    stack = cluster.stack
     floor = 0.0
     for stage in range(layout.pp):
         tensors = stage_tensors(model, layout, seq, stage, stack.partition)
-        tied = model.tied and layout.pp > 1 and tensors.head != tensors.embed
-        kept = model.vocab // layout.tp * model.n_embd if tied and layout.zero == 2 else 0
-        state = _state(cluster, layout, tensors.dense, tensors.experts, ranks, kept)
+        state = _state(cluster, layout, tensors.dense, tensors.experts, *_sharding(model, layout, tensors))
         floor = max(floor, state * stack.fragmentation + stack.runtime_bytes)
     return floor
 

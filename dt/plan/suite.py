@@ -112,10 +112,8 @@ def _model(row: PublishedRow, assume: dict) -> ModelShape:
 def _cluster(row: PublishedRow, stack: str, efficiency: float | None = None) -> Cluster:
     per_host = min(row.cluster.gpus_per_host or GPUS_PER_HOST, row.cluster.gpus)
     precision = "fp16" if row.precision == "fp16" else "bf16"  # the rest ran bf16 (or as "mixed": 16-bit)
-    network = row.cluster.host_network_gbit
     return catalogue_cluster(row.cluster.device, row.cluster.gpus // per_host, per_host, precision,
-                             efficiency, stack_name=stack,
-                             host_network=network * 1e9 / 8 if network else None)
+                             efficiency, stack_name=stack, host_network_gbit=row.cluster.host_network_gbit)
 
 
 def _choices(row: PublishedRow, assume: dict, pp: int, per_rank: int, stack: Stack) -> Iterator[dict]:
