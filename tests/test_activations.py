@@ -248,3 +248,20 @@ def test_moe_block_formula_is_the_measurement(run, world):
                      "--experts", "4", "--top-k", str(top_k))
         measured = run(world, dt_train_saved, argv, "float32")
         assert sum(measured) == world * stage_activation_bytes(arch, range(3), 2, 4)
+
+
+def test_a_fused_rms_norm_keeps_its_input_and_rsqrt():
+    """A stack whose RMSNorm is one kernel (nanotron's TritonRMSNorm) keeps per norm its input (e sbh)
+    and a float32 rsqrt (4 bs), where dt's keeps a float32 copy (4 sbh), the rsqrt and the normed copy:
+    2 x 2 norms per block and the final norm's, by hand."""
+    arch = Decoder.of(LlamaConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_kv_head=2, n_embd=64))
+    s, b, h, e = 32, 3, 64, 2
+    sbh, bs = s * b * h, s * b
+    dt_norm, fused_norm = 4 * sbh + 4 * bs + e * sbh, e * sbh + 4 * bs
+    for layer, norms in ((1, 2), (arch.n_layer + 1, 1)):
+        plain = layer_activation_bytes(arch, layer, b, e)
+        fused = layer_activation_bytes(arch, layer, b, e, fused_norm=True)
+        assert plain - fused == norms * (dt_norm - fused_norm)
+    assert layer_activation_bytes(arch, 0, b, e, fused_norm=True) == layer_activation_bytes(arch, 0, b, e)
+    assert recompute_peak_bytes(arch, b, e, fused_norm=True) == layer_activation_bytes(arch, 1, b, e,
+                                                                                      fused_norm=True)

@@ -272,3 +272,24 @@ def test_rows_here_tie_within_the_timed_stages_interquartile_spread(monkeypatch)
     assert timed.timing_noise() == 0.0  # nothing timed yet
     budget.timed = {*times, ("ddp", 1), ("adam", 2)}
     assert timed.timing_noise() == pytest.approx(0.2)
+
+
+def test_nanotrons_cut_weighs_the_head_against_the_blocks():
+    """nanotron's build_model: each layer weighs its matmuls' weights (a Llama block 4 h^2 + 3 h f, here
+    with its norms' 2 h; the head V h; the embedding 0); a stage takes layers until their running total
+    passes its share, that layer included. By hand for the 1.34B of the Ultra-Scale Playbook (16 blocks,
+    h 2048, f 8192, V 131072): a block 67,112,960, the head 268,435,456 (four blocks), the total
+    1,342,242,816; at pp 2 the half, 671,121,408, is passed by the tenth block (671,129,600): the
+    first stage holds the embedding and 10 blocks, the second 6 blocks and the head."""
+    from dt.plan.stage import layer_cut, weighed_cut
+
+    model = llama_shape(16, 32, 2048, 131072, 0, tied=True)
+    model = ModelShape(**{**model.__dict__, "ffn": 8192})
+    assert weighed_cut(model, 2) == (11, 7)
+    assert layer_cut(model, 2, 1, "weights") == (11, 7)
+    assert sum(weighed_cut(model, 3)) == 18
+    # where the head outweighs a stage's share, a chunk would be left empty: nanotron cannot build
+    # that split, and the cut falls back to the blocks split evenly
+    assert weighed_cut(model, 16) is None
+    assert layer_cut(model, 8, 1, "weights") == layer_cut(model, 8, 1, "blocks")
+    assert layer_cut(model, 1, 1, "weights") is None

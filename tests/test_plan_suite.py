@@ -117,3 +117,34 @@ def test_llama3_rows_and_the_6n_check():
     flops = train_flops_per_token(shape.decoder(m.seq_len))
     assert flops == pytest.approx(6 * m.params_b * 1e9 + 12 * m.layers * m.hidden * m.seq_len, rel=0.02)
     assert math.isclose(shape.params(m.seq_len) / 1e9, 405, rel_tol=0.01)  # GQA's 8 kv heads: 405B
+
+
+def test_a_printed_model_parallel_size_is_priced_at_its_fastest_split():
+    """Table 2 of Narayanan et al. prints TP x PP (96) and not the split: the authors' layout is the
+    fastest split that fits, tensor parallel inside a host."""
+    rows = [row for row in load(["megatron-2021"]) if row.layout.model_parallel]
+    assert {row.layout.model_parallel for row in rows} == {96, 280}
+    c = compare(rows[0], rank=False)
+    layout = parse_name(c.layout)
+    assert layout.tp * layout.pp == rows[0].layout.model_parallel and layout.tp <= 8
+    assert layout.dp == rows[0].layout.dp
+
+
+def test_measured_sweeps_compare_the_planners_order_with_the_measured_one():
+    """In a sweep the authors' fastest measured layout must be the planner's fastest of the sweep's
+    layouts, or within WITHIN of it; a sweep of one row is not counted."""
+    from dt.plan import suite
+
+    row = load(["bloom-176b"])[0]
+    assert row.metric == "s_per_iter"
+
+    def compared(sweep: str, published: float, predicted: float) -> suite.Compared:
+        from dataclasses import replace
+        return suite.Compared(replace(row, sweep=sweep, published=published), "x", predicted, predicted,
+                              None, None, None)
+
+    rows = [compared("a", 100, 90), compared("a", 110, 80),  # measured fastest predicted 12.5% slower
+            compared("b", 100, 90), compared("b", 110, 88),  # within 5%
+            compared("c", 100, 80), compared("c", 110, 90),  # first
+            compared("d", 100, 80)]
+    assert suite.measured_sweeps(rows) == {"sweeps": 3, "first": 1, "within": 2}

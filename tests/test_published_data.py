@@ -106,7 +106,11 @@ def test_parallel_degrees_multiply_to_the_gpu_count():
         degrees = (lay.dp, lay.tp, lay.pp, lay.cp)
         if None not in degrees:
             assert lay.dp * lay.tp * lay.pp * lay.cp == row.cluster.gpus, _where(row)
+            assert lay.model_parallel in (None, lay.tp * lay.pp), _where(row)
             checked += 1
+        elif lay.model_parallel is not None:  # the product printed, not the split
+            assert lay.dp * lay.model_parallel * (lay.cp or 1) == row.cluster.gpus, _where(row)
+            assert str(lay.model_parallel) in row.printed.values(), _where(row)
     assert checked >= len(ROWS) // 2
 
 

@@ -130,12 +130,14 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
                            sequence_parallel: bool = False, attention: str = "sdpa",
                            stats_bytes: int | None = None, received_rows: float | None = None,
                            parallelized: bool = True, dropout: bool = False,
-                           shard_inputs: bool = False) -> dict[str, float]:
+                           shard_inputs: bool = False, fused_norm: bool = False) -> dict[str, float]:
     """Bytes one block keeps for backward on one rank, by part, with no recompute. shard_inputs:
     under sequence parallel the column-parallel layers keep their input's shard and gather it
-    again in backward (Megatron's way), not the gathered whole (dt's)."""
+    again in backward (Megatron's way), not the gathered whole (dt's). fused_norm: each RMSNorm is
+    one kernel keeping its input and float32 rsqrt (nanotron's TritonRMSNorm, Transformer Engine's),
+    not dt's float32 copy and normed output."""
     parts = _block_parts(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                         received_rows, parallelized, shard_inputs)
+                         received_rows, parallelized, shard_inputs, fused_norm)
     if dropout:
         for key, v in _dropout_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention).items():
             parts[key] = parts.get(key, 0.0) + v
@@ -144,18 +146,18 @@ def block_activation_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
 
 def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, sequence_parallel: bool,
                  attention: str, stats_bytes: int | None, received_rows: float | None,
-                 parallelized: bool, shard_inputs: bool = False) -> dict[str, float]:
+                 parallelized: bool, shard_inputs: bool = False,
+                 fused_norm: bool = False) -> dict[str, float]:
     _check(a, attention, "none", parallelized)
     e, t, st = itemsize, tp, itemsize if stats_bytes is None else stats_bytes
     s = a.seq_len / cp
     sbh, bs = s * sequences * a.n_embd, s * sequences
     rep = t if sequence_parallel else 1  # what tp alone replicates, sp splits
     inputs = rep if shard_inputs else 1  # the matmuls' inputs: whole as gathered, or their shard
-    if a.gated:  # Llama: RMSNorm in at least float32, SwiGLU; parallelized, each layer's rotary rows
-        w = max(e, 4)
+    if a.gated:  # Llama: RMSNorm (dt's in at least float32), SwiGLU; parallelized, each layer's rotary rows
         rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
         core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
-        return {"norms": 2 * (w * sbh + w * bs + e * sbh) / rep,
+        return {"norms": 2 * _rms_norm_bytes(e, sbh, bs, fused_norm) / rep,
                 "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs,
                 **core,
                 "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
@@ -164,6 +166,13 @@ def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, se
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
     return {**norms, **_attention_core(a, e, s, sequences, t, cp, attention), "mlp": mlp}
+
+
+def _rms_norm_bytes(e: int, sbh: float, bs: float, fused: bool) -> float:
+    """What one RMSNorm keeps (its output, the next matmul's input, counted there): fused, its input
+    and float32 rsqrt; dt's, its input widened to at least float32, the rsqrt and the normed copy."""
+    w = max(e, 4)
+    return e * sbh + 4 * bs if fused else w * sbh + w * bs + e * sbh
 
 
 def _attention_core(a: Decoder, e: int, s: float, sequences: int, t: int, cp: int,
@@ -190,7 +199,7 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
                            parallelized: bool = True, dropout: bool = False,
-                           shard_inputs: bool = False) -> float:
+                           shard_inputs: bool = False, fused_norm: bool = False) -> float:
     """Bytes dt's layer `layer` (0 embedding, 1..n_layer blocks, n_layer + 1 head) keeps for
     backward on one rank, for `sequences` sequences of a.seq_len tokens; parallelized: the model
     as dt.parallelize splits it (what dt train runs), else the plain model whole."""
@@ -203,12 +212,13 @@ def layer_activation_bytes(a: Decoder, layer: int, sequences: int, itemsize: int
     if layer == 0:
         return _embedding_bytes(a, e, s, sequences, parallelized)
     if layer == a.n_layer + 1:
-        return _head_bytes(a, e, st, s, sequences, tp, attention, tp if sequence_parallel else 1)
+        return _head_bytes(a, e, st, s, sequences, tp, attention, tp if sequence_parallel else 1, fused_norm)
     if recompute == "full":  # the block's input (and a parallelized Llama layer's rotary rows)
         rotary = 2 * e * s * (a.n_embd // a.n_head) if a.gated and parallelized else 0
         return e * sbh / (tp if sequence_parallel else 1) + rotary
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention, stats_bytes,
-                                   parallelized=parallelized, dropout=dropout, shard_inputs=shard_inputs)
+                                   parallelized=parallelized, dropout=dropout, shard_inputs=shard_inputs,
+                                   fused_norm=fused_norm)
     dropped = _selective(a, parts, e, sequences, tp, cp) if recompute == "selective" else {}
     return sum(parts.values()) - sum(dropped.values())
 
@@ -223,13 +233,12 @@ def _embedding_bytes(a: Decoder, e: int, s: float, sequences: int, vocab_paralle
 
 
 def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, attention: str,
-                rep: int = 1) -> float:
+                rep: int = 1, fused_norm: bool = False) -> float:
     """The final norm (its input and statistics on s / rep tokens under sequence parallel; its
     output, the logits' input, gathered whole), the loss's softmax and the targets."""
     bs, sbh = s * sequences, s * sequences * a.n_embd
-    if a.gated:  # final RMSNorm: wide input, rsqrt, normed, weighted
-        w = max(e, 4)
-        norm = (w * sbh + w * bs + e * sbh) / rep + e * sbh
+    if a.gated:  # final RMSNorm, and its weighted output
+        norm = _rms_norm_bytes(e, sbh, bs, fused_norm) / rep + e * sbh
     else:  # ln_f's input, mean and rstd, output
         norm = (e * sbh + 2 * st * bs) / rep + e * sbh
     if attention == "sdpa":  # the loss's float32 (or wider) log-softmax and weight total, targets
@@ -240,14 +249,14 @@ def _head_bytes(a: Decoder, e: int, st: int, s: float, sequences: int, tp: int, 
 def recompute_peak_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 1, cp: int = 1,
                          sequence_parallel: bool = False, attention: str = "sdpa",
                          stats_bytes: int | None = None, parallelized: bool = True,
-                         recompute: str = "full") -> float:
+                         recompute: str = "full", fused_norm: bool = False) -> float:
     """What recompute adds at its peak: one block's activations rebuilt for its backward ("full"),
     or one attention core's ("selective": what it dropped); "none": nothing."""
     _check(a, attention, recompute, parallelized)
     if recompute == "none":
         return 0.0
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                   stats_bytes, parallelized=parallelized)
+                                   stats_bytes, parallelized=parallelized, fused_norm=fused_norm)
     if recompute == "selective":
         return sum(_selective(a, parts, itemsize, sequences, tp, cp).values())
     return sum(parts.values())
@@ -257,8 +266,8 @@ def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: 
                            cp: int = 1, sequence_parallel: bool = False, attention: str = "sdpa",
                            recompute: str = "none", stats_bytes: int | None = None,
                            parallelized: bool = True, dropout: bool = False,
-                           shard_inputs: bool = False) -> float:
+                           shard_inputs: bool = False, fused_norm: bool = False) -> float:
     """Bytes one micro-batch leaves on a stage holding `layers` (default cut: dt's layer list)."""
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
-                                      recompute, stats_bytes, parallelized, dropout, shard_inputs)
+                                      recompute, stats_bytes, parallelized, dropout, shard_inputs, fused_norm)
                for i in layers)

@@ -57,10 +57,12 @@ class Stack:
     sequence_parallel: bool = True
     context_parallel: bool = True
     partition: str = "blocks"  # a pipeline's cut: blocks evenly, the embedding and head beside the end
-    # ones ("blocks"), or every layer counting one, the embedding and head included ("layers": dt's)
+    # ones ("blocks"); every layer counting one, the embedding and head included ("layers": dt's); or
+    # every layer by its matmuls' weights, the head's V x h against a block's ("weights": nanotron's)
     cast_bytes: int = 0  # autocast's cached low-precision weights, per parameter, during a step
     runtime_bytes: float = 0.0  # CUDA context, NCCL's buffers, library workspaces, per GPU
     fragmentation: float = 1.0  # the caching allocator's reserved over allocated at the peak
+    fused_norm: bool = False  # each RMSNorm one kernel keeping its input and rsqrt (dt.cost.activations)
 
     @property
     def causal_skip(self) -> bool:
@@ -159,15 +161,18 @@ STACKS |= {
         overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.1,
         blocking_p2p=True, fp16_grad_bytes=2),
     "nanotron": Stack(
-        "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops, bf16 "
+        "nanotron", "huggingface/nanotron (2025): flash-attn 2, no dropout, eager elementwise ops but "
+                    "fused RMSNorm kernels (TritonRMSNorm), bf16 "
                     "weights with an fp32 gradient accumulator, fp32 master and Adam state (ZeRO 1 shards "
                     "them), tensor parallel in its reduce-scatter (sequence-parallel) mode, the "
                     "data-parallel "
-                    "reduction in buckets behind backward; " + _CUDA_RUNTIME,
+                    "reduction in buckets behind backward, the pipeline cut by its layers' weights "
+                    "(build_model's get_block_compute_costs); " + _CUDA_RUNTIME,
         schedules=("1f1b", "gpipe"), zero_stages=(0, 1), recomputes=("none",), context_parallel=False,
         attention="flash2", dropout=False, fused_elementwise=False, weight_bytes=2, grad_bytes=4,
         master_bytes=4, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
-        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05),
+        overlap_param_gather=False, overlap_tp=False, runtime_bytes=1.5 * GIB, fragmentation=1.05,
+        partition="weights", fused_norm=True),
     "llm-foundry": Stack(
         "llm-foundry", "mosaicml/llm-foundry (MPT on Composer, 2023): the Triton FlashAttention kernel "
                        "(attn_impl triton), no dropout, "

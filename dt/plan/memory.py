@@ -64,13 +64,14 @@ def _stash_bytes(name: str, stages: int, stage: int, micro_batches: int, chunks:
 def _chunk_activations(model: ModelShape, seq: int, pp: int, stage: int, virtual: int, sequences: int,
                        item: int, tp: int, cp: int, recompute: str, sequence_parallel: bool = False,
                        attention: str = "sdpa", dropout: bool = False, partition: str = "layers",
-                       shard_inputs: bool = False) -> list[float]:
+                       shard_inputs: bool = False, fused_norm: bool = False) -> list[float]:
     """Activation bytes of each chunk of `stage` (layouts differing in ZeRO or schedule share them)."""
     decoder = model.decoder(seq)
     cut = layer_cut(model, pp, virtual, partition)
     return [stage_activation_bytes(decoder, layers, sequences, item, tp=tp, cp=cp,
                                    sequence_parallel=sequence_parallel, attention=attention,
-                                   recompute=recompute, dropout=dropout, shard_inputs=shard_inputs)
+                                   recompute=recompute, dropout=dropout, shard_inputs=shard_inputs,
+                                   fused_norm=fused_norm)
             for layers in stage_layers(model.n_layer + 2, pp, stage, cut, virtual)]
 
 
@@ -143,14 +144,15 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
     recompute's rebuilt block."""
     item = cluster.itemsize
     attention, dropout = _activation_kind(cluster)
+    fused_norm = cluster.gpu is not None and cluster.stack.fused_norm
     chunks = _chunk_activations(model, seq, layout.pp, stage, layout.virtual, sequences, item, tp=layout.tp,
                                 cp=layout.cp, recompute=layout.recompute, sequence_parallel=sequence_parallel,
                                 attention=attention, dropout=dropout, partition=cluster.stack.partition,
-                                shard_inputs=cluster.stack.sp_shard_inputs)
+                                shard_inputs=cluster.stack.sp_shard_inputs, fused_norm=fused_norm)
     acts = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
-                                     sequence_parallel, attention)
+                                     sequence_parallel, attention, fused_norm=fused_norm)
     return acts
 
 

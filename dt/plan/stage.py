@@ -149,14 +149,37 @@ class StageTensors:
 def layer_cut(model: ModelShape, pp: int, virtual: int, partition: str = "layers") -> tuple[int, ...] | None:
     """Layers of each of the pp x virtual model chunks (dt.parallel.pipeline.stage_layers' `sizes`):
     None for dt train's cut (every layer counts one, the embedding and head included); "blocks" for
-    Megatron's: the blocks split evenly, the embedding with the first chunk and the head with the last."""
+    Megatron's: the blocks split evenly, the embedding with the first chunk and the head with the last;
+    "weights" for nanotron's: layers weighed by their matmuls' weights (weighed_cut)."""
     chunks = pp * virtual
     if partition == "layers" or chunks == 1 or chunks > model.n_layer:
         return None
+    if partition == "weights":
+        weighed = weighed_cut(model, chunks)
+        if weighed is not None:
+            return weighed
     sizes = split_sizes(model.n_layer, chunks)
     sizes[0] += 1
     sizes[-1] += 1
     return tuple(sizes)
+
+
+def weighed_cut(model: ModelShape, chunks: int) -> tuple[int, ...] | None:
+    """nanotron's cut (its build_model with get_block_compute_costs): each layer weighs its matmuls'
+    weights (a block its own, the head V x h, the embedding's lookup nothing), and a chunk takes layers
+    until their running weight passes its share of the total, the layer that passes it included. With
+    a head heavy against the blocks this leaves the last stage fewer blocks than the first. None where
+    a chunk would be left empty (the split nanotron cannot build)."""
+    block = sum(block_tensors(model.decoder(1))[0])
+    weights = [0] + [block] * model.n_layer + [model.vocab * model.n_embd]
+    total, running, chunk = sum(weights), 0, 0
+    sizes = [0] * chunks
+    for weight in weights:
+        sizes[chunk] += 1
+        running += weight
+        if running * chunks > total * (chunk + 1) and chunk < chunks - 1:
+            chunk += 1
+    return tuple(sizes) if min(sizes) > 0 else None
 
 
 def _block_tensors(model: ModelShape, tp: int) -> tuple[list[int], int]:

@@ -35,7 +35,7 @@ from dt.plan.search import HEADROOM, rank_layouts
 from dt.plan.step_model import predict
 from dt.train.layouts import layout_error
 
-__all__ = ["Compared", "Unpriced", "compare", "main", "priced_rows", "summary"]
+__all__ = ["Compared", "Unpriced", "compare", "main", "measured_sweeps", "priced_rows", "summary"]
 
 GB = 1e9
 RANKED_UP_TO = 512  # GPUs up to which the authors' layout is ranked among every layout
@@ -93,7 +93,8 @@ def _why_not(row: PublishedRow) -> str | None:
         return f"its GPU ({row.cluster.gpu}) is not in dt's catalogue"
     if row.precision and "float8" in row.precision:
         return "it ran float8 matmuls; dt prices bf16"
-    if None in (printed.dp, printed.tp, printed.pp, printed.global_batch):
+    if None in (printed.dp, printed.global_batch) or (None in (printed.tp, printed.pp)
+                                                       and not printed.model_parallel):
         return "its layout is not printed"
     return None
 
@@ -147,19 +148,32 @@ class _Filling(NamedTuple):
     layout: Layout
 
 
+def _splits(row: PublishedRow, cluster: Cluster) -> list[tuple[int, int]]:
+    """(tp, pp) as printed, or every split of a printed model-parallel size tp x pp with tensor
+    parallel inside one host (as every source here runs it)."""
+    printed = row.layout
+    if printed.tp is not None and printed.pp is not None:
+        return [(printed.tp, printed.pp)]
+    size = printed.model_parallel or 1
+    return [(tp, size // tp) for tp in range(1, min(size, cluster.per_host) + 1)
+            if size % tp == 0 and size // tp <= row.model.layers]
+
+
 def authors_layout(row: PublishedRow, model: ModelShape, cluster: Cluster,
                    assume: dict) -> tuple[Layout, float, int]:
     """The authors' layout with its unprinted fields filled (the fastest filling that fits, else the
     fastest), its predicted step and its peak bytes per GPU."""
     printed, batch, seq = row.layout, row.layout.global_batch, row.model.seq_len
     priced = []
-    for choice in _choices(row, assume, printed.pp, batch // printed.dp, cluster.stack):
+    for (tp, pp), choice in ((split, choice) for split in _splits(row, cluster)
+                             for choice in _choices(row, assume, split[1], batch // printed.dp,
+                                                    cluster.stack)):
         virtual = choice["virtual"]
-        candidate = Layout(dp=printed.dp, tp=printed.tp, pp=printed.pp, cp=printed.cp or 1,
+        candidate = Layout(dp=printed.dp, tp=tp, pp=pp, cp=printed.cp or 1,
                            zero=choice["zero"], schedule="interleaved" if virtual > 1 else "1f1b",
                            virtual=virtual, micro_batches=choice["micro_batches"],
                            recompute=choice["recompute"],
-                           sequence_parallel=choice["sequence_parallel"] and printed.tp > 1)
+                           sequence_parallel=choice["sequence_parallel"] and tp > 1)
         if layout_error(train_args(candidate, model, batch, seq)) is not None:
             continue
         peak = max(stage["peak"] for stage in peak_bytes(cluster, model, candidate, batch, seq))
@@ -284,23 +298,53 @@ def sweeps(rows: list[Compared]) -> dict[str, float | int]:
             "within": sum((compared.behind_first or 0.0) <= WITHIN for compared in ranked)}
 
 
+def _predicted_rate(compared: Compared) -> float:
+    """The predicted figure as a rate, larger for faster (seconds per iteration inverted)."""
+    return 1 / compared.predicted if compared.row.metric == "s_per_iter" else compared.predicted
+
+
+def measured_sweeps(rows: list[Compared]) -> dict[str, int]:
+    """The ranking against what was measured: in every sweep with two or more priced rows, is the
+    layout the authors measured fastest the one the planner predicts fastest among the sweep's own
+    layouts (`first`), or within WITHIN of it (`within`)? Unlike `sweeps`, nothing here depends on
+    layouts nobody ran."""
+    of_sweep: dict[str, list[Compared]] = {}
+    for compared in rows:
+        if compared.row.sweep is not None:
+            of_sweep.setdefault(compared.row.sweep, []).append(compared)
+    counted = first = within = 0
+    for members in (members for members in of_sweep.values() if len(members) > 1):
+        measured = max(members, key=lambda compared: _speed(compared.row))
+        predicted = max(members, key=_predicted_rate)
+        behind = _predicted_rate(predicted) / _predicted_rate(measured) - 1
+        counted += 1
+        first += predicted is measured or behind == 0
+        within += behind <= WITHIN
+    return {"sweeps": counted, "first": first, "within": within}
+
+
 def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: dict | None = None) -> int:
     """Print the suite (`fitted`: dt.plan.fit.report's, carried in the JSON; the caller prints its table)."""
     rows, skipped = priced_rows(sources or None, rank)
     stats = summary(rows)
-    record.headline(_headline(stats, rows if rank else None))
+    record.headline(_headline(stats, rows, rows if rank else None))
     if as_json:
         print(json.dumps({"rows": [_as_json(compared) for compared in rows], "summary": stats,
-                          "sweeps": sweeps(rows) if rank else None, "fit": fitted,
+                          "sweeps": sweeps(rows) if rank else None, "measured_sweeps": measured_sweeps(rows),
+                          "fit": fitted,
                           "not_priced": [{"source": unpriced.row.source, "model": unpriced.row.model.name,
                                           "why": unpriced.why} for unpriced in skipped]}, indent=1))
         return 0
     print(_table(rows))
     print()
     print(_summary_table(stats))
+    measured = measured_sweeps(rows)
+    print(f"\nmeasured sweeps: in {measured['sweeps']} sweeps of two or more priced layouts, the one "
+          f"measured fastest is predicted fastest of them in {measured['first']}, first or within "
+          f"{WITHIN:.0%} in {measured['within']}")
     if rank:
         placed = sweeps(rows)
-        print(f"\nsweeps: {placed['ranked']} fastest published layouts ranked among every layout of their "
+        print(f"sweeps: {placed['ranked']} fastest published layouts ranked among every layout of their "
               f"model and cluster: {placed['first']} first, {placed['within']} first or within {WITHIN:.0%} "
               "of the first")
     if skipped:
@@ -311,12 +355,15 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: 
     return 0
 
 
-def _headline(stats: dict[str, dict], ranked: list[Compared] | None) -> str:
+def _headline(stats: dict[str, dict], rows: list[Compared], ranked: list[Compared] | None) -> str:
     """The suite in one line (its record's headline)."""
     step, memory = stats["all"]["step"], stats["all"]["memory"]
     said = (f"{step['rows']} published rows: median |error| {100 * step['median']:.1f}%, worst "
             f"{100 * step['worst']:.0f}%; memory ({memory.get('rows', 0)} rows) median "
             f"{100 * memory.get('median', 0):.1f}%")
+    measured = measured_sweeps(rows)
+    said += (f"; measured sweeps: {measured['within']} of {measured['sweeps']} fastest first or within "
+             f"{WITHIN:.0%}")
     if ranked is not None:
         placed = sweeps(ranked)
         said += f"; {placed['within']} of {placed['ranked']} sweep winners first or within {WITHIN:.0%}"

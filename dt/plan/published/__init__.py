@@ -43,8 +43,8 @@ _SOURCE_KEYS = ("source", "citation", "url", "table", "verified", "notes", "defa
 _SHAPE = ("model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "ffn_activation",
           "vocab_size", "seq_len", "tied_embeddings", "shape_source")
 _CLUSTER = ("gpu", "device", "gpu_memory_gb", "gpus", "gpus_per_host", "interconnect", "host_network_gbit")
-_LAYOUT = ("dp", "tp", "pp", "cp", "ep", "zero_stage", "fsdp", "micro_batch", "global_batch", "grad_accum",
-           "virtual_stages", "recompute", "sequence_parallel")
+_LAYOUT = ("dp", "tp", "pp", "model_parallel", "cp", "ep", "zero_stage", "fsdp", "micro_batch",
+           "global_batch", "grad_accum", "virtual_stages", "recompute", "sequence_parallel")
 _RESULT = ("precision", "metric", "published", "also", "published_memory_gb", "memory_kind", "sweep",
            "authors_choice", "notes", "printed")
 ROW_KEYS = _SHAPE + _CLUSTER + _LAYOUT + _RESULT
@@ -88,6 +88,7 @@ class RunLayout:
     dp: int | None
     tp: int | None
     pp: int | None
+    model_parallel: int | None  # tp x pp where the source prints the product and not the split
     cp: int | None
     ep: int | None
     zero_stage: int | None  # 0 replicated, 1 optimizer, 2 + gradients, 3 + parameters (FSDP full shard)
