@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # dt plan's search on a catalogue cluster, at a commit given as $1 (a worktree of it in a temporary
-# directory) and at this checkout, interleaved, three each; the tables must be the same.
+# directory) and at this checkout, interleaved, three each; the tables must be the same. The rest of
+# the arguments, if any, are dt plan's (default: a Llama 3 8B on 4 hosts of H100s).
 set -euo pipefail
-base=${1:?usage: bash benchmarks/plan_search.sh COMMIT}
+base=${1:?usage: bash benchmarks/plan_search.sh COMMIT [DT PLAN ARGUMENTS...]}
+shift
 tree=$(mktemp -d)
 trap 'git worktree remove --force "$tree"' EXIT
 git worktree add -q --detach "$tree" "$base"
-args="--preset llama3-8b --device h100 --hosts 4 --global-batch 256 --seq 8192 --top 3"
+args="${*:---preset llama3-8b --device h100 --hosts 4 --global-batch 256 --seq 8192 --top 3}"
 for i in 1 2 3; do
   for where in "$tree" "$PWD"; do
     name=$([ "$where" = "$PWD" ] && echo "this checkout" || echo "$base")

@@ -96,22 +96,50 @@ def _pipeline_bound(cluster: Cluster, model: ModelShape, seq: int, per_rank: int
     micro-batch-chunk on every stage before it (its input comes through them first, and its last
     gradient goes back through them last) plus its own compute over the step; the largest."""
     sizes = Counter(micro_batch_sizes(per_rank, 1, family.micro_batches))  # at most two sizes: each once
-    layers = model.n_layer + 2
-    cut = layer_cut(model, family.pp, family.virtual, cluster.stack.partition)
+    of_size = {size: _chunk_seconds(cluster, model, seq, size, _Split(family.pp, family.virtual, family.tp,
+                                                                      family.cp, family.sequence_parallel,
+                                                                      family.recompute))
+               for size in sizes}
     before = bound = 0.0
     for stage in range(family.pp):
-        total = smallest = 0.0
-        for chunk in stage_layers(layers, family.pp, stage, cut, family.virtual):
-            blocks = sum(1 for layer in chunk if 0 < layer < layers - 1)
-            seconds = {size: sum(catalogue_stage(cluster, model, StageShape(
-                sequences=size, seq=seq, tp=family.tp, cp=family.cp, blocks=blocks, head=layers - 1 in chunk,
-                embed=0 in chunk, sequence_parallel=family.sequence_parallel, recompute=family.recompute)))
-                for size in sizes}
-            total += sum(count * seconds[size] for size, count in sizes.items())
-            smallest = min(seconds.values()) if not smallest else min(smallest, *seconds.values())
+        total = sum(count * sum(of_size[size][stage]) for size, count in sizes.items())
         bound = max(bound, before + total)
-        before += smallest
+        before += min(min(of_size[size][stage]) for size in sizes)
     return bound
+
+
+class _Split(NamedTuple):
+    """What a stage's compute per micro-batch depends on, beyond the micro-batch's size."""
+
+    pp: int
+    virtual: int
+    tp: int
+    cp: int
+    sequence_parallel: bool
+    recompute: str
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _chunk_seconds(cluster: Cluster, model: ModelShape, seq: int, sequences: int,
+                   split: _Split) -> tuple[tuple[float, ...], ...]:
+    """Per stage, each of its chunks' forward + backward seconds for one micro-batch of `sequences`
+    (layouts differing in dp, ZeRO, schedule or micro-batch count share them)."""
+    return tuple(tuple(sum(catalogue_stage(cluster, model, StageShape(
+        sequences=sequences, seq=seq, tp=split.tp, cp=split.cp, blocks=blocks, head=head, embed=embed,
+        sequence_parallel=split.sequence_parallel, recompute=split.recompute)))
+        for blocks, head, embed in chunks)
+        for chunks in _stage_chunks(model, split.pp, split.virtual, cluster.stack.partition))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _stage_chunks(model: ModelShape, pp: int, virtual: int,
+                  partition: str) -> tuple[tuple[tuple[int, bool, bool], ...], ...]:
+    """Per stage, each chunk's (blocks, holds the head, holds the embedding) under the stack's cut."""
+    layers = model.n_layer + 2
+    cut = layer_cut(model, pp, virtual, partition)
+    return tuple(tuple((sum(1 for layer in chunk if 0 < layer < layers - 1), layers - 1 in chunk, 0 in chunk)
+                       for chunk in stage_layers(layers, pp, stage, cut, virtual))
+                 for stage in range(pp))
 
 
 def lower_bound(cluster: Cluster, model: ModelShape, layout: Layout, batch: int, seq: int) -> float:

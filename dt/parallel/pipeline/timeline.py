@@ -50,48 +50,95 @@ def play(name: str, p: int, m: int, v: int, fwd: tuple[float, ...], bwd: tuple[f
     the action's own time), and a receiver that waited longer than `spin` went to sleep and
     starts `wake` after the message lands (dt.cost.overheads' terms, as `dt tune` measures them).
     """
-    return play_orders(_orders(name, p, m, v), v, fwd, bwd, send, post, wake, spin)
+    return _play(_wiring(_orders(name, p, m, v), v), fwd, bwd, send, post, wake, spin)
 
 
 def play_orders(orders: Orders, v: int, fwd: tuple[float, ...], bwd: tuple[float, ...],
                 send: float = 0.0, post: float = 0.0, wake: float = 0.0,
                 spin: float = float("inf")) -> list[list[Action]]:
     """play, for any per-stage action orders over v chunks per stage (a forward-only pass, say)."""
+    return _play(_wiring(orders, v), fwd, bwd, send, post, wake, spin)
+
+
+class _Wiring(NamedTuple):
+    """The orders as a table the play loop reads by number: per stage its actions' numbers in order;
+    per action what it is, the number of the action it waits on (-1: none), whether that input crossed
+    from another stage and whether the action itself sends to another stage."""
+
+    stages: tuple[tuple[int, ...], ...]
+    actions: tuple[tuple[str, int, int], ...]
+    dep: tuple[int, ...]
+    received: tuple[bool, ...]
+    sends: tuple[bool, ...]
+
+
+@functools.lru_cache(maxsize=1024)
+def _wiring(orders: Orders, v: int) -> _Wiring:
+    """Each action's dependency (the module doc's rules), found once per schedule, not per play."""
     p = len(orders)
-    done: dict[tuple[str, int, int], float] = {}  # (kind, position, micro-batch) -> end
-    free = [0.0] * p
-    nxt = [0] * p
-    out: list[list[Action]] = [[] for _ in range(p)]
     last = p * v - 1
-    remaining = sum(len(o) for o in orders)
+    number: dict[tuple[str, int, int], int] = {}
+    flat: list[tuple[str, int, int, int]] = []  # (kind, chunk, micro-batch, stage)
+    for s, order in enumerate(orders):
+        for kind, c, i in order:
+            number[(kind, c * p + s, i)] = len(flat)
+            flat.append((kind, c, i, s))
+    dep, received, sends = [], [], []
+    for kind, c, i, s in flat:
+        pos = c * p + s
+        if kind == "F":
+            wanted = ("F", pos - 1, i) if pos else None
+            sends.append(pos < last and (pos + 1) % p != s)
+        else:
+            wanted = ("B", pos + 1, i) if pos < last else ("F", pos, i)
+            sends.append(pos > 0 and (pos - 1) % p != s)
+        if wanted is not None and wanted not in number:
+            raise RuntimeError(f"stage {s}'s {(kind, c, i)} waits on {wanted}, which no stage runs")
+        dep.append(-1 if wanted is None else number[wanted])
+        received.append(wanted is not None and wanted[1] % p != s)
+    stages, first = [], 0
+    for order in orders:
+        stages.append(tuple(range(first, first + len(order))))
+        first += len(order)
+    return _Wiring(tuple(stages), tuple((kind, c, i) for kind, c, i, _ in flat), tuple(dep), tuple(received),
+                   tuple(sends))
+
+
+_new_action = tuple.__new__  # Action's fields without the namedtuple's argument-parsing frame
+
+
+def _play(wiring: _Wiring, fwd: tuple[float, ...], bwd: tuple[float, ...], send: float, post: float,
+          wake: float, spin: float) -> list[list[Action]]:
+    """Every stage runs its next action as soon as its input has ended (+ the hop when it crossed),
+    sweeping the stages until every action has run."""
+    stages, actions, dep, received, sends = wiring
+    ends = [-1.0] * len(actions)
+    free = [0.0] * len(stages)
+    nxt = [0] * len(stages)
+    out: list[list[Action]] = [[] for _ in stages]
+    remaining = len(actions)
     while remaining:
         progressed = False
-        for s in range(p):
-            while nxt[s] < len(orders[s]):
-                kind, c, i = orders[s][nxt[s]]
-                pos = c * p + s
-                if kind == "F":
-                    dep, hop = (("F", pos - 1, i), send) if pos else (None, 0.0)
-                    sends = pos < last and (pos + 1) % p != s
-                else:
-                    dep, hop = (("B", pos + 1, i), send) if pos < last else (("F", pos, i), 0.0)
-                    sends = pos > 0 and (pos - 1) % p != s
-                if dep is not None and dep not in done:
+        for s, order in enumerate(stages):
+            while nxt[s] < len(order):
+                a = order[nxt[s]]
+                d = dep[a]
+                if d >= 0 and ends[d] < 0:
                     break  # waits on another stage
                 start = free[s]
-                received = dep is not None and dep[1] % p != s  # its input crossed from another stage
-                if received:
-                    arrives = done[dep] + hop
-                    start = max(start, arrives + wake if arrives > free[s] + spin else arrives)
-                elif dep is not None:
-                    start = max(start, done[dep])
-                end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received + sends)
-                done[(kind, pos, i)] = free[s] = end
-                out[s].append(Action(kind, c, i, start, end))
+                if received[a]:
+                    arrives = ends[d] + send
+                    start = max(start, arrives + wake if arrives > start + spin else arrives)
+                elif d >= 0:
+                    start = max(start, ends[d])
+                kind, c, i = actions[a]
+                end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received[a] + sends[a])
+                ends[a] = free[s] = end
+                out[s].append(_new_action(Action, (kind, c, i, start, end)))
                 nxt[s] += 1
                 remaining -= 1
                 progressed = True
         if not progressed:
-            stuck = {s: orders[s][nxt[s]] for s in range(p) if nxt[s] < len(orders[s])}
+            stuck = {s: actions[order[nxt[s]]] for s, order in enumerate(stages) if nxt[s] < len(order)}
             raise RuntimeError(f"the stages' orders wait on each other forever: next actions {stuck}")
     return out
