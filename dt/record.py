@@ -76,12 +76,15 @@ def add_option(parser: argparse.ArgumentParser) -> None:
                              "load above it")
 
 
-def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str, entity: str) -> int | None:
+def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str, entity: str,
+          hardware_tag: str | None = None) -> int | None:
     """With --record DIR: this command run again as a child, recorded; its exit status.
 
     None means run here: no --record, or this process is the run being recorded
     (or a rank of torchrun's other than 0, which runs as it would unrecorded).
-    `prog` is the command as `dt` routes it ("dt bench scaling"); `topic` and `entity` name the record.
+    `prog` is the command as `dt` routes it ("dt bench scaling"); `topic` and `entity` name the record;
+    `hardware_tag` names what it is about where that is not this machine (`dt plan --published`'s
+    figures are the catalogue's, the same on any machine: "catalogue").
     """
     global _headline_file
     if HEADLINE_VARIABLE in os.environ:
@@ -91,7 +94,8 @@ def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str, ent
         return None
     words = prog.split()
     child = [sys.executable, "-m", "dt", *words[1:], *argv]
-    status, path = run_recorded(child, shlex.join([*words, *argv]), topic, entity, Path(directory))
+    status, path = run_recorded(child, shlex.join([*words, *argv]), topic, entity, Path(directory),
+                                hardware_tag)
     print(f"record: {path}", file=sys.stderr)
     return status
 
@@ -106,7 +110,7 @@ def headline(text: str) -> None:
 
 
 def run_recorded(command: Sequence[str], shown: str, topic: str, entity: str,
-                 directory: Path) -> tuple[int, Path]:
+                 directory: Path, hardware_tag: str | None = None) -> tuple[int, Path]:
     """Run `command`, its output to the terminal and into a record in `directory`: (exit status, path).
 
     SIGTERM and SIGHUP are passed on to the child, and Ctrl-C reaches it from the
@@ -136,8 +140,8 @@ def run_recorded(command: Sequence[str], shown: str, topic: str, entity: str,
         "load": f"{load_start:.2f} at the start, {load_end:.2f} at the end (1-minute average)",
         "exit": f"{status} after {took:.1f} s",
     }
-    name = record_name(topic, hardware(gpus, args_.cores()), time.strftime("%Y%m%d", time.gmtime(started)),
-                       entity)
+    name = record_name(topic, hardware_tag or hardware(gpus, args_.cores()),
+                       time.strftime("%Y%m%d", time.gmtime(started)), entity)
     return status, write_record(directory / name, fields, output)
 
 

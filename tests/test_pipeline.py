@@ -153,3 +153,18 @@ def test_stage_layers_and_neighbours():
                 assert before is None
             else:
                 assert any(q.stop == r.start for (t, _), q in chunks.items() if t == before)
+
+
+def test_the_timeline_names_orders_that_cannot_finish():
+    """Orders whose stages wait on each other, or on an action no stage runs, are refused by name."""
+    from dt.parallel.pipeline.timeline import play_orders
+
+    crossed = ((("B", 0, 0), ("F", 0, 0)), (("F", 0, 0), ("B", 0, 0)))  # stage 0 backward before forward
+    with pytest.raises(RuntimeError, match="wait on each other forever"):
+        play_orders(crossed, 1, (1.0, 1.0), (1.0, 1.0))
+    with pytest.raises(RuntimeError, match="which no stage runs"):
+        play_orders(((("B", 0, 0),), (("F", 0, 0),)), 1, (1.0, 1.0), (1.0, 1.0))
+    played = play_orders(((("F", 0, 0), ("B", 0, 0)), (("F", 0, 0), ("B", 0, 0))), 1, (1.0, 2.0), (3.0, 4.0),
+                         send=0.5)
+    assert [(a.start, a.end) for a in played[1]] == [(1.5, 3.5), (3.5, 7.5)]
+    assert [(a.start, a.end) for a in played[0]] == [(0.0, 1.0), (8.0, 11.0)]

@@ -8,6 +8,7 @@ a change that makes any of them worse fails, and one that improves them lowers t
 
 from __future__ import annotations
 
+import functools
 import math
 
 import pytest
@@ -16,7 +17,7 @@ from dt.cost.flops import train_flops_per_token
 from dt.plan.layouts import parse_name
 from dt.plan.model import ModelShape
 from dt.plan.published import SOURCES, load
-from dt.plan.suite import compare, priced_rows, summary, sweep_winners
+from dt.plan.suite import Compared, compare, measured_sweeps, priced_rows, summary, sweep_winners
 
 # The values of benchmarks/plan_catalogue_20261207_published-2.md (`dt plan --published`): per
 # source (rows priced, median, worst) of the step's |error| and of the memory's; a change that makes
@@ -39,6 +40,17 @@ RANKED_HERE = 16
 PLACED_HERE = 2
 
 
+# In the same record: of the sweeps with two or more priced rows, how many have the measured fastest
+# predicted fastest of the sweep's own layouts, and first or within dt.plan.suite.WITHIN.
+MEASURED_SWEEPS = {"sweeps": 29, "first": 19, "within": 26}
+
+
+@functools.lru_cache(maxsize=1)
+def _every_row() -> tuple[Compared, ...]:
+    """Every source's rows, priced once for the tests here."""
+    return tuple(priced_rows(rank=False)[0])
+
+
 def _held(stats: dict) -> tuple[int, float, float]:
     return (stats["rows"], stats.get("median", 0.0), stats.get("worst", 0.0))
 
@@ -47,7 +59,7 @@ def _held(stats: dict) -> tuple[int, float, float]:
 @pytest.mark.parametrize("source", SOURCES)
 def test_no_source_is_predicted_worse_than_its_record(source):
     assert set(HELD) == set(SOURCES), "every source's figures are held (add a new source's)"
-    rows, _ = priced_rows([source], rank=False)
+    rows = [compared for compared in _every_row() if compared.row.source == source]
     stats = summary(rows).get(source, {"step": {"rows": 0}, "memory": {"rows": 0}})  # none priced
     for kind in ("step", "memory"):
         rows_now, median, worst = _held(stats[kind])
@@ -56,6 +68,14 @@ def test_no_source_is_predicted_worse_than_its_record(source):
         assert rows_now == rows_held, f"{source}: {kind} priced on {rows_now} rows, the record's {rows_held}"
         assert median <= median_held, f"{source}: {kind} median |error| {median:.4f} > {median_held}"
         assert worst <= worst_held, f"{source}: {kind} worst |error| {worst:.4f} > {worst_held}"
+
+
+@pytest.mark.timeout(120)
+def test_the_planners_order_within_each_measured_sweep_is_no_worse_than_its_record():
+    placed = measured_sweeps(list(_every_row()))
+    print(placed)
+    assert placed["sweeps"] == MEASURED_SWEEPS["sweeps"]
+    assert placed["first"] >= MEASURED_SWEEPS["first"] and placed["within"] >= MEASURED_SWEEPS["within"]
 
 
 def test_the_first_ranked_layout_beside_the_authors():

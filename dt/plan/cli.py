@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a = parse_args(argv)
     entity = "published" if a.published is not None else "check" if a.check else "rank"
-    if (recorded := record.rerun("dt plan", argv, a.record, "plan", entity)) is not None:
+    catalogue = "catalogue" if a.published is not None else None  # the same figures on any machine
+    if (recorded := record.rerun("dt plan", argv, a.record, "plan", entity, catalogue)) is not None:
         return recorded
     if a.published is not None:
         from dt.plan.fit import fit_table, report

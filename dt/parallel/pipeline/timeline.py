@@ -109,36 +109,41 @@ _new_action = tuple.__new__  # Action's fields without the namedtuple's argument
 
 def _play(wiring: _Wiring, fwd: tuple[float, ...], bwd: tuple[float, ...], send: float, post: float,
           wake: float, spin: float) -> list[list[Action]]:
-    """Every stage runs its next action as soon as its input has ended (+ the hop when it crossed),
-    sweeping the stages until every action has run."""
+    """Every stage runs its next action as soon as its input has ended (+ the hop when it crossed).
+    A stage whose next input has not ended waits on that action: when it ends, the stage runs on.
+    Each action is looked at once or twice, however many stages and micro-batches."""
     stages, actions, dep, received, sends = wiring
     ends = [-1.0] * len(actions)
     free = [0.0] * len(stages)
     nxt = [0] * len(stages)
     out: list[list[Action]] = [[] for _ in stages]
+    waiting: dict[int, int] = {}  # an action not yet run -> the stage whose next action needs it
+    ready = list(range(len(stages)))
     remaining = len(actions)
-    while remaining:
-        progressed = False
-        for s, order in enumerate(stages):
-            while nxt[s] < len(order):
-                a = order[nxt[s]]
-                d = dep[a]
-                if d >= 0 and ends[d] < 0:
-                    break  # waits on another stage
-                start = free[s]
-                if received[a]:
-                    arrives = ends[d] + send
-                    start = max(start, arrives + wake if arrives > start + spin else arrives)
-                elif d >= 0:
-                    start = max(start, ends[d])
-                kind, c, i = actions[a]
-                end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received[a] + sends[a])
-                ends[a] = free[s] = end
-                out[s].append(_new_action(Action, (kind, c, i, start, end)))
-                nxt[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = {s: actions[order[nxt[s]]] for s, order in enumerate(stages) if nxt[s] < len(order)}
-            raise RuntimeError(f"the stages' orders wait on each other forever: next actions {stuck}")
+    while ready:
+        s = ready.pop()
+        order = stages[s]
+        while nxt[s] < len(order):
+            a = order[nxt[s]]
+            d = dep[a]
+            if d >= 0 and ends[d] < 0:
+                waiting[d] = s
+                break
+            start = free[s]
+            if received[a]:
+                arrives = ends[d] + send
+                start = max(start, arrives + wake if arrives > start + spin else arrives)
+            elif d >= 0:
+                start = max(start, ends[d])
+            kind, c, i = actions[a]
+            end = start + (fwd[s] if kind == "F" else bwd[s]) + post * (received[a] + sends[a])
+            ends[a] = free[s] = end
+            out[s].append(_new_action(Action, (kind, c, i, start, end)))
+            nxt[s] += 1
+            remaining -= 1
+            if a in waiting:
+                ready.append(waiting.pop(a))
+    if remaining:
+        stuck = {s: actions[order[nxt[s]]] for s, order in enumerate(stages) if nxt[s] < len(order)}
+        raise RuntimeError(f"the stages' orders wait on each other forever: next actions {stuck}")
     return out
