@@ -5,6 +5,7 @@
 set -euo pipefail
 base=${1:?usage: bash benchmarks/plan_search.sh COMMIT [DT PLAN ARGUMENTS...]}
 shift
+unset DT_RECORD_HEADLINE  # recorded (python -m dt.record), the inner dt plans' rankings are not its headline
 tree=$(mktemp -d)
 trap 'git worktree remove --force "$tree"' EXIT
 git worktree add -q --detach "$tree" "$base"
