@@ -117,7 +117,9 @@ def _play(wiring: _Wiring, fwd: tuple[float, ...], bwd: tuple[float, ...], send:
     free = [0.0] * len(stages)
     nxt = [0] * len(stages)
     out: list[list[Action]] = [[] for _ in stages]
-    waiting: dict[int, int] = {}  # an action not yet run -> the stage whose next action needs it
+    # an action not yet run -> the stage whose next action needs it (an action is the input of at most
+    # one other: F feeds the next position's F, or the last position's own B; B the previous one's B)
+    waiting: dict[int, int] = {}
     ready = list(range(len(stages)))
     remaining = len(actions)
     while ready:
