@@ -163,3 +163,30 @@ def test_rank_memory_holds_zero_formula_bytes():
         # tiny model) keeps its input and two of its four chunks: 1.5 x 4 Psi bytes
         # (ZeroOptimizer.formula's); FSDP's units are not modelled here
         assert mem.scratch == (6 * psi if stage < 3 else 0)
+
+
+def tensor_parallel_build_peak(tp: int) -> dict:
+    """The live-byte peak of building a plain GPT and swapping in its tensor-parallel layers on
+    `tp` ranks; the bytes of the plain model, of its tied word table's shard and of its largest
+    layer's shard (weights and bias)."""
+    from dt.parallel.grid import Grid
+    from dt.parallel.plan import gpt_plan, parallelize
+    cfg = GPTConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, n_embd=64)
+    with LiveBytes() as live:
+        model = GPT(cfg)
+        whole = sum(p.numel() for p in model.parameters()) * 4
+        largest = max(sum(p.numel() for p in m.parameters(recurse=False))
+                      for m in model.modules() if isinstance(m, torch.nn.Linear)) * 4
+        table = model.layers[0].wte.weight.numel() * 4
+        parallelize(model, Grid({"tp": tp}), gpt_plan(cfg, tp))
+    return {"peak": live.peak, "whole": whole, "largest": largest // tp, "table": table // tp}
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_building_holds_the_plain_model_and_one_layers_copy(run, tp):
+    """Each swapped-out layer is freed at once (the ties are weak), so building holds the plain
+    model, the tied word table's shard (its old table lives until the head that shares it is
+    swapped) and one layer's shard being made (and the groups' few scalars: 64 bytes); not the
+    plain model and a whole copy of it."""
+    for r in run(tp, tensor_parallel_build_peak, tp):
+        assert r["whole"] < r["peak"] <= r["whole"] + r["table"] + r["largest"] + 64, r

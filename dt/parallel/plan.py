@@ -80,6 +80,7 @@ from dt.parallel.tensor.styles import (
     SequenceParallelNorm,
     ShardSequence,
     Style,
+    Ties,
     VocabParallel,
     VocabParallelHead,
 )
@@ -287,14 +288,11 @@ def _swap(model: nn.Module, grid: Grid, plan: Mapping[str, Style], axis: str | N
     matches = _matches(model, plan)  # a bad plan is refused before any group is made
     # Each style's group: grid.group(axis) unless it runs on its own axis (Style.axis: "ep", "cp").
     groups = {id(style): style.group_on(grid, axis) for _, style in matches}  # every rank, same order
-    ties: dict[int, nn.Parameter] = {}
-    replaced: list[nn.Module] = []  # kept alive so the ids in `ties` stay theirs
+    ties = Ties()  # weak: each replaced layer is freed once swapped out (one layer's copy at a time)
     for name, style in matches:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        old = getattr(parent, child)
-        setattr(parent, child, style.apply(old, groups[id(style)], name, ties))
-        replaced.append(old)
+        setattr(parent, child, style.apply(getattr(parent, child), groups[id(style)], name, ties))
     return model
 
 

@@ -24,10 +24,13 @@ Column then row is Megatron's block: one all-reduce forward, one backward
 (dt.parallel.tensor). A style never draws random numbers: the weights come
 from the module it replaces.
 
-Tied weights: `ties` maps a replaced parameter (by id) to the shard that
-replaced it. A head whose weight is the embedding's (tied) takes the
-embedding's shard itself, not a copy, so the two stay one parameter: the
-embedding's rows and the head's logits are the same vocabulary slice.
+Tied weights: `ties` maps a replaced parameter to the shard that replaced
+it, for as long as that parameter lives (a weak reference: each replaced
+layer's whole weights are freed as soon as it is swapped out, so building
+holds the plain model and one layer's copy, not two models). A head whose
+weight is the embedding's (tied) takes the embedding's shard itself, not a
+copy, so the two stay one parameter: the embedding's rows and the head's
+logits are the same vocabulary slice.
 
 Logits: ColwiseParallel(gather_output=True) and VocabParallelHead() by
 default all-gather the vocabulary slices, so the model's own loss runs on the
@@ -36,6 +39,7 @@ whole logits unchanged (its backward keeps each rank's slice of the gradient).
 
 from __future__ import annotations
 
+import weakref
 from abc import ABC, abstractmethod
 from typing import Any
 
@@ -61,7 +65,22 @@ __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", 
            "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "VocabParallel",
            "VocabParallelHead"]
 
-Ties = dict[int, nn.Parameter]
+class Ties:
+    """Which shard replaced each parameter a swap replaced, while the replaced one lives.
+
+    Keyed by identity; the weak reference makes an entry end with its parameter (whose id a new
+    tensor may then take), so the swap need not keep every replaced layer alive.
+    """
+
+    def __init__(self) -> None:
+        self._shards: dict[int, tuple[weakref.ref[nn.Parameter], nn.Parameter]] = {}
+
+    def get(self, old: nn.Parameter) -> nn.Parameter | None:
+        entry = self._shards.get(id(old))
+        return entry[1] if entry is not None and entry[0]() is old else None
+
+    def record(self, old: nn.Parameter, shard: nn.Parameter) -> None:
+        self._shards[id(old)] = (weakref.ref(old), shard)
 
 
 class Style(ABC):
@@ -108,13 +127,13 @@ def _as_linear(module: nn.Module, style: Style, name: str) -> nn.Linear:
 
 def _tie(layer: nn.Module, attr: str, old: nn.Parameter, ties: Ties) -> None:
     """Use the shard that replaced `old`, if one did (a tied weight stays one parameter)."""
-    if id(old) in ties:
-        shard = ties[id(old)]
+    shard = ties.get(old)
+    if shard is not None:
         if shard.shape != getattr(layer, attr).shape:  # e.g. tied to both a row and a column split
             raise ValueError(f"a tied weight is split two ways: {tuple(shard.shape)} on one side, "
                              f"{tuple(getattr(layer, attr).shape)} on the other")
         setattr(layer, attr, shard)
-    ties[id(old)] = getattr(layer, attr)
+    ties.record(old, getattr(layer, attr))
 
 
 class ColwiseParallel(Style):
@@ -293,12 +312,11 @@ class VocabParallelHead(Style):
             raise ValueError(f"{name}: VocabParallelHead needs a module `{self.norm}` and a parameter "
                              f"`{self.weight}`, found {type(norm).__name__} and {type(weight).__name__}")
         vocab = weight.shape[0]
-        if id(weight) in ties:  # tied: the embedding's shard, the same rows
-            shard = ties[id(weight)]
-        else:
+        shard = ties.get(weight)  # tied: the embedding's shard, the same rows
+        if shard is None:
             start, stop = shard_range(vocab, group)
             shard = nn.Parameter(weight.detach()[start:stop].clone())
-            ties[id(weight)] = shard
+            ties.record(weight, shard)
         if self.sequence_parallel:
             norm = SequenceParallelNorm().apply(norm, group, f"{name}.{self.norm}", ties)
         return ParallelLMHead(self.norm, norm, shard, vocab, group, self.gather_output,
