@@ -12,13 +12,14 @@ import multiprocessing.util
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
+from dt import record
 from dt.launcher import WorkerPool
-from dt.record import HEADLINE_VARIABLE
 
 WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 
@@ -28,9 +29,22 @@ WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 # run that other dt in the workers. Subprocesses the tests start inherit it too.
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
-# A suite run under `python -m dt.record` must not let the commands its tests run declare the record's
-# headline (each would overwrite it with its own).
-os.environ.pop(HEADLINE_VARIABLE, None)
+# A suite run under `python -m dt.record` declares the record's headline itself (pytest's summary,
+# below), taking the variable as every dt command does; the commands its tests run must not declare
+# one (each would overwrite it with its own).
+record.rerun("pytest", [], None, "tests", "suite")
+os.environ.pop(record.HEADLINE_VARIABLE, None)
+
+
+STARTED = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
+    """The recorded run's headline: what passed, failed, erred and was skipped, and how long it took."""
+    kinds = ("passed", "failed", "error", "skipped")
+    said = ", ".join(f"{n} {kind}" for kind in kinds if (n := len(terminalreporter.stats.get(kind, []))))
+    seconds = round(time.monotonic() - STARTED)
+    record.headline(f"{said or 'no tests'} in {seconds // 60} min {seconds % 60} s (exit {exitstatus})")
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -62,8 +62,8 @@ from dt.parallel.tensor.vocab import VocabParallelEmbedding
 from dt.transport import Group, resolve_group
 
 __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", "ParallelLMHead",
-           "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "VocabParallel",
-           "VocabParallelHead"]
+           "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "Ties",
+           "VocabParallel", "VocabParallelHead"]
 
 class Ties:
     """Which shard replaced each parameter a swap replaced, while the replaced one lives.
