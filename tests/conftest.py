@@ -30,12 +30,9 @@ WORLD_SIZES = (1, 2, 3, 4, 5, 8)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ["PYTHONPATH"] = os.pathsep.join([ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])
 # A suite run under `python -m dt.record` declares the record's headline itself (pytest's summary,
-# below), taking the variable as every dt command does; the commands its tests run must not declare
-# one (each would overwrite it with its own).
+# below): rerun takes the variable out of the environment as every dt command does, so the commands
+# its tests run cannot declare one (each would overwrite it with its own).
 record.rerun("pytest", [], None, "tests", "suite")
-os.environ.pop(record.HEADLINE_VARIABLE, None)
-
-
 STARTED = time.monotonic()
 
 

@@ -65,6 +65,7 @@ __all__ = ["ColwiseParallel", "FusedAttentionParallel", "FusedColwiseParallel", 
            "RowwiseParallel", "SequenceParallelNorm", "ShardSequence", "Style", "Ties",
            "VocabParallel", "VocabParallelHead"]
 
+
 class Ties:
     """Which shard replaced each parameter a swap replaced, while the replaced one lives.
 
