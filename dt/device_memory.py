@@ -4,6 +4,11 @@
         loss = model(x).sum(); loss.backward()
     live.peak, live.current     # bytes above what was live when the block began
 
+    with LiveBytes() as live:   # a backward's own peak, its forward's bytes counted as they go
+        loss = model(x).sum(); held = live.current
+        live.reset_peak(); loss.backward()
+    live.peak - held
+
     with SavedBytes(exclude=[*model.parameters(), *model.buffers()]) as saved:
         loss = model(x).sum()   # saved.bytes: what autograd keeps for backward (activations)
 
@@ -160,6 +165,16 @@ class LiveBytes:
         elif self._counter is not None:
             self._counter.__exit__(*exc)
             _stop_listening(self._counter)
+
+    def reset_peak(self) -> None:
+        """Start the peak again from what is live now (still above the entry's bytes): a later
+        phase's own peak, in which what earlier phases made counts while it lives."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+        elif self._counter is not None:
+            with self._counter._lock:
+                self._counter.peak = self._counter.current
 
     @property
     def peak(self) -> int:

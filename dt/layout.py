@@ -17,6 +17,7 @@ agree on shards: one definition, so a receive always matches its send.
 - rounds / shm_slot_bytes how shared-memory algorithms cut a buffer into rounds; channel slots
 - SequenceLayout          a sequence over p context-parallel ranks (contiguous or zig-zag)
 - ring_hop                which block a ring pass sends and receives at each hop
+- visible                 which keys of a chunk a causal mask lets a chunk's queries see
 - expert_capacity         how many assignments an expert accepts (capacity factor)
 - Block, shard_block      the box of a tensor a rank holds (tensor parallel: a slice along one dim)
 - flat_blocks, intersect  a flat range of a box as boxes; the overlap of two (checkpoint resharding)
@@ -51,6 +52,7 @@ __all__ = [
     "shm_slot_bytes",
     "split_sizes",
     "table_elems",
+    "visible",
 ]
 
 
@@ -342,6 +344,18 @@ def ring_hop(rank: int, p: int, hop: int) -> tuple[int, int]:
     hop bringing each block's gradient home).
     """
     return ring_received(rank, p, hop - 1, 0), ring_received(rank, p, hop, 0)
+
+
+def visible(q: tuple[int, int], k: tuple[int, int], causal: bool) -> str:
+    """'all', 'some' or 'none': which keys of the chunk of positions k ([start, stop)) the
+    queries of chunk q may see (ring attention's and Ulysses' blocks, and their cost)."""
+    if q[0] == q[1] or k[0] == k[1]:
+        return "none"
+    if not causal or k[1] - 1 <= q[0]:
+        return "all"
+    if k[0] > q[1] - 1:
+        return "none"
+    return "some"
 
 
 def expert_capacity(capacity_factor: float | None, top_k: int, tokens: int, experts: int) -> int | None:

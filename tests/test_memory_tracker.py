@@ -55,6 +55,22 @@ def test_transient_peak_is_seen():
     assert live.current == 4000  # x survives (the sum's result was dropped)
 
 
+def test_reset_peak_starts_a_phase_whose_frees_of_earlier_bytes_count():
+    with LiveBytes() as live:
+        x = torch.ones(1000)
+        y = x * 2
+        assert live.peak == 8000
+        live.reset_peak()
+        assert live.peak == live.current == 8000
+        del x  # made before the reset: its bytes go
+        z = y + 1
+        assert (live.current, live.peak) == (8000, 8000)
+        w = z * 2
+        assert live.peak == 12000
+        del y, z, w
+    assert (live.current, live.peak) == (0, 12000)
+
+
 def test_a_storage_resized_in_place_counts_its_new_size():
     """FSDP frees a gathered unit by resizing its storage to 0 and refills it for backward: the
     storage stays alive throughout, and its bytes are what it holds at each moment."""

@@ -10,7 +10,9 @@
                  logits included), times the micro-batches the schedule holds at
                  once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
                  more), per chunk; with recompute only each block's input is kept,
-                 plus one block's whole set while it is recomputed
+                 plus one block's whole set while it is recomputed; under cp, dt's own
+                 ring attention or Ulysses, the larger of that and the moment the
+                 stage's top block's attention core runs backward (below)
     scratch      ZeRO's reduce-scatters' ring scratch, kept between steps (the optimizer's
                  and FSDP's own comm_scratch_formula: about 1.5x the largest one's input)
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
@@ -26,6 +28,19 @@ layers, times the chunk's peak stash (an MoE block's with uniform routing and
 no drops: each rank receives the rows its own tokens chose). Peak = state + scratch +
 max(activations, buffers): the buckets are built after the last backward,
 when the activations are gone.
+
+Context parallel's backward holds far more than its activations for a moment: its working set
+(dt.cost.activations.context_backward_peak_bytes: 18 times a q's bytes at cp 2, more from
+cp 3). Measured around dt train's step, the step's peak is then mostly inside the stage's top
+block's attention backward, and it is the stash, less what that micro-batch's backward has
+already freed (the block's parts above the core: the projection's input, the second norm, the
+MLP; on the last stage the head's), plus what recompute rebuilt (the block, or the core's
+output), the residual stream's gradient (and on an earlier stage the gradient received from
+the next), and the working set, its incoming gradient included. Only where dt's own layers run
+(this machine, or a device timed with them: cluster.gpu is None): a catalogue GPU's stack runs
+fused ring-flash kernels, whose working set is tiles, not score blocks, and is not priced here.
+Where the moment is below the stash (a short sequence, a wide MLP or vocabulary freed first)
+the stash stays the figure.
 """
 
 from __future__ import annotations
@@ -33,7 +48,13 @@ from __future__ import annotations
 import functools
 from dataclasses import replace
 
-from dt.cost.activations import recompute_peak_bytes, stage_activation_bytes
+from dt.cost.activations import (
+    block_above_core_bytes,
+    context_backward_peak_bytes,
+    layer_activation_bytes,
+    recompute_peak_bytes,
+    stage_activation_bytes,
+)
 from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.pipeline.stash import peak_stash_bytes
@@ -149,11 +170,40 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
                                 cp=layout.cp, recompute=layout.recompute, sequence_parallel=sequence_parallel,
                                 attention=attention, dropout=dropout, partition=cluster.stack.partition,
                                 shard_inputs=cluster.stack.sp_shard_inputs, fused_norm=fused_norm)
-    acts = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
+    stash = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
+    acts = stash
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
                                      sequence_parallel, attention, fused_norm=fused_norm)
+    if layout.cp > 1 and cluster.gpu is None:  # dt's own ring attention or Ulysses
+        acts = max(acts, stash + _context_backward(cluster, model, layout, seq, stage, sequences,
+                                                   sequence_parallel))
     return acts
+
+
+def _context_backward(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int,
+                      sequences: int, sequence_parallel: bool) -> float:
+    """What the stash changes by while the stage's top block's attention core runs backward under
+    cp: its recompute rebuilt, less what that micro-batch's backward has freed above the core (the
+    block's parts above it; the head's on the last stage), plus the gradients in flight (the
+    residual stream's; a later stage's, received) and the core's working set, its incoming gradient
+    included (dt.cost.activations.context_backward_peak_bytes). 0 for a stage without blocks."""
+    cut = layer_cut(model, layout.pp, layout.virtual, cluster.stack.partition)
+    top_chunk = stage_layers(model.n_layer + 2, layout.pp, stage, cut, layout.virtual)[-1]
+    if not any(1 <= layer <= model.n_layer for layer in top_chunk):
+        return 0.0
+    decoder, item, tp, cp = model.decoder(seq), cluster.itemsize, layout.tp, layout.cp
+    rebuilt = recompute_peak_bytes(decoder, sequences, item, tp, cp, sequence_parallel,
+                                   recompute=layout.recompute)
+    freed = block_above_core_bytes(decoder, sequences, item, tp, cp, sequence_parallel)
+    last = model.n_layer + 1 in top_chunk
+    if last:
+        freed += layer_activation_bytes(decoder, model.n_layer + 1, sequences, item, tp, cp,
+                                        sequence_parallel)
+    residual = item * seq / cp * sequences * model.n_embd / (tp if sequence_parallel else 1)
+    received = 0.0 if last else residual
+    working = context_backward_peak_bytes(decoder, sequences, item, tp, cp, layout.cp_attention)
+    return rebuilt - freed + residual + received + working
 
 
 def _sharding(model: ModelShape, layout: Layout, tensors: StageTensors) -> tuple[int, int]:

@@ -32,21 +32,12 @@ from typing import Any
 
 import torch
 
+from dt.layout import visible
+
 __all__ = ["Chunks", "attention", "block_backward", "block_forward", "merge", "plan", "visible"]
 
 Chunks = list[tuple[int, int]]  # [start, stop) positions, in local order
 BlockPlan = list[tuple[tuple[int, int], list[tuple[int, int]], "torch.Tensor | None"]]
-
-
-def visible(q: tuple[int, int], k: tuple[int, int], causal: bool) -> str:
-    """'all', 'some' or 'none': which keys of chunk k the queries of chunk q may see."""
-    if q[0] == q[1] or k[0] == k[1]:
-        return "none"
-    if not causal or k[1] - 1 <= q[0]:
-        return "all"
-    if k[0] > q[1] - 1:
-        return "none"
-    return "some"
 
 
 def _local(chunks: Chunks) -> list[tuple[int, int, int, int]]:
