@@ -236,6 +236,18 @@ def test_peak_stash_bytes_weighs_the_chunks():
         stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])
 
 
+def test_the_stash_after_the_first_backward():
+    """What gradient accumulation's summed .grad sits beside (dt.plan.memory's accumulated term)."""
+    from dt.parallel.pipeline import peak_stash_bytes_after_first_backward as after
+    assert after("1f1b", 1, 0, 2, [5.0]) == 5  # F B F B: the second forward's
+    assert after("1f1b", 2, 0, 2, [5.0]) == 5  # F F B B: one left once the first backward ran
+    assert after("1f1b", 4, 0, 8, [5.0]) == 20  # the steady state refills to p - s
+    assert after("gpipe", 2, 1, 4, [1.0]) == 3  # every forward first
+    # interleaved p=2, m=2, v=2 on stage 0: the first backward is chunk 1's (1 byte) of 22
+    assert after("interleaved", 2, 0, 2, [10.0, 1.0]) == 21
+    assert after("1f1b", 3, 0, 0, [1.0]) == 0  # no micro-batch: no backward
+
+
 @pytest.mark.parametrize("world", [1, 2])
 def test_moe_block_formula_is_the_measurement(run, world):
     """dt train's MoE GPT (the plain one, experts swapped for dt.parallel.expert's over ep = dp ranks):

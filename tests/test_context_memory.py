@@ -17,6 +17,7 @@ from dt.plan.cluster import catalogue_cluster, local_cluster
 from dt.plan.layouts import Layout
 from dt.plan.memory import peak_bytes
 from dt.plan.model import ModelShape
+from dt.plan.stage import stage_tensors
 
 ITEMSIZE = {"float32": 4, "bfloat16": 2, "float64": 8}
 # (kind, sequences, heads, tokens per sequence, head_dim, zig-zag, dtype): even and uneven splits
@@ -103,7 +104,8 @@ def test_the_plan_adds_it_at_the_top_blocks_attention_backward():
     """dp1.cp2ring, 16 x 32 tokens in 2 micro-batches: 8 sequences of 16 tokens a rank. At the top
     block's attention backward the head and the block's parts above the core are freed (the second
     norm's input, statistics and output, the MLP's two 4h tensors, the projection's input), the
-    residual stream's gradient is in flight, and the working set is 18 q + lse."""
+    residual stream's gradient is in flight, and the working set is 18 q + lse; the second
+    micro-batch's backward runs beside the first one's summed gradients (DDP over dp x cp's 2)."""
     e, b, s, h, heads = 4, 8, 16, 64, 4
     sbh, bs, f = e * s * b * h, b * s, 4 * h
     decoder = TINY.decoder(32)
@@ -111,8 +113,10 @@ def test_the_plan_adds_it_at_the_top_blocks_attention_backward():
     head = layer_activation_bytes(decoder, TINY.n_layer + 1, b, e, cp=2)
     above_core = sbh + 2 * e * bs + sbh + 2 * e * s * b * f + sbh
     working = 18 * sbh + e * b * heads * s
-    memory = peak_bytes(local_cluster(2), TINY, Layout(cp=2, micro_batches=2), 16, 32)[0]
-    assert memory["activations"] == stash - head - above_core + sbh + working
+    layout = Layout(cp=2, micro_batches=2)
+    accumulated = e * sum(stage_tensors(TINY, layout, 32, 0).dense)
+    memory = peak_bytes(local_cluster(2), TINY, layout, 16, 32)[0]
+    assert memory["activations"] == stash + accumulated - head - above_core + sbh + working
 
 
 def test_only_dt_s_own_layers_pay_it(monkeypatch):

@@ -78,3 +78,21 @@ def test_the_memory_run_counts_the_scratch_other_threads_keep():
     finally:
         release()
         release_all()
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("name", ["dp2.tp1.pp1.z0.1f1b.m2", "dp2.tp1.pp1.z0.1f1b.m4",
+                                  "dp1.tp1.pp1.cp2ring.z0.1f1b.m2"])
+def test_gradient_accumulation_under_ddp_is_priced_as_measured(name):
+    """dt's DDP sums the micro-batches before a step's last in .grad (no_sync) beside the buckets
+    that hold the whole gradient: from the first backward on both are live. Without that term the
+    planner read these layouts 13-18% under the live-tensor peak; with it, within 5%."""
+    from dt.plan.cli import DEFAULT_SHAPE
+    from dt.plan.layouts import parse_name
+    from dt.plan.memory import peak_bytes
+
+    model, layout, cluster = ModelShape(**DEFAULT_SHAPE), parse_name(name), local_cluster(2)
+    predicted = max(stage["peak"] for stage in peak_bytes(cluster, model, layout, 16, 32))
+    args = parse_args(train_argv(layout, model, 16, 32, steps=2))
+    measured = max(r["peak_bytes"] for r in launch(measure_worker, 2, args, 2, True, backend="gloo"))
+    assert predicted == pytest.approx(measured, rel=0.05), (name, predicted, measured)

@@ -15,6 +15,8 @@
                  stage's top block's attention core runs backward (below)
     scratch      ZeRO's reduce-scatters' ring scratch, kept between steps (the optimizer's
                  and FSDP's own comm_scratch_formula: about 1.5x the largest one's input)
+    accumulated  under gradient accumulation with dt's DDP, the summed .grad beside the buckets
+                 from the stage's first backward on, added to what the stash holds then
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
                  stage 2 adds its buckets' flat copies (all of them, made in backward,
                  freed at its end) to the activations, stage 3 the units it holds
@@ -57,7 +59,7 @@ from dt.cost.activations import (
 )
 from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import stage_layers
-from dt.parallel.pipeline.stash import peak_stash_bytes
+from dt.parallel.pipeline.stash import peak_stash_bytes, peak_stash_bytes_after_first_backward
 from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula, zero_memory_parts
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
@@ -79,6 +81,12 @@ __all__ = ["peak_bytes", "state_floor"]
 def _stash_bytes(name: str, stages: int, stage: int, micro_batches: int, chunks: tuple[float, ...]) -> float:
     # many layouts (ZeRO, placement) share one
     return peak_stash_bytes(name, stages, stage, micro_batches, chunks)
+
+
+@functools.lru_cache(maxsize=65536)
+def _stash_bytes_after_first_backward(name: str, stages: int, stage: int, micro_batches: int,
+                                      chunks: tuple[float, ...]) -> float:
+    return peak_stash_bytes_after_first_backward(name, stages, stage, micro_batches, chunks)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -160,9 +168,10 @@ def _activation_kind(cluster: Cluster) -> tuple[str, bool]:
 
 
 def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
-                 sequence_parallel: bool) -> float:
+                 sequence_parallel: bool, accumulated: float = 0.0) -> float:
     """The stage's activations at its peak stash of its largest micro-batch (`sequences`), with
-    recompute's rebuilt block."""
+    recompute's rebuilt block; `accumulated`: gradient bytes held from the stage's first backward on,
+    beside what the stash holds then."""
     item = cluster.itemsize
     attention, dropout = _activation_kind(cluster)
     fused_norm = cluster.gpu is not None and cluster.stack.fused_norm
@@ -171,6 +180,10 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
                                 attention=attention, dropout=dropout, partition=cluster.stack.partition,
                                 shard_inputs=cluster.stack.sp_shard_inputs, fused_norm=fused_norm)
     stash = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
+    if accumulated:
+        later = _stash_bytes_after_first_backward(layout.schedule, layout.pp, stage, layout.micro_batches,
+                                                  tuple(chunks))
+        stash = max(stash, later + accumulated)
     acts = stash
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
@@ -223,8 +236,9 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     ranks, kept = _sharding(model, layout, tensors)
     state = _state(cluster, layout, dense, experts, ranks, kept)
     sequence_parallel = layout.sequence_parallel and layout.tp > 1
-    acts = _activations(cluster, model, layout, seq, stage, sequences, sequence_parallel)
     grad_item = cluster.grad_itemsize
+    acts = _activations(cluster, model, layout, seq, stage, sequences, sequence_parallel,
+                        _accumulated(cluster, model, layout, ranks, dense))
     buffers, scratch = max(bucket_bytes(dense, grad_item), default=0) if ranks > 1 else 0, 0
     if layout.zero and ranks > 1:
         buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
@@ -243,6 +257,16 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     row["runtime"] = int(runtime + (fragmentation - 1) * live)
     row["peak"] = live + row["runtime"]
     return row
+
+
+def _accumulated(cluster: Cluster, model: ModelShape, layout: Layout, ranks: int, dense: list[int]) -> float:
+    """Gradient bytes dt's DDP holds twice under gradient accumulation: the micro-batches before a
+    chunk's last sum their gradients in .grad (no_sync), beside the buckets that already hold the
+    whole gradient (the state's copy); the last one's hooks copy the sum in, and .grad then points
+    at the buckets. Only dt's own DDP (cluster.gpu is None; a catalogue stack's gradient buffers
+    are its own), which a model with experts does not use."""
+    ddp = layout.zero == 0 and ranks > 1 and not model.experts and cluster.gpu is None
+    return sum(dense) * cluster.grad_itemsize if ddp and layout.micro_batches > 1 else 0.0
 
 
 def state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -> float:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from dt.parallel.pipeline.schedules import schedule
 
-__all__ = ["peak_stash", "peak_stash_bytes", "stash_profile"]
+__all__ = ["peak_stash", "peak_stash_bytes", "peak_stash_bytes_after_first_backward", "stash_profile"]
 
 
 def stash_profile(name: str, p: int, s: int, m: int, v: int = 1,
@@ -47,3 +47,14 @@ def peak_stash(name: str, p: int, s: int, m: int, v: int = 1) -> int:
 def peak_stash_bytes(name: str, p: int, s: int, m: int, chunk_bytes: Sequence[float]) -> float:
     """The most activation bytes stage s holds at once, chunk c's micro-batch weighing chunk_bytes[c]."""
     return max(stash_profile(name, p, s, m, len(chunk_bytes), chunk_bytes))
+
+
+def peak_stash_bytes_after_first_backward(name: str, p: int, s: int, m: int,
+                                          chunk_bytes: Sequence[float]) -> float:
+    """The most activation bytes stage s holds once its first backward has run (0 if it runs no
+    backward): what a gradient accumulated from that backward on sits beside (gradient accumulation
+    under DDP, dt.parallel.data_parallel's no_sync)."""
+    kinds = [kind for kind, _, _ in schedule(name, p, s, m, len(chunk_bytes))]
+    if "B" not in kinds:
+        return 0.0
+    return max(stash_profile(name, p, s, m, len(chunk_bytes), chunk_bytes)[kinds.index("B"):])
