@@ -1,17 +1,13 @@
-"""Context parallel's backward working set (dt.cost.activations.context_backward_rank_bytes) against
-dt.device_memory.LiveBytes, and where dt plan adds it (dt.plan.memory)."""
+"""Context parallel's backward working set (dt.cost.context_backward) against dt.device_memory.LiveBytes,
+and where dt plan adds it (dt.plan.memory)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dt.cost.activations import (
-    AttentionShape,
-    context_backward_rank_bytes,
-    layer_activation_bytes,
-    stage_activation_bytes,
-)
+from dt.cost.activations import layer_activation_bytes, stage_activation_bytes
+from dt.cost.context_backward import AttentionShape, context_backward_rank_bytes
 from dt.layout import SequenceLayout
 from dt.plan.cluster import catalogue_cluster, local_cluster
 from dt.plan.layouts import Layout

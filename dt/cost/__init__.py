@@ -15,6 +15,7 @@
 - context.py    Ulysses' all-to-alls and ring attention's passes (context parallel)
 - flops.py      FLOPs of dt's decoders per layer and kind: forward, backward, recompute, splits
 - activations.py  bytes autograd keeps per layer (tp, sp, cp, recompute), to the byte of dt's layers
+- context_backward.py  the bytes context parallel's attention backward holds at once, to the byte
 - devices.py    the catalogue: A100, H100, H200 peak FLOP/s, HBM, NVLink, NIC, each with its source
 - compute_rate.py  this machine's matmul rate per shape and thread count (`dt tune` saves it)
 

@@ -32,7 +32,7 @@ max(activations, buffers): the buckets are built after the last backward,
 when the activations are gone.
 
 Context parallel's backward holds far more than its activations for a moment: its working set
-(dt.cost.activations.context_backward_peak_bytes: 18 times a q's bytes at cp 2, more from
+(dt.cost.context_backward.context_backward_peak_bytes: 18 times a q's bytes at cp 2, more from
 cp 3). Measured around dt train's step, the step's peak is then mostly inside the stage's top
 block's attention backward, and it is the stash, less what that micro-batch's backward has
 already freed (the block's parts above the core: the projection's input, the second norm, the
@@ -52,11 +52,11 @@ from dataclasses import replace
 
 from dt.cost.activations import (
     block_above_core_bytes,
-    context_backward_peak_bytes,
     layer_activation_bytes,
     recompute_peak_bytes,
     stage_activation_bytes,
 )
+from dt.cost.context_backward import context_backward_peak_bytes
 from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import stage_layers
 from dt.parallel.pipeline.stash import peak_stash_bytes, peak_stash_bytes_after_first_backward
@@ -200,7 +200,7 @@ def _context_backward(cluster: Cluster, model: ModelShape, layout: Layout, seq: 
     cp: its recompute rebuilt, less what that micro-batch's backward has freed above the core (the
     block's parts above it; the head's on the last stage), plus the gradients in flight (the
     residual stream's; a later stage's, received) and the core's working set, its incoming gradient
-    included (dt.cost.activations.context_backward_peak_bytes). 0 for a stage without blocks."""
+    included (dt.cost.context_backward.context_backward_peak_bytes). 0 for a stage without blocks."""
     cut = layer_cut(model, layout.pp, layout.virtual, cluster.stack.partition)
     top_chunk = stage_layers(model.n_layer + 2, layout.pp, stage, cut, layout.virtual)[-1]
     if not any(1 <= layer <= model.n_layer for layer in top_chunk):
