@@ -51,7 +51,7 @@ from dt.launcher import launched_rank
 
 __all__ = ["DEFAULT_DIRECTORY", "FIELDS", "RECORD_NAME", "REQUIRED", "add_option", "commit", "cpu_model",
            "gpu_names", "hardware", "headline", "machine", "read_header", "record_name", "rerun",
-           "run_recorded", "versions", "write_record"]
+           "run_recorded", "take_headline_file", "versions", "write_record"]
 
 DEFAULT_DIRECTORY = "benchmarks"
 FIELDS = ("command", "headline", "commit", "machine", "versions", "date", "load", "exit")
@@ -100,10 +100,20 @@ def rerun(prog: str, argv: Sequence[str], directory: str | None, topic: str, ent
     return status
 
 
-def headline(text: str) -> None:
-    """Declare this run's headline (one line): the record's `headline` field, when it is recorded."""
-    if _headline_file is not None:
-        Path(_headline_file).write_text(" ".join(text.split()) + "\n")
+def headline(text: str, to: str | None = None) -> None:
+    """Declare this run's headline (one line): the record's `headline` field, when it is recorded
+    (`to`: a file taken with take_headline_file, else this process's own)."""
+    path = to if to is not None else _headline_file
+    if path is not None:
+        Path(path).write_text(" ".join(text.split()) + "\n")
+
+
+def take_headline_file() -> str | None:
+    """This run's headline file, taken from later `headline` calls in this process: a recorded test
+    suite declares its own headline, never one of the commands its tests run in-process."""
+    global _headline_file
+    taken, _headline_file = _headline_file, None
+    return taken
 
 
 # -- running and keeping -----------------------------------------------------------------------------

@@ -297,3 +297,16 @@ def test_dt_plan_declares_its_first_ranked_layout(tmp_path, monkeypatch, capsys)
     first = data["layouts"][0]
     assert declared.read_text() == (f"gpt2 on {data['cluster']}: first ranked {first['layout']} "
                                     f"{first['step_s'] * 1e3:.2f} ms predicted\n")
+
+
+def test_a_taken_headline_file_is_written_only_by_its_taker(tmp_path, monkeypatch):
+    """A recorded test suite takes the headline file: a command its tests run in-process declares
+    nothing there, and the suite's own summary is the headline."""
+    declared = tmp_path / "headline"
+    monkeypatch.setattr(record, "_headline_file", str(declared))  # as in a recorded run
+    taken = record.take_headline_file()
+    assert taken == str(declared) and record.take_headline_file() is None
+    record.headline("a command's figure")
+    assert not declared.exists()
+    record.headline("1 passed in 0 min 1 s (exit 0)", to=taken)
+    assert declared.read_text() == "1 passed in 0 min 1 s (exit 0)\n"
