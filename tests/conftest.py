@@ -41,15 +41,24 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
     """The recorded run's headline: what passed, failed, erred and was skipped, and how long it took.
     Only the whole suite's: a run narrowed by path, mark or keyword (-m quick) is recorded without
     one, so README's results table keeps naming what CI runs."""
-    config = terminalreporter.config
-    if HEADLINE_FILE is None or config.args_source == pytest.Config.ArgsSource.ARGS \
-            or config.option.markexpr or config.option.keyword:
+    if HEADLINE_FILE is None or _narrowed(terminalreporter.config):
         return
     kinds = ("passed", "failed", "error", "skipped")
     said = ", ".join(f"{n} {kind}" for kind in kinds if (n := len(terminalreporter.stats.get(kind, []))))
     seconds = round(time.monotonic() - STARTED)
     record.headline(f"{said or 'no tests'} in {seconds // 60} min {seconds % 60} s (exit {exitstatus})",
                     to=HEADLINE_FILE)
+
+
+def _narrowed(config: pytest.Config) -> bool:
+    """Whether the run chose some of the tests: by path (anything but the tests directory), mark,
+    keyword, deselection, an ignored path or the last failures."""
+    base = config.rootpath if config.args_source == pytest.Config.ArgsSource.TESTPATHS else \
+        config.invocation_params.dir
+    paths = {os.path.abspath(os.path.join(base, arg)) for arg in config.args}
+    chosen = (config.option.markexpr, config.option.keyword, config.option.deselect, config.option.ignore,
+              config.option.ignore_glob, getattr(config.option, "lf", False))
+    return paths != {os.path.join(ROOT, "tests")} or any(chosen)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -115,8 +115,9 @@ def test_the_plan_adds_it_at_the_top_blocks_attention_backward():
     assert memory["activations"] == stash + accumulated - head - above_core + sbh + working
 
 
-def test_only_dt_s_own_layers_pay_it(monkeypatch):
-    """A catalogue GPU's stack runs fused ring-flash kernels: dt's working set is not priced there."""
+def test_only_a_stack_running_dt_s_own_layers_pays_it(monkeypatch):
+    """Fused ring-flash kernels (Megatron's) hold tiles, not score blocks: dt's working set is priced
+    for a stack whose context-parallel attention is dt's, on this machine or dt train on a GPU."""
     import dt.plan.memory as memory
 
     def refused(*args: object) -> int:
@@ -124,6 +125,21 @@ def test_only_dt_s_own_layers_pay_it(monkeypatch):
 
     monkeypatch.setattr(memory, "context_backward_peak_bytes", refused)
     layout = Layout(dp=2, cp=2, micro_batches=2)
-    peak_bytes(catalogue_cluster("h100", 1, 4), TINY, layout, 16, 32)
-    with pytest.raises(AssertionError, match="priced"):
-        peak_bytes(local_cluster(4), TINY, layout, 16, 32)
+    peak_bytes(catalogue_cluster("h100", 1, 4, stack_name="megatron"), TINY, layout, 16, 32)
+    for cluster in (local_cluster(4), catalogue_cluster("h100", 1, 4)):
+        with pytest.raises(AssertionError, match="priced"):
+            peak_bytes(cluster, TINY, layout, 16, 32)
+
+
+def test_only_dt_s_ddp_holds_an_accumulated_gradient_twice():
+    """dt's DDP keeps its buckets apart from .grad (gradient accumulation sums in .grad beside them);
+    Megatron's accumulates in its contiguous gradient buffer, once."""
+    from dt.plan.memory import _accumulated
+
+    dense = stage_tensors(TINY, Layout(dp=2, micro_batches=2), 32, 0).dense
+    for cluster, twice in ((local_cluster(2), True), (catalogue_cluster("h100", 1, 2), True),
+                           (catalogue_cluster("h100", 1, 2, stack_name="megatron"), False)):
+        held = _accumulated(cluster, TINY, Layout(dp=2, micro_batches=2), 2, dense)
+        assert held == (sum(dense) * cluster.grad_itemsize if twice else 0), cluster.stack_name
+        assert _accumulated(cluster, TINY, Layout(dp=2, micro_batches=1), 2, dense) == 0  # nothing summed
+        assert _accumulated(cluster, TINY, Layout(dp=2, micro_batches=2, zero=1), 2, dense) == 0  # no DDP

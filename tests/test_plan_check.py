@@ -85,8 +85,8 @@ def test_the_memory_run_counts_the_scratch_other_threads_keep():
                                   "dp1.tp1.pp1.cp2ring.z0.1f1b.m2"])
 def test_gradient_accumulation_under_ddp_is_priced_as_measured(name):
     """dt's DDP sums the micro-batches before a step's last in .grad (no_sync) beside the buckets
-    that hold the whole gradient: from the first backward on both are live. Without that term the
-    planner read these layouts 13-18% under the live-tensor peak; with it, within 5%."""
+    sized for the whole gradient: from the first backward on both are live, 13-18% of these
+    layouts' peak, which the planner's figure must hold to within 5% of the live-tensor count."""
     from dt.plan.cli import DEFAULT_SHAPE
     from dt.plan.layouts import parse_name
     from dt.plan.memory import peak_bytes

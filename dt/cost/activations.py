@@ -286,7 +286,3 @@ def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: 
     return sum(layer_activation_bytes(a, i, sequences, itemsize, tp, cp, sequence_parallel, attention,
                                       recompute, stats_bytes, parallelized, dropout, shard_inputs, fused_norm)
                for i in layers)
-
-
-# Context parallel attention's backward working set, replayed buffer by buffer (the module doc's
-# last part).

@@ -106,9 +106,11 @@ class AttentionShape:
         return self.itemsize * self.sequences * self.heads * count
 
     def scores(self, queries: int, keys: int) -> int:
+        """Bytes of one block of scores: `queries` queries by the `keys` keys they see, every head."""
         return self.itemsize * self.sequences * self.heads * queries * keys
 
     def with_heads(self, heads: int) -> AttentionShape:
+        """The same tensors with `heads` heads (Ulysses' rank, after its all-to-all: heads / cp)."""
         return AttentionShape(self.sequences, heads, self.head_dim, self.itemsize)
 
 

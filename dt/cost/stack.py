@@ -63,6 +63,10 @@ class Stack:
     runtime_bytes: float = 0.0  # CUDA context, NCCL's buffers, library workspaces, per GPU
     fragmentation: float = 1.0  # the caching allocator's reserved over allocated at the peak
     fused_norm: bool = False  # each RMSNorm one kernel keeping its input and rsqrt (dt.cost.activations)
+    grad_beside_buckets: bool = False  # DDP's buckets are apart from .grad: under gradient accumulation
+    # the micro-batches' summed .grad and the buckets are both live (dt.parallel.data_parallel)
+    blockwise_cp_attention: bool = False  # context parallel's attention computes whole score blocks
+    # (dt.parallel.context's ring attention and Ulysses), not a fused ring-flash kernel's tiles
 
     @property
     def causal_skip(self) -> bool:
@@ -108,7 +112,8 @@ STACKS: dict[str, Stack] = {
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
         fragmentation=1.05, partition="layers", fsdp_prefetch=True, fsdp_scatter_behind=False,
-        sp_shard_inputs=False, sp_norm_grads_each=True),
+        sp_shard_inputs=False, sp_norm_grads_each=True, grad_beside_buckets=True,
+        blockwise_cp_attention=True),
     "megatron": Stack(
         "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
                     "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "

@@ -11,12 +11,12 @@
                  once (the peak stash: GPipe m, 1F1B p - s on stage s, interleaved
                  more), per chunk; with recompute only each block's input is kept,
                  plus one block's whole set while it is recomputed; under cp, dt's own
-                 ring attention or Ulysses, the larger of that and the moment the
-                 stage's top block's attention core runs backward (below)
+                 ring attention or Ulysses, the larger of that and the moment a chunk's
+                 top block's attention core runs backward; under gradient accumulation
+                 with dt's DDP, the summed .grad beside the buckets from the stage's
+                 first backward on (both below)
     scratch      ZeRO's reduce-scatters' ring scratch, kept between steps (the optimizer's
                  and FSDP's own comm_scratch_formula: about 1.5x the largest one's input)
-    accumulated  under gradient accumulation with dt's DDP, the summed .grad beside the buckets
-                 from the stage's first backward on, added to what the stash holds then
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
                  stage 2 adds its buckets' flat copies (all of them, made in backward,
                  freed at its end) to the activations, stage 3 the units it holds
@@ -32,17 +32,25 @@ max(activations, buffers): the buckets are built after the last backward,
 when the activations are gone.
 
 Context parallel's backward holds far more than its activations for a moment: its working set
-(dt.cost.context_backward.context_backward_peak_bytes: 18 times a q's bytes at cp 2, more from
-cp 3). Measured around dt train's step, the step's peak is then mostly inside the stage's top
-block's attention backward, and it is the stash, less what that micro-batch's backward has
-already freed (the block's parts above the core: the projection's input, the second norm, the
-MLP; on the last stage the head's), plus what recompute rebuilt (the block, or the core's
-output), the residual stream's gradient (and on an earlier stage the gradient received from
-the next), and the working set, its incoming gradient included. Only where dt's own layers run
-(this machine, or a device timed with them: cluster.gpu is None): a catalogue GPU's stack runs
-fused ring-flash kernels, whose working set is tiles, not score blocks, and is not priced here.
-Where the moment is below the stash (a short sequence, a wide MLP or vocabulary freed first)
-the stash stays the figure.
+(dt.cost.context_backward.context_backward_peak_bytes: 18 times a q's bytes at cp 2 while a
+rank's tokens are at most about the head dimension, more with longer score blocks and from cp 3).
+Measured around dt train's step, the step's peak is then mostly inside a chunk's top block's
+attention backward, and it is the stash, less what that micro-batch's backward has already
+freed (the block's parts above the core: the projection's input, the second norm, the MLP; in
+the chunk holding the head, the head's), plus what recompute rebuilt (the block, or the core's
+output), the residual stream's gradient (and in any other chunk the gradient received from the
+next position), and the working set, its incoming gradient included. Only for a stack whose
+context-parallel attention is dt's block-wise one (dt.cost.stack's blockwise_cp_attention: dt's
+own, here or on a GPU, where it is priced at the autocast dtype, unmeasured there); fused
+ring-flash kernels hold tiles, not score blocks, and are not priced here. Where the moment is
+below the stash (a short sequence, a wide MLP or vocabulary freed first) the stash stays the
+figure.
+
+Gradient accumulation under dt's DDP (dt.cost.stack's grad_beside_buckets): the micro-batches
+before a chunk's last sum their gradients in .grad beside the buckets, so from the stage's first
+backward on the stage's gradients are counted twice, beside what the stash holds then: exact when
+every chunk syncs at about the same time (one chunk, or m >= 2p even chunks), an upper bound when
+an interleaved stage's chunks sync apart.
 """
 
 from __future__ import annotations
@@ -188,7 +196,7 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
                                      sequence_parallel, attention, fused_norm=fused_norm)
-    if layout.cp > 1 and cluster.gpu is None:  # dt's own ring attention or Ulysses
+    if layout.cp > 1 and cluster.stack.blockwise_cp_attention:  # dt's own ring attention or Ulysses
         acts = max(acts, stash + _context_backward(cluster, model, layout, seq, stage, sequences,
                                                    sequence_parallel))
     return acts
@@ -196,27 +204,27 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
 
 def _context_backward(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int,
                       sequences: int, sequence_parallel: bool) -> float:
-    """What the stash changes by while the stage's top block's attention core runs backward under
-    cp: its recompute rebuilt, less what that micro-batch's backward has freed above the core (the
-    block's parts above it; the head's on the last stage), plus the gradients in flight (the
-    residual stream's; a later stage's, received) and the core's working set, its incoming gradient
-    included (dt.cost.context_backward.context_backward_peak_bytes). 0 for a stage without blocks."""
+    """What the stash changes by while a chunk's top block's attention core runs backward under cp,
+    on the chunk where that is most: its recompute rebuilt, less what that micro-batch's backward
+    has freed above the core (the block's parts above it; the head's in the chunk that holds it),
+    plus the gradients in flight (the residual stream's; in any other chunk the one received from
+    the next position) and the core's working set, its incoming gradient included
+    (dt.cost.context_backward.context_backward_peak_bytes). 0 for a stage without blocks."""
     cut = layer_cut(model, layout.pp, layout.virtual, cluster.stack.partition)
-    top_chunk = stage_layers(model.n_layer + 2, layout.pp, stage, cut, layout.virtual)[-1]
-    if not any(1 <= layer <= model.n_layer for layer in top_chunk):
+    chunks = stage_layers(model.n_layer + 2, layout.pp, stage, cut, layout.virtual)
+    heads = [model.n_layer + 1 in chunk for chunk in chunks if any(1 <= n <= model.n_layer for n in chunk)]
+    if not heads:
         return 0.0
     decoder, item, tp, cp = model.decoder(seq), cluster.itemsize, layout.tp, layout.cp
     rebuilt = recompute_peak_bytes(decoder, sequences, item, tp, cp, sequence_parallel,
                                    recompute=layout.recompute)
-    freed = block_above_core_bytes(decoder, sequences, item, tp, cp, sequence_parallel)
-    last = model.n_layer + 1 in top_chunk
-    if last:
-        freed += layer_activation_bytes(decoder, model.n_layer + 1, sequences, item, tp, cp,
-                                        sequence_parallel)
+    above = block_above_core_bytes(decoder, sequences, item, tp, cp, sequence_parallel)
+    head = layer_activation_bytes(decoder, model.n_layer + 1, sequences, item, tp, cp, sequence_parallel)
     residual = item * seq / cp * sequences * model.n_embd / (tp if sequence_parallel else 1)
-    received = 0.0 if last else residual
     working = context_backward_peak_bytes(decoder, sequences, item, tp, cp, layout.cp_attention)
-    return rebuilt - freed + residual + received + working
+    # the chunk holding the head frees it first and receives nothing; any other receives a gradient
+    moment = max(-head if holds_head else residual for holds_head in heads)
+    return rebuilt - above + residual + working + moment
 
 
 def _sharding(model: ModelShape, layout: Layout, tensors: StageTensors) -> tuple[int, int]:
@@ -261,11 +269,11 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
 
 def _accumulated(cluster: Cluster, model: ModelShape, layout: Layout, ranks: int, dense: list[int]) -> float:
     """Gradient bytes dt's DDP holds twice under gradient accumulation: the micro-batches before a
-    chunk's last sum their gradients in .grad (no_sync), beside the buckets that already hold the
-    whole gradient (the state's copy); the last one's hooks copy the sum in, and .grad then points
-    at the buckets. Only dt's own DDP (cluster.gpu is None; a catalogue stack's gradient buffers
-    are its own), which a model with experts does not use."""
-    ddp = layout.zero == 0 and ranks > 1 and not model.experts and cluster.gpu is None
+    chunk's last sum their gradients in .grad (no_sync), beside the buckets sized for the whole
+    gradient (the state's copy); the last one's hooks copy the sum in, and .grad then points at
+    the buckets. Only a stack whose DDP keeps its buckets apart from .grad (dt's), which a model
+    with experts does not use."""
+    ddp = layout.zero == 0 and ranks > 1 and not model.experts and cluster.stack.grad_beside_buckets
     return sum(dense) * cluster.grad_itemsize if ddp and layout.micro_batches > 1 else 0.0
 
 
