@@ -168,7 +168,7 @@ def test_splits_and_recompute():
     one = layer_activation_bytes(arch, 1, b, e, attention="dt")
     # tp without sp: Korthikanti's split: 4 e sbh replicated (+ norm stats, mask), the rest / t
     parts = block_activation_bytes(arch, b, e, tp=4, attention="dt")
-    assert parts["norms"] + parts["matmul_inputs"] == 4 * e * s * b * h + 4 * e * b * s
+    assert parts["norms"] + parts["attention_input"] + parts["mlp_input"] == 4 * e * s * b * h + 4 * e * b * s
     # with sequence parallel everything divides by t but the (tiny, replicated) causal mask and the
     # matmul inputs, which the column-parallel layers keep gathered whole
     sp = layer_activation_bytes(arch, 1, b, e, tp=4, sequence_parallel=True, attention="dt")

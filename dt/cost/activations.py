@@ -160,12 +160,15 @@ def _block_parts(a: Decoder, sequences: int, itemsize: int, tp: int, cp: int, se
     if a.gated:  # Llama: RMSNorm (dt's in at least float32), SwiGLU; parallelized, each layer's rotary rows
         rotary = 2 * e * s * (a.n_embd // a.n_head) if parallelized else 0
         core = _attention_core(a, e, s, sequences, t, cp, "sdpa")
+        gathered = sequence_parallel and not shard_inputs  # q, k, v, gate and up each gather their own
         return {"norms": 2 * _rms_norm_bytes(e, sbh, bs, fused_norm) / rep,
-                "matmul_inputs": (5 if sequence_parallel and not shard_inputs else 2) * e * sbh / inputs,
+                "attention_input": (3 if gathered else 1) * e * sbh / inputs,
+                "mlp_input": (2 if gathered else 1) * e * sbh / inputs,
                 **core,
                 "attention": core["attention"] + rotary, "mlp": 4 * e * s * sequences * a.ffn_hidden / t}
     # under sequence parallel the matmul inputs stay whole: each column-parallel layer keeps its gathered copy
-    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "matmul_inputs": 2 * e * sbh / inputs}
+    norms = {"norms": (2 * e * sbh + 4 * st * bs) / rep, "attention_input": e * sbh / inputs,
+             "mlp_input": e * sbh / inputs}
     mlp = moe_activation_bytes(a, sequences, e, cp, received_rows) if a.n_experts else \
         2 * e * s * sequences * a.ffn_hidden / t
     return {**norms, **_attention_core(a, e, s, sequences, t, cp, attention), "mlp": mlp}
@@ -180,10 +183,12 @@ def _rms_norm_bytes(e: int, sbh: float, bs: float, fused: bool) -> float:
 
 def _attention_core(a: Decoder, e: int, s: float, sequences: int, t: int, cp: int,
                     attention: str) -> dict[str, float]:
-    """attention: q, k, v, the output (the projection's input); scores: what only the core keeps."""
+    """attention: q, k, v, the output (the projection's input); scores: what only the core keeps;
+    under cp projection_input: the projection's own copy of the output."""
     sbh, bs = s * sequences * a.n_embd, s * sequences
     if cp > 1:  # ring attention / Ulysses, block-wise: q, k, v, output, its copy into the projection; lse
-        return {"attention": 5 * e * sbh / t, "scores": e * a.n_head * bs / t}
+        return {"attention": 4 * e * sbh / t, "projection_input": e * sbh / t,
+                "scores": e * a.n_head * bs / t}
     if attention == "sdpa":  # one qkv storage, the output (the projection's input), log-sum-exp
         return {"attention": 4 * e * sbh / t, "scores": max(e, 4) * a.n_head * bs / t}
     scores = e * a.n_head * s * s * sequences / t + s * s  # the softmax, and the causal mask (bool)
@@ -272,9 +277,8 @@ def block_above_core_bytes(a: Decoder, sequences: int, itemsize: int, tp: int = 
     output), the second norm, the MLP's input (Llama's gate and up each gather their own under
     sequence parallel) and the MLP (or the experts)."""
     parts = block_activation_bytes(a, sequences, itemsize, tp, cp, sequence_parallel)
-    mlp_inputs = 2 / 5 if a.gated and sequence_parallel else 1 / 2  # of the matmuls' inputs
-    projection = itemsize * a.seq_len / cp * sequences * a.n_embd / tp if cp > 1 else 0.0
-    return parts["norms"] / 2 + parts["matmul_inputs"] * mlp_inputs + parts["mlp"] + projection
+    second_norm = parts["norms"] / 2  # the block's two norms keep alike
+    return second_norm + parts["mlp_input"] + parts["mlp"] + parts.get("projection_input", 0.0)
 
 
 def stage_activation_bytes(a: Decoder, layers: range, sequences: int, itemsize: int, tp: int = 1,
