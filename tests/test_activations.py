@@ -236,16 +236,20 @@ def test_peak_stash_bytes_weighs_the_chunks():
         stash_profile("gpipe", 2, 0, 2, 1, [1.0, 2.0])
 
 
-def test_the_stash_after_the_first_backward():
-    """What gradient accumulation's summed .grad sits beside (dt.plan.memory's accumulated term)."""
-    from dt.parallel.pipeline import peak_stash_bytes_after_first_backward as after
-    assert after("1f1b", 1, 0, 2, [5.0]) == 5  # F B F B: the second forward's
-    assert after("1f1b", 2, 0, 2, [5.0]) == 5  # F F B B: one left once the first backward ran
-    assert after("1f1b", 4, 0, 8, [5.0]) == 20  # the steady state refills to p - s
-    assert after("gpipe", 2, 1, 4, [1.0]) == 3  # every forward first
-    # interleaved p=2, m=2, v=2 on stage 0: the first backward is chunk 1's (1 byte) of 22
-    assert after("interleaved", 2, 0, 2, [10.0, 1.0]) == 21
-    assert after("1f1b", 3, 0, 0, [1.0]) == 0  # no micro-batch: no backward
+def test_accumulated_gradients_beside_the_stash():
+    """Each chunk's summed .grad, from its first backward until its last begins (dt.plan.memory's
+    gradient accumulation under DDP), on top of the stash the order holds at each action."""
+    from dt.parallel.pipeline import peak_stash_bytes
+    assert peak_stash_bytes("1f1b", 1, 0, 2, [5.0], [100.0]) == 105  # F B F B: the second forward's
+    assert peak_stash_bytes("1f1b", 1, 0, 1, [5.0], [100.0]) == 5  # one micro-batch: nothing summed
+    assert peak_stash_bytes("1f1b", 2, 0, 2, [5.0], [100.0]) == 105  # F F B B: one left beside it
+    assert peak_stash_bytes("1f1b", 4, 0, 8, [5.0], [1.0]) == 21  # the steady state refills to p - s
+    assert peak_stash_bytes("gpipe", 2, 1, 4, [1.0], [10.0]) == 13  # every forward first
+    # interleaved p=2, m=2, v=2 on stage 0: F(0,0) F(0,1) F(1,0) F(1,1) B(1,0) B(1,1) B(0,0) B(0,1):
+    # chunk 1's gradient beside 21 bytes; chunk 0's beside 10, after chunk 1's has synced
+    assert peak_stash_bytes("interleaved", 2, 0, 2, [10.0, 1.0], [100.0, 1000.0]) == 1021
+    assert peak_stash_bytes("interleaved", 2, 0, 2, [10.0, 1.0], [1000.0, 100.0]) == 1010
+    assert peak_stash_bytes("interleaved", 2, 0, 2, [10.0, 1.0], [0.0, 0.0]) == 22
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -136,10 +136,10 @@ def test_only_dt_s_ddp_holds_an_accumulated_gradient_twice():
     Megatron's accumulates in its contiguous gradient buffer, once."""
     from dt.plan.memory import _accumulated
 
-    dense = stage_tensors(TINY, Layout(dp=2, micro_batches=2), 32, 0).dense
+    tensors = stage_tensors(TINY, Layout(dp=2, micro_batches=2), 32, 0)
     for cluster, twice in ((local_cluster(2), True), (catalogue_cluster("h100", 1, 2), True),
                            (catalogue_cluster("h100", 1, 2, stack_name="megatron"), False)):
-        held = _accumulated(cluster, TINY, Layout(dp=2, micro_batches=2), 2, dense)
-        assert held == (sum(dense) * cluster.grad_itemsize if twice else 0), cluster.stack_name
-        assert _accumulated(cluster, TINY, Layout(dp=2, micro_batches=1), 2, dense) == 0  # nothing summed
-        assert _accumulated(cluster, TINY, Layout(dp=2, micro_batches=2, zero=1), 2, dense) == 0  # no DDP
+        held = _accumulated(cluster, TINY, Layout(dp=2, micro_batches=2), 2, tensors)
+        assert held == ((sum(tensors.dense) * cluster.grad_itemsize,) if twice else None), cluster.stack_name
+        for nothing_twice in (Layout(dp=2, micro_batches=1), Layout(dp=2, micro_batches=2, zero=1)):
+            assert _accumulated(cluster, TINY, nothing_twice, 2, tensors) is None  # nothing summed; no DDP

@@ -13,8 +13,8 @@
                  plus one block's whole set while it is recomputed; under cp, dt's own
                  ring attention or Ulysses, the larger of that and the moment a chunk's
                  top block's attention core runs backward; under gradient accumulation
-                 with dt's DDP, the summed .grad beside the buckets from the stage's
-                 first backward on (both below)
+                 with dt's DDP, each chunk's summed .grad beside the buckets from its
+                 first backward to its last (both below)
     scratch      ZeRO's reduce-scatters' ring scratch, kept between steps (the optimizer's
                  and FSDP's own comm_scratch_formula: about 1.5x the largest one's input)
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
@@ -47,10 +47,9 @@ below the stash (a short sequence, a wide MLP or vocabulary freed first) the sta
 figure.
 
 Gradient accumulation under dt's DDP (dt.cost.stack's grad_beside_buckets): the micro-batches
-before a chunk's last sum their gradients in .grad beside the buckets, so from the stage's first
-backward on the stage's gradients are counted twice, beside what the stash holds then: exact when
-every chunk syncs at about the same time (one chunk, or m >= 2p even chunks), an upper bound when
-an interleaved stage's chunks sync apart.
+before a chunk's last sum their gradients in .grad beside the buckets, so each chunk's gradients
+are held twice from its first backward until its last, replayed with the stash action by action
+(dt.parallel.pipeline.stash.peak_stash_bytes).
 """
 
 from __future__ import annotations
@@ -67,7 +66,7 @@ from dt.cost.activations import (
 from dt.cost.context_backward import context_backward_peak_bytes
 from dt.layout import split_sizes
 from dt.parallel.pipeline.schedules import stage_layers
-from dt.parallel.pipeline.stash import peak_stash_bytes, peak_stash_bytes_after_first_backward
+from dt.parallel.pipeline.stash import peak_stash_bytes
 from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula, zero_memory_parts
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
@@ -86,15 +85,10 @@ __all__ = ["peak_bytes", "state_floor"]
 
 
 @functools.lru_cache(maxsize=65536)
-def _stash_bytes(name: str, stages: int, stage: int, micro_batches: int, chunks: tuple[float, ...]) -> float:
+def _stash_bytes(name: str, stages: int, stage: int, micro_batches: int, chunks: tuple[float, ...],
+                 gradients: tuple[float, ...] | None = None) -> float:
     # many layouts (ZeRO, placement) share one
-    return peak_stash_bytes(name, stages, stage, micro_batches, chunks)
-
-
-@functools.lru_cache(maxsize=65536)
-def _stash_bytes_after_first_backward(name: str, stages: int, stage: int, micro_batches: int,
-                                      chunks: tuple[float, ...]) -> float:
-    return peak_stash_bytes_after_first_backward(name, stages, stage, micro_batches, chunks)
+    return peak_stash_bytes(name, stages, stage, micro_batches, chunks, gradients)
 
 
 @functools.lru_cache(maxsize=65536)
@@ -176,10 +170,10 @@ def _activation_kind(cluster: Cluster) -> tuple[str, bool]:
 
 
 def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
-                 sequence_parallel: bool, accumulated: float = 0.0) -> float:
+                 sequence_parallel: bool, accumulated: tuple[float, ...] | None = None) -> float:
     """The stage's activations at its peak stash of its largest micro-batch (`sequences`), with
-    recompute's rebuilt block; `accumulated`: gradient bytes held from the stage's first backward on,
-    beside what the stash holds then."""
+    recompute's rebuilt block; `accumulated`: each chunk's gradient bytes held twice from its first
+    backward until its last (gradient accumulation under dt's DDP)."""
     item = cluster.itemsize
     attention, dropout = _activation_kind(cluster)
     fused_norm = cluster.gpu is not None and cluster.stack.fused_norm
@@ -187,11 +181,7 @@ def _activations(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, 
                                 cp=layout.cp, recompute=layout.recompute, sequence_parallel=sequence_parallel,
                                 attention=attention, dropout=dropout, partition=cluster.stack.partition,
                                 shard_inputs=cluster.stack.sp_shard_inputs, fused_norm=fused_norm)
-    stash = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks))
-    if accumulated:
-        later = _stash_bytes_after_first_backward(layout.schedule, layout.pp, stage, layout.micro_batches,
-                                                  tuple(chunks))
-        stash = max(stash, later + accumulated)
+    stash = _stash_bytes(layout.schedule, layout.pp, stage, layout.micro_batches, tuple(chunks), accumulated)
     acts = stash
     if layout.recompute == "full":  # one block's whole set, rebuilt for its backward
         acts += recompute_peak_bytes(model.decoder(seq), sequences, item, layout.tp, layout.cp,
@@ -246,7 +236,7 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     sequence_parallel = layout.sequence_parallel and layout.tp > 1
     grad_item = cluster.grad_itemsize
     acts = _activations(cluster, model, layout, seq, stage, sequences, sequence_parallel,
-                        _accumulated(cluster, model, layout, ranks, dense))
+                        _accumulated(cluster, model, layout, ranks, tensors))
     buffers, scratch = max(bucket_bytes(dense, grad_item), default=0) if ranks > 1 else 0, 0
     if layout.zero and ranks > 1:
         buffers = 0  # no DDP buckets: ZeRO 1's flat gradient is in the state
@@ -267,14 +257,17 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     return row
 
 
-def _accumulated(cluster: Cluster, model: ModelShape, layout: Layout, ranks: int, dense: list[int]) -> float:
+def _accumulated(cluster: Cluster, model: ModelShape, layout: Layout, ranks: int,
+                 tensors: StageTensors) -> tuple[float, ...] | None:
     """Gradient bytes dt's DDP holds twice under gradient accumulation: the micro-batches before a
     chunk's last sum their gradients in .grad (no_sync), beside the buckets sized for the whole
     gradient (the state's copy); the last one's hooks copy the sum in, and .grad then points at
     the buckets. Only a stack whose DDP keeps its buckets apart from .grad (dt's), which a model
     with experts does not use."""
     ddp = layout.zero == 0 and ranks > 1 and not model.experts and cluster.stack.grad_beside_buckets
-    return sum(dense) * cluster.grad_itemsize if ddp and layout.micro_batches > 1 else 0.0
+    if not ddp or layout.micro_batches == 1:
+        return None
+    return tuple(sum(chunk) * cluster.grad_itemsize for chunk in tensors.chunks)
 
 
 def state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) -> float:

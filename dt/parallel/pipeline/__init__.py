@@ -57,14 +57,8 @@ from dt.parallel.pipeline.schedules import (
     schedule,
     stage_layers,
 )
-from dt.parallel.pipeline.stash import (
-    peak_stash,
-    peak_stash_bytes,
-    peak_stash_bytes_after_first_backward,
-    stash_profile,
-)
+from dt.parallel.pipeline.stash import peak_stash, peak_stash_bytes, stash_profile
 
 __all__ = ["LABEL", "MicroBatchHooks", "Pipeline", "PipelineStepStats", "StageCut", "bubble_fraction", "cut",
-           "header_groups", "neighbour", "partition", "peak_stash", "peak_stash_bytes",
-           "peak_stash_bytes_after_first_backward", "schedule",
+           "header_groups", "neighbour", "partition", "peak_stash", "peak_stash_bytes", "schedule",
            "stage_layers", "stage_module", "stash_profile"]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from dt.parallel.pipeline.schedules import schedule
 
-__all__ = ["peak_stash", "peak_stash_bytes", "peak_stash_bytes_after_first_backward", "stash_profile"]
+__all__ = ["peak_stash", "peak_stash_bytes", "stash_profile"]
 
 
 def stash_profile(name: str, p: int, s: int, m: int, v: int = 1,
@@ -44,17 +44,21 @@ def peak_stash(name: str, p: int, s: int, m: int, v: int = 1) -> int:
     return int(max(stash_profile(name, p, s, m, v)))
 
 
-def peak_stash_bytes(name: str, p: int, s: int, m: int, chunk_bytes: Sequence[float]) -> float:
-    """The most activation bytes stage s holds at once, chunk c's micro-batch weighing chunk_bytes[c]."""
-    return max(stash_profile(name, p, s, m, len(chunk_bytes), chunk_bytes))
+def peak_stash_bytes(name: str, p: int, s: int, m: int, chunk_bytes: Sequence[float],
+                     chunk_gradients: Sequence[float] | None = None) -> float:
+    """The most activation bytes stage s holds at once, chunk c's micro-batch weighing chunk_bytes[c];
+    with chunk_gradients, also chunk c's chunk_gradients[c] from its first backward until its last
+    begins: gradient accumulation's summed .grad beside DDP's buckets, which the last backward's
+    sync folds into them (dt.parallel.data_parallel's no_sync)."""
+    profile = stash_profile(name, p, s, m, len(chunk_bytes), chunk_bytes)
+    if chunk_gradients is None or not any(chunk_gradients):
+        return max(profile)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for i, (kind, chunk, _) in enumerate(schedule(name, p, s, m, len(chunk_bytes))):
+        if kind == "B":
+            first.setdefault(chunk, i)
+            last[chunk] = i
+    return max(held + sum(chunk_gradients[c] for c in first if first[c] <= i < last[c])
+               for i, held in enumerate(profile))
 
-
-def peak_stash_bytes_after_first_backward(name: str, p: int, s: int, m: int,
-                                          chunk_bytes: Sequence[float]) -> float:
-    """The most activation bytes stage s holds once its first backward has run (0 if it runs no
-    backward): what a gradient accumulated from that backward on sits beside (gradient accumulation
-    under DDP, dt.parallel.data_parallel's no_sync)."""
-    kinds = [kind for kind, _, _ in schedule(name, p, s, m, len(chunk_bytes))]
-    if "B" not in kinds:
-        return 0.0
-    return max(stash_profile(name, p, s, m, len(chunk_bytes), chunk_bytes)[kinds.index("B"):])
