@@ -96,3 +96,19 @@ def test_gradient_accumulation_under_ddp_is_priced_as_measured(name):
     args = parse_args(train_argv(layout, model, 16, 32, steps=2))
     measured = max(r["peak_bytes"] for r in launch(measure_worker, 2, args, 2, True, backend="gloo"))
     assert predicted == pytest.approx(measured, rel=0.05), (name, predicted, measured)
+
+
+@pytest.mark.timeout(300)
+def test_explain_with_check_runs_that_one_layout_beside_its_plan(tmp_path, monkeypatch, capsys):
+    """`dt plan --explain NAME --check`: the named layout's terms, then dt train's run of it (time,
+    memory) beside them; one layout, so no order to compare."""
+    from dt.plan.cli import main
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))  # no shared tune figures read or written
+    name = "dp2.tp1.pp1.z0.1f1b.m2"
+    assert main(["--world", "2", "--global-batch", "8", "--seq", "16", "--explain", name, "--check",
+                 "--steps", "2", "--out", str(tmp_path / "timeline.png")]) == 0
+    out = capsys.readouterr().out
+    measured = [line.split() for line in out.splitlines() if line.startswith(name + " ")]
+    assert out.startswith(f"{name}: predicted step") and len(measured) == 1, out
+    assert measured[0][-2] == "1/1" and "memory: median" in out and "first ranked" not in out, out

@@ -345,7 +345,8 @@ def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
                      f"after its steps (the slowest rank) over its time in the planner: median "
                      f"{statistics.median(ratios):.2f}x, {min(ratios):.2f}-{max(ratios):.2f}x (this "
                      "machine's per-process speed, part of every step error above)")
-    behind = 100 * (first / fastest - 1)
-    lines.append(f"first ranked {picked[0].layout.name()}: measured {first * 1e3:.2f} ms, the measured "
-                 f"fastest {by_meas[0].layout.name()} {fastest * 1e3:.2f} ms ({behind:+.1f}%)")
+    if len(picked) > 1:  # one layout (--explain): no order to compare
+        behind = 100 * (first / fastest - 1)
+        lines.append(f"first ranked {picked[0].layout.name()}: measured {first * 1e3:.2f} ms, the measured "
+                     f"fastest {by_meas[0].layout.name()} {fastest * 1e3:.2f} ms ({behind:+.1f}%)")
     return "\n".join(lines)

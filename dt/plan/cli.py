@@ -6,6 +6,7 @@
     dt plan --preset llama-70b --n-layer 40 --device h100 --hosts 4 --stack megatron
     dt plan --published                               # the planner beside published runs
     dt plan --world 2 --check --steps 10 --trace plan-trace.json
+    dt plan --world 2 --explain dp2.tp1.pp1.z0.1f1b.m2 --check   # one layout, run beside its plan
     dt plan --hosts 2 --per-host 2 --check            # each run on a fresh `dt cluster` (root)
 """
 
@@ -26,7 +27,7 @@ from dt.plan.memory import peak_bytes
 from dt.plan.model import PRESETS, ModelShape, llama_shape
 from dt.plan.published import SOURCES
 from dt.plan.report import as_json, explain_plot, explain_text, scatter_plot, table
-from dt.plan.search import HEADROOM, Ranking, rank_layouts
+from dt.plan.search import HEADROOM, Ranking, Row, model_flops, rank_layouts
 from dt.plan.step_model import predict
 from dt.train.layouts import layout_error
 
@@ -71,7 +72,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fit", action="store_true",
                    help="with --published: fit each device's GEMM efficiency, leaving each source out in "
                         "turn")
-    p.add_argument("--check", action="store_true", help="run the top layouts and a spread with dt train")
+    p.add_argument("--check", action="store_true",
+                   help="run the top layouts and a spread with dt train (with --explain: that layout)")
     p.add_argument("--runs", type=one, default=6, help="layouts --check runs (the top 3 and a spread)")
     p.add_argument("--steps", type=one, default=8,
                    help="dt train steps per --check run (the first is warm-up) (default 8)")
@@ -386,4 +388,13 @@ def _explain(args: argparse.Namespace, cluster: Cluster, model: ModelShape) -> i
     if _untimed(cluster):
         print(_untimed(cluster))
     print(f"timeline: {out}")
+    if args.check:  # this layout run with dt train beside its prediction, fitting or not
+        from dt.plan.check import check
+
+        flops = model_flops(model, args.global_batch, args.seq)
+        mfu = flops / (prediction.step * cluster.world * cluster.peak) if cluster.peak else None
+        row = Row(layout, prediction, memory, args.global_batch * args.seq / prediction.step, mfu)
+        _, text = check([row], 1, args.steps, args.trace, args.global_batch, args.seq, model, cluster,
+                        args.link)
+        print(text)
     return 0
