@@ -27,7 +27,7 @@ from dt.plan.memory import peak_bytes
 from dt.plan.model import PRESETS, ModelShape, llama_shape
 from dt.plan.published import SOURCES
 from dt.plan.report import as_json, explain_plot, explain_text, scatter_plot, table
-from dt.plan.search import HEADROOM, Ranking, Row, model_flops, rank_layouts
+from dt.plan.search import HEADROOM, Ranking, model_flops, rank_layouts, row_of
 from dt.plan.step_model import predict
 from dt.train.layouts import layout_error
 
@@ -391,9 +391,8 @@ def _explain(args: argparse.Namespace, cluster: Cluster, model: ModelShape) -> i
     if args.check:  # this layout run with dt train beside its prediction, fitting or not
         from dt.plan.check import check
 
-        flops = model_flops(model, args.global_batch, args.seq)
-        mfu = flops / (prediction.step * cluster.world * cluster.peak) if cluster.peak else None
-        row = Row(layout, prediction, memory, args.global_batch * args.seq / prediction.step, mfu)
+        row = row_of(cluster, layout, prediction, memory, args.global_batch, args.seq,
+                     model_flops(model, args.global_batch, args.seq))
         _, text = check([row], 1, args.steps, args.trace, args.global_batch, args.seq, model, cluster,
                         args.link)
         print(text)

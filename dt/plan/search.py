@@ -39,7 +39,7 @@ from dt.plan.step_model import Prediction, predict
 from dt.train.layouts import layout_error
 from dt.units import fmt_bytes
 
-__all__ = ["HEADROOM", "TIE", "Ranking", "Row", "lower_bound", "model_flops", "rank_layouts"]
+__all__ = ["HEADROOM", "TIE", "Ranking", "Row", "lower_bound", "model_flops", "rank_layouts", "row_of"]
 
 TIE = 0.02  # catalogue steps closer than this are ties: below what the model's inputs are known to
 HEADROOM = 0.05  # the fraction of a GPU's memory kept free by default (allocator spikes, other processes)
@@ -189,7 +189,12 @@ def _price(cluster: Cluster, model: ModelShape, layout: Layout, batch: int, seq:
         reason = why.split(":")[0]
         dropped[reason] = dropped.get(reason, 0) + 1
         return None
-    prediction = predict(cluster, model, layout, batch, seq)
+    return row_of(cluster, layout, predict(cluster, model, layout, batch, seq), memory, batch, seq, flops)
+
+
+def row_of(cluster: Cluster, layout: Layout, prediction: Prediction, memory: list[dict[str, int]], batch: int,
+           seq: int, flops: float) -> Row:
+    """A priced layout's row: its tokens/s and MFU (`flops`: model_flops of the step)."""
     mfu = flops / (prediction.step * cluster.world * cluster.peak) if cluster.peak else None
     return Row(layout, prediction, memory, batch * seq / prediction.step, mfu)
 
