@@ -14,7 +14,7 @@ from dt.cost.time import estimate
 from dt.parallel.pipeline import bubble_fraction
 from dt.plan.check import train_argv
 from dt.plan.cli import main
-from dt.plan.cluster import catalogue_cluster
+from dt.plan.cluster import catalogue_cluster, local_cluster
 from dt.plan.comm import collective_seconds
 from dt.plan.layouts import Layout, enumerate_layouts, grid
 from dt.plan.memory import peak_bytes, state_floor
@@ -130,6 +130,29 @@ def test_memory_state_is_zeros_formula():
     zero1 = peak_bytes(c, TINY, Layout(dp=4, zero=1), 16, 32)[0]["state"]
     assert zero0 == 16 * psi
     assert zero1 == 8 * psi + 8 * psi // 4
+
+
+def test_a_gpus_peak_is_live_bytes_then_fragmentation_then_runtime_each_apart():
+    """On a catalogue GPU the peak is nvidia-smi's: the live bytes, the allocator's fragmentation over
+    them (the stack's factor) and the runtime (CUDA context, NCCL's buffers); a torch.cuda figure
+    counts the first one or two (dt.plan.memory.counted); this machine's processes the live bytes."""
+    from dt.cost.stack import stack
+    from dt.plan.memory import MEMORY_SCOPES, counted
+
+    nanotron = stack("nanotron")
+    c = catalogue_cluster("h100", 1, 8, stack_name="nanotron")
+    for row in peak_bytes(c, TINY, Layout(dp=2, pp=2, tp=2, micro_batches=4), 16, 32):
+        live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+        assert row["fragmentation"] == int((nanotron.fragmentation - 1) * live) > 0
+        assert row["runtime"] == int(nanotron.runtime_bytes) > 0
+        assert counted(row, "device") == row["peak"] == live + row["fragmentation"] + row["runtime"]
+        assert counted(row, "reserved") == live + row["fragmentation"]
+        assert counted(row, "allocated") == live
+    assert list(MEMORY_SCOPES) == ["device", "reserved", "allocated"]  # widest first
+    here = local_cluster(2)
+    row = peak_bytes(here, TINY, Layout(dp=2), 16, 32)[0]
+    assert row["fragmentation"] == row["runtime"] == 0
+    assert all(counted(row, scope) == row["peak"] for scope in MEMORY_SCOPES)
 
 
 def test_dt_plan_ranks_explains_and_refuses_in_one_line(tmp_path, capsys):

@@ -17,6 +17,7 @@ import pytest
 from dt.cost.devices import DEVICES
 from dt.plan.published import (
     FFN_ACTIVATIONS,
+    MEMORY_SCOPES,
     METRICS,
     ROW_KEYS,
     SECONDARY_METRICS,
@@ -145,6 +146,20 @@ def test_a_sweep_is_one_model_on_one_cluster():
                 first.source, first.model, first.cluster, first.metric), f"sweep {name}: {_where(row)}"
         if len(members) == 1:
             assert first.authors_choice, f"sweep {name} has one row: it must be the source's chosen layout"
+
+
+def test_a_printed_memory_says_what_it_counts():
+    """The planner compares a memory figure with its peak less what the figure leaves out
+    (dt.plan.memory.MEMORY_SCOPES); a row printing one without its scope is refused by name."""
+    from dt.plan.published import _row
+
+    with_memory = [r for r in ROWS if r.published_memory_gb is not None]
+    assert with_memory and all(r.memory_scope in MEMORY_SCOPES for r in with_memory)
+    doc = json.loads(source_file("nanotron-2025").read_text())
+    fields = {**doc["defaults"], **doc["rows"][0], "memory_scope": None}
+    refusal = "nanotron-2025.json row 0: a printed memory needs memory_scope, one of device, reserved, "
+    with pytest.raises(ValueError, match=refusal + "allocated; got None"):
+        _row("nanotron-2025", 0, fields)
 
 
 def test_an_unknown_source_is_refused_by_name():

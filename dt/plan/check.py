@@ -47,6 +47,7 @@ from dt.parallel.recompute import recompute_kind
 from dt.plan.cluster import TRAIN_PRECISION, Cluster
 from dt.plan.compute import TimedShape, rank_threads
 from dt.plan.layouts import CLIP, Layout
+from dt.plan.memory import counted
 from dt.plan.model import ModelShape
 from dt.plan.search import Row
 
@@ -322,14 +323,15 @@ def comparison(picked: list[Row], measured: dict[str, dict[str, Any]]) -> str:
         step_error = (row.prediction.step - run["step_s"]) / run["step_s"]
         busy = busy_seconds(row.prediction)
         cpu_error = (busy - run["cpu_s"]) / run["cpu_s"] if run.get("cpu_s") else 0.0
-        peak_error = (row.peak - run["peak_bytes_per_rank"]) / run["peak_bytes_per_rank"]
+        predicted_peak = max(counted(stage, "allocated") for stage in row.memory)  # what the run measures
+        peak_error = (predicted_peak - run["peak_bytes_per_rank"]) / run["peak_bytes_per_rank"]
         t_err.append(abs(step_error))
         c_err.append(abs(cpu_error))
         m_err.append(abs(peak_error))
         lines.append(f"{row.layout.name():<42} {row.prediction.step * 1e3:9.2f} {run['step_s'] * 1e3:9.2f} "
                      f"{100 * step_error:+6.1f}% {busy * 1e3:8.2f} {run.get('cpu_s', 0.0) * 1e3:8.2f} "
                      f"{100 * cpu_error:+6.1f}% "
-                     f"{row.peak / 1e6:9.2f}M {run['peak_bytes_per_rank'] / 1e6:9.2f}M "
+                     f"{predicted_peak / 1e6:9.2f}M {run['peak_bytes_per_rank'] / 1e6:9.2f}M "
                      f"{100 * peak_error:+6.1f}%  {i}/{meas_rank[row.layout.name()]:<13}"
                      f"{_ratio(run.get('stage_ratio'))}")
         if run.get("stage_ratio"):

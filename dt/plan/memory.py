@@ -81,7 +81,7 @@ from dt.plan.stage import (
     stage_tensors,
 )
 
-__all__ = ["peak_bytes", "state_floor"]
+__all__ = ["MEMORY_SCOPES", "counted", "peak_bytes", "state_floor"]
 
 
 @functools.lru_cache(maxsize=65536)
@@ -229,7 +229,7 @@ def _sharding(model: ModelShape, layout: Layout, tensors: StageTensors) -> tuple
 
 def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
                 tensors: StageTensors) -> dict[str, int]:
-    """{state, scratch, activations, buffers, runtime, peak} bytes of one rank of `stage`."""
+    """{state, scratch, activations, buffers, fragmentation, runtime, peak} bytes of one rank of `stage`."""
     dense, experts, cut = tensors.dense, tensors.experts, cluster.stack.partition
     ranks, kept = _sharding(model, layout, tensors)
     state = _state(cluster, layout, dense, experts, ranks, kept)
@@ -250,10 +250,10 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
         acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), cluster.param_itemsize)
     row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
     live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
-    runtime = cluster.stack.runtime_bytes if cluster.device is not None else 0.0
-    fragmentation = cluster.stack.fragmentation if cluster.device is not None else 1.0
-    row["runtime"] = int(runtime + (fragmentation - 1) * live)
-    row["peak"] = live + row["runtime"]
+    catalogue = cluster.device is not None  # this machine's processes: the live bytes only
+    row["fragmentation"] = int((cluster.stack.fragmentation - 1) * live) if catalogue else 0
+    row["runtime"] = int(cluster.stack.runtime_bytes) if catalogue else 0
+    row["peak"] = live + row["fragmentation"] + row["runtime"]
     return row
 
 
@@ -293,10 +293,29 @@ def _state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) 
 
 def peak_bytes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
                seq: int) -> list[dict[str, int]]:
-    """Per pipeline stage: {state, scratch, activations, buffers, runtime, peak} bytes of one of its
-    ranks. On a catalogue GPU the peak is what the caching allocator reserves (the stack's
-    fragmentation over the live bytes) plus the runtime's own (CUDA context, NCCL's buffers)."""
+    """Per pipeline stage: {state, scratch, activations, buffers, fragmentation, runtime, peak} bytes of
+    one of its ranks. On a catalogue GPU the peak is what the caching allocator reserves (the live
+    bytes and the stack's fragmentation over them) plus the runtime's own (CUDA context, NCCL's
+    buffers): what nvidia-smi shows (dt.plan.published's MEMORY_SCOPES)."""
     largest = max(micro_batch_sizes(batch, layout.dp, layout.micro_batches))
     return [_stage_peak(cluster, model, layout, seq, stage,
                         largest, stage_tensors(model, layout, seq, stage, cluster.stack.partition))
             for stage in range(layout.pp)]
+
+
+# What a measured peak counts, widest first, and which of peak_bytes' parts it leaves out.
+MEMORY_SCOPES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "device": ("everything on the GPU, as nvidia-smi shows it: the CUDA context and NCCL's buffers "
+               "included", ()),
+    "reserved": ("torch.cuda.max_memory_reserved: the caching allocator's blocks (tensors and the "
+                 "fragmentation between them), not the CUDA context or NCCL's buffers", ("runtime",)),
+    "allocated": ("torch.cuda.max_memory_allocated: the live tensors alone (on this machine's CPU, "
+                  "dt.device_memory.LiveBytes')", ("runtime", "fragmentation")),
+}
+
+
+def counted(stage: dict[str, int], scope: str) -> int:
+    """A stage's predicted peak (a peak_bytes row) as a measurement of `scope` counts it: torch's
+    allocator sees neither the CUDA context nor NCCL's buffers, its allocated bytes not the
+    fragmentation either."""
+    return stage["peak"] - sum(stage[part] for part in MEMORY_SCOPES[scope][1])

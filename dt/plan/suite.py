@@ -28,7 +28,7 @@ from dt.cost.flops import train_flops_per_token
 from dt.cost.stack import Stack
 from dt.plan.cluster import Cluster, catalogue_cluster
 from dt.plan.layouts import Layout, micro_batch_counts, train_args
-from dt.plan.memory import peak_bytes
+from dt.plan.memory import counted, peak_bytes
 from dt.plan.model import ModelShape, llama_shape
 from dt.plan.published import PublishedRow, describe, load
 from dt.plan.search import HEADROOM, rank_layouts
@@ -210,8 +210,11 @@ def compare(row: PublishedRow, rank: bool = True, efficiency: float | None = Non
     assume = dict(pricing.get("assume", {}))
     model = _model(row, assume)
     cluster = _cluster(row, pricing["stack"], efficiency)
-    layout, step, peak = authors_layout(row, model, cluster, assume)
-    memory = peak / GB if row.published_memory_gb is not None else None
+    layout, step, _ = authors_layout(row, model, cluster, assume)
+    memory = None
+    if row.published_memory_gb is not None:
+        stages = peak_bytes(cluster, model, layout, row.layout.global_batch, row.model.seq_len)
+        memory = max(counted(stage, row.memory_scope) for stage in stages) / GB
     authors_rank = first = first_step = None
     if rank and row.cluster.gpus <= RANKED_UP_TO:
         recomputes = (assume["recompute"],) if "recompute" in assume else cluster.stack.recomputes

@@ -20,9 +20,11 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-__all__ = ["FFN_ACTIVATIONS", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS", "SOURCES",
-           "RunCluster",
-           "RunLayout", "RunModel", "PublishedRow", "Source", "describe", "load", "source_file"]
+from dt.plan.memory import MEMORY_SCOPES
+
+__all__ = ["FFN_ACTIVATIONS", "MEMORY_SCOPES", "METRICS", "RECOMPUTE", "ROW_KEYS", "SECONDARY_METRICS",
+           "SOURCES", "RunCluster", "RunLayout", "RunModel", "PublishedRow", "Source", "describe", "load",
+           "source_file"]
 
 _HERE = Path(__file__).resolve().parent
 
@@ -45,8 +47,8 @@ _SHAPE = ("model", "params_b", "layers", "hidden", "heads", "kv_heads", "ffn_hid
 _CLUSTER = ("gpu", "device", "gpu_memory_gb", "gpus", "gpus_per_host", "interconnect", "host_network_gbit")
 _LAYOUT = ("dp", "tp", "pp", "model_parallel", "cp", "ep", "zero_stage", "fsdp", "micro_batch",
            "global_batch", "grad_accum", "virtual_stages", "recompute", "sequence_parallel")
-_RESULT = ("precision", "metric", "published", "also", "published_memory_gb", "memory_kind", "sweep",
-           "authors_choice", "notes", "printed")
+_RESULT = ("precision", "metric", "published", "also", "published_memory_gb", "memory_kind", "memory_scope",
+           "sweep", "authors_choice", "notes", "printed")
 ROW_KEYS = _SHAPE + _CLUSTER + _LAYOUT + _RESULT
 
 
@@ -114,7 +116,8 @@ class PublishedRow:
     published: float  # in `metric`'s unit, as printed
     also: Mapping[str, float]  # further printed figures, keyed by SECONDARY_METRICS
     published_memory_gb: float | None  # per GPU, 10^9 bytes; what it measures is `memory_kind`
-    memory_kind: str | None
+    memory_kind: str | None  # the source's words
+    memory_scope: str | None  # what the figure counts: a key of MEMORY_SCOPES
     sweep: str | None  # rows of one model on one cluster with different layouts share it
     authors_choice: bool  # the source presents this layout as the one it picked (or the best it found)
     notes: str
@@ -170,6 +173,9 @@ def _row(source: str, index: int, fields: dict[str, Any]) -> PublishedRow:
         raise ValueError(f"{where}: unknown keys {unknown}, missing keys {missing}")
     if fields["metric"] not in METRICS:
         raise ValueError(f"{where}: metric {fields['metric']!r} is not one of {', '.join(METRICS)}")
+    if fields["published_memory_gb"] is not None and fields["memory_scope"] not in MEMORY_SCOPES:
+        raise ValueError(f"{where}: a printed memory needs memory_scope, one of {', '.join(MEMORY_SCOPES)}; "
+                         f"got {fields['memory_scope']!r}")
     if fields["recompute"] not in (*RECOMPUTE, None):
         raise ValueError(f"{where}: recompute {fields['recompute']!r} is not one of {RECOMPUTE} or null")
     return PublishedRow(
@@ -183,6 +189,7 @@ def _row(source: str, index: int, fields: dict[str, Any]) -> PublishedRow:
         also=MappingProxyType(dict(fields["also"])),
         published_memory_gb=fields["published_memory_gb"],
         memory_kind=fields["memory_kind"],
+        memory_scope=fields["memory_scope"],
         sweep=fields["sweep"],
         authors_choice=bool(fields["authors_choice"]),
         notes=fields["notes"],
