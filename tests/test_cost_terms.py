@@ -237,3 +237,13 @@ def test_ring_scratch_lands_the_largest_chunk_a_reducing_lap_receives():
     for r in range(4):
         walked = max(chunks[ring_received(r, 4, s, -1)] for s in range(3))
         assert ring_reduce_scatter_scratch(chunks, 1, r)[0] == walked
+
+
+def test_a_sharing_ratio_noise_made_zero_is_not_believed():
+    """solo = a byte alone / a byte in company: a slope that noise floored at 0 measured nothing and
+    gives 1 (no sharing), never 0 (a byte copied alone for free); company is never faster than alone."""
+    from dt.tools.tune_terms import _ratio
+
+    assert _ratio(2e-10, 1e-9) == pytest.approx(0.2)
+    assert _ratio(0.0, 1e-9) == _ratio(1e-9, 0.0) == _ratio(0.0, 0.0) == 1.0
+    assert _ratio(2e-9, 1e-9) == 1.0

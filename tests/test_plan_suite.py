@@ -168,3 +168,22 @@ def test_measured_sweeps_compare_the_planners_order_with_the_measured_one():
             compared("c", 100, 80), compared("c", 110, 90),  # first
             compared("d", 100, 80)]
     assert suite.measured_sweeps(rows) == {"sweeps": 3, "first": 1, "within": 2}
+
+
+def test_the_json_rows_carry_each_figure_and_what_its_memory_counts(capsys):
+    """`dt plan --published SOURCE --json`: one object per row with the fields a script reads, the
+    memory in 10^9 bytes beside what the published figure counts (nanotron's GiB converted)."""
+    import json
+
+    from dt.plan.cli import main
+
+    assert main(["--published", "nanotron-2025", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert len(rows) == HELD["nanotron-2025"]["step"][0]
+    assert set(rows[0]) == {"source", "model", "layout", "gpus", "metric", "published", "predicted", "step_s",
+                            "published_memory_gb", "memory_scope", "predicted_memory_gb", "authors_rank",
+                            "first_layout", "behind_first", "sweep"}
+    first, worst = rows[0], HELD["nanotron-2025"]["memory"][2]
+    assert first["memory_scope"] == "reserved"
+    assert first["published_memory_gb"] == round(41.76 * 2**30 / 1e9, 2)  # the heatmap's "41.76GB" are GiB
+    assert abs(first["predicted_memory_gb"] / first["published_memory_gb"] - 1) <= worst

@@ -286,7 +286,7 @@ def _as_json(compared: Compared) -> dict:
     return {"source": row.source, "model": row.model.name, "layout": compared.layout,
             "gpus": row.cluster.gpus, "metric": row.metric, "published": row.published,
             "predicted": compared.predicted, "step_s": compared.step,
-            "published_memory_gb": row.published_memory_gb,
+            "published_memory_gb": row.published_memory_gb, "memory_scope": row.memory_scope,
             "predicted_memory_gb": compared.predicted_memory_gb, "authors_rank": compared.authors_rank,
             "first_layout": compared.first_layout, "behind_first": compared.behind_first, "sweep": row.sweep}
 

@@ -107,8 +107,10 @@ def _copy_slopes(r: int, sizes: tuple[int, ...], reps: int, repeats: int) -> dic
 
 
 def _ratio(alone: float, together: float) -> float:
-    """A byte alone / a byte in company, never above 1 (noise cannot make company faster)."""
-    return min(1.0, alone / together) if together > 0 else 1.0
+    """A byte alone / a byte in company, never above 1 (noise cannot make company faster); 1 where
+    either slope came out 0 (slope's floor: noise over the few sizes swamped the bytes' cost), which
+    measured nothing: a byte is never free, alone or in company."""
+    return min(1.0, alone / together) if together > 0 and alone > 0 else 1.0
 
 
 def _spin(g: Any, r: int, pair: tuple[int, int]) -> float:
