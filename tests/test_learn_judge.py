@@ -183,6 +183,21 @@ def test_an_endless_loop_is_a_hang_with_its_line(tmp_path, no_process_left):
 
 
 @pytest.mark.timeout(120)
+def test_a_loop_in_c_that_holds_the_gil_is_still_a_hang_with_its_line(tmp_path, no_process_left):
+    """The watchdog thread cannot run while C code holds the GIL (a backtracking regex): faulthandler,
+    which needs no GIL, dumps the stack a moment later and ends the rank."""
+    path = _write(tmp_path, "regex.py", (
+        "import re\n\nimport torch.distributed as dist\n\n\n"
+        "def all_reduce(tensor, op=None, group=None):\n"
+        "    if dist.get_rank() == 1:\n"
+        "        re.match(r'(a+)+$', 'a' * 64 + 'b')\n"))
+    with Runner(timeout=1.0, hang_after=2.0) as r:
+        report = judge(path, "all_reduce", worlds=[2], sizes=[5], runner=r)
+    assert [x.verdict.kind for x in report.results] == ["hang"]
+    assert "regex.py:8 in all_reduce" in report.results[0].verdict.message
+
+
+@pytest.mark.timeout(120)
 def test_a_send_nobody_receives_is_unmatched(tmp_path, runner):
     path = _write(tmp_path, "extra.py", (
         "import torch.distributed as dist\n\n\n"

@@ -7,9 +7,11 @@ Every rank, in order:
    them: the reference, computed in this process on the same inputs;
 3. calls the learner's function inside a `CallWatch` (counted, bounded waits,
    collectives forbidden), with its stdout and stderr going to a file the
-   judge reads, and with faulthandler armed to dump the stack and end the
+   judge reads, and with a watchdog armed to write the stack and end the
    process should it run past `hang_after` (a loop that never ends cannot
-   outlive the judge);
+   outlive the judge): a thread that takes the running frame under the GIL
+   (a consistent stack), then faulthandler as the backstop for code that
+   never lets the GIL go;
 4. gives sends the learner never waited on a moment to complete, and
    compares its result with the reference.
 
@@ -26,6 +28,7 @@ import importlib.util
 import inspect
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -118,6 +121,34 @@ def _open(path: str) -> int:
     return _fds[path]
 
 
+BACKSTOP_S = 2.0  # faulthandler's dump this long after the watchdog's, for a thread holding the GIL
+
+
+def _watchdog(out_fd: int, hang_after: float, stop: threading.Event) -> threading.Thread:
+    """A thread that, unless `stop` is set within `hang_after` seconds, writes the calling thread's
+    stack to `out_fd` in faulthandler's format (the judge reads a "Timeout (" header and the
+    learner's `File "...", line N in name`) and ends the process. The frames are taken under the GIL,
+    so the stack is whole; faulthandler's own dump reads them from another thread without it and
+    can catch a frame half made."""
+    target = threading.get_ident()
+
+    def watch() -> None:
+        if stop.wait(hang_after):
+            return
+        frame = sys._current_frames().get(target)
+        seconds = int(hang_after)
+        lines = [f"Timeout ({seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d})!",
+                 "Thread (most recent call first):"]
+        lines += [f'  File "{f.f_code.co_filename}", line {lineno} in {f.f_code.co_name}'
+                  for f, lineno in traceback.walk_stack(frame)]
+        os.write(out_fd, ("\n".join(lines) + "\n").encode())
+        os._exit(1)
+
+    thread = threading.Thread(target=watch, name="dt-judge-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
 @contextlib.contextmanager
 def _captured(out_fd: int, hang_after: float) -> Iterator[None]:
     sys.stdout.flush()
@@ -127,10 +158,14 @@ def _captured(out_fd: int, hang_after: float) -> Iterator[None]:
     os.dup2(out_fd, 1)
     os.dup2(out_fd, 2)
     faulthandler.enable(file=out_fd, all_threads=True)  # a crash leaves its stack in the file
-    faulthandler.dump_traceback_later(hang_after, exit=True, file=out_fd)
+    stop = threading.Event()
+    watchdog = _watchdog(out_fd, hang_after, stop)
+    faulthandler.dump_traceback_later(hang_after + BACKSTOP_S, exit=True, file=out_fd)
     try:
         yield
     finally:
+        stop.set()
+        watchdog.join()
         faulthandler.cancel_dump_traceback_later()
         sys.stdout.flush()
         sys.stderr.flush()
