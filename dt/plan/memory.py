@@ -296,7 +296,7 @@ def peak_bytes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
     """Per pipeline stage: {state, scratch, activations, buffers, fragmentation, runtime, peak} bytes of
     one of its ranks. On a catalogue GPU the peak is what the caching allocator reserves (the live
     bytes and the stack's fragmentation over them) plus the runtime's own (CUDA context, NCCL's
-    buffers): what nvidia-smi shows (dt.plan.published's MEMORY_SCOPES)."""
+    buffers): what nvidia-smi shows (MEMORY_SCOPES below: what other measurements count)."""
     largest = max(micro_batch_sizes(batch, layout.dp, layout.micro_batches))
     return [_stage_peak(cluster, model, layout, seq, stage,
                         largest, stage_tensors(model, layout, seq, stage, cluster.stack.partition))
