@@ -142,7 +142,7 @@ def test_a_gpus_peak_is_live_bytes_then_fragmentation_then_runtime_each_apart():
     nanotron = stack("nanotron")
     c = catalogue_cluster("h100", 1, 8, stack_name="nanotron")
     for row in peak_bytes(c, TINY, Layout(dp=2, pp=2, tp=2, micro_batches=4), 16, 32):
-        live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+        live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"], row["optimizer"])
         assert row["fragmentation"] == int((nanotron.fragmentation - 1) * live) > 0
         assert row["runtime"] == int(nanotron.runtime_bytes) > 0
         assert counted(row, "device") == row["peak"] == live + row["fragmentation"] + row["runtime"]
@@ -153,6 +153,25 @@ def test_a_gpus_peak_is_live_bytes_then_fragmentation_then_runtime_each_apart():
     row = peak_bytes(here, TINY, Layout(dp=2), 16, 32)[0]
     assert row["fragmentation"] == row["runtime"] == 0
     assert all(counted(row, scope) == row["peak"] for scope in MEMORY_SCOPES)
+
+
+def test_the_optimizers_working_copies_are_of_the_largest_tensor_it_steps():
+    """dt's Adam holds one temporary of the tensor it steps (tests/test_train_adam.py measures it):
+    without ZeRO the largest tensor, under ZeRO 1 and 2 the flat shard; a fused kernel none. The
+    peak counts it where it exceeds the activations (after backward, with the state)."""
+    from dt.plan.stage import stage_tensors
+
+    here = local_cluster(2)
+    dense = stage_tensors(TINY, Layout(dp=2), 32, 0).dense
+    assert peak_bytes(here, TINY, Layout(dp=2), 16, 32)[0]["optimizer"] == max(dense) * 4
+    for zero in (1, 2):
+        row = peak_bytes(here, TINY, Layout(dp=2, zero=zero, micro_batches=8), 16, 32)[0]
+        assert row["optimizer"] == -(-sum(dense) // 2) * 4
+        assert row["peak"] == row["state"] + row["scratch"] + max(row["activations"], row["optimizer"])
+    gpu = catalogue_cluster("h100", 1, 8)  # dt's stack: float32 weights, their own master
+    assert peak_bytes(gpu, TINY, Layout(dp=8, zero=1), 16, 32)[0]["optimizer"] == -(-sum(dense) // 8) * 4
+    fused = catalogue_cluster("h100", 1, 8, stack_name="megatron")
+    assert peak_bytes(fused, TINY, Layout(dp=8, zero=1), 16, 32)[0]["optimizer"] == 0
 
 
 def test_dt_plan_ranks_explains_and_refuses_in_one_line(tmp_path, capsys):

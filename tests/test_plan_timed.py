@@ -31,10 +31,11 @@ def test_adam_steps_each_tensor_without_zero_and_one_flat_shard_with_it():
     c = local_cluster(2)
     lay = Layout(dp=2)
     w = stage_work(c, TINY, lay, stage_groups(lay)[0], 16, 32, 0)
-    assert adam_tensors(lay, w, 2) == tuple(w.dense) and len(w.dense) == 52  # 4 blocks x 12 + 4
+    assert adam_tensors(lay, w.dense, w.experts, w.fsdp, 2) == tuple(w.dense)
+    assert len(w.dense) == 52  # 4 blocks x 12 + 4
     psi = sum(w.dense)
-    assert adam_tensors(Layout(dp=2, zero=1), w, 2) == ((psi + 1) // 2,)
-    assert adam_tensors(Layout(dp=4, zero=2), w, 4) == (-(-psi // 4),)
+    assert adam_tensors(Layout(dp=2, zero=1), w.dense, w.experts, w.fsdp, 2) == ((psi + 1) // 2,)
+    assert adam_tensors(Layout(dp=4, zero=2), w.dense, w.experts, w.fsdp, 4) == (-(-psi // 4),)
 
 
 def test_adam_costs_per_tensor_here_and_its_bytes_on_a_catalogue_device():

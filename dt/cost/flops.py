@@ -43,9 +43,9 @@ __all__ = ["BLOCK_KINDS", "Decoder", "KINDS", "OPTIMIZER_FLOPS_PER_PARAM", "RECO
            "expert_params", "forward_flops_per_token", "layer_forward", "layer_params", "matmul_params",
            "optimizer_flops", "step_flops", "train_flops_per_token"]
 
-# dt's Adam per parameter: m = b1 m + (1-b1) g (3), v = b2 v + (1-b2) g^2 (4), the two bias
-# corrections (2), sqrt, + eps, divide, lr x, subtract (5).
-OPTIMIZER_FLOPS_PER_PARAM = 14
+# dt's Adam per parameter: m = b1 m + (1-b1) g (3), v = b2 v + (1-b2) g^2 (4), sqrt(v) divided by
+# sqrt(1 - b2^t) plus eps (3), m divided by that, times -lr / (1 - b1^t), added to p (3).
+OPTIMIZER_FLOPS_PER_PARAM = 13
 
 BLOCK_KINDS = ("qkv", "scores", "attend", "out_proj", "router", "mlp")
 KINDS = ("embedding", *BLOCK_KINDS, "head")

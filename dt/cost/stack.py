@@ -67,6 +67,10 @@ class Stack:
     # the micro-batches' summed .grad and the buckets are both live (dt.parallel.data_parallel)
     blockwise_cp_attention: bool = False  # context parallel's attention computes whole score blocks
     # (dt.parallel.context's ring attention and Ulysses), not a fused ring-flash kernel's tiles
+    optimizer_copies: int = 0  # temporaries of a stepped tensor's size (in its master precision) the
+    # optimizer holds while it steps that tensor, one tensor at a time: dt's written-out Adam makes one
+    # (dt.train.optim), Composer's two; a fused kernel none (apex's or Transformer Engine's FusedAdam under
+    # Megatron, DeepSpeed's, torch's fused AdamW as torchtitan and nanotron configure it)
 
     @property
     def causal_skip(self) -> bool:
@@ -113,7 +117,7 @@ STACKS: dict[str, Stack] = {
         overlap_param_gather=False, overlap_tp=False, cast_bytes=2, runtime_bytes=1.5 * GIB,
         fragmentation=1.05, partition="layers", fsdp_prefetch=True, fsdp_scatter_behind=False,
         sp_shard_inputs=False, sp_norm_grads_each=True, grad_beside_buckets=True,
-        blockwise_cp_attention=True),
+        blockwise_cp_attention=True, optimizer_copies=1),
     "megatron": Stack(
         "megatron", "Megatron-Core with Transformer Engine (NVIDIA/Megatron-LM, 2024): cuDNN's fused "
                     "attention, fused bias-activation and bias-dropout-add, bf16 weights with fp32 "
@@ -183,13 +187,15 @@ STACKS |= {
                        "(attn_impl triton), no dropout, "
                        "PyTorch FSDP over every GPU (float32 weights sharded, bf16 compute, gradients "
                        "reduce-scattered in float32), the next unit's all-gather prefetched behind the "
-                       "current one's compute; " + _CUDA_RUNTIME,
+                       "current one's compute, Composer's DecoupledAdamW stepping one flat shard at a "
+                       "time (its denominator a square root, then divided: two copies at once); "
+                       + _CUDA_RUNTIME,
         schedules=(), zero_stages=(0, 2, 3), recomputes=("none", "full"), tensor_parallel=False,
         sequence_parallel=False, context_parallel=False,
         attention="triton", dropout=False, fused_elementwise=False, weight_bytes=4, grad_bytes=4,
         master_bytes=0, moment_bytes=8, reduce_bytes=4, overlap_grad_reduce=True,
         overlap_param_gather=True, overlap_tp=False, cast_bytes=2, fsdp_prefetch=True,
-        runtime_bytes=1.5 * GIB, fragmentation=1.05),
+        runtime_bytes=1.5 * GIB, fragmentation=1.05, optimizer_copies=2),
     "torchtitan": Stack(
         "torchtitan", "pytorch/torchtitan (FSDP2, 2024-25): SDPA's flash kernels, no dropout, float32 "
                       "weights sharded (FSDP2's fully_shard), bf16 compute, gradients reduce-scattered in "

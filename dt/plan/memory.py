@@ -17,6 +17,10 @@
                  first backward to its last (both below)
     scratch      ZeRO's reduce-scatters' ring scratch, kept between steps (the optimizer's
                  and FSDP's own comm_scratch_formula: about 1.5x the largest one's input)
+    optimizer    the optimizer step's temporaries: the stack's working copies
+                 (dt.cost.stack's optimizer_copies: dt's Adam one, a fused kernel none)
+                 of the largest tensor it steps (under ZeRO the flat shard; optimizer.py's
+                 adam_tensors), made after backward, when the activations are gone
     buffers      the largest DDP bucket's flat copy (all_reduce_buckets); ZeRO has none:
                  stage 2 adds its buckets' flat copies (all of them, made in backward,
                  freed at its end) to the activations, stage 3 the units it holds
@@ -28,8 +32,8 @@ Activation bytes per layer are dt.cost.activations' (what dt's layers save,
 checked there against saved_tensors_hooks): one micro-batch through a chunk's
 layers, times the chunk's peak stash (an MoE block's with uniform routing and
 no drops: each rank receives the rows its own tokens chose). Peak = state + scratch +
-max(activations, buffers): the buckets are built after the last backward,
-when the activations are gone.
+max(activations, buffers, optimizer): the buckets are built after the last backward,
+when the activations are gone, and the optimizer steps after them.
 
 Context parallel's backward holds far more than its activations for a moment: its working set
 (dt.cost.context_backward.context_backward_peak_bytes: 18 times a q's bytes at cp 2 while a
@@ -71,6 +75,7 @@ from dt.parallel.zero.memory import comm_scratch_formula, fsdp_gathered_formula,
 from dt.plan.cluster import Cluster
 from dt.plan.layouts import Layout
 from dt.plan.model import ModelShape
+from dt.plan.optimizer import adam_tensors
 from dt.plan.stage import (
     FsdpUnits,
     StageTensors,
@@ -229,7 +234,8 @@ def _sharding(model: ModelShape, layout: Layout, tensors: StageTensors) -> tuple
 
 def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int, sequences: int,
                 tensors: StageTensors) -> dict[str, int]:
-    """{state, scratch, activations, buffers, fragmentation, runtime, peak} bytes of one rank of `stage`."""
+    """{state, scratch, activations, buffers, optimizer, fragmentation, runtime, peak} bytes of one rank
+    of `stage`."""
     dense, experts, cut = tensors.dense, tensors.experts, cluster.stack.partition
     ranks, kept = _sharding(model, layout, tensors)
     state = _state(cluster, layout, dense, experts, ranks, kept)
@@ -248,13 +254,29 @@ def _stage_peak(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, s
     if layout.zero == 3 and ranks > 1:  # this stage's units gathered whole as they run
         units = fsdp_units(model, layout, seq, stage, cut)
         acts += fsdp_gathered_formula(units.root, list(units.dense + units.experts), cluster.param_itemsize)
-    row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers)}
-    live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"])
+    row = {"state": int(state), "scratch": int(scratch), "activations": int(acts), "buffers": int(buffers),
+           "optimizer": _optimizer_working(cluster, model, layout, seq, stage, tensors, ranks)}
+    live = row["state"] + row["scratch"] + max(row["activations"], row["buffers"], row["optimizer"])
     catalogue = cluster.device is not None  # this machine's processes: the live bytes only
     row["fragmentation"] = int((cluster.stack.fragmentation - 1) * live) if catalogue else 0
     row["runtime"] = int(cluster.stack.runtime_bytes) if catalogue else 0
     row["peak"] = live + row["fragmentation"] + row["runtime"]
     return row
+
+
+def _optimizer_working(cluster: Cluster, model: ModelShape, layout: Layout, seq: int, stage: int,
+                       tensors: StageTensors, ranks: int) -> int:
+    """Bytes of the optimizer step's temporaries: the stack's working copies of the largest tensor
+    it steps, in the precision it steps them (the master's on a catalogue GPU, here dt's own)."""
+    copies = cluster.stack.optimizer_copies
+    if not copies:
+        return 0
+    fsdp = fsdp_units(model, layout, seq, stage, cluster.stack.partition) if layout.zero == 3 and ranks > 1 \
+        else None
+    sizes = adam_tensors(layout, tensors.dense, tensors.experts, fsdp, ranks, max(1, ranks // layout.ep))
+    item = (cluster.stack.master_bytes or cluster.stack.weight_bytes) if cluster.device is not None \
+        else cluster.itemsize
+    return copies * max(sizes, default=0) * item
 
 
 def _accumulated(cluster: Cluster, model: ModelShape, layout: Layout, ranks: int,
@@ -293,8 +315,8 @@ def _state_floor(cluster: Cluster, model: ModelShape, layout: Layout, seq: int) 
 
 def peak_bytes(cluster: Cluster, model: ModelShape, layout: Layout, batch: int,
                seq: int) -> list[dict[str, int]]:
-    """Per pipeline stage: {state, scratch, activations, buffers, fragmentation, runtime, peak} bytes of
-    one of its ranks. On a catalogue GPU the peak is what the caching allocator reserves (the live
+    """Per pipeline stage: {state, scratch, activations, buffers, optimizer, fragmentation, runtime, peak}
+    bytes of one of its ranks. On a catalogue GPU the peak is what the caching allocator reserves (the live
     bytes and the stack's fragmentation over them) plus the runtime's own (CUDA context, NCCL's
     buffers): what nvidia-smi shows (MEMORY_SCOPES below: what other measurements count)."""
     largest = max(micro_batch_sizes(batch, layout.dp, layout.micro_batches))

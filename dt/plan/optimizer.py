@@ -17,7 +17,7 @@ from dt.cost.kernels import optimizer_bytes
 from dt.plan.cluster import Cluster
 from dt.plan.compute import DTYPES, oversubscribed, rank_threads
 from dt.plan.layouts import Layout
-from dt.plan.stage import StageWork
+from dt.plan.stage import FsdpUnits, StageWork
 
 __all__ = ["adam_step_seconds", "adam_tensors"]
 
@@ -27,22 +27,24 @@ WEIGHT_PASSES = 3
 MOMENT_PASSES = 4
 
 
-def adam_tensors(layout: Layout, work: StageWork, shards: int, expert_shards: int = 1) -> tuple[int, ...]:
-    """Numbers of each tensor this rank's Adam steps (ZeRO: its flat shard, ceil(psi / N); zero 3:
-    each FSDP unit's shard, an expert's over its replicas)."""
-    if work.fsdp is not None:
-        return (tuple(-(-numel // shards) for numel in work.fsdp.plane)
-                + tuple(-(-numel // expert_shards) for numel in work.fsdp.experts))
+def adam_tensors(layout: Layout, dense: list[int], experts: int, fsdp: FsdpUnits | None, shards: int,
+                 expert_shards: int = 1) -> tuple[int, ...]:
+    """Numbers of each tensor this rank's Adam steps, of a stage's `dense` tensors and `experts`
+    numbers (ZeRO: its flat shard, ceil(psi / N); zero 3: each FSDP unit's shard in `fsdp`, an
+    expert's over its replicas)."""
+    if fsdp is not None:
+        return (tuple(-(-numel // shards) for numel in fsdp.plane)
+                + tuple(-(-numel // expert_shards) for numel in fsdp.experts))
     if layout.zero and shards > 1:  # with experts two parts (ZeroParts): the dense, this rank's experts
-        dense = (-(-sum(work.dense) // shards),)
-        return dense + ((-(-work.experts // expert_shards),) if work.experts else ())
-    return tuple(work.dense) + ((work.experts,) if work.experts else ())
+        flat = (-(-sum(dense) // shards),)
+        return flat + ((-(-experts // expert_shards),) if experts else ())
+    return tuple(dense) + ((experts,) if experts else ())
 
 
 def adam_step_seconds(cluster: Cluster, layout: Layout, work: StageWork, shards: int,
                       expert_shards: int = 1) -> float:
     """Seconds of this rank's Adam step: timed here, or its bytes at the catalogue's bandwidth."""
-    sizes = adam_tensors(layout, work, shards, expert_shards)
+    sizes = adam_tensors(layout, work.dense, work.experts, work.fsdp, shards, expert_shards)
     if cluster.gpu is not None:  # each number it steps: the stack's bytes read and written at HBM's rate
         return optimizer_bytes(cluster.stack) * sum(sizes) / cluster.mem_bw
     if cluster.timed == "cuda":  # dt train's Adam on the GPU: its float32 state, one kernel launch per op

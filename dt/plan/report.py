@@ -16,7 +16,7 @@ COMM = ("tp", "cp", "ep", "pp", "dp", "tied", "loss", "norm")
 COLOURS = {"compute": "#4c72b0", "tp": "#dd8452", "cp": "#55a868", "ep": "#c44e52", "pp": "#8172b3",
            "dp": "#937860", "tied": "#da8bc3", "loss": "#8c8c8c", "norm": "#bcbd22", "skew": "#c7c7c7",
            "bubble": "#f2c14e"}  # the bubble in a colour of its own: idle time the schedule causes
-MEMORY_PARTS = ("state", "scratch", "activations", "buffers", "fragmentation", "runtime")
+MEMORY_PARTS = ("state", "scratch", "activations", "buffers", "optimizer", "fragmentation", "runtime")
 
 
 def _ms(seconds: float) -> str:

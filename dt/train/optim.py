@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -19,7 +20,10 @@ class Adam:
     parameter's shape, `exp_avg` and `exp_avg_sq` (8 bytes per float32 parameter
     on top of the parameter and its gradient), made at the parameter's first step.
     Each rank updates only its own shard: after the gradient all-reduce every
-    replica takes the same step.
+    replica takes the same step. The update is torch.optim.Adam's (foreach=False)
+    op for op, so the two agree to rounding; it makes one temporary of the
+    parameter's size (`denom`), freed before the next parameter's: the working set
+    the planner prices (dt.cost.stack.Stack.optimizer_copies, the "dt" stack's).
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
@@ -49,5 +53,9 @@ class Adam:
                 t, m, v = float(st["step"]), st["exp_avg"], st["exp_avg_sq"]
                 m.mul_(b1).add_(p.grad, alpha=1 - b1)
                 v.mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                m_hat, v_hat = m / (1 - b1 ** t), v / (1 - b2 ** t)
-                p.sub_(lr * m_hat / (v_hat.sqrt() + eps))
+                # p -= lr m_hat / (sqrt(v_hat) + eps), m_hat = m / (1 - b1^t), v_hat = v / (1 - b2^t),
+                # with the bias corrections folded into scalars: one temporary, `denom`, freed
+                # before the next parameter's is made
+                denom = v.sqrt().div_(math.sqrt(1 - b2 ** t)).add_(eps)
+                p.addcdiv_(m, denom, value=-lr / (1 - b1 ** t))
+                del denom
