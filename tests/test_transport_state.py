@@ -181,3 +181,36 @@ def test_a_second_run_under_torchrun_starts_fresh(tmp_path):
                        "value": 2.0, "new view": True, "made kept": True, "left open grew": False,
                        "counted": {"all_reduce": 1, "validate": 1}, "pending names": 0, "my names": []}
         assert not [n for n in os.listdir(DIR) if n.startswith(f"dt-{pid}-")]  # nor after it exited
+
+
+_EXIT_WITH_A_BUSY_THREAD = """
+import sys, time, torch, torch.distributed as dist
+from dt.transport.asynchronous import submit
+from dt.transport.group import resolve_group
+dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+group = resolve_group(None)
+x = torch.randn(1_000_000)
+
+def busy():  # a collective's torch ops, for a second
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        x.mul(2).add_(1)
+
+running = submit(group, "busy", busy, async_op=True)
+queued = submit(group, "queued", lambda: open(sys.argv[1], "w").close(), async_op=True)
+time.sleep(0.2)  # the thread is inside busy's ops
+sys.exit(3)
+"""
+
+
+def test_a_process_that_exits_while_its_communication_thread_runs_exits_cleanly(tmp_path):
+    """A daemon thread still inside torch's C++ when the interpreter finalizes is killed there and the
+    process aborts ("terminate called without an active exception", SIGABRT) instead of exiting with its
+    own code: a survivor whose peer died exits while its queued collectives fail one by one. At exit
+    the running collective is waited for and the queued ones are not run."""
+    ran = tmp_path / "queued-ran"
+    done = subprocess.run([sys.executable, "-c", _EXIT_WITH_A_BUSY_THREAD, str(ran)], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "terminate called" not in done.stderr, done.stderr[-2000:]
+    assert not ran.exists(), "a collective queued behind the running one ran at exit"

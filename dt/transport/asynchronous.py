@@ -16,6 +16,7 @@ after it, without blocking the host on the GPU.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import queue
 import threading
@@ -32,6 +33,8 @@ from dt.transport.errors import CollectiveError, CollectiveTimeout, timed_out
 from dt.transport.group import Group, default_device
 
 __all__ = ["THREADS", "CommThreads", "Work", "after_queued", "submit"]
+
+EXIT_WAIT_S = 5.0  # at exit, the longest a communication thread's running collective is waited for
 
 
 class Work(dist.Work):
@@ -182,6 +185,21 @@ class _CommThread:
         """End the thread once what is queued has run (it is not waited for)."""
         self.jobs.put(None)
 
+    def stop_at_exit(self, within: float) -> None:
+        """End the thread without running what is queued (each such Work fails, naming why), and
+        wait up to `within` seconds for the collective it is running to end."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job[0].finish(exc=CollectiveError(f"{job[0].name}: not run: the process exited first"))
+                with self.lock:
+                    self.pending -= 1
+        self.jobs.put(None)
+        self.thread.join(timeout=within)
+
 
 @dataclass
 class CommThreads:
@@ -200,8 +218,21 @@ class CommThreads:
                 thread.stop()
             self.threads.clear()
 
+    def stop_at_exit(self, within: float = EXIT_WAIT_S) -> None:
+        """At exit, while the interpreter still runs every thread (atexit): end each thread before
+        it finalizes. A daemon thread still inside torch's C++ then is killed there, and the
+        process aborts ("terminate called without an active exception") after a run that may
+        have reported its error already: a survivor whose peer died, its queued collectives
+        failing one by one as the main thread exits."""
+        with self.lock:
+            threads = list(self.threads.values())
+            self.threads.clear()
+        for thread in threads:
+            thread.stop_at_exit(within)
+
 
 THREADS = CommThreads()
+atexit.register(THREADS.stop_at_exit)
 
 
 def _comm_thread(group: Group) -> _CommThread:
