@@ -20,10 +20,11 @@ class Adam:
     parameter's shape, `exp_avg` and `exp_avg_sq` (8 bytes per float32 parameter
     on top of the parameter and its gradient), made at the parameter's first step.
     Each rank updates only its own shard: after the gradient all-reduce every
-    replica takes the same step. The update is torch.optim.Adam's (foreach=False)
-    op for op, so the two agree to rounding; it makes one temporary of the
-    parameter's size (`denom`), freed before the next parameter's: the working set
-    the planner prices (dt.cost.stack.Stack.optimizer_copies, the "dt" stack's).
+    replica takes the same step. The update is torch.optim.Adam's (foreach=False),
+    its bias corrections folded into scalars as torch folds them, so the two agree
+    to rounding; it makes one temporary of the parameter's size (`denom`), freed
+    before the next parameter's: the working set the planner prices
+    (dt.cost.stack.Stack.optimizer_copies, the "dt" stack's).
     """
 
     def __init__(self, params: Any, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999),
