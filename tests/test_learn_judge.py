@@ -166,15 +166,20 @@ def _write(tmp_path: Path, name: str, body: str) -> str:
     return str(path)
 
 
+def _judged_all_reduce(tmp_path: Path, name: str, body: str, hang_after: float, sizes: list[int]):
+    """The judge's report on the all_reduce in `body` at world 2, a rank that stops for `hang_after`
+    seconds counted as hung."""
+    with Runner(timeout=1.0, hang_after=hang_after) as r:
+        return judge(_write(tmp_path, name, body), "all_reduce", worlds=[2], sizes=sizes, runner=r)
+
+
 @pytest.mark.timeout(120)
 def test_an_endless_loop_is_a_hang_with_its_line(tmp_path, no_process_left):
-    path = _write(tmp_path, "spin.py", (
+    report = _judged_all_reduce(tmp_path, "spin.py", (
         "import torch.distributed as dist\n\n\n"
         "def all_reduce(tensor, op=None, group=None):\n"
         "    while dist.get_rank() == 1:\n"
-        "        pass\n"))
-    with Runner(timeout=1.0, hang_after=3.0) as r:
-        report = judge(path, "all_reduce", worlds=[2], sizes=[5, 7], runner=r)
+        "        pass\n"), hang_after=3.0, sizes=[5, 7])
     kinds = [x.verdict.kind for x in report.results]
     assert kinds == ["hang", "skipped"]
     message = report.results[0].verdict.message
@@ -186,13 +191,11 @@ def test_an_endless_loop_is_a_hang_with_its_line(tmp_path, no_process_left):
 def test_a_loop_in_c_that_holds_the_gil_is_still_a_hang_with_its_line(tmp_path, no_process_left):
     """The watchdog thread cannot run while C code holds the GIL (a backtracking regex): faulthandler,
     which needs no GIL, dumps the stack a moment later and ends the rank."""
-    path = _write(tmp_path, "regex.py", (
+    report = _judged_all_reduce(tmp_path, "regex.py", (
         "import re\n\nimport torch.distributed as dist\n\n\n"
         "def all_reduce(tensor, op=None, group=None):\n"
         "    if dist.get_rank() == 1:\n"
-        "        re.match(r'(a+)+$', 'a' * 64 + 'b')\n"))
-    with Runner(timeout=1.0, hang_after=2.0) as r:
-        report = judge(path, "all_reduce", worlds=[2], sizes=[5], runner=r)
+        "        re.match(r'(a+)+$', 'a' * 64 + 'b')\n"), hang_after=2.0, sizes=[5])
     assert [x.verdict.kind for x in report.results] == ["hang"]
     assert "regex.py:8 in all_reduce" in report.results[0].verdict.message
 
