@@ -4,6 +4,7 @@ each run on it starts (`start_run`: the pool's workers and torchrun's ranks alik
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 from typing import Any
 
@@ -13,8 +14,9 @@ import torch.distributed as dist
 from dt import transport
 from dt.device import backend_for, local_device
 from dt.transport import settings
+from dt.transport.group import GROUPS
 
-__all__ = ["init_process_group", "resolve_backend", "launcher_wait", "start_run"]
+__all__ = ["destroy_past_groups", "init_process_group", "resolve_backend", "launcher_wait", "start_run"]
 
 
 def resolve_backend(backend: str | None) -> str:
@@ -58,12 +60,38 @@ def start_run(wait: float) -> None:
     """Start a run where a new process would, whatever the last run in this process left.
 
     The transport's state goes (dt.transport.state: settings, groups' links and segments,
-    threads, traffic records, NCCL's rules recorder); what outlives a run stays: the
-    process groups (the default one, shared_group's), the watchdog's channel, and the
-    failures heard (between_runs: a faster peer may already have announced one for this
-    run). Then `wait`, the launcher's wait for this run (launcher_wait). A pool's worker
-    calls it before each job; under torchrun, where the process and its process group
-    outlive the runs, LaunchedWorld.run does.
+    threads, traffic records, NCCL's rules recorder), and so do the process groups past runs
+    made (destroy_past_groups); what outlives a run stays: the default process group, the
+    watchdog's channel, and the failures heard (between_runs: a faster
+    peer may already have announced one for this run). Then `wait`, the launcher's wait for
+    this run (launcher_wait). A pool's worker calls it before each job; under torchrun, where
+    the process and its process group outlive the runs, LaunchedWorld.run does.
     """
     transport.reset(between_runs=True)
+    destroy_past_groups()
     settings.set_launcher_timeout(wait)
+
+
+def destroy_past_groups() -> None:
+    """Destroy every process group an earlier run made (dist.new_group's, shared_group's, a
+    device mesh's), keeping the default group.
+
+    Why: each gloo group keeps a socket loop that wakes every 10 ms, and nothing else ends it
+    while the process lives. A pool's worker runs many runs, each free to make groups of its own;
+    kept, they add up run after run, and a pool of dozens of workers spends a growing share of the
+    cores waking loops no run uses. Every rank runs this at the same point, the start of its next
+    run, when no call is in flight on any of them; a run makes the groups it needs again.
+    """
+    if not dist.is_initialized():
+        return
+    world = dist.group.WORLD
+    GROUPS.made.clear()
+    kept = {id(world)}
+    registry = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})  # torch's groups
+    for pg in [pg for pg in registry if id(pg) not in kept]:
+        try:
+            dist.destroy_process_group(pg)
+        except RuntimeError:  # a ProcessGroup subclass torch never named (a custom backend's own):
+            pass  # its last step, unregistering the name, fails; the rest is already undone
+    settings.forget_groups(kept)
+    gc.collect()  # a group a past run's objects still reach in a cycle (a module, its hooks) goes now

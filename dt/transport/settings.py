@@ -57,7 +57,8 @@ class Settings:
     """What this process was told (dt.set_*, the launcher) and what it read once, in one place.
 
     `reset()` (dt.transport.reset) forgets what calls
-    and the launcher set; `declared` stays: it describes process groups, which outlive a run.
+    and the launcher set; `declared` stays: it describes process groups, which outlive a run
+    (those destroyed between runs are dropped: forget_groups).
     A call's own timeout (rule 1) is a context variable, `call_timeout`: it ends with its block.
     """
 
@@ -135,6 +136,12 @@ def call_timeout(timeout: float | datetime.timedelta | None) -> Iterator[None]:
 def launcher_owns(pg: Any) -> None:
     """The launcher created `pg` with a timeout of its own choosing: not the user's (rule 2)."""
     SETTINGS.declared[id(pg)] = (pg, None)
+
+
+def forget_groups(kept: set[int]) -> None:
+    """Drop the timeouts read of every group but those whose ids are `kept` (the destroyed ones:
+    an entry holds its group, which would keep it and its threads alive)."""
+    SETTINGS.declared = {key: hit for key, hit in SETTINGS.declared.items() if key in kept}
 
 
 def group_timeout(pg: Any = None) -> float | None:

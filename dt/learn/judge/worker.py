@@ -182,16 +182,11 @@ def _captured(out_fd: int, hang_after: float) -> Iterator[None]:
 # ---------------------------------------------------------------------------
 
 
-_subgroups: dict[tuple[int, ...], Any] = {}
-
-
 def _group(case: JudgeCase, world: int) -> tuple[Any, tuple[int, ...]]:
     ranks = tuple(members(case, world))
     if len(ranks) == world:
         return None, ranks
-    if ranks not in _subgroups:  # every rank of the world creates it, in the same order
-        _subgroups[ranks] = dist.new_group(list(ranks))
-    return _subgroups[ranks], ranks
+    return transport.shared_group(ranks), ranks  # every rank of the world asks for it, in the same order
 
 
 def call_learner(fn: Callable[..., Any], args: list[Any], op: Any, group: Any) -> Any:
