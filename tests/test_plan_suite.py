@@ -85,12 +85,13 @@ def test_the_first_ranked_layout_beside_the_authors():
     from dt.plan import suite
 
     rows = load()
-    placed = 0
+    placed, ranked = 0, []
     for i in sorted(sweep_winners(rows)):
         row = rows[i]
         if row.cluster.gpus > RANKED_HERE or row.cluster.device is None:
             continue
         c = compare(row, rank=True)
+        ranked.append(c)
         assert c.authors_rank is not None and c.first_layout is not None
         parse_name(c.first_layout)  # a name of the grammar, as every row's
         assert c.first_step <= c.step, (row.model.name, c.layout, c.first_layout)
@@ -99,6 +100,11 @@ def test_the_first_ranked_layout_beside_the_authors():
         print(f"{row.source} {row.model.name} on {row.cluster.gpus}: authors {c.layout} rank "
               f"{c.authors_rank}, {100 * c.behind_first:.1f}% behind {c.first_layout}")
     assert placed >= PLACED_HERE
+    # `--rank`'s table: one line per ranked row (an unranked one adds none), the first-ranked last
+    table = suite._ranked_table(ranked + [compare(rows[0], rank=False)]).splitlines()
+    assert len(table) == 1 + len(ranked)
+    for line, c in zip(table[1:], ranked):
+        assert line.split()[-1] == c.first_layout and f"{100 * c.behind_first:.1f}%" in line, line
 
 
 def _megatron_parameters(layers: int, hidden: int, vocab: int, seq: int) -> float:

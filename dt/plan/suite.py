@@ -350,6 +350,8 @@ def main(sources: list[str], as_json: bool = False, rank: bool = False, fitted: 
         print(f"sweeps: {placed['ranked']} fastest published layouts ranked among every layout of their "
               f"model and cluster: {placed['first']} first, {placed['within']} first or within {WITHIN:.0%} "
               "of the first")
+        print()
+        print(_ranked_table(rows))
     if skipped:
         reasons: dict[str, int] = {}
         for unpriced in skipped:
@@ -384,6 +386,20 @@ def _table(rows: list[Compared]) -> str:
         out.append(f"{row.source:<20} {row.model.name[:22]:<22} {row.cluster.gpus:>5} "
                    f"{compared.layout[:40]:<40} {row.metric:<21} {row.published:10.2f} "
                    f"{compared.predicted:10.2f} {100 * compared.error:+6.1f}% {mem} {pmem} {rank:>5}")
+    return "\n".join(out)
+
+
+def _ranked_table(rows: list[Compared]) -> str:
+    """Each ranked sweep winner: the authors' layout, its rank, and the layout ranked first."""
+    out = [f"{'source':<20} {'model':<22} {'gpus':>5} {'authors layout':<40} {'rank':>5} {'behind':>7}  "
+           "first-ranked layout"]
+    for compared in rows:
+        if compared.authors_rank is None:
+            continue
+        row, behind = compared.row, 100 * (compared.behind_first or 0.0)
+        out.append(f"{row.source:<20} {row.model.name[:22]:<22} {row.cluster.gpus:>5} "
+                   f"{compared.layout[:40]:<40} {compared.authors_rank:>5} {behind:6.1f}%  "
+                   f"{compared.first_layout}")
     return "\n".join(out)
 
 
