@@ -39,7 +39,7 @@ def _fresh() -> dict:
     with dt.traffic() as t:
         dt.all_reduce(torch.ones(1024))  # 4 KiB on a board of two: counted by this record alone
     got["new view"] = transport.resolve_group(None) is not _FIRST["view"]
-    got["made anew"] = transport.shared_group([0, 1], "state test") is not _FIRST["made"]
+    got["made kept"] = transport.shared_group([0, 1], "state test") is _FIRST["made"]
     got["counted"] = {name: c.calls for name, c in t.by_collective.items()}
     left_open, then = _FIRST["left open"]
     got["left open grew"] = left_open.as_dict() != then

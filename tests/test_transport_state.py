@@ -178,7 +178,7 @@ def test_a_second_run_under_torchrun_starts_fresh(tmp_path):
         pid = got.pop("pid")
         assert got == {"source": "the launcher's", "validate": True, "wire": "auto", "connected": False,
                        "threads": 0, "known": 0, "records": 0, "nccl rules": False, "board": True,
-                       "value": 2.0, "new view": True, "made anew": True, "left open grew": False,
+                       "value": 2.0, "new view": True, "made kept": True, "left open grew": False,
                        "counted": {"all_reduce": 1, "validate": 1}, "pending names": 0, "my names": []}
         assert not [n for n in os.listdir(DIR) if n.startswith(f"dt-{pid}-")]  # nor after it exited
 

@@ -61,11 +61,12 @@ def start_run(wait: float) -> None:
 
     The transport's state goes (dt.transport.state: settings, groups' links and segments,
     threads, traffic records, NCCL's rules recorder), and so do the process groups past runs
-    made (destroy_past_groups); what outlives a run stays: the default process group, the
-    watchdog's channel, and the failures heard (between_runs: a faster
-    peer may already have announced one for this run). Then `wait`, the launcher's wait for
-    this run (launcher_wait). A pool's worker calls it before each job; under torchrun, where
-    the process and its process group outlive the runs, LaunchedWorld.run does.
+    made with dist.new_group (destroy_past_groups); what outlives a run stays: the default
+    process group and shared_group's, the watchdog's channel, and the failures heard
+    (between_runs: a faster peer may already have announced one for this run). Then `wait`,
+    the launcher's wait for this run (launcher_wait). A pool's worker calls it before each
+    job; under torchrun, where the process and its process group outlive the runs,
+    LaunchedWorld.run does.
     """
     transport.reset(between_runs=True)
     destroy_past_groups()
@@ -73,20 +74,19 @@ def start_run(wait: float) -> None:
 
 
 def destroy_past_groups() -> None:
-    """Destroy every process group an earlier run made (dist.new_group's, shared_group's, a
-    device mesh's), keeping the default group.
+    """Destroy every process group an earlier run made with dist.new_group (a subgroup, a device
+    mesh's), keeping the default group and shared_group's (made once and reused by every run).
 
     Why: each gloo group keeps a socket loop that wakes every 10 ms, and nothing else ends it
     while the process lives. A pool's worker runs many runs, each free to make groups of its own;
     kept, they add up run after run, and a pool of dozens of workers spends a growing share of the
     cores waking loops no run uses. Every rank runs this at the same point, the start of its next
-    run, when no call is in flight on any of them; a run makes the groups it needs again.
+    run, when no call is in flight on any of them.
     """
     if not dist.is_initialized():
         return
     world = dist.group.WORLD
-    GROUPS.made.clear()
-    kept = {id(world)}
+    kept = {id(world)} | {id(pg) for made_in, pg in GROUPS.made.values() if made_in is world}
     registry = getattr(getattr(dist.distributed_c10d, "_world", None), "pg_map", {})  # torch's groups
     for pg in [pg for pg in registry if id(pg) not in kept]:
         try:

@@ -5,11 +5,10 @@ reads its own module's object, with no extra step), and they are gathered here:
 
     settings   settings.Settings        timeouts set by dt.set_timeout and the launcher,
                                          validation, the wire, DT_TIMEOUT as parsed,
-                                         each live process group's own timeout (kept)
+                                         each process group's own timeout (kept)
     groups     group.Groups             resolve_group's view of each group, with its
                                          links: topology, wires, board, plans; the
-                                         process groups shared_group made (kept until
-                                         the launcher's next run destroys them)
+                                         process groups shared_group made (kept)
     threads    asynchronous.CommThreads one communication thread per group
     liveness   liveness.FailureWatch    the failures heard, the waits a failure aborts,
                                          the channel they come by (kept)
