@@ -73,6 +73,29 @@ def test_a_run_starts_from_a_fresh_transport(run):
                        "value": 2.0}
 
 
+def _make_groups() -> tuple[int, int]:
+    """A run that makes a plain group and a shared one, and uses both."""
+    plain, shared = dist.new_group([0, 1]), transport.shared_group([0, 1], "kept between runs")
+    dt.all_reduce(torch.ones(4), group=plain)
+    dt.all_reduce(torch.ones(4), group=shared)
+    return id(plain), id(shared)
+
+
+def _groups_left() -> list[int]:
+    """torch's registry of this process's groups, as the next run starts: ids besides the world's."""
+    return [id(pg) for pg in dist.distributed_c10d._world.pg_map if pg is not dist.group.WORLD]
+
+
+@pytest.mark.timeout(120)
+def test_a_run_starts_without_the_plain_groups_past_runs_made(run):
+    """Each gloo group keeps a socket loop that wakes every 10 ms: a past run's dist.new_group is
+    destroyed when the next run starts; shared_group's stays, to be reused."""
+    made = run(2, _make_groups)
+    for (plain, shared), left in zip(made, run(2, _groups_left)):
+        assert shared in left and plain not in left, (plain, shared, left)
+    assert run(2, _make_groups)[0][1] == made[0][1]  # the shared group again, not a new one
+
+
 def _reset_by_hand() -> dict:
     transport.reset()  # an earlier run's connection would hide the marking below
     saved = os.environ.get("DT_HOST")

@@ -4,7 +4,6 @@ each run on it starts (`start_run`: the pool's workers and torchrun's ranks alik
 from __future__ import annotations
 
 import datetime
-import gc
 import os
 from typing import Any
 
@@ -94,4 +93,3 @@ def destroy_past_groups() -> None:
         except RuntimeError:  # a ProcessGroup subclass torch never named (a custom backend's own):
             pass  # its last step, unregistering the name, fails; the rest is already undone
     settings.forget_groups(kept)
-    gc.collect()  # a group a past run's objects still reach in a cycle (a module, its hooks) goes now
