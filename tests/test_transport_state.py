@@ -237,3 +237,26 @@ def test_a_process_that_exits_while_its_communication_thread_runs_exits_cleanly(
     assert done.returncode == 3, done.stderr[-2000:]
     assert "terminate called" not in done.stderr, done.stderr[-2000:]
     assert not ran.exists(), "a collective queued behind the running one ran at exit"
+
+
+_PAST: dict[str, object] = {}  # a plain group one run made, kept past it (as a careless cache would)
+
+
+def _keep_a_plain_group() -> bool:
+    _PAST["group"] = dist.new_group([0, 1])
+    return True
+
+
+def _use_the_kept_group() -> str:
+    try:
+        dt.all_reduce(torch.ones(2), group=_PAST["group"])
+    except ValueError as exc:
+        return str(exc)
+    return "no error"
+
+
+@pytest.mark.timeout(120)
+def test_a_past_runs_plain_group_used_again_is_named_not_a_key_error(run):
+    assert run(2, _keep_a_plain_group) == [True, True]
+    for said in run(2, _use_the_kept_group):
+        assert "made by a past run" in said and "shared_group" in said, said

@@ -68,13 +68,14 @@ def registry_name(collective: str) -> str:
 
 def wire_group(name: str) -> Any:
     """A group of every rank that talks over wire `name` ("shm": shared memory within a host,
-    "torch": torch.distributed only), connected: the same processes can time both."""
+    "torch": torch.distributed only), connected: the same processes can time both. One per wire
+    for the process's life (shared_group): a study's runs reuse it."""
     from dt import transport
 
     before = transport.get_transport()
     transport.set_transport("auto" if name == "shm" else "torch")
     try:
-        g = dist.new_group(list(range(dist.get_world_size())))
+        g = transport.shared_group(range(dist.get_world_size()), f"the {name} wire")
         dt_barrier(group=g, algorithm="dissemination")  # its first collective connects it
     finally:
         transport.set_transport(before)

@@ -162,7 +162,14 @@ def resolve_group(group: Any = None) -> Group:
     if group is None:
         ranks = tuple(range(dist.get_world_size()))
     else:
-        ranks = tuple(dist.get_process_group_ranks(group))
+        try:
+            ranks = tuple(dist.get_process_group_ranks(group))
+        except KeyError:
+            raise ValueError(
+                f"rank {dist.get_rank()} was given a process group torch no longer knows: destroyed, or "
+                "made by a past run in this process (dt's launcher destroys those before each run; "
+                "make it in this run, or keep one with dt.transport.shared_group)"
+            ) from None
     me = dist.get_rank()
     if me not in ranks:
         raise ValueError(f"rank {me} is not a member of the group {list(ranks)}")
